@@ -1,0 +1,50 @@
+#include "core/env.h"
+
+#include <cstdlib>
+
+namespace strata {
+
+namespace {
+
+const char* get(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+int get_int(std::initializer_list<const char*> names, int fallback) {
+  for (const char* n : names) {
+    if (const char* v = get(n)) {
+      char* end = nullptr;
+      const long x = std::strtol(v, &end, 10);
+      if (end && *end == '\0' && x >= 0 && x < (1 << 20)) return static_cast<int>(x);
+    }
+  }
+  return fallback;
+}
+
+EnvConfig read_env() {
+  EnvConfig c;
+  c.num_threads = get_int({"STRATA_NUM_THREADS"}, 0);
+  if (const char* v = get("STRATA_LOG_LEVEL")) c.log_level = v;
+  if (const char* v = get("STRATA_CACHE_DIR")) {
+    c.cache_dir = v;
+  } else if (const char* x = get("XDG_CACHE_HOME")) {
+    c.cache_dir = std::string(x) + "/strata";
+  } else if (const char* h = get("HOME")) {
+    c.cache_dir = std::string(h) + "/.cache/strata";
+  } else {
+    c.cache_dir = "/tmp/strata-cache";
+  }
+  c.launcher_rank = get_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}, -1);
+  c.launcher_size = get_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, -1);
+  return c;
+}
+
+}  // namespace
+
+const EnvConfig& env_config() {
+  static const EnvConfig config = read_env();
+  return config;
+}
+
+}  // namespace strata

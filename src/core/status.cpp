@@ -1,0 +1,27 @@
+#include "strata/status.h"
+
+namespace strata {
+
+const char* status_code_name(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return "ok";
+    case StatusCode::kInvalidArgument: return "invalid argument";
+    case StatusCode::kNotFound: return "not found";
+    case StatusCode::kOutOfRange: return "out of range";
+    case StatusCode::kUnimplemented: return "unsupported";
+    case StatusCode::kDataLoss: return "corrupt data";
+    case StatusCode::kIoError: return "i/o error";
+    case StatusCode::kOutOfMemory: return "out of memory";
+    case StatusCode::kFailedPrecondition: return "failed precondition";
+    case StatusCode::kInternal: return "internal error";
+    case StatusCode::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+std::string Status::to_string() const {
+  if (ok()) return "ok";
+  return std::string(status_code_name(code_)) + ": " + message_;
+}
+
+}  // namespace strata
