@@ -86,6 +86,8 @@ Status gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& o
 Status act(Tensor& x, Activation act);
 // out = a + b (same shape, f32; out may alias either).
 Status add(const Tensor& a, const Tensor& b, Tensor& out);
+// x[n, m] += bias[m]; bias any float dtype.
+Status add_bias(Tensor& x, const Tensor& bias);
 // x *= s.
 Status scale(Tensor& x, float s);
 

@@ -1,0 +1,78 @@
+// strata's public API: load a model, generate text. Nothing here exposes CUDA, MPI or the
+// engine's internal types; the `strata` binary and the server use only this header.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/sampling.h"
+#include "strata/status.h"
+
+namespace strata {
+
+struct EngineConfig {
+  std::string model;               // HF checkpoint directory, .gguf file, or an alias
+  int tensor_parallel_size = 1;    // ranks must be launched with mpirun -np N
+  int64_t max_model_len = 0;       // context length; 0 = the model's own
+  int num_threads = 0;             // CPU threads; 0 = OpenMP default
+  bool show_progress = true;       // progress line while loading large checkpoints
+};
+
+// What `strata info` prints; also available without loading the weights.
+struct ModelInfo {
+  std::string path;
+  std::string architecture;
+  std::string dtype;               // weight dtype(s), e.g. "bf16" or "q4_1 (+ f32 norms)"
+  int64_t n_params = 0;
+  int64_t n_layers = 0, hidden = 0, n_heads = 0, n_heads_kv = 0, head_dim = 0, ffn_dim = 0;
+  int64_t vocab = 0;
+  int64_t context_length = 0;
+  int64_t weight_bytes = 0;        // bytes of weight data in the files
+  int64_t kv_bytes_per_token = 0;  // K and V, all layers, f32 cache
+  bool has_tokenizer = false;
+  bool has_chat_template = false;
+};
+
+Result<ModelInfo> inspect_model(const std::string& model);
+
+struct GenerateRequest {
+  std::string prompt;
+  std::vector<int32_t> prompt_tokens;  // used instead of `prompt` when not empty
+  int64_t max_tokens = 64;
+  SamplingParams sampling;
+  bool chat = false;               // wrap the prompt in the model's chat template
+  bool ignore_eos = false;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> tokens;     // generated ids
+  std::string text;                // generated text
+  std::string finish_reason;       // "stop" (EOS) or "length"
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(const EngineConfig& config);
+  virtual ~Engine() = default;
+
+  virtual const ModelInfo& info() const = 0;
+  virtual int rank() const = 0;        // tensor-parallel rank; only rank 0 should print
+  virtual int world_size() const = 0;
+
+  // Generate; `on_text` receives complete UTF-8 pieces as they are produced (return false to
+  // stop early). Every rank must call this with the same request.
+  virtual Result<GenerateResult> generate(const GenerateRequest& request,
+                                          const std::function<bool(std::string_view)>& on_text) = 0;
+
+  // Logits for every position of `tokens` run as one fresh sequence: [n, vocab] row-major.
+  virtual Result<std::vector<float>> score(const std::vector<int32_t>& tokens) = 0;
+  virtual Result<std::vector<int32_t>> tokenize(const std::string& text, bool add_special) = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it:
+#   1. Release build (with the CUDA backend compiled when nvcc exists) -> ctest labels cpu, mpi
+#   2. AddressSanitizer + UBSan build (CPU only)                       -> ctest label cpu
+#   3. clang libFuzzer build                                           -> each fuzzer for FUZZ_SECONDS
+# GPU tests (label cuda) run on a GPU machine: scripts/gpu_check.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+JOBS=$(nproc)
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+scripts/setup.sh
+t0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+
+stamp "release build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$JOBS"
+stamp "tests: cpu + mpi"
+ctest --test-dir build -L 'cpu|mpi' --output-on-failure -j "$JOBS"
+
+stamp "sanitizer build (address,undefined)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_CUDA=OFF \
+  -DSTRATA_MPI=OFF -DSTRATA_SANITIZE=address,undefined >/dev/null
+cmake --build build-asan -j "$JOBS"
+stamp "tests: cpu under ASan + UBSan"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan -L cpu --output-on-failure -j "$JOBS"
+
+stamp "fuzz build (clang libFuzzer)"
+CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DSTRATA_CUDA=OFF -DSTRATA_MPI=OFF -DSTRATA_BUILD_TESTS=OFF -DSTRATA_FUZZ=ON \
+  -DSTRATA_SANITIZE=address,undefined >/dev/null
+cmake --build build-fuzz -j "$JOBS"
+for f in build-fuzz/tests/fuzz/fuzz_*; do
+  [ -x "$f" ] || continue
+  name=$(basename "$f")
+  corpus=tests/fuzz/corpus/${name#fuzz_}
+  work=$(mktemp -d)
+  [ -d "$corpus" ] && cp -r "$corpus"/. "$work"/
+  stamp "fuzzing $name for ${FUZZ_SECONDS}s"
+  "$f" -max_total_time="$FUZZ_SECONDS" -max_len=65536 -rss_limit_mb=4096 -print_final_stats=1 \
+    "$work" 2>&1 | tail -n 4
+  rm -rf "$work"
+done
+stamp "all checks passed"

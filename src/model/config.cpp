@@ -1,0 +1,343 @@
+// Hugging Face config.json -> ModelConfig for the decoder families strata runs.
+//
+// Both config styles seen in the wild are read: the classic top-level `rope_theta` +
+// `rope_scaling` (`type` or `rope_type`), and transformers 5's `rope_parameters` dict.
+#include "model/config.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+
+namespace strata {
+
+namespace {
+
+using nlohmann::json;
+
+// Reads typed fields from one JSON object, remembering the first error with the field name.
+class Fields {
+ public:
+  Fields(const json& obj, std::string source) : obj_(obj), source_(std::move(source)) {}
+
+  bool has(const char* key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
+
+  int64_t int_or(const char* key, int64_t fallback) {
+    if (!has(key)) return fallback;
+    const json& v = obj_.at(key);
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (std::floor(d) == d && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
+    }
+    fail(key, "an integer");
+    return fallback;
+  }
+  int64_t required_int(const char* key) {
+    if (!has(key)) {
+      if (status_.ok()) status_ = errorf(StatusCode::kInvalidArgument, "{}: missing field '{}'", source_, key);
+      return 0;
+    }
+    return int_or(key, 0);
+  }
+  double num_or(const char* key, double fallback) {
+    if (!has(key)) return fallback;
+    const json& v = obj_.at(key);
+    if (v.is_number()) return v.get<double>();
+    fail(key, "a number");
+    return fallback;
+  }
+  bool bool_or(const char* key, bool fallback) {
+    if (!has(key)) return fallback;
+    const json& v = obj_.at(key);
+    if (v.is_boolean()) return v.get<bool>();
+    fail(key, "true or false");
+    return fallback;
+  }
+  std::string string_or(const char* key, const std::string& fallback) {
+    if (!has(key)) return fallback;
+    const json& v = obj_.at(key);
+    if (v.is_string()) return v.get<std::string>();
+    fail(key, "a string");
+    return fallback;
+  }
+  const Status& status() const { return status_; }
+  void set_error(Status s) {
+    if (status_.ok()) status_ = std::move(s);
+  }
+
+ private:
+  void fail(const char* key, const char* expected) {
+    if (status_.ok()) {
+      status_ = errorf(StatusCode::kInvalidArgument, "{}: field '{}' must be {}, got {}", source_,
+                       key, expected, obj_.at(key).dump().substr(0, 40));
+    }
+  }
+  const json& obj_;
+  std::string source_;
+  Status status_;
+};
+
+Result<Activation> parse_activation(const std::string& name, const std::string& source) {
+  if (name == "silu" || name == "swish") return Activation::kSilu;
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast" ||
+      name == "gelu_tanh") {
+    return Activation::kGeluTanh;
+  }
+  if (name == "gelu" || name == "gelu_python") return Activation::kGeluErf;
+  if (name == "relu") return Activation::kRelu;
+  return errorf(StatusCode::kUnimplemented, "{}: unsupported activation '{}'", source, name);
+}
+
+// rope_scaling / rope_parameters object -> RopeScaling.
+Status parse_rope_scaling(const json& obj, const std::string& source, RopeScaling* out) {
+  if (!obj.is_object()) {
+    return errorf(StatusCode::kInvalidArgument, "{}: field 'rope_scaling' must be an object",
+                  source);
+  }
+  Fields f(obj, source);
+  std::string type = f.string_or("rope_type", f.string_or("type", "default"));
+  if (type == "default") {
+    out->type = RopeScalingType::kNone;
+  } else if (type == "linear") {
+    out->type = RopeScalingType::kLinear;
+  } else if (type == "llama3") {
+    out->type = RopeScalingType::kLlama3;
+  } else {
+    return errorf(StatusCode::kUnimplemented, "{}: unsupported rope scaling type '{}'", source,
+                  type);
+  }
+  out->factor = static_cast<float>(f.num_or("factor", 1.0));
+  out->low_freq_factor = static_cast<float>(f.num_or("low_freq_factor", 1.0));
+  out->high_freq_factor = static_cast<float>(f.num_or("high_freq_factor", 4.0));
+  out->original_max_position_embeddings = f.int_or("original_max_position_embeddings", 8192);
+  STRATA_RETURN_IF_ERROR(f.status());
+  if (out->type != RopeScalingType::kNone && !(out->factor > 0.0f)) {
+    return errorf(StatusCode::kInvalidArgument, "{}: rope scaling factor must be > 0", source);
+  }
+  if (out->type == RopeScalingType::kLlama3 &&
+      (!(out->high_freq_factor > out->low_freq_factor) || out->low_freq_factor <= 0.0f ||
+       out->original_max_position_embeddings <= 0)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: llama3 rope scaling needs high_freq_factor > low_freq_factor > 0", source);
+  }
+  return ok_status();
+}
+
+void parse_eos(const json& root, ModelConfig* c) {
+  if (!root.contains("eos_token_id")) return;
+  const json& e = root.at("eos_token_id");
+  if (e.is_number_integer()) {
+    c->eos_token_ids.push_back(e.get<int64_t>());
+  } else if (e.is_array()) {
+    for (const json& x : e) {
+      if (x.is_number_integer()) c->eos_token_ids.push_back(x.get<int64_t>());
+    }
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& supported_hf_architectures() {
+  static const std::vector<std::string> kArchs = {"LlamaForCausalLM", "MistralForCausalLM",
+                                                  "Qwen2ForCausalLM", "GPT2LMHeadModel",
+                                                  "GPTNeoXForCausalLM"};
+  return kArchs;
+}
+
+Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::string& source) {
+  json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) {
+    return errorf(StatusCode::kInvalidArgument, "{}: not valid JSON", source);
+  }
+  if (!root.is_object()) {
+    return errorf(StatusCode::kInvalidArgument, "{}: expected a JSON object", source);
+  }
+  ModelConfig c;
+  if (root.contains("architectures") && root["architectures"].is_array() &&
+      !root["architectures"].empty() && root["architectures"][0].is_string()) {
+    c.architecture = root["architectures"][0].get<std::string>();
+  } else if (root.contains("model_type") && root["model_type"].is_string()) {
+    const std::string mt = root["model_type"].get<std::string>();
+    if (mt == "llama") c.architecture = "LlamaForCausalLM";
+    else if (mt == "mistral") c.architecture = "MistralForCausalLM";
+    else if (mt == "qwen2") c.architecture = "Qwen2ForCausalLM";
+    else if (mt == "gpt2") c.architecture = "GPT2LMHeadModel";
+    else if (mt == "gpt_neox") c.architecture = "GPTNeoXForCausalLM";
+    else c.architecture = mt;
+  } else {
+    return errorf(StatusCode::kInvalidArgument, "{}: missing field 'architectures'", source);
+  }
+
+  Fields f(root, source);
+  const std::string& a = c.architecture;
+  if (a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM") {
+    c.family = ArchFamily::kLlama;
+    c.vocab = f.required_int("vocab_size");
+    c.hidden = f.required_int("hidden_size");
+    c.n_layers = f.required_int("num_hidden_layers");
+    c.n_heads = f.required_int("num_attention_heads");
+    c.n_heads_kv = f.int_or("num_key_value_heads", c.n_heads);
+    c.ffn_dim = f.required_int("intermediate_size");
+    c.max_position_embeddings = f.int_or("max_position_embeddings", 2048);
+    c.norm = NormType::kRmsNorm;
+    c.norm_eps = static_cast<float>(f.num_or("rms_norm_eps", 1e-6));
+    c.gated_mlp = true;
+    const bool qwen = a == "Qwen2ForCausalLM";
+    const bool attention_bias = f.bool_or("attention_bias", false);
+    c.qkv_bias = qwen || attention_bias;
+    c.o_bias = !qwen && attention_bias;
+    c.mlp_bias = f.bool_or("mlp_bias", false);
+    c.tie_word_embeddings = f.bool_or("tie_word_embeddings", false);
+    c.pos_embedding = PosEmbedding::kRope;
+    c.rope_neox_style = true;
+    STRATA_ASSIGN_OR_RETURN(c.activation,
+                            parse_activation(f.string_or("hidden_act", "silu"), source));
+    const bool sliding = qwen ? f.bool_or("use_sliding_window", false) : true;
+    if (sliding && f.has("sliding_window")) c.sliding_window = f.int_or("sliding_window", 0);
+  } else if (a == "GPT2LMHeadModel") {
+    c.family = ArchFamily::kGpt2;
+    c.vocab = f.required_int("vocab_size");
+    c.hidden = f.required_int("n_embd");
+    c.n_layers = f.required_int("n_layer");
+    c.n_heads = f.required_int("n_head");
+    c.n_heads_kv = c.n_heads;
+    c.ffn_dim = f.int_or("n_inner", 4 * c.hidden);
+    c.max_position_embeddings = f.int_or("n_positions", 1024);
+    c.norm = NormType::kLayerNorm;
+    c.norm_eps = static_cast<float>(f.num_or("layer_norm_epsilon", 1e-5));
+    c.gated_mlp = false;
+    c.qkv_bias = c.o_bias = c.mlp_bias = true;
+    c.tie_word_embeddings = f.bool_or("tie_word_embeddings", true);
+    c.pos_embedding = PosEmbedding::kLearned;
+    STRATA_ASSIGN_OR_RETURN(c.activation, parse_activation(
+                                              f.string_or("activation_function", "gelu_new"),
+                                              source));
+    if (f.bool_or("scale_attn_by_inverse_layer_idx", false) ||
+        f.bool_or("reorder_and_upcast_attn", false)) {
+      return errorf(StatusCode::kUnimplemented,
+                    "{}: GPT-2 options scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn "
+                    "are not supported",
+                    source);
+    }
+  } else if (a == "GPTNeoXForCausalLM") {
+    c.family = ArchFamily::kGptNeoX;
+    c.vocab = f.required_int("vocab_size");
+    c.hidden = f.required_int("hidden_size");
+    c.n_layers = f.required_int("num_hidden_layers");
+    c.n_heads = f.required_int("num_attention_heads");
+    c.n_heads_kv = c.n_heads;
+    c.ffn_dim = f.required_int("intermediate_size");
+    c.max_position_embeddings = f.int_or("max_position_embeddings", 2048);
+    c.norm = NormType::kLayerNorm;
+    c.norm_eps = static_cast<float>(f.num_or("layer_norm_eps", 1e-5));
+    c.gated_mlp = false;
+    const bool bias = f.bool_or("attention_bias", true);
+    c.qkv_bias = c.o_bias = bias;
+    c.mlp_bias = true;
+    c.parallel_block = f.bool_or("use_parallel_residual", true);
+    c.tie_word_embeddings = f.bool_or("tie_word_embeddings", false);
+    c.pos_embedding = PosEmbedding::kRope;
+    c.rope_neox_style = true;
+    STRATA_ASSIGN_OR_RETURN(c.activation,
+                            parse_activation(f.string_or("hidden_act", "gelu"), source));
+  } else {
+    std::string list;
+    for (const auto& s : supported_hf_architectures()) list += (list.empty() ? "" : ", ") + s;
+    return errorf(StatusCode::kUnimplemented, "{}: unsupported architecture '{}' (supported: {})",
+                  source, a, list);
+  }
+  STRATA_RETURN_IF_ERROR(f.status());
+
+  if (c.n_heads > 0) c.head_dim = f.int_or("head_dim", c.hidden / c.n_heads);
+  STRATA_RETURN_IF_ERROR(f.status());
+
+  // Rotary settings: classic keys first, then transformers 5 rope_parameters overriding.
+  if (c.pos_embedding == PosEmbedding::kRope) {
+    double theta = f.num_or("rope_theta", f.num_or("rotary_emb_base", 10000.0));
+    double partial = f.num_or("partial_rotary_factor", f.num_or("rotary_pct", 1.0));
+    if (f.has("rope_scaling")) {
+      STRATA_RETURN_IF_ERROR(parse_rope_scaling(root.at("rope_scaling"), source, &c.rope_scaling));
+    }
+    if (f.has("rope_parameters")) {
+      const json& rp = root.at("rope_parameters");
+      STRATA_RETURN_IF_ERROR(parse_rope_scaling(rp, source, &c.rope_scaling));
+      Fields rf(rp, source);
+      theta = rf.num_or("rope_theta", theta);
+      partial = rf.num_or("partial_rotary_factor", partial);
+      STRATA_RETURN_IF_ERROR(rf.status());
+    }
+    STRATA_RETURN_IF_ERROR(f.status());
+    if (!(theta > 0.0)) {
+      return errorf(StatusCode::kInvalidArgument, "{}: rope_theta must be > 0", source);
+    }
+    if (!(partial > 0.0 && partial <= 1.0)) {
+      return errorf(StatusCode::kInvalidArgument, "{}: rotary fraction must be in (0, 1]", source);
+    }
+    c.rope_theta = c.rope_theta_local = static_cast<float>(theta);
+    c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+  }
+
+  const std::string dtype_name =
+      f.string_or("torch_dtype", f.string_or("dtype", "float32"));
+  STRATA_RETURN_IF_ERROR(f.status());
+  if (!parse_dtype(dtype_name, &c.weight_dtype)) {
+    return errorf(StatusCode::kUnimplemented, "{}: unsupported dtype '{}'", source, dtype_name);
+  }
+  c.bos_token_id = f.int_or("bos_token_id", -1);
+  parse_eos(root, &c);
+  STRATA_RETURN_IF_ERROR(f.status());
+  STRATA_RETURN_IF_ERROR(c.validate(source));
+  return c;
+}
+
+int64_t ModelConfig::parameter_count() const {
+  const int64_t q = n_heads * head_dim, kv = n_heads_kv * head_dim;
+  int64_t per_layer = hidden * (q + 2 * kv) + q * hidden;  // attention
+  per_layer += (gated_mlp ? 3 : 2) * hidden * ffn_dim;     // mlp
+  per_layer += 2 * hidden;                                 // norms
+  if (qkv_bias) per_layer += q + 2 * kv;
+  if (o_bias) per_layer += hidden;
+  if (mlp_bias) per_layer += (gated_mlp ? 2 : 1) * ffn_dim + hidden;
+  if (norm == NormType::kLayerNorm) per_layer += 2 * hidden;
+  int64_t total = n_layers * per_layer + vocab * hidden + hidden;
+  if (norm == NormType::kLayerNorm) total += hidden;
+  if (!tie_word_embeddings) total += vocab * hidden;
+  if (pos_embedding == PosEmbedding::kLearned) total += max_position_embeddings * hidden;
+  return total;
+}
+
+Status ModelConfig::validate(const std::string& source) const {
+  auto positive = [&](int64_t v, const char* name, int64_t max) -> Status {
+    if (v <= 0 || v > max) {
+      return errorf(StatusCode::kInvalidArgument, "{}: field '{}' = {} is out of range (1..{})",
+                    source, name, v, max);
+    }
+    return ok_status();
+  };
+  STRATA_RETURN_IF_ERROR(positive(vocab, "vocab_size", int64_t{1} << 24));
+  STRATA_RETURN_IF_ERROR(positive(hidden, "hidden_size", int64_t{1} << 17));
+  STRATA_RETURN_IF_ERROR(positive(n_layers, "num_hidden_layers", 4096));
+  STRATA_RETURN_IF_ERROR(positive(n_heads, "num_attention_heads", 4096));
+  STRATA_RETURN_IF_ERROR(positive(n_heads_kv, "num_key_value_heads", 4096));
+  STRATA_RETURN_IF_ERROR(positive(head_dim, "head_dim", 4096));
+  STRATA_RETURN_IF_ERROR(positive(ffn_dim, "intermediate_size", int64_t{1} << 20));
+  STRATA_RETURN_IF_ERROR(positive(max_position_embeddings, "max_position_embeddings",
+                                  int64_t{1} << 24));
+  if (n_heads % n_heads_kv != 0) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                  source, n_heads, n_heads_kv);
+  }
+  if (pos_embedding == PosEmbedding::kRope && (rotary_dim < 2 || rotary_dim % 2 != 0)) {
+    return errorf(StatusCode::kInvalidArgument, "{}: rotary dimension {} must be even and >= 2",
+                  source, rotary_dim);
+  }
+  if (!(norm_eps >= 0.0f) || sliding_window < 0) {
+    return errorf(StatusCode::kInvalidArgument, "{}: negative norm eps or sliding window",
+                  source);
+  }
+  return ok_status();
+}
+
+}  // namespace strata

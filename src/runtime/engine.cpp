@@ -1,0 +1,247 @@
+// Engine: the single-request generation path behind `strata run` / `strata chat`.
+// Opens the model files (io), parses the config (model), shards and loads the weights for
+// this rank, sizes a paged KV cache for one sequence, and runs prefill + decode with the
+// sampler. Multi-sequence serving builds on the same Model::forward through the scheduler.
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include <omp.h>
+
+#include "core/env.h"
+#include "core/log.h"
+#include "core/mapped_file.h"
+#include "core/status.h"
+#include "io/checkpoint.h"
+#include "io/tokenizer.h"
+#include "memory/kv_cache.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "parallel/comm.h"
+#include "runtime/sampler.h"
+#include "runtime/sequence.h"
+#include "strata/engine.h"
+
+namespace strata {
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int64_t kBlockSize = 16;
+constexpr int64_t kPrefillChunk = 512;
+
+struct ModelFiles {
+  std::string dir;
+  ModelConfig config;
+  std::shared_ptr<TensorSource> weights;  // opened lazily by open_weights
+};
+
+Result<ModelConfig> read_config(const std::string& model) {
+  std::error_code ec;
+  if (!fs::exists(model, ec)) {
+    return errorf(StatusCode::kNotFound, "{}: no such model directory or file", model);
+  }
+  if (!fs::is_directory(model, ec)) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: expected a Hugging Face checkpoint directory (config.json + "
+                  "model.safetensors)",
+                  model);
+  }
+  const std::string path = (fs::path(model) / "config.json").string();
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  return parse_hf_config(text, path);
+}
+
+ModelInfo make_info(const std::string& path, const ModelConfig& c) {
+  ModelInfo info;
+  info.path = path;
+  info.architecture = c.architecture;
+  info.dtype = std::string(dtype_name(c.weight_dtype));
+  info.n_params = c.parameter_count();
+  info.n_layers = c.n_layers;
+  info.hidden = c.hidden;
+  info.n_heads = c.n_heads;
+  info.n_heads_kv = c.n_heads_kv;
+  info.head_dim = c.head_dim;
+  info.ffn_dim = c.ffn_dim;
+  info.vocab = c.vocab;
+  info.context_length = c.max_position_embeddings;
+  info.weight_bytes = dtype_bytes(c.weight_dtype, info.n_params);
+  info.kv_bytes_per_token = 2 * c.n_layers * c.n_heads_kv * c.head_dim * 4;
+  std::error_code ec;
+  info.has_tokenizer = fs::exists(fs::path(path) / "tokenizer.json", ec);
+  return info;
+}
+
+class EngineImpl final : public Engine {
+ public:
+  const ModelInfo& info() const override { return info_; }
+  int rank() const override { return comm_->rank(); }
+  int world_size() const override { return comm_->size(); }
+
+  Status init(const EngineConfig& cfg) {
+    if (cfg.num_threads > 0) omp_set_num_threads(cfg.num_threads);
+    if (cfg.tensor_parallel_size < 1) {
+      return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
+    }
+    const EnvConfig& env = env_config();
+    if (cfg.tensor_parallel_size > 1 || env.launcher_size > 1) {
+      STRATA_ASSIGN_OR_RETURN(comm_, make_mpi_communicator());
+      if (comm_->size() != cfg.tensor_parallel_size) {
+        return errorf(StatusCode::kInvalidArgument,
+                      "--tensor-parallel-size {} but {} MPI ranks were launched (use mpirun -np "
+                      "{})",
+                      cfg.tensor_parallel_size, comm_->size(), cfg.tensor_parallel_size);
+      }
+    } else {
+      comm_ = make_single_rank_communicator();
+    }
+    STRATA_ASSIGN_OR_RETURN(ModelConfig config, read_config(cfg.model));
+    info_ = make_info(cfg.model, config);
+    if (cfg.max_model_len < 0) {
+      return errorf(StatusCode::kInvalidArgument, "--max-model-len must be >= 0");
+    }
+    max_len_ = cfg.max_model_len > 0 ? std::min(cfg.max_model_len, config.max_position_embeddings)
+                                     : config.max_position_embeddings;
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(cfg.model));
+    ParallelConfig par;
+    par.tp_size = comm_->size();
+    par.tp_rank = comm_->rank();
+    STRATA_ASSIGN_OR_RETURN(model_, Model::load(config, par, ckpt));
+    const std::string tok_path = (fs::path(cfg.model) / "tokenizer.json").string();
+    if (info_.has_tokenizer) {
+      STRATA_ASSIGN_OR_RETURN(tokenizer_, Tokenizer::from_hf_json(tok_path));
+    }
+    const int64_t n_blocks = (max_len_ + kBlockSize - 1) / kBlockSize;
+    STRATA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(model_->kv_config(n_blocks, kBlockSize)));
+    cache_ = std::make_unique<KvCache>(std::move(cache));
+    return ok_status();
+  }
+
+  Result<std::vector<int32_t>> tokenize(const std::string& text, bool add_special) override {
+    if (!tokenizer_) {
+      return errorf(StatusCode::kFailedPrecondition, "{}: the model has no tokenizer.json",
+                    info_.path);
+    }
+    return tokenizer_->encode(text, add_special);
+  }
+
+  Result<std::vector<float>> score(const std::vector<int32_t>& tokens) override {
+    const int64_t V = model_->config().vocab;
+    std::vector<float> logits(tokens.size() * static_cast<size_t>(V));
+    SequenceKv seq;
+    Status st = run_tokens(seq, tokens, /*all_logits=*/true, logits.data());
+    seq.release(*cache_);
+    if (!st.ok()) return st;
+    return logits;
+  }
+
+  Result<GenerateResult> generate(const GenerateRequest& req,
+                                  const std::function<bool(std::string_view)>& on_text) override {
+    STRATA_RETURN_IF_ERROR(validate_sampling(req.sampling));
+    if (req.max_tokens < 0) {
+      return errorf(StatusCode::kInvalidArgument, "max tokens must be >= 0");
+    }
+    if (!tokenizer_) {
+      return errorf(StatusCode::kFailedPrecondition, "{}: the model has no tokenizer.json",
+                    info_.path);
+    }
+    if (req.chat) {
+      return errorf(StatusCode::kUnimplemented, "chat templates are not supported yet");
+    }
+    GenerateResult result;
+    if (!req.prompt_tokens.empty()) {
+      for (int32_t t : req.prompt_tokens) {
+        if (t < 0 || t >= model_->config().vocab) {
+          return errorf(StatusCode::kInvalidArgument, "prompt token id {} is outside the vocabulary (0..{})",
+                        t, model_->config().vocab - 1);
+        }
+      }
+      result.prompt_tokens = req.prompt_tokens;
+    } else {
+      STRATA_ASSIGN_OR_RETURN(result.prompt_tokens, tokenize(req.prompt, /*add_special=*/true));
+    }
+    const int64_t n_prompt = static_cast<int64_t>(result.prompt_tokens.size());
+    if (n_prompt == 0) return errorf(StatusCode::kInvalidArgument, "the prompt is empty");
+    if (n_prompt >= max_len_) {
+      return errorf(StatusCode::kOutOfRange,
+                    "the prompt is {} tokens, but the context length is {} (needs room for at "
+                    "least one new token)",
+                    n_prompt, max_len_);
+    }
+    const ModelConfig& c = model_->config();
+    const int64_t V = c.vocab;
+    std::vector<float> logits(static_cast<size_t>(V));
+    SequenceKv seq;
+    Sampler sampler(req.sampling);
+    StreamingDecoder decoder(*tokenizer_);
+    auto t0 = std::chrono::steady_clock::now();
+    Status st = run_tokens(seq, result.prompt_tokens, false, logits.data());
+    auto t1 = std::chrono::steady_clock::now();
+    result.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+    result.finish_reason = "length";
+    while (st.ok() && static_cast<int64_t>(result.tokens.size()) < req.max_tokens) {
+      int32_t tok = sampler.sample(logits.data(), V, result.prompt_tokens, result.tokens);
+      // All ranks hold identical logits, but broadcast rank 0's choice so they cannot diverge.
+      if (comm_->size() > 1) {
+        st = comm_->broadcast(&tok, sizeof(tok), 0);
+        if (!st.ok()) break;
+      }
+      const bool is_eos = tokenizer_->is_eog(tok);
+      if (is_eos && !req.ignore_eos) {
+        result.finish_reason = "stop";
+        break;
+      }
+      result.tokens.push_back(tok);
+      const std::string piece = decoder.feed(tok);
+      result.text += piece;
+      if (!piece.empty() && on_text && !on_text(piece)) break;
+      if (seq.length >= max_len_ || static_cast<int64_t>(result.tokens.size()) >= req.max_tokens) {
+        break;
+      }
+      const std::vector<int32_t> next{tok};
+      st = run_tokens(seq, next, false, logits.data());
+    }
+    const std::string tail = decoder.flush();
+    result.text += tail;
+    if (!tail.empty() && on_text) on_text(tail);
+    result.decode_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    seq.release(*cache_);
+    if (!st.ok()) return st;
+    return result;
+  }
+
+ private:
+  Status run_tokens(SequenceKv& seq, const std::vector<int32_t>& tokens, bool all_logits,
+                    float* logits) {
+    if (seq.length + static_cast<int64_t>(tokens.size()) > max_len_) {
+      return errorf(StatusCode::kOutOfRange, "{} tokens exceed the context length {}",
+                    seq.length + static_cast<int64_t>(tokens.size()), max_len_);
+    }
+    return forward_sequence(*model_, *cache_, *comm_, seq, tokens, all_logits, logits,
+                            kPrefillChunk);
+  }
+
+  ModelInfo info_;
+  int64_t max_len_ = 0;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<KvCache> cache_;
+};
+
+}  // namespace
+
+Result<ModelInfo> inspect_model(const std::string& model) {
+  STRATA_ASSIGN_OR_RETURN(ModelConfig config, read_config(model));
+  return make_info(model, config);
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
+  auto engine = std::make_unique<EngineImpl>();
+  STRATA_RETURN_IF_ERROR(engine->init(config));
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace strata

@@ -1,0 +1,20 @@
+// Run tokens of one sequence through a model: the single-request path used by `strata run`,
+// `Engine::score` and the tests. Prefill is split into chunks of `chunk` tokens so activation
+// scratch stays bounded.
+#pragma once
+
+#include <span>
+
+#include "memory/kv_cache.h"
+#include "model/model.h"
+#include "parallel/comm.h"
+
+namespace strata {
+
+// Append `tokens` to `seq` (growing its block table), computing logits for every token
+// (all_logits: logits is [n, vocab]) or only for the last one (logits is [vocab]).
+Status forward_sequence(Model& model, KvCache& cache, Communicator& comm, SequenceKv& seq,
+                        std::span<const int32_t> tokens, bool all_logits, float* logits,
+                        int64_t chunk = 512);
+
+}  // namespace strata
