@@ -85,6 +85,13 @@ class EngineImpl final : public Engine {
       return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
     }
     const EnvConfig& env = env_config();
+    if (cfg.tensor_parallel_size > 1 && env.launcher_size != cfg.tensor_parallel_size) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "--tensor-parallel-size {} needs {} ranks: launch with mpirun -np {} (this "
+                    "process was started with {})",
+                    cfg.tensor_parallel_size, cfg.tensor_parallel_size, cfg.tensor_parallel_size,
+                    env.launcher_size > 0 ? env.launcher_size : 1);
+    }
     if (cfg.tensor_parallel_size > 1 || env.launcher_size > 1) {
       STRATA_ASSIGN_OR_RETURN(comm_, make_mpi_communicator());
       if (comm_->size() != cfg.tensor_parallel_size) {

@@ -1,0 +1,161 @@
+// The strata binary on bad input: one line "strata: error: ..." naming the file, tensor or
+// field; exit status 1; no crash (a crash would show as a signal or an ASan report).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  int exit_code = -1;
+  std::string err;  // stderr
+  std::string out;  // stdout
+};
+
+Run run_strata(const std::string& args) {
+  static int counter = 0;
+  const std::string err_file = fs::temp_directory_path() / ("strata_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+  const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
+  Run r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(err_file);
+  r.err.assign(std::istreambuf_iterator<char>(in), {});
+  fs::remove(err_file);
+  return r;
+}
+
+std::string fixture(const std::string& name) {
+  return std::string(STRATA_FIXTURE_DIR) + "/models/" + name;
+}
+
+// A scratch copy of a fixture model that a test may damage.
+class ScratchModel {
+ public:
+  explicit ScratchModel(const std::string& name) {
+    char tmpl[] = "/tmp/strata_cli_XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    for (const auto& e : fs::directory_iterator(fixture(name))) {
+      fs::copy(e.path(), dir_ / e.path().filename());
+    }
+  }
+  ~ScratchModel() { fs::remove_all(dir_); }
+  std::string path() const { return dir_.string(); }
+  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(dir_ / name, std::ios::binary | std::ios::trunc) << text;
+  }
+  std::string read(const std::string& name) const {
+    std::ifstream in(dir_ / name, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  fs::path dir_;
+};
+
+void expect_clean_error(const Run& r, const std::string& must_contain) {
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
+  // One line.
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(must_contain), std::string::npos) << "'" << must_contain << "' not in: " << r.err;
+}
+
+TEST(Cli, RunGeneratesText) {
+  Run r = run_strata("run -m " + fixture("llama") + " -p 'The license is' -n 8 --temp 0 -q");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+}
+
+TEST(Cli, InfoPrintsArchitecture) {
+  Run r = run_strata("info -m " + fixture("qwen2"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Qwen2ForCausalLM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parameters"), std::string::npos);
+}
+
+TEST(Cli, MissingModelDirectory) {
+  expect_clean_error(run_strata("run -m /nonexistent/model -p hi"), "/nonexistent/model");
+}
+
+TEST(Cli, UnsupportedArchitecture) {
+  ScratchModel m("llama");
+  std::string cfg = m.read("config.json");
+  cfg.replace(cfg.find("LlamaForCausalLM"), 16, "FooBarForCausalLM");
+  m.write("config.json", cfg);
+  expect_clean_error(run_strata("run -m " + m.path() + " -p hi"), "FooBarForCausalLM");
+}
+
+TEST(Cli, MalformedConfig) {
+  ScratchModel m("llama");
+  m.write("config.json", "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": ");
+  expect_clean_error(run_strata("run -m " + m.path() + " -p hi"), "config.json");
+}
+
+TEST(Cli, ConfigFieldWrongType) {
+  ScratchModel m("llama");
+  std::string cfg = m.read("config.json");
+  const size_t at = cfg.find("\"hidden_size\": 64");
+  ASSERT_NE(at, std::string::npos);
+  cfg.replace(at, 17, "\"hidden_size\": \"64\"");
+  m.write("config.json", cfg);
+  expect_clean_error(run_strata("run -m " + m.path() + " -p hi"), "hidden_size");
+}
+
+TEST(Cli, MissingTensor) {
+  ScratchModel m("llama");
+  std::string cfg = m.read("config.json");
+  const size_t at = cfg.find("\"num_hidden_layers\": 3");
+  ASSERT_NE(at, std::string::npos);
+  cfg.replace(at, 22, "\"num_hidden_layers\": 4");
+  m.write("config.json", cfg);
+  expect_clean_error(run_strata("run -m " + m.path() + " -p hi"), "model.layers.3.");
+}
+
+TEST(Cli, TruncatedSafetensors) {
+  ScratchModel m("llama");
+  const std::string data = m.read("model.safetensors");
+  m.write("model.safetensors", data.substr(0, data.size() / 2));
+  expect_clean_error(run_strata("run -m " + m.path() + " -p hi"), "model.safetensors");
+}
+
+TEST(Cli, CorruptSafetensorsHeaderLength) {
+  ScratchModel m("llama");
+  std::string data = m.read("model.safetensors");
+  for (int i = 0; i < 8; ++i) data[static_cast<size_t>(i)] = static_cast<char>(0x7f);
+  m.write("model.safetensors", data);
+  expect_clean_error(run_strata("run -m " + m.path() + " -p hi"), "model.safetensors");
+}
+
+TEST(Cli, PromptLongerThanContext) {
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "the license is ";
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -c 16 -p '" + prompt + "'"),
+                     "context length");
+}
+
+TEST(Cli, BadSamplingFlag) {
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --top-p 1.5"), "top_p");
+}
+
+TEST(Cli, TensorParallelWithoutMpi) {
+  Run r = run_strata("run -m " + fixture("llama") + " -p hi --tensor-parallel-size 2");
+  // Either MPI is missing from the build, or the world size does not match: a clean error.
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
+}
+
+}  // namespace
