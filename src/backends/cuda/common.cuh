@@ -1,0 +1,167 @@
+// Device-side helpers shared by the kernels in src/backends/cuda/kernels/: integer helpers,
+// warp/block reductions, conversions of f32/f16/bf16 to f32, packed (vector) loads and stores,
+// and the one dtype dispatch helper for launchers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "strata/status.h"
+#include "strata/types.h"
+
+namespace strata::cuda {
+
+constexpr int kWarpSize = 32;
+
+template <class T>
+__host__ __device__ constexpr T ceil_div(T a, T b) {
+  return (a + b - 1) / b;
+}
+
+template <class T>
+__host__ __device__ constexpr T round_up(T a, T b) {
+  return ceil_div(a, b) * b;
+}
+
+__host__ __device__ inline bool is_aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// ---- reductions ------------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_reduce_sum(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+__device__ __forceinline__ float warp_reduce_max(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+// Sum of `v` over the whole block, returned to every thread. Every thread of the block must
+// call it (it has barriers) and blockDim.x must be a multiple of 32 (at most 1024), with
+// blockDim.y == blockDim.z == 1. Safe to call repeatedly in one kernel.
+__device__ inline float block_reduce_sum(float v) {
+  __shared__ float partial[kWarpSize];
+  __shared__ float total;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int n_warps = static_cast<int>(blockDim.x) / kWarpSize;
+  v = warp_reduce_sum(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float t = lane < n_warps ? partial[lane] : 0.0f;
+    t = warp_reduce_sum(t);
+    if (lane == 0) total = t;
+  }
+  __syncthreads();
+  return total;
+}
+
+// ---- element conversions ---------------------------------------------------------------------
+
+__device__ __forceinline__ float to_f32(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_f32(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// ---- packed loads and stores -----------------------------------------------------------------
+
+// N elements of T moved as one access (N * sizeof(T) of 4, 8 or 16 bytes), e.g. Packed<float, 4>
+// is one 16-byte ld.global.v4. The pointer must be aligned to sizeof(Packed<T, N>).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Packed {
+  T v[N];
+};
+
+template <class T, int N>
+__device__ __forceinline__ Packed<T, N> load_packed(const T* p) {
+  return *reinterpret_cast<const Packed<T, N>*>(p);
+}
+
+template <class T, int N>
+__device__ __forceinline__ void store_packed(T* p, const Packed<T, N>& v) {
+  *reinterpret_cast<Packed<T, N>*>(p) = v;
+}
+
+// N consecutive elements of T at p, converted to f32 (one packed load).
+template <int N, class T>
+__device__ __forceinline__ void load_f32(const T* p, float (&out)[N]) {
+  const Packed<T, N> packed = load_packed<T, N>(p);
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_f32(packed.v[i]);
+}
+
+// ---- dtype dispatch (host) -------------------------------------------------------------------
+
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with T the CUDA type of a float dtype (float, __half, __nv_bfloat16) and
+// returns its Status; any other dtype gives kUnimplemented naming `what`. Usage:
+//   return dispatch_float_dtype(p.weight_dtype, "rms_norm weight", [&]<class W>(TypeTag<W>) {...});
+template <class F>
+Status dispatch_float_dtype(DType dt, const char* what, F&& f) {
+  switch (dt) {
+    case DType::kF32:
+      return f(TypeTag<float>{});
+    case DType::kF16:
+      return f(TypeTag<__half>{});
+    case DType::kBF16:
+      return f(TypeTag<__nv_bfloat16>{});
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      break;
+  }
+  return Status(StatusCode::kUnimplemented, std::string(what) + ": dtype " +
+                                                std::string(dtype_name(dt)) +
+                                                " is not supported by the CUDA backend");
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,28 @@
+// LaunchCtx: everything a CUDA launcher needs besides its Params, injected by the caller
+// (FasterTransformer habit: stream, cuBLAS handle and workspace come from the owner, never from
+// globals). CudaDevice creates and owns the stream, handle and workspace; a LaunchCtx is a plain,
+// non-owning value that is cheap to copy (e.g. to run on a second stream with the same handle).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace strata::cuda {
+
+struct LaunchCtx {
+  cudaStream_t stream = nullptr;        // every launch and async copy goes on this stream
+  cublasLtHandle_t cublaslt = nullptr;  // for GEMMs; usable on any stream of this device
+  void* workspace = nullptr;            // device scratch for cuBLASLt (and split-K style kernels)
+  size_t workspace_bytes = 0;
+  int device_index = 0;  // the CUDA ordinal the stream belongs to
+  // Device properties launchers size grids and shared memory from.
+  int sm_count = 0;  // multiprocessors (persistent grids)
+  int cc_major = 0;  // compute capability, e.g. 9.0 for H100/H200
+  int cc_minor = 0;
+  size_t max_smem_per_block_optin = 0;  // bytes a block may get after cudaFuncSetAttribute
+  size_t l2_bytes = 0;
+};
+
+}  // namespace strata::cuda
