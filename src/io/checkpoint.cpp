@@ -42,7 +42,8 @@ Result<std::map<std::string, std::string>> read_weight_map(const std::string& in
   try {
     index = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    return errorf(StatusCode::kDataLoss, "{}: not valid JSON: {}", index_path, e.what());
+    return errorf(StatusCode::kDataLoss, "{}: not valid JSON: {}", index_path,
+                  printable_for_message(e.what(), 300));
   }
   if (!index.is_object()) {
     return errorf(StatusCode::kDataLoss, "{}: not a JSON object", index_path);
@@ -56,14 +57,14 @@ Result<std::map<std::string, std::string>> read_weight_map(const std::string& in
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it->is_string()) {
       return errorf(StatusCode::kDataLoss, "{}: weight_map entry for tensor '{}' is not a string",
-                    index_path, it.key());
+                    index_path, printable_for_message(it.key()));
     }
     const auto& shard = it->get_ref<const std::string&>();
     if (!is_safe_shard_name(shard)) {
       return errorf(
           StatusCode::kDataLoss,
           "{}: weight_map puts tensor '{}' in '{}', which is not a file in the model directory",
-          index_path, it.key(), shard);
+          index_path, printable_for_message(it.key()), printable_for_message(shard));
     }
     out.emplace(it.key(), shard);
   }
@@ -72,13 +73,18 @@ Result<std::map<std::string, std::string>> read_weight_map(const std::string& in
 
 }  // namespace
 
+Status Checkpoint::not_found(std::string_view name) const {
+  return errorf(StatusCode::kNotFound, "{}: tensor '{}' not found in checkpoint", source_,
+                printable_for_message(name));
+}
+
 Status Checkpoint::add_shard(std::shared_ptr<SafetensorsFile> shard) {
   const size_t index = shards_.size();
   for (const std::string& name : shard->names()) {
     const auto [it, inserted] = where_.emplace(name, index);
     if (!inserted) {
       return errorf(StatusCode::kDataLoss, "{}: tensor '{}' is in two shards: {} and {}", source_,
-                    name, shards_[it->second]->path(), shard->path());
+                    printable_for_message(name), shards_[it->second]->path(), shard->path());
     }
   }
   total_bytes_ += shard->tensor_bytes();
@@ -130,7 +136,8 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& path) {
       if (!fs::is_regular_file(shard_path, ec)) {
         return errorf(StatusCode::kNotFound,
                       "{}: shard '{}' (holding tensor '{}') not found: no file {}", index_path,
-                      shard, tensor, shard_path);
+                      printable_for_message(shard), printable_for_message(tensor),
+                      printable_for_message(shard_path, 400));
       }
       STRATA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(shard_path));
       shard_index.emplace(shard, ckpt->shards_.size());
@@ -141,7 +148,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& path) {
       if (!file.has(tensor)) {
         return errorf(StatusCode::kDataLoss,
                       "{}: weight_map puts tensor '{}' in '{}', but that shard has no such tensor",
-                      index_path, tensor, shard);
+                      index_path, printable_for_message(tensor), printable_for_message(shard));
       }
     }
     // NOTE: tensors a shard holds beyond its weight_map entries are kept (they are in the
@@ -166,7 +173,7 @@ const SafetensorsEntry* Checkpoint::find(std::string_view name) const {
 Result<const SafetensorsEntry*> Checkpoint::info(std::string_view name) const {
   const SafetensorsEntry* e = find(name);
   if (!e) {
-    return errorf(StatusCode::kNotFound, "{}: tensor '{}' not found in checkpoint", source_, name);
+    return not_found(name);
   }
   return e;
 }
@@ -174,7 +181,7 @@ Result<const SafetensorsEntry*> Checkpoint::info(std::string_view name) const {
 Result<Tensor> Checkpoint::tensor(std::string_view name) const {
   const SafetensorsFile* shard = shard_of(name);
   if (!shard) {
-    return errorf(StatusCode::kNotFound, "{}: tensor '{}' not found in checkpoint", source_, name);
+    return not_found(name);
   }
   return shard->tensor(name);
 }
@@ -182,7 +189,7 @@ Result<Tensor> Checkpoint::tensor(std::string_view name) const {
 Result<Buffer> Checkpoint::buffer(std::string_view name) const {
   const SafetensorsFile* shard = shard_of(name);
   if (!shard) {
-    return errorf(StatusCode::kNotFound, "{}: tensor '{}' not found in checkpoint", source_, name);
+    return not_found(name);
   }
   return shard->buffer(name);
 }

@@ -60,6 +60,7 @@ class Checkpoint {
  private:
   Checkpoint() = default;
   Status add_shard(std::shared_ptr<SafetensorsFile> shard);
+  Status not_found(std::string_view name) const;
 
   std::string source_;
   std::string dir_;

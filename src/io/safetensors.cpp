@@ -45,23 +45,8 @@ const DTypeRow& dtype_row(SafetensorsDType dt) {
   return kDTypeTable[1];
 }
 
-// User-controlled text (tensor names, JSON excerpts) made safe for a one-line message:
-// control and non-ASCII bytes as \xNN, long text cut.
 std::string printable(std::string_view text, size_t max_chars = kMaxQuotedChars) {
-  std::string out;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (out.size() >= max_chars) {
-      out += "...";
-      break;
-    }
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c >= 0x7f) {
-      out += fmt::format("\\x{:02x}", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
+  return printable_for_message(text, max_chars);
 }
 
 // nlohmann's message without its "[json.exception.parse_error.101] " tag.
@@ -224,6 +209,23 @@ Status parse_entry(const std::string& file, const std::string& key, const json& 
 }
 
 }  // namespace
+
+std::string printable_for_message(std::string_view text, size_t max_chars) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (out.size() >= max_chars) {
+      out += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c >= 0x7f) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
 
 bool parse_safetensors_dtype(std::string_view text, SafetensorsDType* out) {
   for (const DTypeRow& row : kDTypeTable) {

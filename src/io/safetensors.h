@@ -119,6 +119,10 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// User-controlled text (tensor names, JSON excerpts) made safe for a one-line message: control
+// and non-ASCII bytes as \xNN, cut after `max_chars`.
+std::string printable_for_message(std::string_view text, size_t max_chars = 160);
+
 // Largest header accepted (the reference implementation's limit).
 constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 

@@ -648,6 +648,8 @@ TEST_F(CheckpointTest, BadIndex) {
   expect_error(Checkpoint::open(dir_), StatusCode::kDataLoss, {idx, "'w'", "../../etc/passwd"});
   write_file(idx, R"({"weight_map":{"w":"/etc/passwd"}})");
   expect_error(Checkpoint::open(dir_), StatusCode::kDataLoss, {idx, "'w'", "/etc/passwd"});
+  write_file(idx, R"({"weight_map":{"a\nb":"gone\n.safetensors"}})");
+  expect_error(Checkpoint::open(dir_), StatusCode::kNotFound, {idx, "'a\\x0ab'", "gone\\x0a"});
 }
 
 TEST_F(CheckpointTest, NoWeightsInDirectory) {
