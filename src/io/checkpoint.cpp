@@ -73,7 +73,7 @@ Result<std::map<std::string, std::string>> read_weight_map(const std::string& in
 
 }  // namespace
 
-Status Checkpoint::not_found(std::string_view name) const {
+Status Checkpoint::not_found(const std::string& name) const {
   return errorf(StatusCode::kNotFound, "{}: tensor '{}' not found in checkpoint", source_,
                 printable_for_message(name));
 }
@@ -160,17 +160,17 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& path) {
   return ckpt;
 }
 
-const SafetensorsFile* Checkpoint::shard_of(std::string_view name) const {
+const SafetensorsFile* Checkpoint::shard_of(const std::string& name) const {
   const auto it = where_.find(name);
   return it == where_.end() ? nullptr : shards_[it->second].get();
 }
 
-const SafetensorsEntry* Checkpoint::find(std::string_view name) const {
+const SafetensorsEntry* Checkpoint::find(const std::string& name) const {
   const SafetensorsFile* shard = shard_of(name);
   return shard ? shard->find(name) : nullptr;
 }
 
-Result<const SafetensorsEntry*> Checkpoint::info(std::string_view name) const {
+Result<const SafetensorsEntry*> Checkpoint::info(const std::string& name) const {
   const SafetensorsEntry* e = find(name);
   if (!e) {
     return not_found(name);
@@ -178,7 +178,7 @@ Result<const SafetensorsEntry*> Checkpoint::info(std::string_view name) const {
   return e;
 }
 
-Result<Tensor> Checkpoint::tensor(std::string_view name) const {
+Result<Tensor> Checkpoint::tensor(const std::string& name) const {
   const SafetensorsFile* shard = shard_of(name);
   if (!shard) {
     return not_found(name);
@@ -186,7 +186,7 @@ Result<Tensor> Checkpoint::tensor(std::string_view name) const {
   return shard->tensor(name);
 }
 
-Result<Buffer> Checkpoint::buffer(std::string_view name) const {
+Result<Buffer> Checkpoint::buffer(const std::string& name) const {
   const SafetensorsFile* shard = shard_of(name);
   if (!shard) {
     return not_found(name);

@@ -5,7 +5,8 @@
 // path of one `.safetensors` file (or of an index file). Every shard is validated
 // (SafetensorsFile), every tensor of the weight_map must be in the shard it names, and a tensor
 // found in two shards is an error. All shards stay mapped for the Checkpoint's lifetime;
-// tensors are read-only views into the maps.
+// tensors are read-only views into the maps. A Checkpoint is the TensorSource the model
+// loader reads from.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "core/buffer.h"
 #include "core/tensor.h"
 #include "io/safetensors.h"
+#include "io/tensor_source.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -26,7 +28,7 @@ namespace strata {
 inline constexpr std::string_view kSafetensorsSingleName = "model.safetensors";
 inline constexpr std::string_view kSafetensorsIndexName = "model.safetensors.index.json";
 
-class Checkpoint {
+class Checkpoint final : public TensorSource {
  public:
   static Result<std::unique_ptr<Checkpoint>> open(const std::string& path);
 
@@ -39,16 +41,18 @@ class Checkpoint {
   const std::string& source() const { return source_; }
 
   const std::vector<std::string>& names() const { return names_; }  // sorted
-  bool has(std::string_view name) const { return where_.find(name) != where_.end(); }
-  // The entry, or nullptr when no shard has `name`.
-  const SafetensorsEntry* find(std::string_view name) const;
+  bool has(const std::string& name) const override { return where_.find(name) != where_.end(); }
   // kNotFound: "DIR: tensor 'NAME' not found in checkpoint".
-  Result<const SafetensorsEntry*> info(std::string_view name) const;
-  Result<Tensor> tensor(std::string_view name) const;
+  Result<Tensor> tensor(const std::string& name) const override;
+  std::string describe() const override { return source_; }
+
+  // The entry, or nullptr when no shard has `name`.
+  const SafetensorsEntry* find(const std::string& name) const;
+  Result<const SafetensorsEntry*> info(const std::string& name) const;
   // The tensor's bytes as a Buffer that keeps its shard mapped.
-  Result<Buffer> buffer(std::string_view name) const;
+  Result<Buffer> buffer(const std::string& name) const;
   // The shard holding `name`, or nullptr.
-  const SafetensorsFile* shard_of(std::string_view name) const;
+  const SafetensorsFile* shard_of(const std::string& name) const;
 
   uint64_t total_bytes() const { return total_bytes_; }  // sum of every tensor's bytes
   const std::vector<std::shared_ptr<SafetensorsFile>>& shards() const { return shards_; }
@@ -60,7 +64,7 @@ class Checkpoint {
  private:
   Checkpoint() = default;
   Status add_shard(std::shared_ptr<SafetensorsFile> shard);
-  Status not_found(std::string_view name) const;
+  Status not_found(const std::string& name) const;
 
   std::string source_;
   std::string dir_;
