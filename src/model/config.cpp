@@ -78,14 +78,14 @@ class Fields {
   Status status_;
 };
 
-Result<Activation> parse_activation(const std::string& name, const std::string& source) {
-  if (name == "silu" || name == "swish") return Activation::kSilu;
+Result<ops::Activation> parse_activation(const std::string& name, const std::string& source) {
+  if (name == "silu" || name == "swish") return ops::Activation::kSilu;
   if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast" ||
       name == "gelu_tanh") {
-    return Activation::kGeluTanh;
+    return ops::Activation::kGeluTanh;
   }
-  if (name == "gelu" || name == "gelu_python") return Activation::kGeluErf;
-  if (name == "relu") return Activation::kRelu;
+  if (name == "gelu" || name == "gelu_python") return ops::Activation::kGeluErf;
+  if (name == "relu") return ops::Activation::kRelu;
   return errorf(StatusCode::kUnimplemented, "{}: unsupported activation '{}'", source, name);
 }
 

@@ -42,7 +42,7 @@ struct ModelConfig {
   NormType norm = NormType::kRmsNorm;
   float norm_eps = 1e-5f;
   float norm_weight_offset = 0.0f;  // Gemma: weights stored as (w - 1)
-  Activation activation = Activation::kSilu;
+  ops::Activation activation = ops::Activation::kSilu;
   bool gated_mlp = true;            // SwiGLU/GeGLU vs plain up -> act -> down
   bool parallel_block = false;      // NeoX use_parallel_residual: x + attn(ln1 x) + mlp(ln2 x)
   bool qkv_bias = false;            // Qwen2 q/k/v bias; GPT-2 / NeoX biases on every linear
