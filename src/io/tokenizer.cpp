@@ -697,6 +697,7 @@ Status Tokenizer::Impl::encode_text(std::string_view text, bool at_start, bool p
       ids.push_back(seg.id);
       continue;
     }
+    if (seg.end == seg.begin) continue;  // HF drops empty splits before pre-tokenizing
     pieces.clear();
     Piece piece{normalized.substr(seg.begin, seg.end - seg.begin), at_start && seg.begin == 0};
     STRATA_RETURN_IF_ERROR(pre_tokenize(std::move(piece), pieces));
@@ -796,10 +797,13 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(TokenizerSpec spec) {
   }
   m.normalizers = std::move(spec.normalizers);
   for (const auto& a : spec.added_tokens) {
-    // HF matches a normalized added token by its normalized form.
+    // HF matches a normalized added token by its normalized form, and id_to_token/decode
+    // return that form too.
     if (!a.normalized) continue;
+    std::string normalized = m.normalize(a.content);
+    m.pieces[static_cast<size_t>(a.id)] = normalized;
     m.normalized_added.add(
-        {m.normalize(a.content), a.id, a.special, a.lstrip, a.rstrip, a.single_word});
+        {std::move(normalized), a.id, a.special, a.lstrip, a.rstrip, a.single_word});
   }
   m.raw_added.finish();
   m.normalized_added.finish();
