@@ -27,8 +27,6 @@ using StringIdMap = std::unordered_map<std::string, int32_t, StringHash, std::eq
 constexpr size_t kMaxCachedWordBytes = 256;
 constexpr size_t kCacheCapacity = 1 << 16;
 
-constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
-
 // Names of tokens that end a turn in common chat formats.
 constexpr std::string_view kEndOfTurnNames[] = {
     "<|im_end|>",  "<|eot_id|>",     "<|eom_id|>", "<end_of_turn>", "<|end|>",
@@ -722,7 +720,6 @@ std::string Tokenizer::Impl::decode_token(int32_t id, bool first) const {
 }
 
 // ---- construction ------------------------------------------------------------------------------
-
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(TokenizerSpec spec) {
   auto impl = std::make_unique<Impl>();
