@@ -88,11 +88,12 @@ class Scanner {
   }
 
  private:
-
   std::string_view s_;
 };
 
-char ascii_lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+char ascii_lower(char c) {
+  return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+}
 
 // Length of a contraction ('s 't 're 've 'm 'll 'd) at pos, or 0.
 size_t contraction_at(const Scanner& sc, size_t pos, bool ignore_case) {
@@ -115,9 +116,9 @@ size_t whitespace_tail(const Scanner& sc, size_t pos) {
     last_start = end;
     end += c.len;
   }
-  if (end == sc.size()) return end;   // the run reaches the end: (?!\S) holds
+  if (end == sc.size()) return end;         // the run reaches the end: (?!\S) holds
   if (last_start > pos) return last_start;  // give back the last space before the \S
-  return end;                         // one space before \S: plain \s+
+  return end;                               // one space before \S: plain \s+
 }
 
 size_t gpt2_match(const Scanner& sc, size_t pos) {

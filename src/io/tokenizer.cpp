@@ -29,9 +29,9 @@ constexpr size_t kCacheCapacity = 1 << 16;
 
 // Names of tokens that end a turn in common chat formats.
 constexpr std::string_view kEndOfTurnNames[] = {
-    "<|im_end|>",  "<|eot_id|>",     "<|eom_id|>", "<end_of_turn>", "<|end|>",
-    "<|endoftext|>", "<|end_of_text|>", "</s>",    "<|return|>",    "<|call|>",
-    "<EOT>",       "<|END_OF_TURN_TOKEN|>"};
+    "<|im_end|>", "<|eot_id|>",    "<|eom_id|>",      "<end_of_turn>",
+    "<|end|>",    "<|endoftext|>", "<|end_of_text|>", "</s>",
+    "<|return|>", "<|call|>",      "<EOT>",           "<|END_OF_TURN_TOKEN|>"};
 
 uint64_t pair_key(int32_t a, int32_t b) {
   return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b);
@@ -317,7 +317,8 @@ void emit_split(const Piece& piece, std::vector<Span>& spans, SplitBehavior beha
   }
   for (const auto& sp : kept) {
     if (sp.end <= sp.begin) continue;
-    out.push_back({piece.text.substr(sp.begin, sp.end - sp.begin), piece.at_start && sp.begin == 0});
+    out.push_back(
+        {piece.text.substr(sp.begin, sp.end - sp.begin), piece.at_start && sp.begin == 0});
   }
 }
 
@@ -360,7 +361,8 @@ std::string decode_with_steps(const std::string& token, const std::vector<Decode
         break;
       case DecoderKind::kStrip:
         if (!fused && !d.content.empty()) {
-          for (int i = 0; i < d.strip_start && t.compare(0, d.content.size(), d.content) == 0; ++i) {
+          for (int i = 0; i < d.strip_start && t.compare(0, d.content.size(), d.content) == 0;
+               ++i) {
             t.erase(0, d.content.size());
           }
           for (int i = 0; i < d.strip_stop && t.size() >= d.content.size() &&
@@ -372,8 +374,7 @@ std::string decode_with_steps(const std::string& token, const std::vector<Decode
         break;
       case DecoderKind::kMetaspace:
         // HF drops every replacement char of the first token unless the scheme is kNever.
-        replace_all(t, d.pattern,
-                    first && d.prepend_scheme != PrependScheme::kNever ? "" : " ");
+        replace_all(t, d.pattern, first && d.prepend_scheme != PrependScheme::kNever ? "" : " ");
         break;
     }
   }
@@ -428,8 +429,7 @@ struct Tokenizer::Impl {
   std::string chat_template;
   // Word cache.
   mutable std::mutex cache_mutex;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>
-      cache;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
 
   Status encode_text(std::string_view text, bool at_start, bool parse_special,
                      std::vector<int32_t>& ids) const;
@@ -492,7 +492,8 @@ Status Tokenizer::Impl::pre_tokenize(Piece piece, std::vector<Piece>& out) const
           literal_matches(p.text, st.pattern, matches);
           break;
         case PreTokenizerKind::kDigits:
-          char_matches(p.text, [](uint32_t cp) { return is_number(cp); }, matches);
+          char_matches(
+              p.text, [](uint32_t cp) { return is_number(cp); }, matches);
           behavior = st.individual_digits ? SplitBehavior::kIsolated : SplitBehavior::kContiguous;
           invert = false;
           break;
@@ -570,7 +571,8 @@ void Tokenizer::Impl::bpe_uncached(std::string_view word, std::vector<int32_t>& 
   int32_t pending_unk_start = -1;
   size_t pending_unk_end = 0;
   auto flush_unk = [&] {
-    if (pending_unk_start >= 0) add(unk_id, static_cast<size_t>(pending_unk_start), pending_unk_end);
+    if (pending_unk_start >= 0)
+      add(unk_id, static_cast<size_t>(pending_unk_start), pending_unk_end);
     pending_unk_start = -1;
   };
   for (size_t pos = 0; pos < word.size();) {
@@ -760,8 +762,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(TokenizerSpec spec) {
                     a.content, a.id);
     }
     if (a.content.empty()) {
-      return errorf(StatusCode::kInvalidArgument, "tokenizer: added token {} has no content",
-                    a.id);
+      return errorf(StatusCode::kInvalidArgument, "tokenizer: added token {} has no content", a.id);
     }
     n_total = std::max(n_total, static_cast<size_t>(a.id) + 1);
   }
@@ -782,14 +783,16 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(TokenizerSpec spec) {
     m.pieces[id] = a.content;
     m.special[id] = a.special ? 1 : m.special[id];
     m.all_vocab.emplace(a.content, a.id);
-    if (!a.normalized) m.raw_added.add({a.content, a.id, a.special, a.lstrip, a.rstrip, a.single_word});
+    if (!a.normalized)
+      m.raw_added.add({a.content, a.id, a.special, a.lstrip, a.rstrip, a.single_word});
   }
   for (const auto& [text, id] : m.model_vocab) m.all_vocab.emplace(text, id);
 
   // Normalizers.
   for (const auto& n : spec.normalizers) {
     if (n.kind == NormalizerKind::kReplace && n.pattern.empty()) {
-      return errorf(StatusCode::kInvalidArgument, "tokenizer: Replace normalizer with empty pattern");
+      return errorf(StatusCode::kInvalidArgument,
+                    "tokenizer: Replace normalizer with empty pattern");
     }
   }
   m.normalizers = std::move(spec.normalizers);
@@ -908,12 +911,14 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(TokenizerSpec spec) {
         break;
       case DecoderKind::kReplace:
         if (d.pattern.empty()) {
-          return errorf(StatusCode::kInvalidArgument, "tokenizer: Replace decoder with empty pattern");
+          return errorf(StatusCode::kInvalidArgument,
+                        "tokenizer: Replace decoder with empty pattern");
         }
         break;
       case DecoderKind::kMetaspace:
         if (d.pattern.empty()) {
-          return errorf(StatusCode::kInvalidArgument, "tokenizer: Metaspace decoder with no replacement");
+          return errorf(StatusCode::kInvalidArgument,
+                        "tokenizer: Metaspace decoder with no replacement");
         }
         if (d.prepend_scheme != PrependScheme::kNever) m.metaspace_first = true;
         break;
@@ -926,14 +931,15 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(TokenizerSpec spec) {
   m.join_with_space = m.decoders.empty();
   if (!m.join_with_space) {
     m.decoded.resize(n_total);
-    for (size_t i = 0; i < n_total; ++i) m.decoded[i] = decode_with_steps(m.pieces[i], m.decoders, false);
+    for (size_t i = 0; i < n_total; ++i)
+      m.decoded[i] = decode_with_steps(m.pieces[i], m.decoders, false);
   }
 
   // Post-processor and metadata.
   auto check_id = [&](int32_t id, const char* what) -> Status {
     if (id < -1 || id >= static_cast<int32_t>(n_total)) {
-      return errorf(StatusCode::kInvalidArgument, "tokenizer: {} id {} is outside the vocabulary ({})",
-                    what, id, n_total);
+      return errorf(StatusCode::kInvalidArgument,
+                    "tokenizer: {} id {} is outside the vocabulary ({})", what, id, n_total);
     }
     return ok_status();
   };
@@ -1015,10 +1021,18 @@ const std::string& Tokenizer::id_to_token(int32_t id) const {
   return impl_->pieces[static_cast<size_t>(id)];
 }
 
-int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->pieces.size()); }
-int32_t Tokenizer::bos_id() const { return impl_->bos; }
-int32_t Tokenizer::eos_id() const { return impl_->eos; }
-const std::vector<int32_t>& Tokenizer::eot_ids() const { return impl_->eot; }
+int32_t Tokenizer::vocab_size() const {
+  return static_cast<int32_t>(impl_->pieces.size());
+}
+int32_t Tokenizer::bos_id() const {
+  return impl_->bos;
+}
+int32_t Tokenizer::eos_id() const {
+  return impl_->eos;
+}
+const std::vector<int32_t>& Tokenizer::eot_ids() const {
+  return impl_->eot;
+}
 bool Tokenizer::is_eot(int32_t id) const {
   return std::binary_search(impl_->eot.begin(), impl_->eot.end(), id);
 }
@@ -1028,7 +1042,9 @@ bool Tokenizer::is_special(int32_t id) const {
 bool Tokenizer::add_bos() const {
   return impl_->bos >= 0 && !impl_->prefix_ids.empty() && impl_->prefix_ids[0] == impl_->bos;
 }
-const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+const std::string& Tokenizer::chat_template() const {
+  return impl_->chat_template;
+}
 
 // ---- StreamingDecoder ------------------------------------------------------------------------
 
@@ -1052,7 +1068,8 @@ std::string StreamingDecoder::push(int32_t id) {
   ++n_tokens_;
   if (strip_left_ > 0 && !emitted_) {
     const std::string& c = m.stream_strip_content;
-    while (strip_left_ > 0 && pending_.size() >= c.size() && pending_.compare(0, c.size(), c) == 0) {
+    while (strip_left_ > 0 && pending_.size() >= c.size() &&
+           pending_.compare(0, c.size(), c) == 0) {
       pending_.erase(0, c.size());
       --strip_left_;
     }

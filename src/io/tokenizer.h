@@ -65,26 +65,26 @@ enum class SplitBehavior : uint8_t {
 enum class PrependScheme : uint8_t { kAlways, kFirst, kNever };
 
 enum class PreTokenizerKind : uint8_t {
-  kGpt2Regex,    // hand-written splitters for the three known regexes
+  kGpt2Regex,  // hand-written splitters for the three known regexes
   kLlama3Regex,
   kQwen2Regex,
-  kRegex,        // any other regex in `pattern` (needs PCRE2)
-  kLiteral,      // split on the literal string `pattern`
-  kDigits,       // HF Digits: numeric characters, one by one when individual_digits
-  kByteLevel,    // HF ByteLevel: optional prefix space, optional GPT-2 split, bytes -> chars
-  kMetaspace,    // HF Metaspace: ' ' -> `pattern` (the replacement), prefix, optional split
+  kRegex,      // any other regex in `pattern` (needs PCRE2)
+  kLiteral,    // split on the literal string `pattern`
+  kDigits,     // HF Digits: numeric characters, one by one when individual_digits
+  kByteLevel,  // HF ByteLevel: optional prefix space, optional GPT-2 split, bytes -> chars
+  kMetaspace,  // HF Metaspace: ' ' -> `pattern` (the replacement), prefix, optional split
 };
 
 struct PreTokenizerStep {
   PreTokenizerKind kind = PreTokenizerKind::kGpt2Regex;
   std::string pattern;
-  SplitBehavior behavior = SplitBehavior::kIsolated;  // split kinds
-  bool invert = false;                                // kRegex, kLiteral
-  bool individual_digits = false;                     // kDigits
-  bool add_prefix_space = false;                      // kByteLevel
-  bool use_regex = true;                              // kByteLevel
+  SplitBehavior behavior = SplitBehavior::kIsolated;      // split kinds
+  bool invert = false;                                    // kRegex, kLiteral
+  bool individual_digits = false;                         // kDigits
+  bool add_prefix_space = false;                          // kByteLevel
+  bool use_regex = true;                                  // kByteLevel
   PrependScheme prepend_scheme = PrependScheme::kAlways;  // kMetaspace
-  bool split = true;                                  // kMetaspace
+  bool split = true;                                      // kMetaspace
 };
 
 enum class DecoderKind : uint8_t {
@@ -126,9 +126,9 @@ struct AddedToken {
 //   both:  bos/eos ids, add_bos -> post_prefix_ids {bos}, chat_template. When added_tokens is
 //          empty, control tokens become special added tokens and user-defined tokens plain ones.
 struct TokenizerSpec {
-  std::vector<std::string> tokens;  // the model vocabulary, by id
+  std::vector<std::string> tokens;                          // the model vocabulary, by id
   std::vector<std::pair<std::string, std::string>> merges;  // rank = index
-  std::vector<float> scores;        // by id; used for merging when merges is empty
+  std::vector<float> scores;           // by id; used for merging when merges is empty
   std::vector<TokenType> token_types;  // by id; optional
   // May reuse ids of `tokens` or extend past them (the id table grows to cover them).
   std::vector<AddedToken> added_tokens;
@@ -207,10 +207,10 @@ class StreamingDecoder {
  private:
   const Tokenizer* tokenizer_;
   bool skip_special_tokens_;
-  int64_t n_tokens_ = 0;     // tokens decoded so far (skipped ones excluded)
-  bool emitted_ = false;     // any text produced yet (leading Strip applies before that)
-  int strip_left_ = 0;       // leading strip characters still to remove
-  std::string pending_;      // bytes not yet returned
+  int64_t n_tokens_ = 0;  // tokens decoded so far (skipped ones excluded)
+  bool emitted_ = false;  // any text produced yet (leading Strip applies before that)
+  int strip_left_ = 0;    // leading strip characters still to remove
+  std::string pending_;   // bytes not yet returned
 };
 
 }  // namespace strata

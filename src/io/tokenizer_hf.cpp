@@ -60,7 +60,8 @@ class Parser {
   Status get_pattern(const json& obj, const std::string& field, std::string* out,
                      bool* is_regex) const {
     auto it = obj.find("pattern");
-    if (it == obj.end() || !it->is_object()) return invalid(field + ".pattern", "expected an object");
+    if (it == obj.end() || !it->is_object())
+      return invalid(field + ".pattern", "expected an object");
     if (auto s = it->find("String"); s != it->end() && s->is_string()) {
       *out = s->get<std::string>();
       *is_regex = false;
@@ -84,8 +85,7 @@ class Parser {
   Status parse_normalizer(const json& n, const std::string& field, TokenizerSpec& spec) const;
   Status parse_pre_tokenizer(const json& p, const std::string& field, TokenizerSpec& spec) const;
   Status parse_decoder(const json& d, const std::string& field, TokenizerSpec& spec) const;
-  Status parse_post_processor(const json& p, const std::string& field, const json& root,
-                              TokenizerSpec& spec) const;
+  Status parse_post_processor(const json& p, const std::string& field, TokenizerSpec& spec) const;
   Status parse_model(const json& m, TokenizerSpec& spec) const;
   Status parse_added_tokens(const json& a, TokenizerSpec& spec) const;
 
@@ -124,7 +124,8 @@ Status Parser::parse_normalizer(const json& n, const std::string& field,
   STRATA_RETURN_IF_ERROR(type_of(n, field, &type));
   if (type == "Sequence") {
     auto it = n.find("normalizers");
-    if (it == n.end() || !it->is_array()) return invalid(field + ".normalizers", "expected an array");
+    if (it == n.end() || !it->is_array())
+      return invalid(field + ".normalizers", "expected an array");
     for (size_t i = 0; i < it->size(); ++i) {
       STRATA_RETURN_IF_ERROR(
           parse_normalizer((*it)[i], field + ".normalizers[" + std::to_string(i) + "]", spec));
@@ -140,7 +141,8 @@ Status Parser::parse_normalizer(const json& n, const std::string& field,
     bool is_regex = false;
     STRATA_RETURN_IF_ERROR(get_pattern(n, field, &step.pattern, &is_regex));
     if (is_regex) {
-      return error(StatusCode::kUnimplemented, field, "Replace with a regex pattern is not supported");
+      return error(StatusCode::kUnimplemented, field,
+                   "Replace with a regex pattern is not supported");
     }
     if (step.pattern.empty()) return invalid(field + ".pattern", "empty pattern");
     STRATA_RETURN_IF_ERROR(get_string(n, "content", field, &step.content));
@@ -164,8 +166,8 @@ Status Parser::parse_pre_tokenizer(const json& p, const std::string& field,
       return invalid(field + ".pretokenizers", "expected an array");
     }
     for (size_t i = 0; i < it->size(); ++i) {
-      STRATA_RETURN_IF_ERROR(parse_pre_tokenizer(
-          (*it)[i], field + ".pretokenizers[" + std::to_string(i) + "]", spec));
+      STRATA_RETURN_IF_ERROR(
+          parse_pre_tokenizer((*it)[i], field + ".pretokenizers[" + std::to_string(i) + "]", spec));
     }
     return ok_status();
   }
@@ -247,7 +249,8 @@ Status Parser::parse_decoder(const json& d, const std::string& field, TokenizerS
     bool is_regex = false;
     STRATA_RETURN_IF_ERROR(get_pattern(d, field, &step.pattern, &is_regex));
     if (is_regex) {
-      return error(StatusCode::kUnimplemented, field, "Replace with a regex pattern is not supported");
+      return error(StatusCode::kUnimplemented, field,
+                   "Replace with a regex pattern is not supported");
     }
     if (step.pattern.empty()) return invalid(field + ".pattern", "empty pattern");
     STRATA_RETURN_IF_ERROR(get_string(d, "content", field, &step.content));
@@ -278,17 +281,18 @@ Status Parser::parse_decoder(const json& d, const std::string& field, TokenizerS
   return ok_status();
 }
 
-Status Parser::parse_post_processor(const json& p, const std::string& field, const json& root,
+Status Parser::parse_post_processor(const json& p, const std::string& field,
                                     TokenizerSpec& spec) const {
   if (p.is_null()) return ok_status();
   std::string type;
   STRATA_RETURN_IF_ERROR(type_of(p, field, &type));
   if (type == "Sequence") {
     auto it = p.find("processors");
-    if (it == p.end() || !it->is_array()) return invalid(field + ".processors", "expected an array");
+    if (it == p.end() || !it->is_array())
+      return invalid(field + ".processors", "expected an array");
     for (size_t i = 0; i < it->size(); ++i) {
-      STRATA_RETURN_IF_ERROR(parse_post_processor(
-          (*it)[i], field + ".processors[" + std::to_string(i) + "]", root, spec));
+      STRATA_RETURN_IF_ERROR(
+          parse_post_processor((*it)[i], field + ".processors[" + std::to_string(i) + "]", spec));
     }
     return ok_status();
   }
@@ -306,7 +310,8 @@ Status Parser::parse_post_processor(const json& p, const std::string& field, con
   }
   if (type != "TemplateProcessing") return unsupported(field, type);
   auto single = p.find("single");
-  if (single == p.end() || !single->is_array()) return invalid(field + ".single", "expected an array");
+  if (single == p.end() || !single->is_array())
+    return invalid(field + ".single", "expected an array");
   auto specials = p.find("special_tokens");
   bool seen_sequence = false;
   for (size_t i = 0; i < single->size(); ++i) {
@@ -339,7 +344,6 @@ Status Parser::parse_post_processor(const json& p, const std::string& field, con
       (seen_sequence ? spec.post_suffix_ids : spec.post_prefix_ids).push_back(id.get<int32_t>());
     }
   }
-  (void)root;
   return ok_status();
 }
 
@@ -430,7 +434,8 @@ Status Parser::parse_added_tokens(const json& a, TokenizerSpec& spec) const {
     AddedToken tok;
     int64_t id = -1;
     STRATA_RETURN_IF_ERROR(get_int(t, "id", field, &id));
-    if (id < 0 || id >= (int64_t{1} << 30)) return invalid(field + ".id", "missing or out of range");
+    if (id < 0 || id >= (int64_t{1} << 30))
+      return invalid(field + ".id", "missing or out of range");
     tok.id = static_cast<int32_t>(id);
     STRATA_RETURN_IF_ERROR(get_string(t, "content", field, &tok.content));
     if (tok.content.empty()) return invalid(field + ".content", "empty");
@@ -532,8 +537,7 @@ Result<TokenizerSpec> parse_hf_tokenizer_json(std::string_view json_text, const 
     STRATA_RETURN_IF_ERROR(p.parse_added_tokens(field("added_tokens"), spec));
     STRATA_RETURN_IF_ERROR(p.parse_normalizer(field("normalizer"), "normalizer", spec));
     STRATA_RETURN_IF_ERROR(p.parse_pre_tokenizer(field("pre_tokenizer"), "pre_tokenizer", spec));
-    STRATA_RETURN_IF_ERROR(
-        p.parse_post_processor(field("post_processor"), "post_processor", root, spec));
+    STRATA_RETURN_IF_ERROR(p.parse_post_processor(field("post_processor"), "post_processor", spec));
     STRATA_RETURN_IF_ERROR(p.parse_decoder(field("decoder"), "decoder", spec));
   } catch (const std::exception& e) {
     return errorf(StatusCode::kInvalidArgument, "{}: {}", name, e.what());

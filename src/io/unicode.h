@@ -52,8 +52,7 @@ constexpr uint32_t kInvalidCodePoint = 0xFFFFFFFFu;
 uint32_t utf8_decode(std::string_view s, size_t pos, size_t* len);
 // Appends the UTF-8 encoding of cp (cp <= 0x10FFFF).
 void utf8_append(std::string& out, uint32_t cp);
-// Length of the longest prefix of s that is complete, well-formed UTF-8 with invalid bytes
-// replaced; see utf8_sanitize_prefix.
+// Whether s is entirely well-formed UTF-8.
 bool utf8_is_valid(std::string_view s);
 
 // Converts the bytes in `in` to valid UTF-8, replacing each maximal ill-formed subsequence
@@ -63,10 +62,18 @@ bool utf8_is_valid(std::string_view s);
 size_t utf8_sanitize(std::string_view in, bool hold_incomplete, std::string& out);
 
 uint8_t unicode_flags(uint32_t cp);
-inline bool is_letter(uint32_t cp) { return unicode_flags(cp) & kCatLetter; }
-inline bool is_number(uint32_t cp) { return unicode_flags(cp) & kCatNumber; }
-inline bool is_whitespace(uint32_t cp) { return unicode_flags(cp) & kCatWhitespace; }
-inline bool is_word_char(uint32_t cp) { return unicode_flags(cp) & kCatWord; }
+inline bool is_letter(uint32_t cp) {
+  return unicode_flags(cp) & kCatLetter;
+}
+inline bool is_number(uint32_t cp) {
+  return unicode_flags(cp) & kCatNumber;
+}
+inline bool is_whitespace(uint32_t cp) {
+  return unicode_flags(cp) & kCatWhitespace;
+}
+inline bool is_word_char(uint32_t cp) {
+  return unicode_flags(cp) & kCatWord;
+}
 
 // Unicode Normalization Form C. Invalid bytes are copied through and block composition.
 std::string nfc_normalize(std::string_view s);

@@ -72,7 +72,9 @@ std::string ids_string(const std::vector<int32_t>& ids) {
   return s;
 }
 
-std::string escaped(const std::string& s) { return nlohmann::json(s).dump(); }
+std::string escaped(const std::string& s) {
+  return nlohmann::json(s).dump();
+}
 
 std::unique_ptr<Tokenizer> load(const std::string& name) {
   auto tok = Tokenizer::from_hf_json(kDir + "/" + name + "/tokenizer.json");
@@ -284,10 +286,10 @@ TEST(StreamingDecoder, HoldsBackPartialCharacters) {
 
 TEST(Unicode, Categories) {
   EXPECT_TRUE(is_letter('a'));
-  EXPECT_TRUE(is_letter(0x4E2D));   // 中
-  EXPECT_TRUE(is_letter(0x1C89));   // Unicode 16 letter
-  EXPECT_TRUE(is_number(0x0663));   // Arabic-Indic three
-  EXPECT_TRUE(is_number(0x2460));   // circled one (No)
+  EXPECT_TRUE(is_letter(0x4E2D));  // 中
+  EXPECT_TRUE(is_letter(0x1C89));  // Unicode 16 letter
+  EXPECT_TRUE(is_number(0x0663));  // Arabic-Indic three
+  EXPECT_TRUE(is_number(0x2460));  // circled one (No)
   EXPECT_TRUE(is_whitespace(0x3000));
   EXPECT_TRUE(is_whitespace(0x85));
   EXPECT_FALSE(is_whitespace(0x200B));  // zero width space is not White_Space
@@ -298,11 +300,13 @@ TEST(Unicode, Categories) {
 TEST(Unicode, Nfc) {
   EXPECT_EQ(nfc_normalize("cafe\u0301"), "caf\u00e9");
   EXPECT_EQ(nfc_normalize("A\u030a"), "\u00c5");
-  EXPECT_EQ(nfc_normalize("\u212b"), "\u00c5");                 // singleton (Angstrom sign)
-  EXPECT_EQ(nfc_normalize("\u1100\u1161\u11a8"), "\uac01");     // Hangul LVT
-  EXPECT_EQ(nfc_normalize("A\u0307\u0323"), "\u1ea0\u0307");    // reordered, then composed
+  EXPECT_EQ(nfc_normalize("\u212b"), "\u00c5");               // singleton (Angstrom sign)
+  EXPECT_EQ(nfc_normalize("\u1100\u1161\u11a8"), "\uac01");   // Hangul LVT
+  EXPECT_EQ(nfc_normalize("A\u0307\u0323"), "\u1ea0\u0307");  // reordered, then composed
   EXPECT_EQ(nfc_normalize("plain ascii"), "plain ascii");
-  EXPECT_EQ(nfc_normalize("\xff" "e\u0301"), "\xff\u00e9");     // invalid byte passes through
+  EXPECT_EQ(nfc_normalize("\xff"
+                          "e\u0301"),
+            "\xff\u00e9");  // invalid byte passes through
 }
 
 TEST(Unicode, Utf8Sanitize) {
@@ -406,8 +410,8 @@ TEST(TokenizerErrors, MalformedJson) {
 
 TEST(TokenizerErrors, UnknownModelType) {
   TempDir dir;
-  auto tok = Tokenizer::from_hf_json(dir.write(
-      "tokenizer.json", R"({"model": {"type": "WordPiece", "vocab": {"a": 0}}})"));
+  auto tok = Tokenizer::from_hf_json(
+      dir.write("tokenizer.json", R"({"model": {"type": "WordPiece", "vocab": {"a": 0}}})"));
   ASSERT_FALSE(tok.ok());
   EXPECT_EQ(tok.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(tok.status().message().find("WordPiece"), std::string::npos);
@@ -415,8 +419,8 @@ TEST(TokenizerErrors, UnknownModelType) {
 
 TEST(TokenizerErrors, MergeWithUnknownToken) {
   TempDir dir;
-  auto tok = Tokenizer::from_hf_json(dir.write(
-      "tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1},
+  auto tok = Tokenizer::from_hf_json(
+      dir.write("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1},
         "merges": [["a", "b"]]}})"));
   ASSERT_FALSE(tok.ok());
   EXPECT_EQ(tok.status().code(), StatusCode::kInvalidArgument);
@@ -438,8 +442,7 @@ TEST(TokenizerErrors, BadFieldsNameTheField) {
     const char* field;
   } cases[] = {
       {R"({"model": {"type": "BPE", "vocab": {"a": "x"}}})", "model.vocab.a"},
-      {R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "normalizer": {"type": "NFKD"}})",
-       "NFKD"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "normalizer": {"type": "NFKD"}})", "NFKD"},
       {R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "decoder": {"type": "WordPiece"}})",
        "WordPiece"},
       {R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "added_tokens": [{"id": 5}]})",
@@ -493,7 +496,8 @@ TEST(TokenizerErrors, SpecValidation) {
   auto ok = Tokenizer::from_spec(mini);
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(*(*ok)->encode("abab", false), (std::vector<int32_t>{2, 2}));
-  EXPECT_EQ((*ok)->decode(std::vector<int32_t>{2, 0, 99}), "ab a");  // no decoder: HF joins with spaces
+  EXPECT_EQ((*ok)->decode(std::vector<int32_t>{2, 0, 99}),
+            "ab a");  // no decoder: HF joins with spaces
 }
 
 TEST(TokenizerErrors, GgufPreNames) {
