@@ -22,6 +22,10 @@
      <name>/decoded.jsonl: HF decode results where they differ from the entry itself:
      {"i": index, "dec": decode(ids without the post-processor prefix, skip_special=False)}
      and/or "skip": decode(all ids, skip_special_tokens=True).
+  4. Writes variants.jsonl: pipelines that are cheaper to describe than to commit whole. Each
+     entry names a base fixture, replacement values for its top-level keys (normalizer,
+     pre_tokenizer, decoder), whether it needs PCRE2, and HF's ids and decoded text for a
+     subset of the corpus ("lines": [[index, [ids...], decoded], ...]).
 
 Usage: python3 scripts/make_tokenizer_fixtures.py   (deterministic; needs tokenizers >= 0.20)
 """
@@ -352,6 +356,79 @@ def write_expected(name, tok, corpus):
     return prefix, len(diffs)
 
 
+VARIANTS = [
+    # name, base, pcre2, replacements
+    ("bytelevel_prefix_space", "gpt2", False, {
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                          "use_regex": True}}),
+    ("digits_then_bytelevel", "gpt2", False, {
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": True}]}}),
+    ("contiguous_digits_removed_spaces", "gpt2", False, {
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": False},
+            {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}]}}),
+    ("literal_merged_with_next_inverted", "llama3", False, {
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"String": "e"}, "behavior": "MergedWithNext",
+             "invert": True},
+            {"type": "Split", "pattern": {"String": "o"}, "behavior": "MergedWithPrevious",
+             "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}]}}),
+    ("regex_merged_with_previous", "llama3", True, {
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "MergedWithPrevious",
+             "invert": False},
+            {"type": "Split", "pattern": {"Regex": "\\p{N}+|[^\\p{L}\\p{N}\\s]+"},
+             "behavior": "Contiguous", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}]}}),
+    ("metaspace_split_always", "spm", False, {
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                          "split": True},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "ByteFallback"},
+            {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+             "split": True},
+            {"type": "Fuse"}]}}),
+    ("replace_only_strip_per_token", "spm", False, {
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}}),
+    ("no_decoder", "qwen2", False, {"decoder": None}),
+]
+
+
+def variant_lines(corpus):
+    return [i for i in range(len(corpus)) if i < len(HANDWRITTEN) or i % 12 == 0]
+
+
+def make_variants(corpus):
+    out = []
+    for name, base, pcre2, repl in VARIANTS:
+        with open(os.path.join(OUT, base, "tokenizer.json"), encoding="utf-8") as f:
+            data = json.load(f)
+        data.update(repl)
+        tok = Tokenizer.from_str(json.dumps(data))
+        lines = []
+        for i in variant_lines(corpus):
+            ids = tok.encode(corpus[i], add_special_tokens=True).ids
+            lines.append([i, ids, tok.decode(ids, skip_special_tokens=False)])
+        out.append({"name": name, "base": base, "pcre2": pcre2, "replace": repl, "lines": lines})
+    with open(os.path.join(OUT, "variants.jsonl"), "w", encoding="utf-8") as f:
+        for v in out:
+            f.write(json.dumps(v, ensure_ascii=False, separators=(",", ":")) + "\n")
+    return len(out)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     toks = {"gpt2": make_gpt2(), "llama3": make_llama3(), "qwen2": make_qwen2()}
@@ -361,6 +438,7 @@ def main():
         prefix, ndiff = write_expected(name, tok, corpus)
         print(f"{name}: vocab {tok.get_vocab_size()}, prefix {prefix}, "
               f"{ndiff} decode differences")
+    print(f"variants: {make_variants(corpus)}")
     print(f"corpus: {len(corpus)} lines; tokenizers {tokenizers.__version__}")
 
 

@@ -167,6 +167,46 @@ TEST_P(HfFixture, DecodeRoundTripsAndMatchesHuggingFace) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfFixture,
                          ::testing::Values("gpt2", "llama3", "qwen2", "spm", "spm_metaspace"));
 
+// Pipelines described in variants.jsonl: a base fixture with some components replaced.
+TEST(Tokenizer, VariantsMatchHuggingFace) {
+  std::ifstream in(kDir + "/variants.jsonl");
+  std::string line;
+  int variants = 0;
+  while (std::getline(in, line)) {
+    const auto v = nlohmann::json::parse(line);
+    const std::string name = v["name"];
+#ifndef STRATA_HAS_PCRE2
+    if (v["pcre2"].get<bool>()) continue;
+#endif
+    std::ifstream base_in(kDir + "/" + v["base"].get<std::string>() + "/tokenizer.json");
+    auto base = nlohmann::json::parse(base_in);
+    for (const auto& [key, value] : v["replace"].items()) base[key] = value;
+    auto spec = parse_hf_tokenizer_json(base.dump(), name);
+    ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+    auto tok = Tokenizer::from_spec(std::move(*spec));
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    int failures = 0;
+    for (const auto& entry : v["lines"]) {
+      const std::string& text = corpus()[entry[0].get<size_t>()];
+      const auto want = entry[1].get<std::vector<int32_t>>();
+      const std::string want_dec = entry[2];
+      auto ids = (*tok)->encode(text, true);
+      ASSERT_TRUE(ids.ok());
+      if (*ids != want && ++failures <= 3) {
+        ADD_FAILURE() << name << " " << escaped(text) << "\n  got      " << ids_string(*ids)
+                      << "\n  expected " << ids_string(want);
+      }
+      const std::string dec = (*tok)->decode(want, false);
+      if (dec != want_dec && ++failures <= 3) {
+        ADD_FAILURE() << name << " decode " << escaped(dec) << " want " << escaped(want_dec);
+      }
+    }
+    EXPECT_EQ(failures, 0) << name;
+    ++variants;
+  }
+  EXPECT_GE(variants, 7);
+}
+
 // Byte-level tokenizers reproduce any input exactly, even bytes that are not UTF-8.
 TEST(Tokenizer, ByteLevelRoundTripsArbitraryBytes) {
   auto tok = load("llama3");
