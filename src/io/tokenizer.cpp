@@ -437,7 +437,7 @@ struct Tokenizer::Impl {
   void bpe(std::string_view word, std::vector<int32_t>& ids) const;
   void bpe_uncached(std::string_view word, std::vector<int32_t>& ids) const;
   bool find_merge(std::string_view word, uint32_t a_start, int32_t a_id, uint32_t b_start,
-                  uint32_t b_len_total, int32_t b_id, double* key, int32_t* new_id) const;
+                  uint32_t b_end, int32_t b_id, double* key, int32_t* new_id) const;
   std::string normalize(std::string_view s) const;
   std::string decode_token(int32_t id, bool first) const;
 };
@@ -593,7 +593,9 @@ void Tokenizer::Impl::bpe_uncached(std::string_view word, std::vector<int32_t>& 
           for (size_t i = 0; i < len; ++i) {
             add(byte_fallback_ids[static_cast<uint8_t>(word[pos + i])], pos + i, pos + i + 1);
           }
-          done = true;  // NOTE: HF keeps a pending unknown token open across fallback bytes
+          // NOTE: as in HF, a pending unknown token stays open across fallback bytes (it is
+          // emitted after them).
+          done = true;
         }
       }
       if (!done && unk_id >= 0) {
