@@ -53,6 +53,12 @@ const LinearCase kCases[] = {
     {64, 769, 97, DType::kBF16, 0, 0, true},
     {70, 513, 300, DType::kF32, 1, 2},
     {129, 72, 40, DType::kF16},
+    // k past the GEMV k-chunk (1024 f32 / 2048 16-bit) and the GEMM k-block (2048)
+    {3, 2333, 37, DType::kF32, 0, 0, true},
+    {9, 4500, 41, DType::kBF16, 2, 5},
+    {40, 2049, 70, DType::kF16, 0, 0, true},
+    // more tokens than one GEMM token chunk holds at this k (packed x is capped at 8 MiB)
+    {400, 4500, 41, DType::kF32, 0, 0, true},
 };
 
 // The expected output in double from the stored (rounded) weight values.
@@ -96,8 +102,20 @@ TEST_P(LinearTest, MatchesDoubleReferenceOnEveryVariant) {
     ASSERT_TRUE(ops::linear(xt, wt, bt, ot).ok());
     EXPECT_LE(rel_err(out, want), kF32Tol) << "ops::linear";
   }
-  for (cpu::CpuIsa isa : {cpu::CpuIsa::kScalar, cpu::CpuIsa::kAvx2, cpu::CpuIsa::kAvx512}) {
-    if (!cpu::cpu_supports(isa)) continue;
+  struct Variant {
+    cpu::CpuIsa isa;
+    cpu::LinearPath path;
+    const char* name;
+  };
+  const Variant kVariants[] = {
+      {cpu::CpuIsa::kScalar, cpu::LinearPath::kAuto, "scalar"},
+      {cpu::CpuIsa::kAvx2, cpu::LinearPath::kGemv, "avx2 gemv"},
+      {cpu::CpuIsa::kAvx2, cpu::LinearPath::kGemm, "avx2 gemm"},
+      {cpu::CpuIsa::kAvx512, cpu::LinearPath::kGemv, "avx512 gemv"},
+      {cpu::CpuIsa::kAvx512, cpu::LinearPath::kGemm, "avx512 gemm"},
+  };
+  for (const Variant& v : kVariants) {
+    if (!cpu::cpu_supports(v.isa)) continue;
     // A wider out buffer checks the out row stride and that nothing past m is written.
     const int64_t out_stride = c.m + 3;
     std::vector<float> out(static_cast<size_t>(c.n * out_stride), -7.0f);
@@ -113,7 +131,7 @@ TEST_P(LinearTest, MatchesDoubleReferenceOnEveryVariant) {
                          .n_tokens = c.n,
                          .in_features = c.k,
                          .out_features = c.m};
-    ASSERT_TRUE(cpu::linear_with_isa(p, isa).ok()) << cpu::cpu_isa_name(isa);
+    ASSERT_TRUE(cpu::linear_with_isa(p, v.isa, v.path).ok()) << v.name;
     std::vector<float> packed(static_cast<size_t>(c.n * c.m));
     for (int64_t i = 0; i < c.n; ++i) {
       for (int64_t j = 0; j < c.m; ++j) {
@@ -121,10 +139,10 @@ TEST_P(LinearTest, MatchesDoubleReferenceOnEveryVariant) {
       }
       for (int64_t j = c.m; j < out_stride; ++j) {
         ASSERT_EQ(out[static_cast<size_t>(i * out_stride + j)], -7.0f)
-            << cpu::cpu_isa_name(isa) << " wrote past out_features in row " << i;
+            << v.name << " wrote past out_features in row " << i;
       }
     }
-    EXPECT_LE(rel_err(packed, want), kF32Tol) << cpu::cpu_isa_name(isa);
+    EXPECT_LE(rel_err(packed, want), kF32Tol) << v.name;
   }
 }
 

@@ -39,8 +39,12 @@ bool cpu_supports(CpuIsa isa);
 CpuIsa best_cpu_isa();
 const char* cpu_isa_name(CpuIsa isa);
 
-// linear with an explicit variant, for tests and benchmarks (linear() uses best_cpu_isa()).
+// Which algorithm linear uses: kAuto picks GEMV for few tokens and GEMM for more.
+enum class LinearPath { kAuto, kGemv, kGemm };
+
+// linear with an explicit variant and path, for tests and benchmarks (linear() uses
+// best_cpu_isa() and kAuto). The scalar variant has one path and ignores `path`.
 // kFailedPrecondition when the CPU cannot run `isa`.
-Status linear_with_isa(const LinearParams& p, CpuIsa isa);
+Status linear_with_isa(const LinearParams& p, CpuIsa isa, LinearPath path = LinearPath::kAuto);
 
 }  // namespace strata::cpu

@@ -2,11 +2,11 @@
 //
 // This file is the driver: it checks the weight dtype, picks the SIMD variant (AVX-512, AVX2,
 // else the portable scalar loop), and runs one of the two paths of linear_impl.h:
-//   GEMV for a few tokens: OpenMP over contiguous ranges of weight rows, each row read once.
-//   GEMM for more: OpenMP over blocks of nc weight rows; per k-block, x is packed once into
-//     MR-token panels shared by all threads, each thread packs its weight block (converted to
-//     f32) and runs the micro-kernel over every (token panel, output panel) pair, adding into
-//     out, which was first set to the bias (or zero).
+//   GEMV for few tokens: one contiguous range of weight rows per OpenMP thread.
+//   GEMM for more: x (a chunk of up to kMaxPackedXFloats) is packed once by all threads, then
+//     each thread takes a contiguous range of weight blocks and, per block, sets its part of
+//     out to the bias, then per k-block packs the weights and runs the micro-kernel over every
+//     (token panel, output panel) pair, adding into out.
 // The scalar variant is deliberately plain (one dot product per output) and serves as the
 // cross-check for the SIMD ones.
 //
@@ -32,7 +32,8 @@ namespace {
 using linear_detail::GemmKernel;
 using linear_detail::IsaKernels;
 
-constexpr int64_t kGemvRowsPerTask = 16;
+// Cap on the packed x of one token chunk (8 MiB); longer prompts are processed in chunks.
+constexpr int64_t kMaxPackedXFloats = int64_t{2} << 20;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -89,16 +90,22 @@ Status linear_scalar(const LinearParams& p) {
 }
 
 Status run_gemv(const LinearParams& p, const IsaKernels& isa) {
-  const int64_t tasks = ceil_div(p.out_features, kGemvRowsPerTask);
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < tasks; ++b) {
-    const int64_t j0 = b * kGemvRowsPerTask;
-    const int64_t j1 = std::min(p.out_features, j0 + kGemvRowsPerTask);
-    isa.gemv(p, j0, j1);
-    if (p.bias) {
-      for (int64_t i = 0; i < p.n_tokens; ++i) {
-        float* out = p.out + i * p.out_stride;
-        for (int64_t j = j0; j < j1; ++j) out[j] += bias_at(p, j);
+#pragma omp parallel
+  {
+    // One contiguous range of weight rows per thread (multiples of 4 rows), so each thread
+    // streams its part of w front to back.
+    const int64_t groups = ceil_div(p.out_features, 4);
+    const int tid = omp_get_thread_num();
+    const int nt = omp_get_num_threads();
+    const int64_t j0 = std::min(p.out_features, tid * groups / nt * 4);
+    const int64_t j1 = std::min(p.out_features, (tid + 1) * groups / nt * 4);
+    if (j0 < j1) {
+      isa.gemv(p, j0, j1);
+      if (p.bias) {
+        for (int64_t i = 0; i < p.n_tokens; ++i) {
+          float* out = p.out + i * p.out_stride;
+          for (int64_t j = j0; j < j1; ++j) out[j] += bias_at(p, j);
+        }
       }
     }
   }
@@ -110,72 +117,105 @@ Status run_gemm(const LinearParams& p, const GemmKernel& g) {
   const int64_t m = p.out_features;
   const int64_t k = p.in_features;
   const int nthreads = omp_get_max_threads();
-  const int64_t n_panels = ceil_div(n, g.mr);
-  // Enough weight blocks (about four per thread) for dynamic scheduling to balance them.
-  const int64_t nc = std::clamp(round_up(ceil_div(m, 4 * nthreads), g.nr), g.nr, g.nc_max);
+  const int64_t n_kblocks = ceil_div(k, g.kc);
+  // Tokens per chunk: all of them unless their packed x would pass kMaxPackedXFloats.
+  const int64_t mc =
+      std::clamp(kMaxPackedXFloats / std::max<int64_t>(1, n_kblocks * g.kc) / g.mr * g.mr, g.mr,
+                 round_up(n, g.mr));
+  // Weight blocks: the same number per thread, each at most nc_max rows.
+  const int64_t blocks_per_thread = ceil_div(m, nthreads * g.nc_max);
+  const int64_t nc = round_up(ceil_div(m, nthreads * blocks_per_thread), g.nr);
   const int64_t n_blocks = ceil_div(m, nc);
-  const size_t xp_floats = static_cast<size_t>(n_panels * g.mr * g.kc);
+  const size_t xp_floats = static_cast<size_t>(mc * n_kblocks * g.kc);
   const size_t wp_floats = static_cast<size_t>(nc * g.kc);
-  float* const scratch = thread_scratch(xp_floats + static_cast<size_t>(nthreads) * wp_floats);
+  const size_t total = xp_floats + static_cast<size_t>(nthreads) * wp_floats;
+  float* const scratch = thread_scratch(total);
   if (!scratch) {
-    return errorf(StatusCode::kOutOfMemory, "linear: no memory for {} packing floats",
-                  xp_floats + static_cast<size_t>(nthreads) * wp_floats);
+    return errorf(StatusCode::kOutOfMemory, "linear: no memory for {} packing floats", total);
   }
   float* const xp = scratch;
 
 #pragma omp parallel num_threads(nthreads)
   {
-    float* const wp = scratch + xp_floats + static_cast<size_t>(omp_get_thread_num()) * wp_floats;
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      float* out = p.out + i * p.out_stride;
-      for (int64_t j = 0; j < m; ++j) out[j] = bias_at(p, j);
-    }
-    for (int64_t k0 = 0; k0 < k; k0 += g.kc) {
-      const int64_t kc = std::min(g.kc, k - k0);
-#pragma omp for schedule(static)
-      for (int64_t q = 0; q < n_panels; ++q) {
-        g.pack_x(p, q * g.mr, std::min(g.mr, n - q * g.mr), k0, kc, xp + q * g.mr * kc);
+    const int tid = omp_get_thread_num();
+    const int nt = omp_get_num_threads();
+    float* const wp = scratch + xp_floats + static_cast<size_t>(tid) * wp_floats;
+    // Contiguous blocks per thread, so each thread knows which block it packs next.
+    const int64_t b_begin = tid * n_blocks / nt;
+    const int64_t b_end = (tid + 1) * n_blocks / nt;
+    for (int64_t i0 = 0; i0 < n; i0 += mc) {
+      const int64_t ni = std::min(mc, n - i0);
+      const int64_t n_panels = ceil_div(ni, g.mr);
+      const auto kc_of = [&](int64_t kb) { return std::min(g.kc, k - kb * g.kc); };
+      // x block kb lives at xp + kb * kc * mc, its panel q at + q * mr * kc_of(kb).
+#pragma omp for collapse(2) schedule(static)
+      for (int64_t kb = 0; kb < n_kblocks; ++kb) {
+        for (int64_t q = 0; q < n_panels; ++q) {
+          g.pack_x(p, i0 + q * g.mr, std::min(g.mr, ni - q * g.mr), kb * g.kc, kc_of(kb),
+                   xp + kb * g.kc * mc + q * g.mr * kc_of(kb));
+        }
       }
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t b = 0; b < n_blocks; ++b) {
+      for (int64_t b = b_begin; b < b_end; ++b) {
         const int64_t j0 = b * nc;
         const int64_t nj = std::min(nc, m - j0);
-        g.pack_w(p, j0, nj, k0, kc, wp);
-        for (int64_t jr = 0; jr < nj; jr += g.nr) {
-          const float* wpanel = wp + jr * kc;
-          for (int64_t q = 0; q < n_panels; ++q) {
-            g.micro(kc, xp + q * g.mr * kc, wpanel, p.out + q * g.mr * p.out_stride + j0 + jr,
-                    p.out_stride, std::min(g.mr, n - q * g.mr), std::min(g.nr, nj - jr));
+        for (int64_t i = i0; i < i0 + ni; ++i) {
+          float* out = p.out + i * p.out_stride;
+          for (int64_t j = j0; j < j0 + nj; ++j) out[j] = bias_at(p, j);
+        }
+        for (int64_t kb = 0; kb < n_kblocks; ++kb) {
+          const int64_t kc = kc_of(kb);
+          // Prefetch what this thread packs next: the next k-block, else the next row block.
+          const bool last_kb = kb + 1 == n_kblocks;
+          const int64_t next_j0 = !last_kb ? j0 : b + 1 < b_end ? j0 + nc : -1;
+          const int64_t next_k0 = !last_kb ? (kb + 1) * g.kc : 0;
+          g.pack_w(p, j0, nj, kb * g.kc, kc, wp, next_j0, next_k0);
+          const float* xblock = xp + kb * g.kc * mc;
+          for (int64_t jr = 0; jr < nj; jr += g.nr) {
+            for (int64_t q = 0; q < n_panels; ++q) {
+              g.micro(kc, xblock + q * g.mr * kc, wp + jr * kc,
+                      p.out + (i0 + q * g.mr) * p.out_stride + j0 + jr, p.out_stride,
+                      std::min(g.mr, ni - q * g.mr), std::min(g.nr, nj - jr));
+            }
           }
         }
       }
+#pragma omp barrier
     }
   }
   return ok_status();
 }
 
-Status run_isa(const LinearParams& p, const IsaKernels& isa) {
-  if (p.n_tokens <= isa.gemv_max_tokens) return run_gemv(p, isa);
+Status run_isa(const LinearParams& p, const IsaKernels& isa, LinearPath path) {
+  switch (path) {
+    case LinearPath::kAuto:
+      break;
+    case LinearPath::kGemv:
+      return run_gemv(p, isa);
+    case LinearPath::kGemm:
+      return run_gemm(p, isa.gemm);
+  }
+  const int64_t gemv_max =
+      p.w_dtype == DType::kF32 ? isa.gemv_max_tokens_f32 : isa.gemv_max_tokens_16bit;
+  if (p.n_tokens <= gemv_max) return run_gemv(p, isa);
   return run_gemm(p, isa.gemm);
 }
 
 template <DType DT>
-Status run(const LinearParams& p, CpuIsa isa) {
+Status run(const LinearParams& p, CpuIsa isa, LinearPath path) {
   switch (isa) {
     case CpuIsa::kScalar:
       return linear_scalar<DT>(p);
     case CpuIsa::kAvx2:
-      return run_isa(p, linear_detail::avx2_kernels());
+      return run_isa(p, linear_detail::avx2_kernels(), path);
     case CpuIsa::kAvx512:
-      return run_isa(p, linear_detail::avx512_kernels());
+      return run_isa(p, linear_detail::avx512_kernels(), path);
   }
   return ok_status();
 }
 
 }  // namespace
 
-Status linear_with_isa(const LinearParams& p, CpuIsa isa) {
+Status linear_with_isa(const LinearParams& p, CpuIsa isa, LinearPath path) {
   if (!cpu_supports(isa)) {
     return errorf(StatusCode::kFailedPrecondition, "linear: this CPU cannot run the {} variant",
                   cpu_isa_name(isa));
@@ -183,11 +223,11 @@ Status linear_with_isa(const LinearParams& p, CpuIsa isa) {
   if (p.n_tokens == 0 || p.out_features == 0) return ok_status();
   switch (p.w_dtype) {
     case DType::kF32:
-      return run<DType::kF32>(p, isa);
+      return run<DType::kF32>(p, isa, path);
     case DType::kF16:
-      return run<DType::kF16>(p, isa);
+      return run<DType::kF16>(p, isa, path);
     case DType::kBF16:
-      return run<DType::kBF16>(p, isa);
+      return run<DType::kBF16>(p, isa, path);
     case DType::kI8:
     case DType::kFP8E4M3:
     case DType::kI32:
