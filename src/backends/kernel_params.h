@@ -1,6 +1,10 @@
 // Parameter structs shared by a kernel's CPU twin (strata::cpu::<op>) and its CUDA version
 // (strata::cuda::<op>). Raw pointers plus sizes: backends know nothing of Tensor or models.
-// Shape comments name the dimensions (docs/glossary.md).
+// Shape comments name the dimensions (docs/glossary.md). Strides count elements.
+//
+// NOTE: the rope and attention structs are called RopeKernelParams / AttentionKernelParams
+// because strata::ops already has RopeParams / AttentionParams (the op-level arguments); two
+// structs of one name in strata and strata::ops would be a trap for code that sees both.
 #pragma once
 
 #include <cstdint>
@@ -9,18 +13,209 @@
 
 namespace strata {
 
+// Element-wise activation functions. Declared here (not in ops) because kernels take it as a
+// parameter; strata::ops re-exports it as ops::Activation.
+enum class Activation {
+  kSilu,      // x * sigmoid(x)
+  kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (HF "gelu_pytorch_tanh")
+  kGeluErf,   // 0.5 x (1 + erf(x / sqrt(2)))                       (HF "gelu")
+  kRelu,
+};
+
+// out[r, :] = table[ids[r] - vocab_offset, :] if that row is in this shard, else 0.
+// An id outside [0, vocab) is an error (kOutOfRange naming the token index and the id).
+struct EmbeddingParams {
+  const void* table = nullptr;  // [vocab_shard, hidden], dtype table_dtype, row stride table_stride
+  DType table_dtype = DType::kF32;
+  int64_t table_stride = 0;
+  const int32_t* ids = nullptr;  // [n_tokens]
+  float* out = nullptr;          // [n_tokens, hidden], row stride out_stride
+  int64_t out_stride = 0;
+  int64_t n_tokens = 0;
+  int64_t hidden = 0;
+  int64_t vocab_offset = 0;  // first vocab id this shard holds
+  int64_t vocab_shard = 0;   // rows in this shard
+  int64_t vocab = 0;         // full vocabulary size
+};
+
 // out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (weight[:] + weight_offset)
 struct RmsNormParams {
-  const float* x = nullptr;       // [n_tokens, hidden], row stride x_stride
-  const void* weight = nullptr;   // [hidden], dtype weight_dtype
+  const float* x = nullptr;      // [n_tokens, hidden], row stride x_stride
+  const void* weight = nullptr;  // [hidden], dtype weight_dtype
   DType weight_dtype = DType::kF32;
-  float* out = nullptr;           // [n_tokens, hidden], row stride out_stride (may alias x)
+  float* out = nullptr;  // [n_tokens, hidden], row stride out_stride (may alias x)
   int64_t n_tokens = 0;
   int64_t hidden = 0;
   int64_t x_stride = 0;
   int64_t out_stride = 0;
   float eps = 1e-6f;
   float weight_offset = 0.0f;
+};
+
+// out[r, :] = (x[r, :] - mean) * rsqrt(var + eps) * weight[:] + bias[:]  (biased variance)
+struct LayerNormParams {
+  const float* x = nullptr;      // [n_tokens, hidden], row stride x_stride
+  const void* weight = nullptr;  // [hidden], dtype weight_dtype
+  DType weight_dtype = DType::kF32;
+  const void* bias = nullptr;  // [hidden], dtype bias_dtype; nullptr = no bias
+  DType bias_dtype = DType::kF32;
+  float* out = nullptr;  // [n_tokens, hidden], row stride out_stride (may alias x)
+  int64_t n_tokens = 0;
+  int64_t hidden = 0;
+  int64_t x_stride = 0;
+  int64_t out_stride = 0;
+  float eps = 1e-5f;
+};
+
+// out[n, m] = x[n, k] @ w[m, k]^T (+ bias[m]), with n = n_tokens, k = in_features,
+// m = out_features. f32 accumulation. w's rows are w_stride elements apart (a column slice of
+// a bigger matrix has w_stride > in_features); the columns of a row are contiguous.
+struct LinearParams {
+  const float* x = nullptr;  // [n_tokens, in_features], row stride x_stride
+  int64_t x_stride = 0;
+  const void* w = nullptr;  // [out_features, in_features], dtype w_dtype, row stride w_stride
+  DType w_dtype = DType::kF32;
+  int64_t w_stride = 0;
+  const void* bias = nullptr;  // [out_features], dtype bias_dtype; nullptr = no bias
+  DType bias_dtype = DType::kF32;
+  float* out = nullptr;  // [n_tokens, out_features], row stride out_stride; not aliasing x
+  int64_t out_stride = 0;
+  int64_t n_tokens = 0;
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+};
+
+// Rotary embedding in place on x: [n_tokens, n_heads, head_dim] for the first rotary_dim dims
+// of each head. angle(t, i) = positions[t] * inv_freq[i]; cos/sin are multiplied by
+// attention_factor. neox_style pairs (i, i + rotary_dim/2), else (2i, 2i + 1).
+struct RopeKernelParams {
+  float* x = nullptr;  // [n_tokens, n_heads, head_dim], strides token_stride, head_stride, 1
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+  int64_t n_tokens = 0;
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;
+  const int32_t* positions = nullptr;  // [n_tokens]
+  const float* inv_freq = nullptr;     // [rotary_dim / 2]
+  int64_t rotary_dim = 0;              // even, <= head_dim
+  bool neox_style = true;
+  float attention_factor = 1.0f;
+};
+
+// One layer's paged KV cache: position p of sequence s lives in block
+// block_tables[s * max_blocks_per_seq + p / block_size], slot p % block_size.
+struct PagedKvParams {
+  float* k_cache = nullptr;  // [n_blocks, block_size, n_heads_kv, head_dim], contiguous
+  float* v_cache = nullptr;  // [n_blocks, block_size, n_heads_kv, head_dim], contiguous
+  const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
+  int64_t max_blocks_per_seq = 0;
+  int64_t n_seqs = 0;
+  int64_t n_blocks = 0;
+  int64_t block_size = 0;
+  int64_t n_heads_kv = 0;
+  int64_t head_dim = 0;
+};
+
+// Token t (sequence token_seq[t], position token_pos[t]) writes k[t], v[t] into its cache slot.
+// A sequence outside [0, n_seqs), a position past the block table or a block id outside
+// [0, n_blocks) is kOutOfRange.
+struct KvAppendParams {
+  const float* k = nullptr;  // [n_tokens, n_heads_kv, head_dim], token stride k_stride
+  int64_t k_stride = 0;
+  const float* v = nullptr;  // [n_tokens, n_heads_kv, head_dim], token stride v_stride
+  int64_t v_stride = 0;
+  const int32_t* token_seq = nullptr;  // [n_tokens]
+  const int32_t* token_pos = nullptr;  // [n_tokens]
+  int64_t n_tokens = 0;
+  PagedKvParams cache;
+};
+
+// Causal attention of each token over its sequence's cached positions
+// [max(0, p - sliding_window + 1), p] (sliding_window 0 = unlimited). Query head h reads KV
+// head h / (n_heads / n_heads_kv). Scores: s = scale * q.k, then softcap * tanh(s / softcap)
+// when logit_softcap > 0; softmax in f32 with a running max (online softmax).
+struct AttentionKernelParams {
+  const float* q = nullptr;  // [n_tokens, n_heads, head_dim], token stride q_stride
+  int64_t q_stride = 0;
+  float* out = nullptr;  // [n_tokens, n_heads, head_dim], token stride out_stride
+  int64_t out_stride = 0;
+  const int32_t* token_seq = nullptr;  // [n_tokens]
+  const int32_t* token_pos = nullptr;  // [n_tokens]
+  int64_t n_tokens = 0;
+  int64_t n_heads = 0;
+  PagedKvParams cache;  // k_cache / v_cache are only read
+  float scale = 1.0f;
+  int64_t sliding_window = 0;
+  float logit_softcap = 0.0f;
+};
+
+// out[r, c] = act(gate[r, c]) * up[r, c]
+struct GatedActParams {
+  const float* gate = nullptr;  // [n_tokens, ffn_dim], row stride gate_stride
+  int64_t gate_stride = 0;
+  const float* up = nullptr;  // [n_tokens, ffn_dim], row stride up_stride
+  int64_t up_stride = 0;
+  float* out = nullptr;  // [n_tokens, ffn_dim], row stride out_stride
+  int64_t out_stride = 0;
+  int64_t n_tokens = 0;
+  int64_t ffn_dim = 0;
+  Activation act = Activation::kSilu;
+};
+
+// x = act(x) on an f32 matrix [rows, cols] with row stride `stride`.
+struct ActParams {
+  float* x = nullptr;  // [rows, cols], row stride `stride`
+  int64_t stride = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  Activation act = Activation::kSilu;
+};
+
+// out = a + b (out may alias a or b)
+struct AddParams {
+  const float* a = nullptr;  // [rows, cols], row stride a_stride
+  int64_t a_stride = 0;
+  const float* b = nullptr;  // [rows, cols], row stride b_stride
+  int64_t b_stride = 0;
+  float* out = nullptr;  // [rows, cols], row stride out_stride
+  int64_t out_stride = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// x *= s
+struct ScaleParams {
+  float* x = nullptr;  // [rows, cols], row stride `stride`
+  int64_t stride = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  float s = 1.0f;
+};
+
+// x = cap * tanh(x / cap)  (Gemma final-logit soft-capping); cap > 0
+struct SoftcapParams {
+  float* x = nullptr;  // [rows, cols], row stride `stride`
+  int64_t stride = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  float cap = 0.0f;
+};
+
+// x[r, :] = softmax(x[r, :]) (max-subtracted, f32 with a double sum)
+struct SoftmaxParams {
+  float* x = nullptr;  // [rows, cols], row stride `stride`
+  int64_t stride = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// out[r] = index of the largest x[r, :] (the first one on ties; NaN never wins)
+struct ArgmaxParams {
+  const float* x = nullptr;  // [rows, cols], row stride stride
+  int64_t stride = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int32_t* out = nullptr;  // [rows]
 };
 
 }  // namespace strata

@@ -11,10 +11,15 @@
 
 #include <cstdint>
 
+#include "backends/kernel_params.h"
 #include "core/tensor.h"
 #include "strata/status.h"
 
 namespace strata::ops {
+
+// The activation enum lives with the kernel parameters (backends/kernel_params.h), so model
+// code may say Activation or ops::Activation.
+using ::strata::Activation;
 
 // out[i, :] = table[ids[i] - vocab_offset, :] when the id falls inside this shard's rows
 // [vocab_offset, vocab_offset + table.rows()), else zeros (vocab-parallel embedding: the
@@ -25,8 +30,7 @@ Status embedding(const Tensor& table, const int32_t* ids, int64_t n, int64_t voc
 
 // out = x / rms(x) * (weight + weight_offset); x, out: [n, hidden] f32 (may alias);
 // weight: [hidden] any float dtype. weight_offset is 1 for Gemma ("(1 + w)"), else 0.
-Status rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset,
-                Tensor& out);
+Status rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out);
 
 // out = (x - mean) / sqrt(var + eps) * weight + bias; bias may be undefined.
 Status layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
@@ -56,6 +60,7 @@ struct PagedKv {
   Tensor v;
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
+  int64_t n_seqs = 0;  // rows of block_tables; a token_seq outside [0, n_seqs) is an error
 };
 
 // Token i (sequence token_seq[i], position token_pos[i]) writes k[i], v[i]: [n_tokens,
@@ -72,12 +77,9 @@ struct AttentionParams {
   const int32_t* token_pos = nullptr;  // [n_tokens]
   float scale = 1.0f;                  // usually 1/sqrt(head_dim)
   int64_t sliding_window = 0;
-  float logit_softcap = 0.0f;          // tanh soft-capping (Gemma 2); 0 = off
+  float logit_softcap = 0.0f;  // tanh soft-capping (Gemma 2); 0 = off
 };
-Status attention(const Tensor& q, const PagedKv& cache, const AttentionParams& params,
-                 Tensor& out);
-
-enum class Activation { kSilu, kGeluTanh, kGeluErf, kRelu };
+Status attention(const Tensor& q, const PagedKv& cache, const AttentionParams& params, Tensor& out);
 
 // out[n, f] = act(gate[n, f]) * up[n, f]. gate and up may be strided column views of one
 // [n, 2f] buffer (the fused gate/up projection's output); out must be contiguous.
@@ -90,5 +92,11 @@ Status add(const Tensor& a, const Tensor& b, Tensor& out);
 Status add_bias(Tensor& x, const Tensor& bias);
 // x *= s.
 Status scale(Tensor& x, float s);
+// x = cap * tanh(x / cap) in place, cap > 0 (Gemma final-logit soft-capping): [n, f] f32.
+Status softcap(Tensor& x, float cap);
+// Row-wise softmax in place: [n, f] f32.
+Status softmax(Tensor& x);
+// out[r] = index of the largest x[r, :] (first on ties): x [n, f] f32, out [n] i32.
+Status argmax(const Tensor& x, Tensor& out);
 
 }  // namespace strata::ops

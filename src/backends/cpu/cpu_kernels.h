@@ -7,9 +7,44 @@
 
 namespace strata::cpu {
 
+Status embedding(const EmbeddingParams& p);
 Status rms_norm(const RmsNormParams& p);
+Status layer_norm(const LayerNormParams& p);
+Status linear(const LinearParams& p);
+Status rope(const RopeKernelParams& p);
+Status kv_append(const KvAppendParams& p);
+Status attention(const AttentionKernelParams& p);
+Status gated_act(const GatedActParams& p);
+Status act(const ActParams& p);
+Status add(const AddParams& p);
+Status scale(const ScaleParams& p);
+Status softcap(const SoftcapParams& p);
+Status softmax(const SoftmaxParams& p);
+Status argmax(const ArgmaxParams& p);
+
+// Checks that position `pos` of sequence `seq` maps to a block of the pool (kOutOfRange naming
+// `op` and the token otherwise). Shared by kv_append and attention.
+Status check_kv_slot(const PagedKvParams& c, const char* op, int64_t token, int64_t seq,
+                     int64_t pos);
 
 // Load element i of a float-typed array of dtype dt (f32, f16, bf16, fp8_e4m3) as f32.
 float load_as_f32(const void* data, DType dt, int64_t i);
+
+// Instruction sets the CPU kernels have variants for, best last.
+enum class CpuIsa { kScalar, kAvx2, kAvx512 };
+
+// Whether this CPU (and OS) can run `isa`'s variants; detected once.
+bool cpu_supports(CpuIsa isa);
+// The best variant this CPU runs.
+CpuIsa best_cpu_isa();
+const char* cpu_isa_name(CpuIsa isa);
+
+// Which algorithm linear uses: kAuto picks GEMV for few tokens and GEMM for more.
+enum class LinearPath { kAuto, kGemv, kGemm };
+
+// linear with an explicit variant and path, for tests and benchmarks (linear() uses
+// best_cpu_isa() and kAuto). The scalar variant has one path and ignores `path`.
+// kFailedPrecondition when the CPU cannot run `isa`.
+Status linear_with_isa(const LinearParams& p, CpuIsa isa, LinearPath path = LinearPath::kAuto);
 
 }  // namespace strata::cpu

@@ -1,0 +1,62 @@
+// Which SIMD variants of the CPU kernels this machine can run, detected once per process.
+// __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0).
+#include "backends/cpu/cpu_kernels.h"
+
+namespace strata::cpu {
+namespace {
+
+struct CpuFeatures {
+  bool avx2 = false;    // avx2 + fma + f16c
+  bool avx512 = false;  // avx512f/bw/dq/vl on top of avx2
+};
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#endif
+  return f;
+}
+
+const CpuFeatures& features() {
+  static const CpuFeatures kFeatures = detect();
+  return kFeatures;
+}
+
+}  // namespace
+
+bool cpu_supports(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return true;
+    case CpuIsa::kAvx2:
+      return features().avx2;
+    case CpuIsa::kAvx512:
+      return features().avx512;
+  }
+  return false;
+}
+
+CpuIsa best_cpu_isa() {
+  if (cpu_supports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
+  if (cpu_supports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
+  return CpuIsa::kScalar;
+}
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return "scalar";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+}  // namespace strata::cpu

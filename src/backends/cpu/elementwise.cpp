@@ -1,0 +1,41 @@
+// Element-wise row ops on the CPU: add, scale and tanh soft-capping, one row per OpenMP
+// iteration over possibly strided f32 matrices.
+#include <cmath>
+
+#include "backends/cpu/cpu_kernels.h"
+
+namespace strata::cpu {
+
+Status add(const AddParams& p) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* a = p.a + r * p.a_stride;
+    const float* b = p.b + r * p.b_stride;
+    float* o = p.out + r * p.out_stride;
+#pragma omp simd
+    for (int64_t i = 0; i < p.cols; ++i) o[i] = a[i] + b[i];
+  }
+  return ok_status();
+}
+
+Status scale(const ScaleParams& p) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* x = p.x + r * p.stride;
+#pragma omp simd
+    for (int64_t i = 0; i < p.cols; ++i) x[i] *= p.s;
+  }
+  return ok_status();
+}
+
+Status softcap(const SoftcapParams& p) {
+  const float inv = 1.0f / p.cap;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* x = p.x + r * p.stride;
+    for (int64_t i = 0; i < p.cols; ++i) x[i] = p.cap * std::tanh(x[i] * inv);
+  }
+  return ok_status();
+}
+
+}  // namespace strata::cpu

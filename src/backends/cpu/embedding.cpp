@@ -1,0 +1,38 @@
+// Embedding lookup on the CPU: one output row per token, converted to f32. Ids are checked
+// first (serially) so the parallel copy never reads outside the table. A vocab-parallel shard
+// writes zeros for ids another shard owns; the all-reduce afterwards sums the shards.
+#include <cstring>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "core/status.h"
+
+namespace strata::cpu {
+
+Status embedding(const EmbeddingParams& p) {
+  for (int64_t t = 0; t < p.n_tokens; ++t) {
+    const int64_t id = p.ids[t];
+    if (id < 0 || id >= p.vocab) {
+      return errorf(StatusCode::kOutOfRange, "embedding: token {} has id {} outside [0, {})", t, id,
+                    p.vocab);
+    }
+  }
+  const int64_t elem_bytes = dtype_bytes(p.table_dtype, 1);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < p.n_tokens; ++t) {
+    float* out = p.out + t * p.out_stride;
+    const int64_t row = p.ids[t] - p.vocab_offset;
+    if (row < 0 || row >= p.vocab_shard) {
+      std::memset(out, 0, static_cast<size_t>(p.hidden) * sizeof(float));
+      continue;
+    }
+    const void* src = static_cast<const char*>(p.table) + row * p.table_stride * elem_bytes;
+    if (p.table_dtype == DType::kF32) {
+      std::memcpy(out, src, static_cast<size_t>(p.hidden) * sizeof(float));
+    } else {
+      for (int64_t i = 0; i < p.hidden; ++i) out[i] = load_as_f32(src, p.table_dtype, i);
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace strata::cpu

@@ -1,0 +1,254 @@
+// Linear layer on the CPU: out[n, m] = x[n, k] @ w[m, k]^T (+ bias), f32 accumulation.
+//
+// This file is the driver: it checks the weight dtype, picks the SIMD variant (AVX-512, AVX2,
+// else the portable scalar loop), and runs one of the two paths of linear_impl.h:
+//   GEMV for few tokens: one contiguous range of weight rows per OpenMP thread.
+//   GEMM for more: x (a chunk of up to kMaxPackedXFloats) is packed once by all threads, then
+//     each thread takes a contiguous range of weight blocks and, per block, sets its part of
+//     out to the bias, then per k-block packs the weights and runs the micro-kernel over every
+//     (token panel, output panel) pair, adding into out.
+// The scalar variant is deliberately plain (one dot product per output) and serves as the
+// cross-check for the SIMD ones.
+//
+// NOTE: block-quantized weights (GGUF) plug in at the dtype switch in linear_with_isa: a
+// quantized dtype gets its own GEMV (per-block dot products against x) and a pack_w that
+// dequantizes a k-block (kc is a multiple of 256, so blocks never straddle a k-block).
+// NOTE: the packing buffers are grow-only memory owned by the calling thread, so steady-state
+// calls do not allocate.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/linear_impl.h"
+#include "core/half.h"
+#include "core/status.h"
+
+namespace strata::cpu {
+namespace {
+
+using linear_detail::GemmKernel;
+using linear_detail::IsaKernels;
+
+// Cap on the packed x of one token chunk (8 MiB); longer prompts are processed in chunks.
+constexpr int64_t kMaxPackedXFloats = int64_t{2} << 20;
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+int64_t round_up(int64_t a, int64_t b) {
+  return ceil_div(a, b) * b;
+}
+
+// Grow-only, 64-byte aligned scratch owned by the calling thread; nullptr when out of memory.
+float* thread_scratch(size_t floats) {
+  struct Deleter {
+    void operator()(float* q) const { std::free(q); }
+  };
+  thread_local std::unique_ptr<float, Deleter> buf;
+  thread_local size_t capacity = 0;
+  if (floats > capacity) {
+    const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+    buf.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    capacity = buf ? floats : 0;
+  }
+  return buf.get();
+}
+
+float bias_at(const LinearParams& p, int64_t j) {
+  return p.bias ? load_as_f32(p.bias, p.bias_dtype, j) : 0.0f;
+}
+
+template <DType DT>
+float weight_at(const void* w, int64_t i) {
+  if constexpr (DT == DType::kF32) {
+    return static_cast<const float*>(w)[i];
+  } else if constexpr (DT == DType::kF16) {
+    return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  } else {
+    return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  }
+}
+
+template <DType DT>
+Status linear_scalar(const LinearParams& p) {
+  const int64_t elem = dtype_bytes(DT, 1);
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < p.out_features; ++j) {
+    const void* w = static_cast<const char*>(p.w) + j * p.w_stride * elem;
+    const float b = bias_at(p, j);
+    for (int64_t i = 0; i < p.n_tokens; ++i) {
+      const float* x = p.x + i * p.x_stride;
+      float acc = 0.0f;
+      for (int64_t kk = 0; kk < p.in_features; ++kk) acc += x[kk] * weight_at<DT>(w, kk);
+      p.out[i * p.out_stride + j] = acc + b;
+    }
+  }
+  return ok_status();
+}
+
+Status run_gemv(const LinearParams& p, const IsaKernels& isa) {
+#pragma omp parallel
+  {
+    // One contiguous range of weight rows per thread (multiples of 4 rows), so each thread
+    // streams its part of w front to back.
+    const int64_t groups = ceil_div(p.out_features, 4);
+    const int tid = omp_get_thread_num();
+    const int nt = omp_get_num_threads();
+    const int64_t j0 = std::min(p.out_features, tid * groups / nt * 4);
+    const int64_t j1 = std::min(p.out_features, (tid + 1) * groups / nt * 4);
+    if (j0 < j1) {
+      isa.gemv(p, j0, j1);
+      if (p.bias) {
+        for (int64_t i = 0; i < p.n_tokens; ++i) {
+          float* out = p.out + i * p.out_stride;
+          for (int64_t j = j0; j < j1; ++j) out[j] += bias_at(p, j);
+        }
+      }
+    }
+  }
+  return ok_status();
+}
+
+Status run_gemm(const LinearParams& p, const GemmKernel& g) {
+  const int64_t n = p.n_tokens;
+  const int64_t m = p.out_features;
+  const int64_t k = p.in_features;
+  const int nthreads = omp_get_max_threads();
+  const int64_t n_kblocks = ceil_div(k, g.kc);
+  // Tokens per chunk: all of them unless their packed x would pass kMaxPackedXFloats.
+  const int64_t mc =
+      std::clamp(kMaxPackedXFloats / std::max<int64_t>(1, n_kblocks * g.kc) / g.mr * g.mr, g.mr,
+                 round_up(n, g.mr));
+  // Weight blocks: the same number per thread, each at most nc_max rows.
+  const int64_t blocks_per_thread = ceil_div(m, nthreads * g.nc_max);
+  const int64_t nc = round_up(ceil_div(m, nthreads * blocks_per_thread), g.nr);
+  const int64_t n_blocks = ceil_div(m, nc);
+  const size_t xp_floats = static_cast<size_t>(mc * n_kblocks * g.kc);
+  const size_t wp_floats = static_cast<size_t>(nc * g.kc);
+  const size_t total = xp_floats + static_cast<size_t>(nthreads) * wp_floats;
+  float* const scratch = thread_scratch(total);
+  if (!scratch) {
+    return errorf(StatusCode::kOutOfMemory, "linear: no memory for {} packing floats", total);
+  }
+  float* const xp = scratch;
+
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int tid = omp_get_thread_num();
+    const int nt = omp_get_num_threads();
+    float* const wp = scratch + xp_floats + static_cast<size_t>(tid) * wp_floats;
+    // Contiguous blocks per thread, so each thread knows which block it packs next.
+    const int64_t b_begin = tid * n_blocks / nt;
+    const int64_t b_end = (tid + 1) * n_blocks / nt;
+    for (int64_t i0 = 0; i0 < n; i0 += mc) {
+      const int64_t ni = std::min(mc, n - i0);
+      const int64_t n_panels = ceil_div(ni, g.mr);
+      const auto kc_of = [&](int64_t kb) { return std::min(g.kc, k - kb * g.kc); };
+      // x block kb lives at xp + kb * kc * mc, its panel q at + q * mr * kc_of(kb).
+#pragma omp for collapse(2) schedule(static)
+      for (int64_t kb = 0; kb < n_kblocks; ++kb) {
+        for (int64_t q = 0; q < n_panels; ++q) {
+          g.pack_x(p, i0 + q * g.mr, std::min(g.mr, ni - q * g.mr), kb * g.kc, kc_of(kb),
+                   xp + kb * g.kc * mc + q * g.mr * kc_of(kb));
+        }
+      }
+      for (int64_t b = b_begin; b < b_end; ++b) {
+        const int64_t j0 = b * nc;
+        const int64_t nj = std::min(nc, m - j0);
+        for (int64_t i = i0; i < i0 + ni; ++i) {
+          float* out = p.out + i * p.out_stride;
+          for (int64_t j = j0; j < j0 + nj; ++j) out[j] = bias_at(p, j);
+        }
+        for (int64_t kb = 0; kb < n_kblocks; ++kb) {
+          const int64_t kc = kc_of(kb);
+          // Prefetch what this thread packs next: the next k-block, else the next row block.
+          const bool last_kb = kb + 1 == n_kblocks;
+          const int64_t next_j0 = !last_kb ? j0 : b + 1 < b_end ? j0 + nc : -1;
+          const int64_t next_k0 = !last_kb ? (kb + 1) * g.kc : 0;
+          g.pack_w(p, j0, nj, kb * g.kc, kc, wp, next_j0, next_k0);
+          const float* xblock = xp + kb * g.kc * mc;
+          for (int64_t jr = 0; jr < nj; jr += g.nr) {
+            for (int64_t q = 0; q < n_panels; ++q) {
+              g.micro(kc, xblock + q * g.mr * kc, wp + jr * kc,
+                      p.out + (i0 + q * g.mr) * p.out_stride + j0 + jr, p.out_stride,
+                      std::min(g.mr, ni - q * g.mr), std::min(g.nr, nj - jr));
+            }
+          }
+        }
+      }
+#pragma omp barrier
+    }
+  }
+  return ok_status();
+}
+
+Status run_isa(const LinearParams& p, const IsaKernels& isa, LinearPath path) {
+  switch (path) {
+    case LinearPath::kAuto:
+      break;
+    case LinearPath::kGemv:
+      return run_gemv(p, isa);
+    case LinearPath::kGemm:
+      return run_gemm(p, isa.gemm);
+  }
+  const int64_t gemv_max =
+      p.w_dtype == DType::kF32 ? isa.gemv_max_tokens_f32 : isa.gemv_max_tokens_16bit;
+  if (p.n_tokens <= gemv_max) return run_gemv(p, isa);
+  return run_gemm(p, isa.gemm);
+}
+
+template <DType DT>
+Status run(const LinearParams& p, CpuIsa isa, LinearPath path) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return linear_scalar<DT>(p);
+    case CpuIsa::kAvx2:
+      return run_isa(p, linear_detail::avx2_kernels(), path);
+    case CpuIsa::kAvx512:
+      return run_isa(p, linear_detail::avx512_kernels(), path);
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status linear_with_isa(const LinearParams& p, CpuIsa isa, LinearPath path) {
+  if (!cpu_supports(isa)) {
+    return errorf(StatusCode::kFailedPrecondition, "linear: this CPU cannot run the {} variant",
+                  cpu_isa_name(isa));
+  }
+  if (p.n_tokens == 0 || p.out_features == 0) return ok_status();
+  switch (p.w_dtype) {
+    case DType::kF32:
+      return run<DType::kF32>(p, isa, path);
+    case DType::kF16:
+      return run<DType::kF16>(p, isa, path);
+    case DType::kBF16:
+      return run<DType::kBF16>(p, isa, path);
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      break;
+  }
+  return errorf(StatusCode::kUnimplemented, "linear: weight dtype {} is not supported on the CPU",
+                dtype_name(p.w_dtype));
+}
+
+Status linear(const LinearParams& p) {
+  return linear_with_isa(p, best_cpu_isa());
+}
+
+}  // namespace strata::cpu

@@ -1,0 +1,56 @@
+// Internal to the CPU linear kernel: what each SIMD variant (linear_avx2.cpp,
+// linear_avx512.cpp) provides to the shared driver in linear.cpp.
+//
+// Two paths, chosen by the number of tokens:
+//   GEMV (few tokens, decode): weight rows are read straight from the checkpoint layout,
+//     converted to f32 in registers and dotted with every token's x row (k-vectorized dot
+//     products, one horizontal sum per output and k-chunk). Each thread streams one contiguous
+//     range of rows and prefetches the tile it reads next into L2, so n = 1 runs at DRAM
+//     bandwidth; tiles of several tokens x several rows reuse each loaded weight across tokens.
+//   GEMM (prefill): BLIS-style. x is packed into MR-token panels ([kc][MR]) once per call, and
+//     each thread packs its weight blocks into NR-row panels ([kc][NR], converted to f32 and
+//     transposed) while prefetching the block it packs next; the register-blocked micro-kernel
+//     (MR tokens x NR outputs, broadcast x, vector w) reuses every loaded weight MR times and
+//     every x value NR times.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/kernel_params.h"
+
+namespace strata::cpu::linear_detail {
+
+// out[:, j0:j1] for all tokens (bias included), reading w rows j0..j1 directly.
+using GemvFn = void (*)(const LinearParams& p, int64_t j0, int64_t j1);
+
+struct GemmKernel {
+  int64_t mr;      // tokens per micro-tile
+  int64_t nr;      // outputs per micro-tile
+  int64_t kc;      // k-block (a multiple of 256 so block-quantized rows split on block bounds)
+  int64_t nc_max;  // weight rows per packed block (a multiple of nr)
+  // dst[ceil(ni / mr)][kc][mr] = x[i0 + r, k0 + kk], zero rows past ni.
+  void (*pack_x)(const LinearParams& p, int64_t i0, int64_t ni, int64_t k0, int64_t kc, float* dst);
+  // dst[ceil(nj / nr)][kc][nr] = f32(w[j0 + c, k0 + kk]), zero columns past nj. While it
+  // reads, it prefetches the same-shaped block at (next_j0, next_k0) into L2 (none when
+  // next_j0 < 0): the block this thread packs next.
+  void (*pack_w)(const LinearParams& p, int64_t j0, int64_t nj, int64_t k0, int64_t kc, float* dst,
+                 int64_t next_j0, int64_t next_k0);
+  // c[r, col] += sum_kk xp[kk][r] * wp[kk][col] for r < mr_valid, col < nr_valid; c's rows are
+  // ldc floats apart.
+  void (*micro)(int64_t kc, const float* xp, const float* wp, float* c, int64_t ldc,
+                int64_t mr_valid, int64_t nr_valid);
+};
+
+struct IsaKernels {
+  GemvFn gemv;
+  // The GEMV path serves n_tokens up to these (measured crossovers: converting 16-bit weights
+  // on the fly is cheap next to packing them, so 16-bit weights stay on GEMV longer).
+  int64_t gemv_max_tokens_f32;
+  int64_t gemv_max_tokens_16bit;
+  GemmKernel gemm;
+};
+
+const IsaKernels& avx2_kernels();
+const IsaKernels& avx512_kernels();
+
+}  // namespace strata::cpu::linear_detail
