@@ -183,6 +183,16 @@ struct AddParams {
   int64_t cols = 0;
 };
 
+// x[r, :] += bias[:]
+struct AddBiasParams {
+  float* x = nullptr;          // [rows, cols], row stride `stride`
+  int64_t stride = 0;
+  const void* bias = nullptr;  // [cols], dtype bias_dtype
+  DType bias_dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
 // x *= s
 struct ScaleParams {
   float* x = nullptr;  // [rows, cols], row stride `stride`

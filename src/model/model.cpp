@@ -147,7 +147,8 @@ Status Model::forward(const ForwardBatch& batch, KvCache& cache, Communicator& c
       STRATA_RETURN_IF_ERROR(ops::rope(q3, batch.token_pos.data(), rp));
       STRATA_RETURN_IF_ERROR(ops::rope(k3, batch.token_pos.data(), rp));
     }
-    ops::PagedKv kv{cache.k(l), cache.v(l), batch.block_tables, batch.max_blocks_per_seq};
+    ops::PagedKv kv{cache.k(l), cache.v(l), batch.block_tables, batch.max_blocks_per_seq,
+                    batch.n_seqs};
     STRATA_RETURN_IF_ERROR(
         ops::kv_append(k3, v3, batch.token_seq.data(), batch.token_pos.data(), kv));
     ops::AttentionParams ap;

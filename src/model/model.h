@@ -59,6 +59,7 @@ struct ForwardBatch {
   std::span<const int32_t> token_pos;    // [n_tokens]
   const int32_t* block_tables = nullptr; // [n_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
+  int64_t n_seqs = 1;                    // rows of block_tables
   std::span<const int32_t> logit_rows;   // token indices whose logits are wanted
 };
 

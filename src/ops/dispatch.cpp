@@ -493,6 +493,25 @@ Status add(const Tensor& a, const Tensor& b, Tensor& out) {
   });
 }
 
+Status add_bias(Tensor& x, const Tensor& bias) {
+  constexpr const char* kOp = "add_bias";
+  STRATA_ASSIGN_OR_RETURN(RowView xv, row_view(x, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(check_dtype(x, DType::kF32, kOp, "x"));
+  if (bias.numel() != xv.cols || !bias.is_contiguous() || !dtype_info(bias.dtype).is_float) {
+    return errorf(StatusCode::kInvalidArgument, "{}: bias is {} {} but x has {} columns", kOp,
+                  dtype_name(bias.dtype), bias.shape_string(), xv.cols);
+  }
+  STRATA_ASSIGN_OR_RETURN(Device device, common_device(kOp, {&x, &bias}));
+  return dispatch(device, kOp, [&] {
+    return cpu::add_bias({.x = x.ptr<float>(),
+                          .stride = xv.stride,
+                          .bias = bias.data,
+                          .bias_dtype = bias.dtype,
+                          .rows = xv.rows,
+                          .cols = xv.cols});
+  });
+}
+
 Status scale(Tensor& x, float s) {
   constexpr const char* kOp = "scale";
   STRATA_ASSIGN_OR_RETURN(RowView xv, row_view(x, kOp, "x"));

@@ -194,13 +194,13 @@ class EngineImpl final : public Engine {
         st = comm_->broadcast(&tok, sizeof(tok), 0);
         if (!st.ok()) break;
       }
-      const bool is_eos = tokenizer_->is_eog(tok);
+      const bool is_eos = tokenizer_->is_eot(tok);
       if (is_eos && !req.ignore_eos) {
         result.finish_reason = "stop";
         break;
       }
       result.tokens.push_back(tok);
-      const std::string piece = decoder.feed(tok);
+      const std::string piece = decoder.push(tok);
       result.text += piece;
       if (!piece.empty() && on_text && !on_text(piece)) break;
       if (seq.length >= max_len_ || static_cast<int64_t>(result.tokens.size()) >= req.max_tokens) {

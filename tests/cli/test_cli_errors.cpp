@@ -13,17 +13,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct CliRun {
   int exit_code = -1;
   std::string err;  // stderr
   std::string out;  // stdout
 };
 
-Run run_strata(const std::string& args) {
+CliRun run_strata(const std::string& args) {
   static int counter = 0;
   const std::string err_file = fs::temp_directory_path() / ("strata_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
   const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
-  Run r;
+  CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf{};
@@ -66,7 +66,7 @@ class ScratchModel {
   fs::path dir_;
 };
 
-void expect_clean_error(const Run& r, const std::string& must_contain) {
+void expect_clean_error(const CliRun& r, const std::string& must_contain) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
   // One line.
@@ -75,13 +75,13 @@ void expect_clean_error(const Run& r, const std::string& must_contain) {
 }
 
 TEST(Cli, RunGeneratesText) {
-  Run r = run_strata("run -m " + fixture("llama") + " -p 'The license is' -n 8 --temp 0 -q");
+  CliRun r = run_strata("run -m " + fixture("llama") + " -p 'The license is' -n 8 --temp 0 -q");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(r.out.empty());
 }
 
 TEST(Cli, InfoPrintsArchitecture) {
-  Run r = run_strata("info -m " + fixture("qwen2"));
+  CliRun r = run_strata("info -m " + fixture("qwen2"));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Qwen2ForCausalLM"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("parameters"), std::string::npos);
@@ -152,7 +152,7 @@ TEST(Cli, BadSamplingFlag) {
 }
 
 TEST(Cli, TensorParallelWithoutMpi) {
-  Run r = run_strata("run -m " + fixture("llama") + " -p hi --tensor-parallel-size 2");
+  CliRun r = run_strata("run -m " + fixture("llama") + " -p hi --tensor-parallel-size 2");
   // Either MPI is missing from the build, or the world size does not match: a clean error.
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;

@@ -17,6 +17,7 @@ Status attention(const AttentionKernelParams& p);
 Status gated_act(const GatedActParams& p);
 Status act(const ActParams& p);
 Status add(const AddParams& p);
+Status add_bias(const AddBiasParams& p);
 Status scale(const ScaleParams& p);
 Status softcap(const SoftcapParams& p);
 Status softmax(const SoftmaxParams& p);

@@ -1,4 +1,4 @@
-// Element-wise row ops on the CPU: add, scale and tanh soft-capping, one row per OpenMP
+// Element-wise row ops on the CPU: add, bias add, scale and tanh soft-capping, one row per OpenMP
 // iteration over possibly strided f32 matrices.
 #include <cmath>
 
@@ -14,6 +14,15 @@ Status add(const AddParams& p) {
     float* o = p.out + r * p.out_stride;
 #pragma omp simd
     for (int64_t i = 0; i < p.cols; ++i) o[i] = a[i] + b[i];
+  }
+  return ok_status();
+}
+
+Status add_bias(const AddBiasParams& p) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* x = p.x + r * p.stride;
+    for (int64_t i = 0; i < p.cols; ++i) x[i] += load_as_f32(p.bias, p.bias_dtype, i);
   }
   return ok_status();
 }
