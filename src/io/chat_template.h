@@ -41,7 +41,7 @@ struct ChatTemplateOptions {
   // Caps: bytes of output (and of any single string/list built), units of work (nodes
   // evaluated, loop iterations, bytes copied) and call depth (macros, nesting).
   size_t max_output_bytes = size_t{16} << 20;
-  int64_t max_work = int64_t{200} << 20;
+  int64_t max_work = int64_t{16} << 20;
   int max_depth = 256;
 };
 
