@@ -26,9 +26,13 @@ namespace {
 constexpr const char* kPrefix = "chat template: ";
 constexpr int64_t kMaxRange = 100000;  // jinja2 sandbox MAX_RANGE
 
-Status plain(std::string msg) { return Status(StatusCode::kInvalidArgument, std::move(msg)); }
+Status plain(std::string msg) {
+  return Status(StatusCode::kInvalidArgument, std::move(msg));
+}
 
-bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+bool starts_with(const std::string& s, const char* p) {
+  return s.rfind(p, 0) == 0;
+}
 
 Status at_line(const Status& st, int line) {
   if (st.ok() || starts_with(st.message(), kPrefix)) return st;
@@ -67,7 +71,9 @@ std::string ascii_lower(std::string s) {
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
   return s;
 }
-bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool is_alpha(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
 std::string py_title(std::string s) {
   bool prev_cased = false;
   for (char& c : s) {
@@ -184,7 +190,8 @@ class Renderer {
     root_ = &root;
     install_globals(root);
     if (!context.is_null()) {
-      if (!context.is_object()) return plain(std::string(kPrefix) + "context must be a JSON object");
+      if (!context.is_object())
+        return plain(std::string(kPrefix) + "context must be a JSON object");
       for (auto it = context.begin(); it != context.end(); ++it) {
         auto v = jinja::from_json(it.value());
         if (!v.ok()) return Status(v.status().code(), kPrefix + v.status().message());
@@ -261,8 +268,8 @@ class Renderer {
       for (size_t k = 0; k < a.pos.size(); ++k) {
         const Value& x = a.pos[k];
         if (x.kind != Kind::kInt && x.kind != Kind::kBool)
-          return plain(fmt::format("'{}' object cannot be interpreted as an integer",
-                                   jinja::type_name(x)));
+          return plain(
+              fmt::format("'{}' object cannot be interpreted as an integer", jinja::type_name(x)));
       }
       auto iv = [&](size_t k) { return a.pos[k].kind == Kind::kBool ? a.pos[k].b : a.pos[k].i; };
       if (a.pos.size() == 1) {
@@ -275,9 +282,11 @@ class Renderer {
       if (v[2] == 0) return plain("range() arg 3 must not be zero");
       long double count = v[2] > 0 ? (static_cast<long double>(v[1]) - v[0]) / v[2]
                                    : (static_cast<long double>(v[0]) - v[1]) / -v[2];
-      if (count > kMaxRange) return plain("range too big, the sandbox blocks ranges larger than 100000");
+      if (count > kMaxRange)
+        return plain("range too big, the sandbox blocks ranges larger than 100000");
       List items;
-      for (int64_t k = v[0]; v[2] > 0 ? k < v[1] : k > v[1]; k += v[2]) items.push_back(Value::integer(k));
+      for (int64_t k = v[0]; v[2] > 0 ? k < v[1] : k > v[1]; k += v[2])
+        items.push_back(Value::integer(k));
       STRATA_RETURN_IF_ERROR(charge(static_cast<int64_t>(items.size())));
       return Value::make_list(std::move(items));
     });
@@ -291,7 +300,8 @@ class Renderer {
         }
         for (const auto& [k, v] : a.kw) {
           if (ns && starts_with(k, "_"))
-            return plain("chat templates cannot store underscore-prefixed attributes on a namespace");
+            return plain(
+                "chat templates cannot store underscore-prefixed attributes on a namespace");
           d.dict->set(k, v);
         }
         return d;
@@ -324,7 +334,8 @@ class Renderer {
     }
     STRATA_ASSIGN_OR_RETURN(List items, iterate(v));
     if (items.size() != names.size())
-      return plain(fmt::format("cannot unpack {} values into {} names", items.size(), names.size()));
+      return plain(
+          fmt::format("cannot unpack {} values into {} names", items.size(), names.size()));
     for (size_t k = 0; k < names.size(); ++k) sc.vars[names[k]] = items[k];
     return ok_status();
   }
@@ -334,7 +345,8 @@ class Renderer {
     STRATA_RETURN_IF_ERROR(check_depth());
     STRATA_RETURN_IF_ERROR(charge(1));
     switch (s.kind) {
-      case StmtKind::kText: return emit(out, s.text);
+      case StmtKind::kText:
+        return emit(out, s.text);
       case StmtKind::kOutput: {
         STRATA_ASSIGN_OR_RETURN(Value v, eval(*s.expr, sc));
         return emit(out, jinja::to_str(v));
@@ -347,7 +359,8 @@ class Renderer {
         if (s.bodies.size() > s.exprs.size()) return exec_body(s.bodies.back(), sc, out, flow);
         return ok_status();
       }
-      case StmtKind::kFor: return exec_for(s, sc, out);
+      case StmtKind::kFor:
+        return exec_for(s, sc, out);
       case StmtKind::kSet: {
         Value v;
         if (s.expr) {
@@ -363,7 +376,8 @@ class Renderer {
           if (!ns || ns->kind != Kind::kNamespace)
             return plain("cannot assign attribute on non-namespace object");
           if (starts_with(s.attr, "_"))
-            return plain("chat templates cannot store underscore-prefixed attributes on a namespace");
+            return plain(
+                "chat templates cannot store underscore-prefixed attributes on a namespace");
           ns->dict->set(s.attr, std::move(v));
           return ok_status();
         }
@@ -377,9 +391,14 @@ class Renderer {
         });
         return ok_status();
       }
-      case StmtKind::kBreak: flow = Flow::kBreak; return ok_status();
-      case StmtKind::kContinue: flow = Flow::kContinue; return ok_status();
-      case StmtKind::kBlock: return exec_body(s.bodies[0], sc, out, flow);
+      case StmtKind::kBreak:
+        flow = Flow::kBreak;
+        return ok_status();
+      case StmtKind::kContinue:
+        flow = Flow::kContinue;
+        return ok_status();
+      case StmtKind::kBlock:
+        return exec_body(s.bodies[0], sc, out, flow);
     }
     return ok_status();
   }
@@ -388,7 +407,8 @@ class Renderer {
     DepthGuard g(depth_);
     STRATA_RETURN_IF_ERROR(check_depth());
     if (a.pos.size() > m.names.size())
-      return plain(fmt::format("macro '{}' takes not more than {} argument(s)", m.text, m.names.size()));
+      return plain(
+          fmt::format("macro '{}' takes not more than {} argument(s)", m.text, m.names.size()));
     Scope sc;
     sc.parent = &parent;
     for (size_t k = 0; k < m.names.size(); ++k) {
@@ -456,10 +476,10 @@ class Renderer {
       d.items.emplace_back("length", Value::integer(n));
       d.items.emplace_back("depth", Value::integer(1));
       d.items.emplace_back("depth0", Value::integer(0));
-      d.items.emplace_back("previtem", k > 0 ? items[k - 1]
-                                             : Value::undefined("there is no previous item"));
-      d.items.emplace_back("nextitem", k + 1 < n ? items[k + 1]
-                                                 : Value::undefined("there is no next item"));
+      d.items.emplace_back("previtem",
+                           k > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
+      d.items.emplace_back("nextitem",
+                           k + 1 < n ? items[k + 1] : Value::undefined("there is no next item"));
       d.items.emplace_back("cycle", make_func("cycle", [k](Args& a) -> Result<Value> {
                              if (a.pos.empty()) return plain("no items for cycling given");
                              return a.pos[k % a.pos.size()];
@@ -476,8 +496,10 @@ class Renderer {
   // ---- values ---------------------------------------------------------------------------------
   Result<List> iterate(const Value& v) {
     switch (v.kind) {
-      case Kind::kUndefined: return List{};
-      case Kind::kList: return *v.list;
+      case Kind::kUndefined:
+        return List{};
+      case Kind::kList:
+        return *v.list;
       case Kind::kDict: {
         List keys;
         for (const auto& [k, x] : v.dict->items) keys.push_back(Value::string(k));
@@ -490,7 +512,8 @@ class Renderer {
           chars.push_back(Value::string(v.s.substr(off[k], off[k + 1] - off[k])));
         return chars;
       }
-      default: return plain(fmt::format("'{}' object is not iterable", jinja::type_name(v)));
+      default:
+        return plain(fmt::format("'{}' object is not iterable", jinja::type_name(v)));
     }
   }
 
@@ -505,7 +528,8 @@ class Renderer {
 
   Result<Value> eval_inner(const Expr& e, Scope& sc) {
     switch (e.kind) {
-      case ExprKind::kLiteral: return e.value;
+      case ExprKind::kLiteral:
+        return e.value;
       case ExprKind::kName: {
         Value* v = sc.find(e.name);
         if (!v) return Value::undefined(fmt::format("'{}' is undefined", e.name));
@@ -595,7 +619,8 @@ class Renderer {
         STRATA_ASSIGN_OR_RETURN(Value c, eval(*e.kids[0], sc));
         if (jinja::truthy(c)) return eval(*e.kids[1], sc);
         if (e.kids[2]) return eval(*e.kids[2], sc);
-        return Value::undefined("the inline if-expression evaluated to false and no else section was defined");
+        return Value::undefined(
+            "the inline if-expression evaluated to false and no else section was defined");
       }
       case ExprKind::kBinary: {
         STRATA_ASSIGN_OR_RETURN(Value a, eval(*e.kids[0], sc));
@@ -622,8 +647,10 @@ class Renderer {
     size_t nargs = e.kids.size() - 1;
     for (size_t k = 0; k < nargs; ++k) {
       STRATA_ASSIGN_OR_RETURN(Value v, eval(*e.kids[k + 1], sc));
-      if (k < nargs - nkw) a.pos.push_back(std::move(v));
-      else a.kw.emplace_back(e.kw_names[k - (nargs - nkw)], std::move(v));
+      if (k < nargs - nkw)
+        a.pos.push_back(std::move(v));
+      else
+        a.kw.emplace_back(e.kw_names[k - (nargs - nkw)], std::move(v));
     }
     return a;
   }
@@ -643,21 +670,23 @@ class Renderer {
 
   Result<Value> get_item(const Value& obj, const Value& key) {
     switch (obj.kind) {
-      case Kind::kUndefined: return undefined_error(obj);
+      case Kind::kUndefined:
+        return undefined_error(obj);
       case Kind::kDict:
       case Kind::kNamespace: {
         if (key.kind == Kind::kString) {
           if (const Value* v = obj.dict->find(key.s)) return *v;
           return get_attr(obj, key.s);
         }
-        return Value::undefined(fmt::format("'dict object' has no attribute '{}'", jinja::to_str(key)));
+        return Value::undefined(
+            fmt::format("'dict object' has no attribute '{}'", jinja::to_str(key)));
       }
       case Kind::kList:
       case Kind::kString: {
         if (key.kind == Kind::kString) return get_attr(obj, key.s);
         if (key.kind != Kind::kInt && key.kind != Kind::kBool)
-          return Value::undefined(fmt::format("{} object has no element {}", jinja::type_name(obj),
-                                              jinja::repr(key)));
+          return Value::undefined(
+              fmt::format("{} object has no element {}", jinja::type_name(obj), jinja::repr(key)));
         int64_t i = key.kind == Kind::kBool ? key.b : key.i;
         if (obj.kind == Kind::kList) {
           int64_t n = static_cast<int64_t>(obj.list->size());
@@ -669,19 +698,21 @@ class Renderer {
         auto off = jinja::codepoint_offsets(obj.s);
         int64_t n = static_cast<int64_t>(off.size()) - 1;
         if (i < 0) i += n;
-        if (i < 0 || i >= n) return Value::undefined(fmt::format("str object has no element {}", key.i));
+        if (i < 0 || i >= n)
+          return Value::undefined(fmt::format("str object has no element {}", key.i));
         return Value::string(obj.s.substr(off[i], off[i + 1] - off[i]));
       }
       default:
-        return Value::undefined(fmt::format("'{}' object has no attribute '{}'", jinja::type_name(obj),
-                                            jinja::to_str(key)));
+        return Value::undefined(fmt::format("'{}' object has no attribute '{}'",
+                                            jinja::type_name(obj), jinja::to_str(key)));
     }
   }
 
   Result<Value> slice(const Value& obj, const Value& a, const Value& b, const Value& c) {
     if (obj.is_undefined()) return undefined_error(obj);
     if (obj.kind == Kind::kList) {
-      STRATA_ASSIGN_OR_RETURN(auto idx, slice_indices(static_cast<int64_t>(obj.list->size()), a, b, c));
+      STRATA_ASSIGN_OR_RETURN(auto idx,
+                              slice_indices(static_cast<int64_t>(obj.list->size()), a, b, c));
       STRATA_RETURN_IF_ERROR(charge(static_cast<int64_t>(idx.size())));
       List out;
       for (int64_t k : idx) out.push_back((*obj.list)[k]);
@@ -689,7 +720,8 @@ class Renderer {
     }
     if (obj.kind == Kind::kString) {
       auto off = jinja::codepoint_offsets(obj.s);
-      STRATA_ASSIGN_OR_RETURN(auto idx, slice_indices(static_cast<int64_t>(off.size()) - 1, a, b, c));
+      STRATA_ASSIGN_OR_RETURN(auto idx,
+                              slice_indices(static_cast<int64_t>(off.size()) - 1, a, b, c));
       STRATA_RETURN_IF_ERROR(charge(static_cast<int64_t>(idx.size())));
       std::string out;
       for (int64_t k : idx) out.append(obj.s, off[k], off[k + 1] - off[k]);
@@ -700,11 +732,12 @@ class Renderer {
 
   // ---- attributes and methods -------------------------------------------------------------------
   Result<Value> get_attr(const Value& obj, const std::string& name) {
-    static const char* kUnsafeList[] = {"append", "extend", "insert", "pop", "remove", "clear",
-                                        "sort", "reverse"};
+    static const char* kUnsafeList[] = {"append", "extend", "insert", "pop",
+                                        "remove", "clear",  "sort",   "reverse"};
     static const char* kUnsafeDict[] = {"update", "pop", "popitem", "setdefault", "clear"};
     switch (obj.kind) {
-      case Kind::kUndefined: return undefined_error(obj);
+      case Kind::kUndefined:
+        return undefined_error(obj);
       case Kind::kDict: {
         for (const char* u : kUnsafeDict)
           if (name == u) return unsafe(obj, name);
@@ -724,14 +757,16 @@ class Renderer {
         break;
       case Kind::kString: {
         static const char* kMethods[] = {
-            "strip", "lstrip", "rstrip", "split", "rsplit", "startswith", "endswith", "upper",
-            "lower", "replace", "title", "capitalize", "find", "rfind", "count", "join",
-            "splitlines", "isdigit", "isalpha", "isalnum", "isspace", "isupper", "islower"};
+            "strip",    "lstrip",  "rstrip",  "split",   "rsplit",     "startswith",
+            "endswith", "upper",   "lower",   "replace", "title",      "capitalize",
+            "find",     "rfind",   "count",   "join",    "splitlines", "isdigit",
+            "isalpha",  "isalnum", "isspace", "isupper", "islower"};
         for (const char* m : kMethods)
           if (name == m) return method(obj, name);
         break;
       }
-      default: break;
+      default:
+        break;
     }
     return Value::undefined(
         fmt::format("'{}' object has no attribute '{}'", jinja::type_name(obj), name));
@@ -744,9 +779,8 @@ class Renderer {
   }
 
   Value method(const Value& self, const std::string& name) {
-    return make_func(name, [this, self, name](Args& a) -> Result<Value> {
-      return call_method(self, name, a);
-    });
+    return make_func(
+        name, [this, self, name](Args& a) -> Result<Value> { return call_method(self, name, a); });
   }
 
   Result<Value> call_method(const Value& self, const std::string& name, Args& a) {
@@ -761,9 +795,12 @@ class Renderer {
       }
       List out;
       for (const auto& [k, v] : self.dict->items) {
-        if (name == "keys") out.push_back(Value::string(k));
-        else if (name == "values") out.push_back(v);
-        else out.push_back(Value::make_list({Value::string(k), v}, true));
+        if (name == "keys")
+          out.push_back(Value::string(k));
+        else if (name == "values")
+          out.push_back(v);
+        else
+          out.push_back(Value::make_list({Value::string(k), v}, true));
       }
       STRATA_RETURN_IF_ERROR(charge(static_cast<int64_t>(out.size())));
       return Value::make_list(std::move(out));
@@ -789,7 +826,8 @@ class Renderer {
     };
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       const Value* chars = str_arg(0, "chars");
-      if (chars && chars->kind != Kind::kString) return plain(fmt::format("{} arg must be None or str", name));
+      if (chars && chars->kind != Kind::kString)
+        return plain(fmt::format("{} arg must be None or str", name));
       return Value::string(py_strip(s, chars, name != "rstrip", name != "lstrip"));
     }
     if (name == "upper") return Value::string(ascii_upper(s));
@@ -804,7 +842,8 @@ class Renderer {
         cands.push_back(p->s);
       } else if (p->kind == Kind::kList) {
         for (const Value& x : *p->list) {
-          if (x.kind != Kind::kString) return plain(fmt::format("{}() tuple must contain only str", name));
+          if (x.kind != Kind::kString)
+            return plain(fmt::format("{}() tuple must contain only str", name));
           cands.push_back(x.s);
         }
       } else {
@@ -847,7 +886,8 @@ class Renderer {
         size_t p = 0;
         while (true) {
           size_t q = s.find(sep->s, p);
-          if (q == std::string::npos || (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit)) {
+          if (q == std::string::npos ||
+              (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit)) {
             out.push_back(Value::string(s.substr(p)));
             break;
           }
@@ -873,16 +913,21 @@ class Renderer {
     }
     if (name == "find" || name == "rfind" || name == "count") {
       const Value* sub = a.get(0, "sub");
-      if (!sub || sub->kind != Kind::kString) return plain(fmt::format("{}() argument must be str", name));
+      if (!sub || sub->kind != Kind::kString)
+        return plain(fmt::format("{}() argument must be str", name));
       if (name == "count") {
-        if (sub->s.empty()) return Value::integer(static_cast<int64_t>(jinja::codepoint_offsets(s).size()));
+        if (sub->s.empty())
+          return Value::integer(static_cast<int64_t>(jinja::codepoint_offsets(s).size()));
         int64_t c = 0;
-        for (size_t p = s.find(sub->s); p != std::string::npos; p = s.find(sub->s, p + sub->s.size())) ++c;
+        for (size_t p = s.find(sub->s); p != std::string::npos;
+             p = s.find(sub->s, p + sub->s.size()))
+          ++c;
         return Value::integer(c);
       }
       size_t p = name == "find" ? s.find(sub->s) : s.rfind(sub->s);
       if (p == std::string::npos) return Value::integer(-1);
-      return Value::integer(static_cast<int64_t>(jinja::codepoint_offsets(s.substr(0, p)).size()) - 1);
+      return Value::integer(static_cast<int64_t>(jinja::codepoint_offsets(s.substr(0, p)).size()) -
+                            1);
     }
     if (name == "join") {
       const Value* it = a.get(0, "iterable");
@@ -1042,7 +1087,8 @@ class Renderer {
 
   Result<bool> contains(const Value& container, const Value& x) {
     switch (container.kind) {
-      case Kind::kUndefined: return false;
+      case Kind::kUndefined:
+        return false;
       case Kind::kString:
         if (x.kind != Kind::kString)
           return plain(fmt::format("'in <string>' requires string as left operand, not {}",
@@ -1056,7 +1102,8 @@ class Renderer {
       case Kind::kNamespace:
         return x.kind == Kind::kString && container.dict->find(x.s) != nullptr;
       default:
-        return plain(fmt::format("argument of type '{}' is not iterable", jinja::type_name(container)));
+        return plain(
+            fmt::format("argument of type '{}' is not iterable", jinja::type_name(container)));
     }
   }
 
@@ -1135,13 +1182,15 @@ class Renderer {
     if (name == "lower") return v.kind == Kind::kString && v.s == ascii_lower(v.s);
     if (name == "upper") return v.kind == Kind::kString && v.s == ascii_upper(v.s);
     if (name == "odd" || name == "even") {
-      if (v.kind != Kind::kInt && v.kind != Kind::kBool) return plain("odd/even test needs an integer");
+      if (v.kind != Kind::kInt && v.kind != Kind::kBool)
+        return plain("odd/even test needs an integer");
       int64_t i = inum(v);
       return name == "odd" ? (i % 2 != 0) : (i % 2 == 0);
     }
     if (name == "divisibleby") {
       STRATA_RETURN_IF_ERROR(need_arg());
-      if (!v.is_number() || !arg->is_number() || num(*arg) == 0) return plain("divisibleby needs non-zero numbers");
+      if (!v.is_number() || !arg->is_number() || num(*arg) == 0)
+        return plain("divisibleby needs non-zero numbers");
       return std::fmod(num(v), num(*arg)) == 0;
     }
     STRATA_RETURN_IF_ERROR(need_arg());
@@ -1156,10 +1205,10 @@ class Renderer {
       return jinja::equal(v, *arg);
     }
     if (name == "in") return contains(*arg, v);
-    std::string op = name == "lt" || name == "lessthan" || name == "<"       ? "<"
-                     : name == "le" || name == "<="                          ? "<="
+    std::string op = name == "lt" || name == "lessthan" || name == "<"      ? "<"
+                     : name == "le" || name == "<="                         ? "<="
                      : name == "gt" || name == "greaterthan" || name == ">" ? ">"
-                                                                              : ">=";
+                                                                            : ">=";
     return compare(op, v, *arg);
   }
 
@@ -1170,7 +1219,8 @@ class Renderer {
     while (true) {
       size_t q = path.find('.', p);
       std::string part = path.substr(p, q == std::string::npos ? std::string::npos : q - p);
-      bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+      bool digits = !part.empty() && std::all_of(part.begin(), part.end(),
+                                                 [](char c) { return c >= '0' && c <= '9'; });
       if (digits && part.size() < 18) {
         STRATA_ASSIGN_OR_RETURN(cur, get_item(cur, Value::integer(std::stoll(part))));
       } else {
@@ -1188,7 +1238,8 @@ class Renderer {
     size_t first = 0;
     std::string attr;
     if (by_attr) {
-      if (a.pos.empty() || a.pos[0].kind != Kind::kString) return plain(name + " needs an attribute name");
+      if (a.pos.empty() || a.pos[0].kind != Kind::kString)
+        return plain(name + " needs an attribute name");
       attr = a.pos[0].s;
       first = 1;
     }
@@ -1197,12 +1248,16 @@ class Renderer {
     if (a.pos.size() > first) {
       if (a.pos[first].kind != Kind::kString) return plain(name + ": test name must be a string");
       test_name = a.pos[first].s;
-      static const char* kKnown[] = {"defined", "undefined", "none", "string", "number", "integer",
-                                     "float", "boolean", "true", "false", "mapping", "iterable",
-                                     "sequence", "callable", "lower", "upper", "odd", "even",
-                                     "divisibleby", "eq", "equalto", "==", "ne", "!=", "sameas", "in",
-                                     "lt", "lessthan", "<", "le", "<=", "gt", "greaterthan", ">", "ge", ">="};
-      if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return test_name == k; }) == std::end(kKnown))
+      static const char* kKnown[] = {"defined", "undefined", "none",        "string",      "number",
+                                     "integer", "float",     "boolean",     "true",        "false",
+                                     "mapping", "iterable",  "sequence",    "callable",    "lower",
+                                     "upper",   "odd",       "even",        "divisibleby", "eq",
+                                     "equalto", "==",        "ne",          "!=",          "sameas",
+                                     "in",      "lt",        "lessthan",    "<",           "le",
+                                     "<=",      "gt",        "greaterthan", ">",           "ge",
+                                     ">="};
+      if (std::find_if(std::begin(kKnown), std::end(kKnown),
+                       [&](const char* k) { return test_name == k; }) == std::end(kKnown))
         return plain(fmt::format("no test named '{}'", test_name));
       targs.pos.assign(a.pos.begin() + first + 1, a.pos.end());
     }
@@ -1237,18 +1292,24 @@ class Renderer {
     }
     if (name == "length" || name == "count") {
       switch (v.kind) {
-        case Kind::kUndefined: return Value::integer(0);
-        case Kind::kString: return Value::integer(static_cast<int64_t>(jinja::codepoint_offsets(v.s).size()) - 1);
-        case Kind::kList: return Value::integer(static_cast<int64_t>(v.list->size()));
+        case Kind::kUndefined:
+          return Value::integer(0);
+        case Kind::kString:
+          return Value::integer(static_cast<int64_t>(jinja::codepoint_offsets(v.s).size()) - 1);
+        case Kind::kList:
+          return Value::integer(static_cast<int64_t>(v.list->size()));
         case Kind::kDict:
-        case Kind::kNamespace: return Value::integer(static_cast<int64_t>(v.dict->items.size()));
-        default: return plain(fmt::format("object of type '{}' has no len()", jinja::type_name(v)));
+        case Kind::kNamespace:
+          return Value::integer(static_cast<int64_t>(v.dict->items.size()));
+        default:
+          return plain(fmt::format("object of type '{}' has no len()", jinja::type_name(v)));
       }
     }
     if (name == "default" || name == "d") {
       const Value* def = a.get(0, "default_value");
       const Value* boolean = a.get(1, "boolean");
-      bool use_default = v.is_undefined() || (boolean && jinja::truthy(*boolean) && !jinja::truthy(v));
+      bool use_default =
+          v.is_undefined() || (boolean && jinja::truthy(*boolean) && !jinja::truthy(v));
       if (use_default) return def ? *def : Value::string("");
       return v;
     }
@@ -1263,9 +1324,12 @@ class Renderer {
       if (indent && indent->kind != Kind::kNone) {
         o.has_indent = true;
         o.item_sep = ",";
-        if (indent->kind == Kind::kString) o.indent = indent->s;
-        else if (indent->kind == Kind::kInt) o.indent = std::string(std::clamp<int64_t>(indent->i, 0, 64), ' ');
-        else return plain("tojson indent must be an int or a string");
+        if (indent->kind == Kind::kString)
+          o.indent = indent->s;
+        else if (indent->kind == Kind::kInt)
+          o.indent = std::string(std::clamp<int64_t>(indent->i, 0, 64), ' ');
+        else
+          return plain("tojson indent must be an int or a string");
       }
       if (seps && seps->kind != Kind::kNone) {
         if (seps->kind != Kind::kList || seps->list->size() != 2 ||
@@ -1309,18 +1373,21 @@ class Renderer {
       if (v.kind == Kind::kString || v.kind == Kind::kList) {
         Value idx = Value::integer(name == "first" ? 0 : -1);
         STRATA_ASSIGN_OR_RETURN(Value r, get_item(v, idx));
-        if (r.is_undefined()) return Value::undefined(fmt::format("No {} item, sequence was empty.", name));
+        if (r.is_undefined())
+          return Value::undefined(fmt::format("No {} item, sequence was empty.", name));
         return r;
       }
       STRATA_ASSIGN_OR_RETURN(List items, iterate(v));
-      if (items.empty()) return Value::undefined(fmt::format("No {} item, sequence was empty.", name));
+      if (items.empty())
+        return Value::undefined(fmt::format("No {} item, sequence was empty.", name));
       return name == "first" ? items.front() : items.back();
     }
     if (name == "reverse") {
       if (v.kind == Kind::kString) {
         auto off = jinja::codepoint_offsets(v.s);
         std::string out;
-        for (size_t k = off.size() - 1; k > 0; --k) out.append(v.s, off[k - 1], off[k] - off[k - 1]);
+        for (size_t k = off.size() - 1; k > 0; --k)
+          out.append(v.s, off[k - 1], off[k] - off[k - 1]);
         return Value::string(std::move(out));
       }
       STRATA_ASSIGN_OR_RETURN(List items, iterate(v));
@@ -1376,10 +1443,14 @@ class Renderer {
       std::string m = method ? jinja::to_str(*method) : "common";
       double scale = std::pow(10.0, static_cast<double>(p));
       double x = num(v) * scale;
-      if (m == "common") x = std::nearbyint(x);
-      else if (m == "ceil") x = std::ceil(x);
-      else if (m == "floor") x = std::floor(x);
-      else return plain("method must be common, ceil or floor");
+      if (m == "common")
+        x = std::nearbyint(x);
+      else if (m == "ceil")
+        x = std::ceil(x);
+      else if (m == "floor")
+        x = std::floor(x);
+      else
+        return plain("method must be common, ceil or floor");
       return Value::real(x / scale);
     }
     if (name == "replace") {
@@ -1388,9 +1459,9 @@ class Renderer {
       const Value* cnt = a.get(2, "count");
       if (!from || !to) return plain("replace filter needs two arguments");
       bool too_big = false;
-      std::string r = py_replace(jinja::to_str(v), jinja::to_str(*from), jinja::to_str(*to),
-                                 cnt && cnt->kind == Kind::kInt ? cnt->i : -1, opt_.max_output_bytes,
-                                 too_big);
+      std::string r =
+          py_replace(jinja::to_str(v), jinja::to_str(*from), jinja::to_str(*to),
+                     cnt && cnt->kind == Kind::kInt ? cnt->i : -1, opt_.max_output_bytes, too_big);
       if (too_big) return check_size(opt_.max_output_bytes + 1);
       return Value::string(std::move(r));
     }
@@ -1414,14 +1485,18 @@ class Renderer {
         }
         return Value::make_list(std::move(out));
       }
-      if (a.pos.empty() || a.pos[0].kind != Kind::kString) return plain("map needs a filter name or attribute=");
+      if (a.pos.empty() || a.pos[0].kind != Kind::kString)
+        return plain("map needs a filter name or attribute=");
       std::string fname = a.pos[0].s;
-      if (fname == "map" || fname == "select" || fname == "reject" || fname == "selectattr" || fname == "rejectattr")
+      if (fname == "map" || fname == "select" || fname == "reject" || fname == "selectattr" ||
+          fname == "rejectattr")
         return plain(fmt::format("map with filter '{}' is not supported", fname));
-      static const char* kFilters[] = {"string", "upper", "lower", "trim", "tojson", "length", "int", "float",
-                                       "capitalize", "title", "first", "last", "list", "abs", "round", "safe",
-                                       "default", "d", "replace", "join", "items", "reverse", "count"};
-      if (std::find_if(std::begin(kFilters), std::end(kFilters), [&](const char* f) { return fname == f; }) == std::end(kFilters))
+      static const char* kFilters[] = {
+          "string",     "upper", "lower",   "trim", "tojson", "length",  "int",   "float",
+          "capitalize", "title", "first",   "last", "list",   "abs",     "round", "safe",
+          "default",    "d",     "replace", "join", "items",  "reverse", "count"};
+      if (std::find_if(std::begin(kFilters), std::end(kFilters),
+                       [&](const char* f) { return fname == f; }) == std::end(kFilters))
         return plain(fmt::format("no filter named '{}'", fname));
       Args fargs;
       fargs.pos.assign(a.pos.begin() + 1, a.pos.end());
@@ -1440,8 +1515,9 @@ class Renderer {
         STRATA_RETURN_IF_ERROR(charge(static_cast<int64_t>(out.size()) + 1));
         bool seen = false;
         for (const Value& y : out) {
-          if (x.kind == Kind::kString && y.kind == Kind::kString ? ascii_lower(x.s) == ascii_lower(y.s)
-                                                                 : jinja::equal(x, y)) {
+          if (x.kind == Kind::kString && y.kind == Kind::kString
+                  ? ascii_lower(x.s) == ascii_lower(y.s)
+                  : jinja::equal(x, y)) {
             seen = true;
             break;
           }
@@ -1511,8 +1587,9 @@ class Renderer {
       const Value* width = a.get(0, "width");
       const Value* first = a.get(1, "first");
       const Value* blank = a.get(2, "blank");
-      std::string ind = width ? (width->kind == Kind::kString ? width->s
-                                                              : std::string(std::clamp<int64_t>(width->i, 0, 256), ' '))
+      std::string ind = width ? (width->kind == Kind::kString
+                                     ? width->s
+                                     : std::string(std::clamp<int64_t>(width->i, 0, 256), ' '))
                               : std::string(4, ' ');
       std::string s = jinja::to_str(v) + "\n";
       std::vector<std::string> lines;
@@ -1537,18 +1614,30 @@ class Renderer {
       std::string s = jinja::to_str(v), out;
       for (char c : s) {
         switch (c) {
-          case '&': out += "&amp;"; break;
-          case '<': out += "&lt;"; break;
-          case '>': out += "&gt;"; break;
-          case '"': out += "&#34;"; break;
-          case '\'': out += "&#39;"; break;
-          default: out += c;
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out += c;
         }
       }
       return Value::string(std::move(out));
     }
     if (name == "wordcount") {
-      STRATA_ASSIGN_OR_RETURN(Value parts, call_method(Value::string(jinja::to_str(v)), "split", a));
+      STRATA_ASSIGN_OR_RETURN(Value parts,
+                              call_method(Value::string(jinja::to_str(v)), "split", a));
       return Value::integer(static_cast<int64_t>(parts.list->size()));
     }
     return plain(fmt::format("unknown filter '{}'", name));
@@ -1578,13 +1667,10 @@ Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context,
   return r.run(*program_, context);
 }
 
-Result<std::string> apply_chat_template(const std::string& tmpl,
-                                        const nlohmann::ordered_json& messages,
-                                        bool add_generation_prompt, const std::string& bos_token,
-                                        const std::string& eos_token,
-                                        const nlohmann::ordered_json& tools,
-                                        const nlohmann::ordered_json& extra,
-                                        const ChatTemplateOptions& options) {
+Result<std::string> apply_chat_template(
+    const std::string& tmpl, const nlohmann::ordered_json& messages, bool add_generation_prompt,
+    const std::string& bos_token, const std::string& eos_token, const nlohmann::ordered_json& tools,
+    const nlohmann::ordered_json& extra, const ChatTemplateOptions& options) {
   STRATA_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::parse(tmpl));
   nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
   ctx["messages"] = messages;

@@ -39,7 +39,9 @@ bool is_space(char c) {
 bool is_name_start(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
 }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
 
 class Lexer {
  public:
@@ -120,14 +122,16 @@ class Lexer {
     const char close = var ? '}' : '%';
     while (true) {
       while (p < n && is_space(src_[p])) ++p;
-      if (p >= n) return error(p, var ? "unexpected end of template, expected '}}'"
-                                      : "unexpected end of template, expected '%}'");
+      if (p >= n)
+        return error(p, var ? "unexpected end of template, expected '}}'"
+                            : "unexpected end of template, expected '%}'");
       if (depth == 0) {
         size_t after = std::string::npos;
         if (src_[p] == '-' && p + 2 < n && src_[p + 1] == close && src_[p + 2] == '}') {
           after = p + 3;
           while (after < n && is_space(src_[after])) ++after;
-        } else if (!var && src_[p] == '+' && p + 2 < n && src_[p + 1] == '%' && src_[p + 2] == '}') {
+        } else if (!var && src_[p] == '+' && p + 2 < n && src_[p + 1] == '%' &&
+                   src_[p + 2] == '}') {
           after = p + 3;
         } else if (src_[p] == close && p + 1 < n && src_[p + 1] == '}') {
           after = p + 2;
@@ -257,17 +261,38 @@ class Lexer {
         return x;
       };
       switch (e) {
-        case '\n': break;
-        case '\\': v += '\\'; break;
-        case '\'': v += '\''; break;
-        case '"': v += '"'; break;
-        case 'a': v += '\a'; break;
-        case 'b': v += '\b'; break;
-        case 'f': v += '\f'; break;
-        case 'n': v += '\n'; break;
-        case 'r': v += '\r'; break;
-        case 't': v += '\t'; break;
-        case 'v': v += '\v'; break;
+        case '\n':
+          break;
+        case '\\':
+          v += '\\';
+          break;
+        case '\'':
+          v += '\'';
+          break;
+        case '"':
+          v += '"';
+          break;
+        case 'a':
+          v += '\a';
+          break;
+        case 'b':
+          v += '\b';
+          break;
+        case 'f':
+          v += '\f';
+          break;
+        case 'n':
+          v += '\n';
+          break;
+        case 'r':
+          v += '\r';
+          break;
+        case 't':
+          v += '\t';
+          break;
+        case 'v':
+          v += '\v';
+          break;
         case 'x':
         case 'u':
         case 'U': {
@@ -298,22 +323,23 @@ class Lexer {
 
 const std::set<std::string>& known_filters() {
   static const std::set<std::string> k = {
-      "abs",       "capitalize", "count",   "d",         "default", "dictsort", "e",
-      "escape",    "first",      "float",   "indent",    "int",     "items",    "join",
-      "last",      "length",     "list",    "lower",     "map",     "max",      "min",
-      "reject",    "rejectattr", "replace", "reverse",   "round",   "safe",     "select",
-      "selectattr", "sort",      "string",  "sum",       "title",   "tojson",   "trim",
-      "unique",    "upper",      "wordcount"};
+      "abs",        "capitalize", "count",    "d",       "default", "dictsort", "e",
+      "escape",     "first",      "float",    "indent",  "int",     "items",    "join",
+      "last",       "length",     "list",     "lower",   "map",     "max",      "min",
+      "reject",     "rejectattr", "replace",  "reverse", "round",   "safe",     "select",
+      "selectattr", "sort",       "string",   "sum",     "title",   "tojson",   "trim",
+      "unique",     "upper",      "wordcount"};
   return k;
 }
 
 const std::set<std::string>& known_tests() {
   static const std::set<std::string> k = {
-      "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "==", "escaped",
-      "even",    "false",    "float",   "ge",          ">=", "gt",      "greaterthan", ">",
-      "in",      "integer",  "iterable", "le",         "<=", "lower",   "lt",  "lessthan",
-      "<",       "mapping",  "ne",      "!=",          "none", "number", "odd", "sameas",
-      "sequence", "string",  "true",    "undefined",   "upper", "filter", "test"};
+      "boolean",     "callable", "defined",  "divisibleby", "eq",       "equalto", "==",
+      "escaped",     "even",     "false",    "float",       "ge",       ">=",      "gt",
+      "greaterthan", ">",        "in",       "integer",     "iterable", "le",      "<=",
+      "lower",       "lt",       "lessthan", "<",           "mapping",  "ne",      "!=",
+      "none",        "number",   "odd",      "sameas",      "sequence", "string",  "true",
+      "undefined",   "upper",    "filter",   "test"};
   return k;
 }
 
@@ -337,11 +363,16 @@ class Parser {
   bool is_name(const char* name) const { return cur().type == Tok::kName && cur().text == name; }
   std::string describe() const {
     switch (cur().type) {
-      case Tok::kEof: return "end of template";
-      case Tok::kVarEnd: return "'}}'";
-      case Tok::kBlockEnd: return "'%}'";
-      case Tok::kText: return "template text";
-      default: return "'" + cur().text + "'";
+      case Tok::kEof:
+        return "end of template";
+      case Tok::kVarEnd:
+        return "'}}'";
+      case Tok::kBlockEnd:
+        return "'%}'";
+      case Tok::kText:
+        return "template text";
+      default:
+        return "'" + cur().text + "'";
     }
   }
   Status expect_op(const char* op) {
@@ -350,7 +381,8 @@ class Parser {
     return ok_status();
   }
   Status expect_block_end() {
-    if (cur().type != Tok::kBlockEnd) return error(fmt::format("expected '%}}', got {}", describe()));
+    if (cur().type != Tok::kBlockEnd)
+      return error(fmt::format("expected '%}}', got {}", describe()));
     ++i_;
     return ok_status();
   }
@@ -401,7 +433,8 @@ class Parser {
         s->kind = StmtKind::kOutput;
         s->line = ln;
         STRATA_ASSIGN_OR_RETURN(s->expr, parse_tuple_expr());
-        if (cur().type != Tok::kVarEnd) return error(fmt::format("expected '}}}}', got {}", describe()));
+        if (cur().type != Tok::kVarEnd)
+          return error(fmt::format("expected '}}}}', got {}", describe()));
         ++i_;
         body.push_back(std::move(s));
         continue;
@@ -728,9 +761,12 @@ class Parser {
     if (t.type == Tok::kName) {
       ++i_;
       auto e = node(ExprKind::kLiteral, ln);
-      if (t.text == "true" || t.text == "True") e->value = Value::boolean(true);
-      else if (t.text == "false" || t.text == "False") e->value = Value::boolean(false);
-      else if (t.text == "none" || t.text == "None") e->value = Value::none();
+      if (t.text == "true" || t.text == "True")
+        e->value = Value::boolean(true);
+      else if (t.text == "false" || t.text == "False")
+        e->value = Value::boolean(false);
+      else if (t.text == "none" || t.text == "None")
+        e->value = Value::none();
       else {
         e->kind = ExprKind::kName;
         e->name = t.text;

@@ -15,14 +15,14 @@ namespace strata::jinja {
 enum class ExprKind : uint8_t {
   kLiteral,
   kName,
-  kList,   // kids: items (tuple flag in `value.tuple`)
-  kDict,   // kids: key, value, key, value ...
-  kAttr,   // kids[0].name
-  kIndex,  // kids[0][kids[1]]
-  kSlice,  // kids[0][kids[1]:kids[2]:kids[3]] (null kids are omitted bounds)
-  kCall,   // kids[0](kids[1..]); the last kw_names.size() args are keyword args
-  kFilter, // kids[0] | name(kids[1..])
-  kTest,   // kids[0] is [not] name(kids[1..])
+  kList,    // kids: items (tuple flag in `value.tuple`)
+  kDict,    // kids: key, value, key, value ...
+  kAttr,    // kids[0].name
+  kIndex,   // kids[0][kids[1]]
+  kSlice,   // kids[0][kids[1]:kids[2]:kids[3]] (null kids are omitted bounds)
+  kCall,    // kids[0](kids[1..]); the last kw_names.size() args are keyword args
+  kFilter,  // kids[0] | name(kids[1..])
+  kTest,    // kids[0] is [not] name(kids[1..])
   kNeg,
   kPos,
   kNot,
@@ -47,9 +47,9 @@ struct Expr {
 enum class StmtKind : uint8_t {
   kText,
   kOutput,
-  kIf,  // exprs: conditions; bodies: one per condition, plus the else body when present
-  kFor,  // names: targets; expr: iterable; expr2: filter; bodies[0] body, bodies[1] else
-  kSet,  // names: targets (or names[0] + attr); expr: value, or bodies[0] for block set
+  kIf,     // exprs: conditions; bodies: one per condition, plus the else body when present
+  kFor,    // names: targets; expr: iterable; expr2: filter; bodies[0] body, bodies[1] else
+  kSet,    // names: targets (or names[0] + attr); expr: value, or bodies[0] for block set
   kMacro,  // text: name; names: params; exprs: defaults (null when none); bodies[0]
   kBreak,
   kContinue,

@@ -12,16 +12,26 @@ namespace strata::jinja {
 
 const char* type_name(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return v.tuple ? "tuple" : "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "Namespace";
-    case Kind::kFunc: return "function";
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return v.tuple ? "tuple" : "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "Namespace";
+    case Kind::kFunc:
+      return "function";
   }
   return "object";
 }
@@ -29,15 +39,23 @@ const char* type_name(const Value& v) {
 bool truthy(const Value& v) {
   switch (v.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return v.b;
-    case Kind::kInt: return v.i != 0;
-    case Kind::kFloat: return v.f != 0.0;
-    case Kind::kString: return !v.s.empty();
-    case Kind::kList: return !v.list->empty();
-    case Kind::kDict: return !v.dict->items.empty();
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return v.b;
+    case Kind::kInt:
+      return v.i != 0;
+    case Kind::kFloat:
+      return v.f != 0.0;
+    case Kind::kString:
+      return !v.s.empty();
+    case Kind::kList:
+      return !v.list->empty();
+    case Kind::kDict:
+      return !v.dict->items.empty();
     case Kind::kNamespace:
-    case Kind::kFunc: return true;
+    case Kind::kFunc:
+      return true;
   }
   return false;
 }
@@ -110,20 +128,29 @@ static std::string str_repr(const std::string& s) {
 
 std::string repr(const Value& v) {
   switch (v.kind) {
-    case Kind::kString: return str_repr(v.s);
-    case Kind::kUndefined: return "Undefined";
-    default: return to_str(v);
+    case Kind::kString:
+      return str_repr(v.s);
+    case Kind::kUndefined:
+      return "Undefined";
+    default:
+      return to_str(v);
   }
 }
 
 std::string to_str(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return "";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return v.b ? "True" : "False";
-    case Kind::kInt: return std::to_string(v.i);
-    case Kind::kFloat: return float_repr(v.f);
-    case Kind::kString: return v.s;
+    case Kind::kUndefined:
+      return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return v.b ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(v.i);
+    case Kind::kFloat:
+      return float_repr(v.f);
+    case Kind::kString:
+      return v.s;
     case Kind::kList: {
       std::string out = v.tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
@@ -146,7 +173,8 @@ std::string to_str(const Value& v) {
       out += v.kind == Kind::kNamespace ? "}>" : "}";
       return out;
     }
-    case Kind::kFunc: return "<function " + v.func->name + ">";
+    case Kind::kFunc:
+      return "<function " + v.func->name + ">";
   }
   return "";
 }
@@ -169,8 +197,10 @@ bool equal(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kString: return a.s == b.s;
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return a.s == b.s;
     case Kind::kList: {
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
@@ -185,9 +215,12 @@ bool equal(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Kind::kNamespace: return a.dict == b.dict;
-    case Kind::kFunc: return a.func == b.func;
-    default: return false;
+    case Kind::kNamespace:
+      return a.dict == b.dict;
+    case Kind::kFunc:
+      return a.func == b.func;
+    default:
+      return false;
   }
 }
 
@@ -197,13 +230,27 @@ static void json_string(const std::string& s, bool ensure_ascii, std::string& ou
   while (k < s.size()) {
     unsigned char c = static_cast<unsigned char>(s[k]);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char b[8];
@@ -218,12 +265,14 @@ static void json_string(const std::string& s, bool ensure_ascii, std::string& ou
             break;
           }
           cp = c & (0x3F >> (len - 1));
-          for (int m = 1; m < len; ++m) cp = (cp << 6) | (static_cast<unsigned char>(s[k + m]) & 0x3F);
+          for (int m = 1; m < len; ++m)
+            cp = (cp << 6) | (static_cast<unsigned char>(s[k + m]) & 0x3F);
           k += len - 1;
           char b[16];
           if (cp >= 0x10000) {
             cp -= 0x10000;
-            std::snprintf(b, sizeof(b), "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+            std::snprintf(b, sizeof(b), "\\u%04x\\u%04x", 0xD800 + (cp >> 10),
+                          0xDC00 + (cp & 0x3FF));
           } else {
             std::snprintf(b, sizeof(b), "\\u%04x", cp);
           }
@@ -248,15 +297,26 @@ static Status json_dump_into(const Value& v, const JsonDumpOptions& o, int level
     for (int k = 0; k < lvl; ++k) out += o.indent;
   };
   switch (v.kind) {
-    case Kind::kNone: out += "null"; return ok_status();
-    case Kind::kBool: out += v.b ? "true" : "false"; return ok_status();
-    case Kind::kInt: out += std::to_string(v.i); return ok_status();
-    case Kind::kFloat:
-      if (std::isnan(v.f)) out += "NaN";
-      else if (std::isinf(v.f)) out += v.f < 0 ? "-Infinity" : "Infinity";
-      else out += float_repr(v.f);
+    case Kind::kNone:
+      out += "null";
       return ok_status();
-    case Kind::kString: json_string(v.s, o.ensure_ascii, out); return ok_status();
+    case Kind::kBool:
+      out += v.b ? "true" : "false";
+      return ok_status();
+    case Kind::kInt:
+      out += std::to_string(v.i);
+      return ok_status();
+    case Kind::kFloat:
+      if (std::isnan(v.f))
+        out += "NaN";
+      else if (std::isinf(v.f))
+        out += v.f < 0 ? "-Infinity" : "Infinity";
+      else
+        out += float_repr(v.f);
+      return ok_status();
+    case Kind::kString:
+      json_string(v.s, o.ensure_ascii, out);
+      return ok_status();
     case Kind::kList: {
       if (v.list->empty()) {
         out += "[]";
@@ -319,16 +379,21 @@ Result<std::string> json_dumps(const Value& v, const JsonDumpOptions& options, s
 Result<Value> from_json(const nlohmann::ordered_json& j, int depth) {
   if (depth > 256) return Status(StatusCode::kInvalidArgument, "context nested too deeply");
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return Value::none();
-    case nlohmann::json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case nlohmann::json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case nlohmann::json::value_t::null:
+      return Value::none();
+    case nlohmann::json::value_t::boolean:
+      return Value::boolean(j.get<bool>());
+    case nlohmann::json::value_t::number_integer:
+      return Value::integer(j.get<int64_t>());
     case nlohmann::json::value_t::number_unsigned: {
       uint64_t u = j.get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) return Value::real(static_cast<double>(u));
       return Value::integer(static_cast<int64_t>(u));
     }
-    case nlohmann::json::value_t::number_float: return Value::real(j.get<double>());
-    case nlohmann::json::value_t::string: return Value::string(j.get<std::string>());
+    case nlohmann::json::value_t::number_float:
+      return Value::real(j.get<double>());
+    case nlohmann::json::value_t::string:
+      return Value::string(j.get<std::string>());
     case nlohmann::json::value_t::array: {
       List items;
       items.reserve(j.size());
@@ -346,7 +411,8 @@ Result<Value> from_json(const nlohmann::ordered_json& j, int depth) {
       }
       return d;
     }
-    default: return Status(StatusCode::kInvalidArgument, "unsupported JSON value in context");
+    default:
+      return Status(StatusCode::kInvalidArgument, "unsupported JSON value in context");
   }
 }
 

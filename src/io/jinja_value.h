@@ -86,7 +86,9 @@ struct Value {
   static Value make_namespace();
 
   bool is_undefined() const { return kind == Kind::kUndefined; }
-  bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
+  bool is_number() const {
+    return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool;
+  }
   bool is_mapping() const { return kind == Kind::kDict || kind == Kind::kNamespace; }
 };
 

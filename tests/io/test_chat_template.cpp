@@ -14,7 +14,9 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-std::string fixture_dir() { return std::string(STRATA_FIXTURE_DIR) + "/chat_templates/"; }
+std::string fixture_dir() {
+  return std::string(STRATA_FIXTURE_DIR) + "/chat_templates/";
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -46,7 +48,8 @@ TEST(ChatTemplate, MatchesTransformersOnEveryFixtureCase) {
   ASSERT_GT(cases.size(), 100u);
   int passed = 0, failed = 0;
   for (const auto& c : cases) {
-    std::string name = c["template"].get<std::string>() + " / " + c["conversation"].get<std::string>() +
+    std::string name = c["template"].get<std::string>() + " / " +
+                       c["conversation"].get<std::string>() +
                        (c["add_generation_prompt"].get<bool>() ? " +gen" : "") +
                        (c["tools"].is_null() ? "" : " +tools") + " " + c["extra"].dump();
     std::string tmpl = read_file(fixture_dir() + c["template"].get<std::string>());
@@ -74,7 +77,8 @@ TEST(ChatTemplate, MatchesTransformersOnEveryFixtureCase) {
         continue;
       }
       if (c["error_type"] == "TemplateError") {
-        EXPECT_NE(r.status().message().find(c["expected_error"].get<std::string>()), std::string::npos)
+        EXPECT_NE(r.status().message().find(c["expected_error"].get<std::string>()),
+                  std::string::npos)
             << name << ": " << r.status().message();
       }
     }
@@ -98,11 +102,16 @@ std::string render_ok(const std::string& src, const json& ctx = json::object()) 
 }
 
 TEST(ChatTemplate, Expressions) {
-  EXPECT_EQ(render_ok("{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 / 2 }} {{ -7 % 3 }} {{ 2 ** 10 }}"), "3 -4 3.5 2 1024");
-  EXPECT_EQ(render_ok("{{ 1e20 }} {{ 0.1 + 0.2 }} {{ 1.0 }} {{ 1e-5 }}"), "1e+20 0.30000000000000004 1.0 1e-05");
-  EXPECT_EQ(render_ok("{{ [1, 'a', none, true, {'k': [1.5]}] }}"), "[1, 'a', None, True, {'k': [1.5]}]");
-  EXPECT_EQ(render_ok("{{ 'héllo'[::-1] }}|{{ 'abcdef'[1:5:2] }}|{{ [1,2,3][-2:] }}"), "olléh|bd|[2, 3]");
-  EXPECT_EQ(render_ok("{{ 'a' ~ none ~ 1.5 }}{{ x if false }}{{ 'y' if 1 else 'n' }}"), "aNone1.5y");
+  EXPECT_EQ(render_ok("{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 / 2 }} {{ -7 % 3 }} {{ 2 ** 10 }}"),
+            "3 -4 3.5 2 1024");
+  EXPECT_EQ(render_ok("{{ 1e20 }} {{ 0.1 + 0.2 }} {{ 1.0 }} {{ 1e-5 }}"),
+            "1e+20 0.30000000000000004 1.0 1e-05");
+  EXPECT_EQ(render_ok("{{ [1, 'a', none, true, {'k': [1.5]}] }}"),
+            "[1, 'a', None, True, {'k': [1.5]}]");
+  EXPECT_EQ(render_ok("{{ 'héllo'[::-1] }}|{{ 'abcdef'[1:5:2] }}|{{ [1,2,3][-2:] }}"),
+            "olléh|bd|[2, 3]");
+  EXPECT_EQ(render_ok("{{ 'a' ~ none ~ 1.5 }}{{ x if false }}{{ 'y' if 1 else 'n' }}"),
+            "aNone1.5y");
   EXPECT_EQ(render_ok("{{ 'b' in 'abc' }} {{ 2 not in [1] }} {{ 1 < 2 < 3 }} {{ 1 == 1.0 }}"),
             "True True True True");
   EXPECT_EQ(render_ok("{{ '\\u00e9\\n\\x41' }}"), "\xc3\xa9\nA");
@@ -113,22 +122,29 @@ TEST(ChatTemplate, Expressions) {
 }
 
 TEST(ChatTemplate, Statements) {
-  EXPECT_EQ(render_ok("{% for x in [1,2,3,4] if x is odd %}{{ loop.index }}/{{ loop.length }}{{ ',' if not loop.last }}{% endfor %}"),
+  EXPECT_EQ(render_ok("{% for x in [1,2,3,4] if x is odd %}{{ loop.index }}/{{ loop.length }}{{ "
+                      "',' if not loop.last }}{% endfor %}"),
             "1/2,2/2");
-  EXPECT_EQ(render_ok("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}"), "a=1;b=2;");
+  EXPECT_EQ(render_ok("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}"),
+            "a=1;b=2;");
   EXPECT_EQ(render_ok("{% for x in [] %}x{% else %}empty{% endfor %}"), "empty");
-  EXPECT_EQ(render_ok("{% for x in range(10) %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}{% endfor %}"),
+  EXPECT_EQ(render_ok("{% for x in range(10) %}{% if x == 2 %}{% continue %}{% endif %}{% if x == "
+                      "4 %}{% break %}{% endif %}{{ x }}{% endfor %}"),
             "013");
-  EXPECT_EQ(render_ok("{% set ns = namespace(n=0) %}{% for x in range(3) %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}"),
+  EXPECT_EQ(render_ok("{% set ns = namespace(n=0) %}{% for x in range(3) %}{% set ns.n = ns.n + x "
+                      "%}{% endfor %}{{ ns.n }}"),
             "3");
-  EXPECT_EQ(render_ok("{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}{{ greet('A') }} {{ greet('B', punct='?') }}"),
+  EXPECT_EQ(render_ok("{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}{{ "
+                      "greet('A') }} {{ greet('B', punct='?') }}"),
             "Hi A! Hi B?");
   EXPECT_EQ(render_ok("{% set x %}block {{ 1 + 1 }}{% endset %}[{{ x }}]"), "[block 2]");
   EXPECT_EQ(render_ok("  {%- if true %}\n  a\n  {% endif %}\nb {{- '  c' }}"), "  a\nb  c");
 }
 
 TEST(ChatTemplate, Undefined) {
-  EXPECT_EQ(render_ok("[{{ nope }}]{{ nope is defined }}{{ nope | length }}{{ nope | default('d') }}"), "[]False0d");
+  EXPECT_EQ(
+      render_ok("[{{ nope }}]{{ nope is defined }}{{ nope | length }}{{ nope | default('d') }}"),
+      "[]False0d");
   EXPECT_EQ(render_ok("{{ d.missing is defined }}", json{{"d", json::object()}}), "False");
   auto r = render("{{ nope.attr }}");
   ASSERT_FALSE(r.ok());
@@ -163,7 +179,8 @@ TEST(ChatTemplate, ErrorsCarryLineNumbers) {
 }
 
 TEST(ChatTemplate, RunawayTemplatesAreCapped) {
-  auto r = render("{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}");
+  auto r =
+      render("{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kOutOfRange);
   r = render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
@@ -171,7 +188,9 @@ TEST(ChatTemplate, RunawayTemplatesAreCapped) {
   EXPECT_NE(r.status().message().find("recursion"), std::string::npos) << r.status().message();
   r = render("{{ 'x' * 1000000000 }}");
   EXPECT_FALSE(r.ok());
-  r = render("{% set ns = namespace(s='ab') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}");
+  r = render(
+      "{% set ns = namespace(s='ab') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% "
+      "endfor %}");
   EXPECT_FALSE(r.ok());
   r = render("{{ range(1000000) }}");
   EXPECT_FALSE(r.ok());
