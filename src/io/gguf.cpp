@@ -13,7 +13,8 @@ namespace {
 
 constexpr uint32_t kGgufMagic = 0x46554747u;  // "GGUF" read as a little-endian u32
 constexpr uint64_t kDefaultAlignment = 32;
-constexpr int kMaxArrayDepth = 8;  // nested arrays deeper than this are rejected
+constexpr int kMaxArrayDepth = 8;                     // nested arrays deeper than this are rejected
+constexpr uint64_t kMaxElements = uint64_t{1} << 59;  // per tensor
 
 struct GgmlTypeInfo {
   std::string_view name;
@@ -105,24 +106,22 @@ bool valid_value_type(uint32_t t) {
 // Fewest bytes one value of `t` can take in the file (for count-vs-remaining checks).
 uint64_t min_value_bytes(GgufType t) {
   switch (t) {
-    case GgufType::kU8:
-    case GgufType::kI8:
-    case GgufType::kBool:
-      return 1;
-    case GgufType::kU16:
-    case GgufType::kI16:
-      return 2;
-    case GgufType::kU32:
-    case GgufType::kI32:
-    case GgufType::kF32:
-      return 4;
-    case GgufType::kU64:
-    case GgufType::kI64:
-    case GgufType::kF64:
     case GgufType::kString:
       return 8;  // the length; the bytes may be empty
     case GgufType::kArray:
       return 12;  // elem type + count
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kBool:
+    case GgufType::kU16:
+    case GgufType::kI16:
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kF32:
+    case GgufType::kU64:
+    case GgufType::kI64:
+    case GgufType::kF64:
+      return gguf_scalar_size(t);
   }
   return 1;
 }
@@ -160,6 +159,17 @@ class Reader {
     }
     out->assign(reinterpret_cast<const char*>(data_ + pos_), static_cast<size_t>(len));
     pos_ += static_cast<size_t>(len);
+    return ok_status();
+  }
+
+  // The next n bytes (n already checked against the remaining bytes by the caller).
+  Status read_bytes(std::vector<uint8_t>* out, size_t n, std::string_view what) {
+    if (n > remaining()) {
+      return errorf(StatusCode::kDataLoss, "{}: truncated: {} at byte {} needs {} bytes, {} remain",
+                    name_, what, pos_, n, remaining());
+    }
+    out->assign(data_ + pos_, data_ + pos_ + n);
+    pos_ += n;
     return ok_status();
   }
 
@@ -254,11 +264,31 @@ Status read_value(Reader& r, const std::string& file, std::string_view key, Gguf
       STRATA_RETURN_IF_ERROR(r.read(&count, key));
       STRATA_RETURN_IF_ERROR(
           r.check_count(count, min_value_bytes(elem), fmt::format("key '{}': array", key)));
-      GgufValue::Array items(static_cast<size_t>(count));
-      for (GgufValue& item : items) {
-        STRATA_RETURN_IF_ERROR(read_value(r, file, key, elem, depth + 1, &item));
+      const auto n = static_cast<size_t>(count);
+      if (elem == GgufType::kString) {
+        GgufValue::Strings items(n);
+        for (std::string& item : items) STRATA_RETURN_IF_ERROR(r.read_string(&item, key));
+        *out = GgufValue::make_string_array(std::move(items));
+      } else if (elem == GgufType::kArray) {
+        GgufValue::Array items(n);
+        for (GgufValue& item : items) {
+          STRATA_RETURN_IF_ERROR(read_value(r, file, key, elem, depth + 1, &item));
+        }
+        *out = GgufValue::make_nested_array(std::move(items));
+      } else {
+        const size_t items_at = r.pos();
+        std::vector<uint8_t> raw;
+        STRATA_RETURN_IF_ERROR(r.read_bytes(&raw, n * gguf_scalar_size(elem), key));
+        if (elem == GgufType::kBool) {
+          for (size_t i = 0; i < n; ++i) {
+            if (raw[i] > 1) {
+              return errorf(StatusCode::kDataLoss, "{}: key '{}': bool at byte {} has value {}",
+                            file, key, items_at + i, raw[i]);
+            }
+          }
+        }
+        *out = GgufValue::make_scalar_array(elem, std::move(raw));
       }
-      *out = GgufValue::make_array(elem, std::move(items));
       return ok_status();
     }
   }
@@ -303,6 +333,30 @@ std::string_view gguf_type_name(GgufType type) {
       return "f64";
   }
   return "?";
+}
+
+size_t gguf_scalar_size(GgufType type) {
+  switch (type) {
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kU16:
+    case GgufType::kI16:
+      return 2;
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kF32:
+      return 4;
+    case GgufType::kU64:
+    case GgufType::kI64:
+    case GgufType::kF64:
+      return 8;
+    case GgufType::kString:
+    case GgufType::kArray:
+      return 0;
+  }
+  return 0;
 }
 
 std::string_view ggml_type_name(uint32_t ggml_type) {
@@ -367,10 +421,87 @@ const std::string& GgufValue::as_string() const {
   const auto* p = std::get_if<std::string>(&v_);
   return p ? *p : kEmpty;
 }
+const GgufValue::Strings& GgufValue::as_strings() const {
+  static const Strings kEmpty;
+  const auto* p = std::get_if<Strings>(&v_);
+  return p ? *p : kEmpty;
+}
 const GgufValue::Array& GgufValue::as_array() const {
   static const Array kEmpty;
   const auto* p = std::get_if<Array>(&v_);
   return p ? *p : kEmpty;
+}
+const std::vector<uint8_t>& GgufValue::raw_items() const {
+  static const std::vector<uint8_t> kEmpty;
+  const auto* p = std::get_if<std::vector<uint8_t>>(&v_);
+  return p ? *p : kEmpty;
+}
+
+GgufValue GgufValue::make_scalar_array(GgufType elem_type, std::vector<uint8_t> raw) {
+  GgufValue v(GgufType::kArray, std::move(raw));
+  v.elem_type_ = elem_type;
+  return v;
+}
+GgufValue GgufValue::make_string_array(Strings items) {
+  GgufValue v(GgufType::kArray, std::move(items));
+  v.elem_type_ = GgufType::kString;
+  return v;
+}
+GgufValue GgufValue::make_nested_array(Array items) {
+  GgufValue v(GgufType::kArray, std::move(items));
+  v.elem_type_ = GgufType::kArray;
+  return v;
+}
+
+size_t GgufValue::array_size() const {
+  if (type_ != GgufType::kArray) return 0;
+  if (elem_type_ == GgufType::kString) return as_strings().size();
+  if (elem_type_ == GgufType::kArray) return as_array().size();
+  const size_t size = gguf_scalar_size(elem_type_);
+  return size == 0 ? 0 : raw_items().size() / size;
+}
+
+namespace {
+template <class T>
+T load_item(const std::vector<uint8_t>& raw, size_t i) {
+  T v;
+  std::memcpy(&v, raw.data() + i * sizeof(T), sizeof(T));
+  return v;
+}
+}  // namespace
+
+GgufValue GgufValue::item(size_t i) const {
+  if (i >= array_size()) return GgufValue();
+  const std::vector<uint8_t>& raw = raw_items();
+  switch (elem_type_) {
+    case GgufType::kU8:
+      return make_uint(elem_type_, load_item<uint8_t>(raw, i));
+    case GgufType::kI8:
+      return make_int(elem_type_, load_item<int8_t>(raw, i));
+    case GgufType::kU16:
+      return make_uint(elem_type_, load_item<uint16_t>(raw, i));
+    case GgufType::kI16:
+      return make_int(elem_type_, load_item<int16_t>(raw, i));
+    case GgufType::kU32:
+      return make_uint(elem_type_, load_item<uint32_t>(raw, i));
+    case GgufType::kI32:
+      return make_int(elem_type_, load_item<int32_t>(raw, i));
+    case GgufType::kU64:
+      return make_uint(elem_type_, load_item<uint64_t>(raw, i));
+    case GgufType::kI64:
+      return make_int(elem_type_, load_item<int64_t>(raw, i));
+    case GgufType::kF32:
+      return make_float(elem_type_, load_item<float>(raw, i));
+    case GgufType::kF64:
+      return make_float(elem_type_, load_item<double>(raw, i));
+    case GgufType::kBool:
+      return make_bool(raw[i] != 0);
+    case GgufType::kString:
+      return make_string(as_strings()[i]);
+    case GgufType::kArray:
+      return as_array()[i];
+  }
+  return GgufValue();
 }
 
 bool GgufValue::to_int64(int64_t* out) const {
@@ -419,13 +550,13 @@ std::string GgufValue::to_string(size_t max_items) const {
       return q + "\"";
     }
     case GgufType::kArray: {
-      const Array& a = as_array();
-      std::string s = fmt::format("{}[{}] [", gguf_type_name(elem_type_), a.size());
-      for (size_t i = 0; i < a.size() && i < max_items; ++i) {
+      const size_t n = array_size();
+      std::string s = fmt::format("{}[{}] [", gguf_type_name(elem_type_), n);
+      for (size_t i = 0; i < n && i < max_items; ++i) {
         if (i) s += ", ";
-        s += a[i].to_string(max_items);
+        s += item(i).to_string(max_items);
       }
-      if (a.size() > max_items) s += ", ...";
+      if (n > max_items) s += ", ...";
       return s + "]";
     }
   }
@@ -544,12 +675,20 @@ Result<GgufFile> GgufFile::parse(const uint8_t* data, size_t size, std::string n
     STRATA_RETURN_IF_ERROR(r.read(&t.ggml_type, what));
     STRATA_RETURN_IF_ERROR(r.read(&t.offset, what));
 
-    // Element count, guarding each step against overflow (and capping at 2^62).
+    // Element count. The product of the non-zero dims is capped at 2^59 so that any partial
+    // product of the dims (Tensor::numel multiplies them in another order) and the byte size
+    // (at most 8 bytes per value) fit in int64_t.
     uint64_t numel = 1;
+    uint64_t nonzero = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
-      if (ne[d] > (uint64_t{1} << 62) || (ne[d] != 0 && numel > (uint64_t{1} << 62) / ne[d])) {
+      if (ne[d] == 0) {
+        numel = 0;
+        continue;
+      }
+      if (ne[d] > kMaxElements || nonzero > kMaxElements / ne[d]) {
         return errorf(StatusCode::kDataLoss, "{}: tensor '{}' has absurd dims", file, t.name);
       }
+      nonzero *= ne[d];
       numel *= ne[d];
     }
     // ggml ne[] is innermost-first; strata is outermost-first.
@@ -638,12 +777,12 @@ Result<const GgufValue*> GgufFile::typed(std::string_view key, GgufType type) co
   return v;
 }
 
-Result<const GgufValue::Array*> GgufFile::typed_array(std::string_view key, GgufType elem) const {
+Result<const GgufValue*> GgufFile::typed_array(std::string_view key, GgufType elem) const {
   const GgufValue* v = find(key);
   if (v == nullptr || v->type() != GgufType::kArray || v->elem_type() != elem) {
     return key_error(key, v, fmt::format("array of {}", gguf_type_name(elem)));
   }
-  return &v->as_array();
+  return v;
 }
 
 Result<uint8_t> GgufFile::get_u8(std::string_view key) const {
@@ -713,44 +852,39 @@ Result<double> GgufFile::get_float(std::string_view key) const {
 }
 
 Result<std::vector<std::string>> GgufFile::get_string_array(std::string_view key) const {
-  STRATA_ASSIGN_OR_RETURN(const GgufValue::Array* a, typed_array(key, GgufType::kString));
-  std::vector<std::string> out;
-  out.reserve(a->size());
-  for (const GgufValue& v : *a) out.push_back(v.as_string());
-  return out;
+  STRATA_ASSIGN_OR_RETURN(const GgufValue* v, typed_array(key, GgufType::kString));
+  return v->as_strings();
 }
 
 Result<std::vector<float>> GgufFile::get_f32_array(std::string_view key) const {
-  STRATA_ASSIGN_OR_RETURN(const GgufValue::Array* a, typed_array(key, GgufType::kF32));
-  std::vector<float> out;
-  out.reserve(a->size());
-  for (const GgufValue& v : *a) out.push_back(static_cast<float>(v.as_float()));
+  STRATA_ASSIGN_OR_RETURN(const GgufValue* v, typed_array(key, GgufType::kF32));
+  std::vector<float> out(v->array_size());
+  if (!out.empty()) std::memcpy(out.data(), v->raw_items().data(), out.size() * sizeof(float));
   return out;
 }
 
 Result<std::vector<int32_t>> GgufFile::get_i32_array(std::string_view key) const {
-  STRATA_ASSIGN_OR_RETURN(const GgufValue::Array* a, typed_array(key, GgufType::kI32));
-  std::vector<int32_t> out;
-  out.reserve(a->size());
-  for (const GgufValue& v : *a) out.push_back(static_cast<int32_t>(v.as_int()));
+  STRATA_ASSIGN_OR_RETURN(const GgufValue* v, typed_array(key, GgufType::kI32));
+  std::vector<int32_t> out(v->array_size());
+  if (!out.empty()) std::memcpy(out.data(), v->raw_items().data(), out.size() * sizeof(int32_t));
   return out;
 }
 
 Result<std::vector<int64_t>> GgufFile::get_int_array(std::string_view key) const {
   const GgufValue* v = find(key);
-  if (v == nullptr || v->type() != GgufType::kArray) {
-    return key_error(key, v, "array of integers");
-  }
-  std::vector<int64_t> out;
-  out.reserve(v->as_array().size());
-  for (const GgufValue& e : v->as_array()) {
-    int64_t x = 0;
-    if (!e.is_integer()) return key_error(key, v, "array of integers");
-    if (!e.to_int64(&x)) {
-      return errorf(StatusCode::kOutOfRange, "{}: key '{}' element {} does not fit in i64", name_,
-                    key, e.as_uint());
+  const bool ints = v != nullptr && v->type() == GgufType::kArray &&
+                    (v->elem_type() == GgufType::kU8 || v->elem_type() == GgufType::kI8 ||
+                     v->elem_type() == GgufType::kU16 || v->elem_type() == GgufType::kI16 ||
+                     v->elem_type() == GgufType::kU32 || v->elem_type() == GgufType::kI32 ||
+                     v->elem_type() == GgufType::kU64 || v->elem_type() == GgufType::kI64);
+  if (!ints) return key_error(key, v, "array of integers");
+  std::vector<int64_t> out(v->array_size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const GgufValue e = v->item(i);
+    if (!e.to_int64(&out[i])) {
+      return errorf(StatusCode::kOutOfRange, "{}: key '{}' item {} ({}) does not fit in i64", name_,
+                    key, i, e.as_uint());
     }
-    out.push_back(x);
   }
   return out;
 }

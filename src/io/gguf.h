@@ -56,11 +56,14 @@ enum class GgufType : uint32_t {
 std::string_view gguf_type_name(GgufType type);
 
 // One metadata value. Integers keep their signedness (u8..u64 as uint64_t, i8..i64 as
-// int64_t), f32/f64 are held as double (exact for f32), arrays hold their elements (all of
-// `elem_type`; nested arrays and arrays of strings allowed).
+// int64_t), f32/f64 are held as double (exact for f32). Arrays (all items of elem_type()) are
+// stored compactly: scalar items as the file's packed little-endian bytes, strings as a
+// vector of strings, nested arrays as values; memory stays within a small multiple of the
+// file's bytes whatever the counts say.
 class GgufValue {
  public:
   using Array = std::vector<GgufValue>;
+  using Strings = std::vector<std::string>;
 
   GgufValue() = default;
   static GgufValue make_uint(GgufType type, uint64_t v) { return GgufValue(type, v); }
@@ -68,11 +71,10 @@ class GgufValue {
   static GgufValue make_float(GgufType type, double v) { return GgufValue(type, v); }
   static GgufValue make_bool(bool v) { return GgufValue(GgufType::kBool, v); }
   static GgufValue make_string(std::string v) { return GgufValue(GgufType::kString, std::move(v)); }
-  static GgufValue make_array(GgufType elem_type, Array items) {
-    GgufValue v(GgufType::kArray, std::move(items));
-    v.elem_type_ = elem_type;
-    return v;
-  }
+  // `raw`: the packed little-endian items of a scalar elem_type, as laid out in the file.
+  static GgufValue make_scalar_array(GgufType elem_type, std::vector<uint8_t> raw);
+  static GgufValue make_string_array(Strings items);
+  static GgufValue make_nested_array(Array items);
 
   GgufType type() const { return type_; }
   GgufType elem_type() const { return elem_type_; }  // arrays only
@@ -87,9 +89,16 @@ class GgufValue {
   double as_float() const;   // f32, f64
   bool as_bool() const;
   const std::string& as_string() const;
-  const Array& as_array() const;
   // Any integer type as int64_t; false when it does not fit.
   bool to_int64(int64_t* out) const;
+
+  // Arrays of any element type: item count and item i (0 <= i < array_size()) as a value.
+  size_t array_size() const;
+  GgufValue item(size_t i) const;
+  // Direct access by element kind (empty when the value is not that kind of array).
+  const Strings& as_strings() const;              // array of strings
+  const Array& as_array() const;                  // array of arrays
+  const std::vector<uint8_t>& raw_items() const;  // array of scalars: packed bytes
 
   std::string to_string(size_t max_items = 8) const;  // for `strata info` and messages
 
@@ -99,8 +108,12 @@ class GgufValue {
 
   GgufType type_ = GgufType::kU8;
   GgufType elem_type_ = GgufType::kU8;
-  std::variant<uint64_t, int64_t, double, bool, std::string, Array> v_;
+  std::variant<uint64_t, int64_t, double, bool, std::string, std::vector<uint8_t>, Strings, Array>
+      v_;
 };
+
+// Bytes of one item of a fixed-size metadata type (0 for string and array).
+size_t gguf_scalar_size(GgufType type);
 
 struct GgufKv {
   std::string key;
@@ -182,7 +195,7 @@ class GgufFile {
   GgufFile() = default;
   Status key_error(std::string_view key, const GgufValue* v, std::string_view expected) const;
   Result<const GgufValue*> typed(std::string_view key, GgufType type) const;
-  Result<const GgufValue::Array*> typed_array(std::string_view key, GgufType elem) const;
+  Result<const GgufValue*> typed_array(std::string_view key, GgufType elem) const;
 
   std::string name_;
   const uint8_t* data_ = nullptr;

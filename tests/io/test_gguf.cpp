@@ -87,9 +87,15 @@ TEST_F(GgufFixture, ArrayMetadata) {
   const GgufValue* b = f.find("test.bool_array");
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->elem_type(), GgufType::kBool);
-  ASSERT_EQ(b->as_array().size(), 3u);
-  EXPECT_TRUE(b->as_array()[0].as_bool());
-  EXPECT_FALSE(b->as_array()[1].as_bool());
+  ASSERT_EQ(b->array_size(), 3u);
+  EXPECT_EQ(b->raw_items(), (std::vector<uint8_t>{1, 0, 1}));
+  EXPECT_TRUE(b->item(0).as_bool());
+  EXPECT_FALSE(b->item(1).as_bool());
+  EXPECT_EQ(b->item(1).type(), GgufType::kBool);
+  EXPECT_EQ(f.find("test.i32_array")->item(3).as_int(), 2147483647);
+  EXPECT_EQ(f.find("test.f32_array")->item(1).as_float(), -1.25);
+  EXPECT_EQ(f.find("test.string_array")->item(2).as_string(), "\xc4\xa0the");
+  EXPECT_EQ(f.find("test.string_array")->to_string(2), "string[5] [\"a\", \"\", ...]");
 
   const GgufValue* nested = f.find("test.nested");
   ASSERT_NE(nested, nullptr);
@@ -98,9 +104,9 @@ TEST_F(GgufFixture, ArrayMetadata) {
   const auto& outer = nested->as_array();
   ASSERT_EQ(outer.size(), 3u);
   EXPECT_EQ(outer[0].elem_type(), GgufType::kString);
-  ASSERT_EQ(outer[2].as_array().size(), 3u);
-  EXPECT_EQ(outer[2].as_array()[1].as_string(), "e");
-  EXPECT_EQ(outer[1].as_array()[0].as_string(), "c");
+  ASSERT_EQ(outer[2].array_size(), 3u);
+  EXPECT_EQ(outer[2].as_strings()[1], "e");
+  EXPECT_EQ(nested->item(1).item(0).as_string(), "c");
 }
 
 TEST_F(GgufFixture, KeyErrorsNameFileKeyAndTypes) {
@@ -403,6 +409,15 @@ TEST(GgufCorrupt, BadValueTypes) {
   b = valid_builder();
   v.clear();
   Builder::put<uint32_t>(v, 9);
+  Builder::put<uint32_t>(v, 7);
+  Builder::put<uint64_t>(v, 3);
+  for (uint8_t x : {0, 1, 5}) Builder::put<uint8_t>(v, x);
+  b.kv_raw("flags", v);
+  expect_open_error("boolarr.gguf", b.build(), "key 'flags': bool");
+
+  b = valid_builder();
+  v.clear();
+  Builder::put<uint32_t>(v, 9);
   for (int i = 0; i < 20; ++i) {   // 20 nested arrays of one element each
     Builder::put<uint32_t>(v, 9);  // element type: array
     Builder::put<uint64_t>(v, 1);  // one element
@@ -474,6 +489,14 @@ TEST(GgufCorrupt, TensorDataPastEof) {
   b = valid_builder();
   b.tensors[0].ne = {1ull << 40, 1ull << 30};
   expect_open_error("absurd.gguf", b.build(), "tensor 'a' has absurd dims");
+  // Found by the fuzzer: a byte size that wraps to 0 in 64 bits, and a zero dim hiding
+  // dims whose product overflows int64_t (Tensor::numel).
+  b = valid_builder();
+  b.tensors[1].ne = {1ull << 62};
+  expect_open_error("wrap.gguf", b.build(), "tensor 'b' has absurd dims");
+  b = valid_builder();
+  b.tensors[1].ne = {4, 0, 1ull << 40, 1ull << 30};
+  expect_open_error("zerodim.gguf", b.build(), "tensor 'b' has absurd dims");
   b = valid_builder();
   b.tensors[2].offset = 1ull << 62;
   expect_open_error("faroff.gguf", b.build(), "tensor 'q' data");
