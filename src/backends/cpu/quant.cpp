@@ -18,7 +18,7 @@ using quant_detail::k_scale_min;
 using quant_detail::kQK;
 using quant_detail::load_u16;
 using quant_detail::load_u32;
-using quant_detail::RowDotFn;
+using quant_detail::TileDotFn;
 
 namespace {
 
@@ -239,6 +239,15 @@ void row_dot_q6_k(const uint8_t* w, int64_t n, const Q8Act& a, int nt, float* ou
   }
 }
 
+using RowFn = void (*)(const uint8_t* w, int64_t n, const Q8Act& a, int nt, float* out);
+
+// A tile of rows from a one-row kernel.
+template <RowFn kFn>
+void tile_rows(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8Act& a, int nt,
+               float* out) {
+  for (int r = 0; r < nr; ++r) kFn(w + r * row_bytes, n, a, nt, out + r * nt);
+}
+
 bool cpu_has_avx2() {
 #if defined(STRATA_QUANT_HAVE_AVX2)
   static const bool kHas = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -254,11 +263,11 @@ QuantIsa resolve(QuantIsa isa) {
   return cpu_has_avx2() ? QuantIsa::kAvx2 : QuantIsa::kScalar;
 }
 
-RowDotFn row_dot(DType dt, QuantIsa isa) {
+TileDotFn tile_dot(DType dt, QuantIsa isa) {
 #if defined(STRATA_QUANT_HAVE_AVX2)
-  if (resolve(isa) == QuantIsa::kAvx2) return quant_detail::row_dot_avx2(dt);
+  if (resolve(isa) == QuantIsa::kAvx2) return quant_detail::tile_dot_avx2(dt);
 #endif
-  return quant_detail::row_dot_scalar(dt);
+  return quant_detail::tile_dot_scalar(dt);
 }
 
 void quantize_rows(const float* x, int64_t n, int8_t* qs, float* d, float* s, QuantIsa isa) {
@@ -280,24 +289,24 @@ size_t align_up(size_t v) {
 
 namespace quant_detail {
 
-RowDotFn row_dot_scalar(DType dt) {
+TileDotFn tile_dot_scalar(DType dt) {
   switch (dt) {
     case DType::kQ8_0:
-      return row_dot_blk32<DType::kQ8_0>;
+      return tile_rows<row_dot_blk32<DType::kQ8_0>>;
     case DType::kQ4_0:
-      return row_dot_blk32<DType::kQ4_0>;
+      return tile_rows<row_dot_blk32<DType::kQ4_0>>;
     case DType::kQ4_1:
-      return row_dot_blk32<DType::kQ4_1>;
+      return tile_rows<row_dot_blk32<DType::kQ4_1>>;
     case DType::kQ5_0:
-      return row_dot_blk32<DType::kQ5_0>;
+      return tile_rows<row_dot_blk32<DType::kQ5_0>>;
     case DType::kQ5_1:
-      return row_dot_blk32<DType::kQ5_1>;
+      return tile_rows<row_dot_blk32<DType::kQ5_1>>;
     case DType::kQ4_K:
-      return row_dot_q45_k<false>;
+      return tile_rows<row_dot_q45_k<false>>;
     case DType::kQ5_K:
-      return row_dot_q45_k<true>;
+      return tile_rows<row_dot_q45_k<true>>;
     case DType::kQ6_K:
-      return row_dot_q6_k;
+      return tile_rows<row_dot_q6_k>;
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:
@@ -351,7 +360,7 @@ const char* quant_isa_name(QuantIsa isa) {
 }
 
 bool quant_supported(DType dt) {
-  return quant_detail::row_dot_scalar(dt) != nullptr;
+  return quant_detail::tile_dot_scalar(dt) != nullptr;
 }
 
 Status dequantize_row(DType dt, const void* src, float* dst, int64_t n) {
@@ -412,10 +421,10 @@ void quantize_row_q8(const float* x, int64_t n, int8_t* qs, float* d, float* s, 
 }
 
 float vec_dot_q8(DType dt, const void* w, const Q8Act& a, int64_t n, QuantIsa isa) {
-  RowDotFn fn = row_dot(dt, isa);
+  TileDotFn fn = tile_dot(dt, isa);
   if (fn == nullptr) return 0.0f;
   float out = 0.0f;
-  fn(static_cast<const uint8_t*>(w), n, a, 1, &out);
+  fn(static_cast<const uint8_t*>(w), 0, 1, n, a, 1, &out);
   return out;
 }
 
@@ -428,7 +437,7 @@ size_t quant_linear_scratch_bytes(int64_t n_tokens, int64_t in_features) {
 Status quant_linear(const QuantLinearParams& p) {
   const DTypeInfo& info = dtype_info(p.weight_dtype);
   const QuantIsa isa = p.force_scalar ? QuantIsa::kScalar : QuantIsa::kBest;
-  RowDotFn fn = row_dot(p.weight_dtype, isa);
+  TileDotFn fn = tile_dot(p.weight_dtype, isa);
   if (fn == nullptr) {
     return errorf(StatusCode::kUnimplemented,
                   "quant_linear: weight dtype {} is not block-quantized", info.name);
@@ -469,8 +478,13 @@ Status quant_linear(const QuantLinearParams& p) {
 
   const auto* w = static_cast<const uint8_t*>(p.weight);
   const int64_t row_bytes = row_blocks * info.block_bytes;
-  constexpr int64_t kTile = 4;  // tokens per weight-row pass
-  const int64_t n_tiles = (p.n_tokens + kTile - 1) / kTile;
+  // One token (decode): tiles of 4 weight rows share each activation block load. Several
+  // tokens: each weight row is unpacked once per tile of up to 4 tokens.
+  constexpr int64_t kTile = 4;
+  const int64_t row_tile = p.n_tokens == 1 ? kTile : 1;
+  const int64_t tok_tile = p.n_tokens == 1 ? 1 : kTile;
+  const int64_t n_row_tiles = (p.out_features + row_tile - 1) / row_tile;
+  const int64_t n_tok_tiles = (p.n_tokens + tok_tile - 1) / tok_tile;
 
 #pragma omp parallel
   {
@@ -480,16 +494,20 @@ Status quant_linear(const QuantLinearParams& p) {
     }
     // Rows outer (each thread streams a contiguous slab of W once), token tiles inner.
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < p.out_features; ++r) {
-      const uint8_t* wr = w + r * row_bytes;
-      const float bias = p.bias != nullptr ? p.bias[r] : 0.0f;
-      for (int64_t tile = 0; tile < n_tiles; ++tile) {
-        const int64_t t0 = tile * kTile;
-        const int nt = static_cast<int>(std::min(kTile, p.n_tokens - t0));
+    for (int64_t rt = 0; rt < n_row_tiles; ++rt) {
+      const int64_t r0 = rt * row_tile;
+      const int nr = static_cast<int>(std::min(row_tile, p.out_features - r0));
+      for (int64_t tt = 0; tt < n_tok_tiles; ++tt) {
+        const int64_t t0 = tt * tok_tile;
+        const int nt = static_cast<int>(std::min(tok_tile, p.n_tokens - t0));
         const Q8Act a{qs + t0 * k, d + t0 * nb, s + t0 * nb};
-        float res[kTile];
-        fn(wr, k, a, nt, res);
-        for (int i = 0; i < nt; ++i) p.out[(t0 + i) * out_stride + r] = res[i] + bias;
+        float res[kTile * kTile];
+        fn(w + r0 * row_bytes, row_bytes, nr, k, a, nt, res);
+        for (int r = 0; r < nr; ++r) {
+          const float bias = p.bias != nullptr ? p.bias[r0 + r] : 0.0f;
+          for (int i = 0; i < nt; ++i)
+            p.out[(t0 + i) * out_stride + r0 + r] = res[r * nt + i] + bias;
+        }
       }
     }
   }

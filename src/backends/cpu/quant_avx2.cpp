@@ -17,6 +17,10 @@
 #include <immintrin.h>
 
 #define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
+// Fixed-trip loops over tokens and blocks must be unrolled so accumulators stay in registers
+// (GCC at -O2 otherwise keeps acc[t][u & 1] on the stack and chains through store forwarding).
+#define STRATA_PRAGMA_(x) _Pragma(#x)
+#define STRATA_UNROLL STRATA_PRAGMA_(GCC unroll 8)
 
 namespace strata::cpu::quant_detail {
 namespace {
@@ -54,53 +58,41 @@ STRATA_AVX2 inline __m256i fifth_bits(uint32_t qh) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-// One 32-value block: unsigned values (signed for Q8_0), d_w, and c_w (the s_a coefficient).
-template <DType kT>
-struct Blk32;
+// Eight f16 values `stride` bytes apart as f32. The 16-bit loads are assembled in general
+// registers (integer ports, otherwise idle here) so the vector ports only see two inserts and
+// one conversion per eight blocks.
+STRATA_AVX2 inline __m256 load_f16x8(const uint8_t* p, int64_t stride) {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  STRATA_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    lo |= static_cast<uint64_t>(load_u16(p + i * stride)) << (16 * i);
+    hi |= static_cast<uint64_t>(load_u16(p + (i + 4) * stride)) << (16 * i);
+  }
+  return _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(hi), static_cast<int64_t>(lo)));
+}
 
-template <>
-struct Blk32<DType::kQ8_0> {
-  static constexpr int64_t kBytes = 34;
-  STRATA_AVX2 static inline __m256i load(const uint8_t* b, float* dw, float* cw) {
-    *dw = f16_avx(b);
-    *cw = 0.0f;
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-  }
-};
-template <>
-struct Blk32<DType::kQ4_0> {
-  static constexpr int64_t kBytes = 18;
-  STRATA_AVX2 static inline __m256i load(const uint8_t* b, float* dw, float* cw) {
-    *dw = f16_avx(b);
-    *cw = -8.0f * *dw;
-    return unpack_nibbles16(b + 2);
-  }
-};
-template <>
-struct Blk32<DType::kQ4_1> {
-  static constexpr int64_t kBytes = 20;
-  STRATA_AVX2 static inline __m256i load(const uint8_t* b, float* dw, float* cw) {
-    *dw = f16_avx(b);
-    *cw = f16_avx(b + 2);
-    return unpack_nibbles16(b + 4);
-  }
-};
-template <>
-struct Blk32<DType::kQ5_0> {
-  static constexpr int64_t kBytes = 22;
-  STRATA_AVX2 static inline __m256i load(const uint8_t* b, float* dw, float* cw) {
-    *dw = f16_avx(b);
-    *cw = -16.0f * *dw;
-    return _mm256_or_si256(unpack_nibbles16(b + 6), fifth_bits(load_u32(b + 2)));
-  }
-};
-template <>
-struct Blk32<DType::kQ5_1> {
-  static constexpr int64_t kBytes = 24;
-  STRATA_AVX2 static inline __m256i load(const uint8_t* b, float* dw, float* cw) {
-    *dw = f16_avx(b);
-    *cw = f16_avx(b + 2);
-    return _mm256_or_si256(unpack_nibbles16(b + 8), fifth_bits(load_u32(b + 4)));
+// Per-type facts of the 32-value block types: bytes per block, where d and m sit, the offset
+// subtracted from the quantized values (c_w = m, or -offset * d), and the value unpacking.
+template <DType kT>
+struct Blk32 {
+  static constexpr bool kQ8 = kT == DType::kQ8_0;
+  static constexpr bool kHasMin = kT == DType::kQ4_1 || kT == DType::kQ5_1;
+  static constexpr bool kFive = kT == DType::kQ5_0 || kT == DType::kQ5_1;
+  static constexpr int64_t kBytes = kQ8 ? 34 : 18 + (kHasMin ? 2 : 0) + (kFive ? 4 : 0);
+  static constexpr float kOffset = kT == DType::kQ4_0 ? 8.0f : kT == DType::kQ5_0 ? 16.0f : 0.0f;
+
+  // 32 weight values of the block at b: unsigned (signed for Q8_0).
+  STRATA_AVX2 static inline __m256i values(const uint8_t* b) {
+    if constexpr (kQ8) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    } else {
+      constexpr int64_t kQh = kHasMin ? 4 : 2;
+      constexpr int64_t kQs = kQh + (kFive ? 4 : 0);
+      const __m256i v = unpack_nibbles16(b + kQs);
+      if constexpr (kFive) return _mm256_or_si256(v, fifth_bits(load_u32(b + kQh)));
+      return v;
+    }
   }
 };
 
@@ -114,54 +106,115 @@ STRATA_AVX2 inline __m256i block_dot(__m256i w, __m256i a) {
   }
 }
 
-template <DType kT, int kNt>
-STRATA_AVX2 void dot_blk32(const uint8_t* w, int64_t n, const Q8Act& a, float* out) {
+// Sums of four vectors: [sum(v0), sum(v1), sum(v2), sum(v3)].
+STRATA_AVX2 inline __m128 hsum4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// out[r * kNt + t] for kNr rows (row_bytes apart) x kNt tokens, kNr * kNt <= 4.
+// Blocks are taken eight at a time: their d_w (and m_w) are converted together, the products
+// d_w * d_a are formed in one vector multiply per row and token, and the c_w * s_a terms go
+// into a vector accumulator, so the per-block work is unpack, one integer dot, one convert and
+// one FMA. Each activation block is loaded once for all rows and each weight block unpacked
+// once for all tokens. A tail of < 8 blocks runs the same math one block at a time.
+template <DType kT, int kNr, int kNt>
+STRATA_AVX2 void dot_blk32(const uint8_t* w, int64_t row_bytes, int64_t n, const Q8Act& a,
+                           float* out) {
   using B = Blk32<kT>;
+  constexpr bool kHasC = B::kHasMin || B::kOffset != 0.0f;
+  constexpr int kAcc = kNr * kNt == 1 ? 2 : 1;  // independent FMA chains per output
   const int64_t nb = n / 32;
-  constexpr int kAcc = kNt == 1 ? 2 : 1;  // independent FMA chains per token
-  __m256 acc[kNt][kAcc];
-  float cacc[kNt][kAcc];
-  for (int t = 0; t < kNt; ++t) {
-    for (int u = 0; u < kAcc; ++u) {
-      acc[t][u] = _mm256_setzero_ps();
-      cacc[t][u] = 0.0f;
+  __m256 acc[kNr][kNt][kAcc];
+  __m256 macc[kNr][kNt];
+  STRATA_UNROLL
+  for (int r = 0; r < kNr; ++r) {
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t) {
+      macc[r][t] = _mm256_setzero_ps();
+      STRATA_UNROLL
+      for (int u = 0; u < kAcc; ++u) acc[r][t][u] = _mm256_setzero_ps();
     }
   }
   int64_t j = 0;
-  for (; j + kAcc <= nb; j += kAcc) {
-    for (int u = 0; u < kAcc; ++u) {
-      float dw;
-      float cw;
-      const __m256i wv = B::load(w + (j + u) * B::kBytes, &dw, &cw);
+  for (; j + 8 <= nb; j += 8) {
+    alignas(32) float scale[kNr][kNt][8];
+    STRATA_UNROLL
+    for (int r = 0; r < kNr; ++r) {
+      const uint8_t* wb = w + r * row_bytes + j * B::kBytes;
+      const __m256 dw = load_f16x8(wb, B::kBytes);
+      __m256 cw = _mm256_setzero_ps();
+      if constexpr (B::kHasMin) {
+        cw = load_f16x8(wb + 2, B::kBytes);
+      } else if constexpr (kHasC) {
+        cw = _mm256_mul_ps(dw, _mm256_set1_ps(-B::kOffset));
+      }
+      STRATA_UNROLL
       for (int t = 0; t < kNt; ++t) {
-        const int64_t ab = t * nb + j + u;
-        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + 32 * ab));
-        const __m256 p = _mm256_cvtepi32_ps(block_dot<kT>(wv, av));
-        acc[t][u] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d[ab]), p, acc[t][u]);
-        cacc[t][u] += cw * a.s[ab];
+        const int64_t ab = t * nb + j;
+        _mm256_store_ps(scale[r][t], _mm256_mul_ps(dw, _mm256_loadu_ps(a.d + ab)));
+        if constexpr (kHasC)
+          macc[r][t] = _mm256_fmadd_ps(cw, _mm256_loadu_ps(a.s + ab), macc[r][t]);
+      }
+    }
+    STRATA_UNROLL
+    for (int u = 0; u < 8; ++u) {
+      __m256i av[kNt];
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t) {
+        av[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + 32 * (t * nb + j + u)));
+      }
+      STRATA_UNROLL
+      for (int r = 0; r < kNr; ++r) {
+        const __m256i wv = B::values(w + r * row_bytes + (j + u) * B::kBytes);
+        STRATA_UNROLL
+        for (int t = 0; t < kNt; ++t) {
+          const __m256 p = _mm256_cvtepi32_ps(block_dot<kT>(wv, av[t]));
+          __m256& dst = acc[r][t][u % kAcc];
+          dst = _mm256_fmadd_ps(_mm256_broadcast_ss(&scale[r][t][u]), p, dst);
+        }
       }
     }
   }
   for (; j < nb; ++j) {
-    float dw;
-    float cw;
-    const __m256i wv = B::load(w + j * B::kBytes, &dw, &cw);
-    for (int t = 0; t < kNt; ++t) {
-      const int64_t ab = t * nb + j;
-      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + 32 * ab));
-      const __m256 p = _mm256_cvtepi32_ps(block_dot<kT>(wv, av));
-      acc[t][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d[ab]), p, acc[t][0]);
-      cacc[t][0] += cw * a.s[ab];
+    STRATA_UNROLL
+    for (int r = 0; r < kNr; ++r) {
+      const uint8_t* wb = w + r * row_bytes + j * B::kBytes;
+      const float dw = f16_avx(wb);
+      float cw = 0.0f;
+      if constexpr (B::kHasMin) {
+        cw = f16_avx(wb + 2);
+      } else {
+        cw = -B::kOffset * dw;
+      }
+      const __m256i wv = B::values(wb);
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t) {
+        const int64_t ab = t * nb + j;
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + 32 * ab));
+        const __m256 p = _mm256_cvtepi32_ps(block_dot<kT>(wv, av));
+        acc[r][t][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d[ab]), p, acc[r][t][0]);
+        if constexpr (kHasC) {
+          macc[r][t] = _mm256_add_ps(macc[r][t], _mm256_setr_ps(cw * a.s[ab], 0, 0, 0, 0, 0, 0, 0));
+        }
+      }
     }
   }
-  for (int t = 0; t < kNt; ++t) {
-    __m256 v = acc[t][0];
-    float c = cacc[t][0];
-    for (int u = 1; u < kAcc; ++u) {
-      v = _mm256_add_ps(v, acc[t][u]);
-      c += cacc[t][u];
+  __m256 tot[kNr * kNt];
+  STRATA_UNROLL
+  for (int r = 0; r < kNr; ++r) {
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t) {
+      __m256 v = _mm256_add_ps(acc[r][t][0], macc[r][t]);
+      if constexpr (kAcc == 2) v = _mm256_add_ps(v, acc[r][t][1]);
+      tot[r * kNt + t] = v;
     }
-    out[t] = hsum(v) + c;
+  }
+  if constexpr (kNr * kNt == 4) {
+    _mm_storeu_ps(out, hsum4(tot[0], tot[1], tot[2], tot[3]));
+  } else {
+    STRATA_UNROLL
+    for (int i = 0; i < kNr * kNt; ++i) out[i] = hsum(tot[i]);
   }
 }
 
@@ -175,6 +228,7 @@ STRATA_AVX2 void dot_q45_k(const uint8_t* w, int64_t n, const Q8Act& a, float* o
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[kNt][2];
   __m256 macc[kNt];
+  STRATA_UNROLL
   for (int t = 0; t < kNt; ++t) {
     acc[t][0] = acc[t][1] = macc[t] = _mm256_setzero_ps();
   }
@@ -191,10 +245,12 @@ STRATA_AVX2 void dot_q45_k(const uint8_t* w, int64_t n, const Q8Act& a, float* o
     const __m256 mv = _mm256_mul_ps(
         _mm256_set1_ps(dmin),
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<__m128i*>(mn)))));
+    STRATA_UNROLL
     for (int t = 0; t < kNt; ++t) {
       const __m256 sv = _mm256_loadu_ps(a.s + t * nb + sb * 8);
       macc[t] = _mm256_fmadd_ps(mv, sv, macc[t]);
     }
+    STRATA_UNROLL
     for (int i = 0; i < 4; ++i) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * i));
       __m256i v0 = _mm256_and_si256(q, low4);
@@ -208,6 +264,7 @@ STRATA_AVX2 void dot_q45_k(const uint8_t* w, int64_t n, const Q8Act& a, float* o
       }
       const float ds0 = d * static_cast<float>(sc[2 * i]);
       const float ds1 = d * static_cast<float>(sc[2 * i + 1]);
+      STRATA_UNROLL
       for (int t = 0; t < kNt; ++t) {
         const int64_t ab = t * nb + sb * 8 + 2 * i;
         const int8_t* aq = a.qs + 32 * ab;
@@ -220,6 +277,7 @@ STRATA_AVX2 void dot_q45_k(const uint8_t* w, int64_t n, const Q8Act& a, float* o
       }
     }
   }
+  STRATA_UNROLL
   for (int t = 0; t < kNt; ++t) out[t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1])) - hsum(macc[t]);
 }
 
@@ -234,11 +292,13 @@ STRATA_AVX2 void dot_q6_k(const uint8_t* w, int64_t n, const Q8Act& a, float* ou
   const __m256i two = _mm256_set1_epi8(3);
   const __m256i k32 = _mm256_set1_epi8(32);
   __m256 acc[kNt][2];
+  STRATA_UNROLL
   for (int t = 0; t < kNt; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* b = w + sb * 210;
     const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
     const float d = f16_avx(b + 208);
+    STRATA_UNROLL
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
       const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
@@ -248,14 +308,17 @@ STRATA_AVX2 void dot_q6_k(const uint8_t* w, int64_t n, const Q8Act& a, float* ou
       v[1] = _mm256_and_si256(ql1, low4);
       v[2] = _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4);
       v[3] = _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4);
+      STRATA_UNROLL
       for (int t4 = 0; t4 < 4; ++t4) {
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t4), two);
         v[t4] = _mm256_or_si256(v[t4], _mm256_slli_epi16(hi, 4));
       }
+      STRATA_UNROLL
       for (int t4 = 0; t4 < 4; ++t4) {
         const int g = 4 * h + t4;
         const __m256i scv =
             _mm256_set_m128i(_mm_set1_epi16(scales[2 * g + 1]), _mm_set1_epi16(scales[2 * g]));
+        STRATA_UNROLL
         for (int t = 0; t < kNt; ++t) {
           const int64_t ab = t * nb + sb * 8 + g;
           const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + 32 * ab));
@@ -267,80 +330,91 @@ STRATA_AVX2 void dot_q6_k(const uint8_t* w, int64_t n, const Q8Act& a, float* ou
       }
     }
   }
+  STRATA_UNROLL
   for (int t = 0; t < kNt; ++t) out[t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
 template <DType kT>
-void row_dot_blk32(const uint8_t* w, int64_t n, const Q8Act& a, int nt, float* out) {
-  switch (nt) {
-    case 1:
-      dot_blk32<kT, 1>(w, n, a, out);
-      return;
-    case 2:
-      dot_blk32<kT, 2>(w, n, a, out);
-      return;
-    case 3:
-      dot_blk32<kT, 3>(w, n, a, out);
-      return;
-    default:
-      dot_blk32<kT, 4>(w, n, a, out);
-      return;
+void tile_dot_blk32(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8Act& a, int nt,
+                    float* out) {
+  if (nt == 1) {
+    switch (nr) {
+      case 1:
+        return dot_blk32<kT, 1, 1>(w, row_bytes, n, a, out);
+      case 2:
+        return dot_blk32<kT, 2, 1>(w, row_bytes, n, a, out);
+      case 3:
+        return dot_blk32<kT, 3, 1>(w, row_bytes, n, a, out);
+      default:
+        return dot_blk32<kT, 4, 1>(w, row_bytes, n, a, out);
+    }
+  }
+  for (int r = 0; r < nr; ++r) {
+    const uint8_t* wr = w + r * row_bytes;
+    float* o = out + r * nt;
+    switch (nt) {
+      case 2:
+        dot_blk32<kT, 1, 2>(wr, row_bytes, n, a, o);
+        break;
+      case 3:
+        dot_blk32<kT, 1, 3>(wr, row_bytes, n, a, o);
+        break;
+      default:
+        dot_blk32<kT, 1, 4>(wr, row_bytes, n, a, o);
+        break;
+    }
   }
 }
-template <bool kFiveBit>
-void row_dot_q45_k(const uint8_t* w, int64_t n, const Q8Act& a, int nt, float* out) {
-  switch (nt) {
-    case 1:
-      dot_q45_k<kFiveBit, 1>(w, n, a, out);
-      return;
-    case 2:
-      dot_q45_k<kFiveBit, 2>(w, n, a, out);
-      return;
-    case 3:
-      dot_q45_k<kFiveBit, 3>(w, n, a, out);
-      return;
-    default:
-      dot_q45_k<kFiveBit, 4>(w, n, a, out);
-      return;
-  }
-}
-void row_dot_q6_k(const uint8_t* w, int64_t n, const Q8Act& a, int nt, float* out) {
-  switch (nt) {
-    case 1:
-      dot_q6_k<1>(w, n, a, out);
-      return;
-    case 2:
-      dot_q6_k<2>(w, n, a, out);
-      return;
-    case 3:
-      dot_q6_k<3>(w, n, a, out);
-      return;
-    default:
-      dot_q6_k<4>(w, n, a, out);
-      return;
+
+// The K-quant kernels work one row at a time (rows of >= 256 values amortize the row costs).
+template <void (*kFn1)(const uint8_t*, int64_t, const Q8Act&, float*),
+          void (*kFn2)(const uint8_t*, int64_t, const Q8Act&, float*),
+          void (*kFn3)(const uint8_t*, int64_t, const Q8Act&, float*),
+          void (*kFn4)(const uint8_t*, int64_t, const Q8Act&, float*)>
+void tile_dot_rows(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8Act& a, int nt,
+                   float* out) {
+  for (int r = 0; r < nr; ++r) {
+    const uint8_t* wr = w + r * row_bytes;
+    float* o = out + r * nt;
+    switch (nt) {
+      case 1:
+        kFn1(wr, n, a, o);
+        break;
+      case 2:
+        kFn2(wr, n, a, o);
+        break;
+      case 3:
+        kFn3(wr, n, a, o);
+        break;
+      default:
+        kFn4(wr, n, a, o);
+        break;
+    }
   }
 }
 
 }  // namespace
 
-RowDotFn row_dot_avx2(DType dt) {
+TileDotFn tile_dot_avx2(DType dt) {
   switch (dt) {
     case DType::kQ8_0:
-      return row_dot_blk32<DType::kQ8_0>;
+      return tile_dot_blk32<DType::kQ8_0>;
     case DType::kQ4_0:
-      return row_dot_blk32<DType::kQ4_0>;
+      return tile_dot_blk32<DType::kQ4_0>;
     case DType::kQ4_1:
-      return row_dot_blk32<DType::kQ4_1>;
+      return tile_dot_blk32<DType::kQ4_1>;
     case DType::kQ5_0:
-      return row_dot_blk32<DType::kQ5_0>;
+      return tile_dot_blk32<DType::kQ5_0>;
     case DType::kQ5_1:
-      return row_dot_blk32<DType::kQ5_1>;
+      return tile_dot_blk32<DType::kQ5_1>;
     case DType::kQ4_K:
-      return row_dot_q45_k<false>;
+      return tile_dot_rows<dot_q45_k<false, 1>, dot_q45_k<false, 2>, dot_q45_k<false, 3>,
+                           dot_q45_k<false, 4>>;
     case DType::kQ5_K:
-      return row_dot_q45_k<true>;
+      return tile_dot_rows<dot_q45_k<true, 1>, dot_q45_k<true, 2>, dot_q45_k<true, 3>,
+                           dot_q45_k<true, 4>>;
     case DType::kQ6_K:
-      return row_dot_q6_k;
+      return tile_dot_rows<dot_q6_k<1>, dot_q6_k<2>, dot_q6_k<3>, dot_q6_k<4>>;
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:
@@ -362,6 +436,7 @@ STRATA_AVX2 void quantize_row_q8_avx2(const float* x, int64_t n, int8_t* qs, flo
   for (int64_t j = 0; j < n / 32; ++j) {
     const float* xb = x + 32 * j;
     __m256 v[4];
+    STRATA_UNROLL
     for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
     __m256 m =
         _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
@@ -374,6 +449,7 @@ STRATA_AVX2 void quantize_row_q8_avx2(const float* x, int64_t n, int8_t* qs, flo
     const float id = dj != 0.0f ? 1.0f / dj : 0.0f;
     const __m256 idv = _mm256_set1_ps(id);
     __m256i q[4];
+    STRATA_UNROLL
     for (int i = 0; i < 4; ++i) {
       __m256 r =
           _mm256_round_ps(_mm256_mul_ps(v[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

@@ -49,16 +49,18 @@ inline void k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) {
   }
 }
 
-// out[t] = dot(weight row w of n values, activation of token t) for t < nt (1..4). Token t's
-// activation is a.qs + t * n, a.d + t * n / 32, a.s + t * n / 32.
-using RowDotFn = void (*)(const uint8_t* w, int64_t n, const Q8Act& a, int nt, float* out);
+// out[r * nt + t] = dot(weight row r, activation of token t) for r < nr, t < nt (each 1..4),
+// where weight row r (n values) starts at w + r * row_bytes and token t's activation is
+// a.qs + t * n, a.d + t * n / 32, a.s + t * n / 32.
+using TileDotFn = void (*)(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8Act& a,
+                           int nt, float* out);
 
-RowDotFn row_dot_scalar(DType dt);
+TileDotFn tile_dot_scalar(DType dt);
 void quantize_row_q8_scalar(const float* x, int64_t n, int8_t* qs, float* d, float* s);
 
 #if defined(__x86_64__) || defined(__i386__)
 #define STRATA_QUANT_HAVE_AVX2 1
-RowDotFn row_dot_avx2(DType dt);
+TileDotFn tile_dot_avx2(DType dt);
 void quantize_row_q8_avx2(const float* x, int64_t n, int8_t* qs, float* d, float* s);
 #endif
 
