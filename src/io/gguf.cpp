@@ -22,81 +22,25 @@ struct GgmlTypeInfo {
   int64_t block_bytes;
 };
 
-// Block layouts of every ggml type id (gguf-py GGML_QUANT_SIZES), so the reader can size and
-// validate tensors of types strata does not compute with. Ids 4, 5, 31-33, 36-38 are retired.
+// Block layouts of every ggml type id (gguf-py GGML_QUANT_SIZES), indexed by id, so the
+// reader can size and validate tensors of types strata does not compute with. Retired ids
+// (4, 5, 31-33, 36-38) have block_size 0.
+constexpr GgmlTypeInfo kGgmlTypes[] = {
+    {"f32", 1, 4},        {"f16", 1, 2},       {"q4_0", 32, 18},     {"q4_1", 32, 20},
+    {"", 0, 0},           {"", 0, 0},          {"q5_0", 32, 22},     {"q5_1", 32, 24},
+    {"q8_0", 32, 34},     {"q8_1", 32, 40},    {"q2_k", 256, 84},    {"q3_k", 256, 110},
+    {"q4_k", 256, 144},   {"q5_k", 256, 176},  {"q6_k", 256, 210},   {"q8_k", 256, 292},
+    {"iq2_xxs", 256, 66}, {"iq2_xs", 256, 74}, {"iq3_xxs", 256, 98}, {"iq1_s", 256, 50},
+    {"iq4_nl", 32, 18},   {"iq3_s", 256, 110}, {"iq2_s", 256, 82},   {"iq4_xs", 256, 136},
+    {"i8", 1, 1},         {"i16", 1, 2},       {"i32", 1, 4},        {"i64", 1, 8},
+    {"f64", 1, 8},        {"iq1_m", 256, 56},  {"bf16", 1, 2},       {"", 0, 0},
+    {"", 0, 0},           {"", 0, 0},          {"tq1_0", 256, 54},   {"tq2_0", 256, 66},
+    {"", 0, 0},           {"", 0, 0},          {"", 0, 0},           {"mxfp4", 32, 17},
+    {"nvfp4", 64, 36},    {"q1_0", 128, 18},
+};
+
 GgmlTypeInfo ggml_type_info(uint32_t id) {
-  switch (id) {
-    case 0:
-      return {"f32", 1, 4};
-    case 1:
-      return {"f16", 1, 2};
-    case 2:
-      return {"q4_0", 32, 18};
-    case 3:
-      return {"q4_1", 32, 20};
-    case 6:
-      return {"q5_0", 32, 22};
-    case 7:
-      return {"q5_1", 32, 24};
-    case 8:
-      return {"q8_0", 32, 34};
-    case 9:
-      return {"q8_1", 32, 40};
-    case 10:
-      return {"q2_k", 256, 84};
-    case 11:
-      return {"q3_k", 256, 110};
-    case 12:
-      return {"q4_k", 256, 144};
-    case 13:
-      return {"q5_k", 256, 176};
-    case 14:
-      return {"q6_k", 256, 210};
-    case 15:
-      return {"q8_k", 256, 292};
-    case 16:
-      return {"iq2_xxs", 256, 66};
-    case 17:
-      return {"iq2_xs", 256, 74};
-    case 18:
-      return {"iq3_xxs", 256, 98};
-    case 19:
-      return {"iq1_s", 256, 50};
-    case 20:
-      return {"iq4_nl", 32, 18};
-    case 21:
-      return {"iq3_s", 256, 110};
-    case 22:
-      return {"iq2_s", 256, 82};
-    case 23:
-      return {"iq4_xs", 256, 136};
-    case 24:
-      return {"i8", 1, 1};
-    case 25:
-      return {"i16", 1, 2};
-    case 26:
-      return {"i32", 1, 4};
-    case 27:
-      return {"i64", 1, 8};
-    case 28:
-      return {"f64", 1, 8};
-    case 29:
-      return {"iq1_m", 256, 56};
-    case 30:
-      return {"bf16", 1, 2};
-    case 34:
-      return {"tq1_0", 256, 54};
-    case 35:
-      return {"tq2_0", 256, 66};
-    case 39:
-      return {"mxfp4", 32, 17};
-    case 40:
-      return {"nvfp4", 64, 36};
-    case 41:
-      return {"q1_0", 128, 18};
-    default:
-      return {"", 0, 0};
-  }
+  return id < std::size(kGgmlTypes) ? kGgmlTypes[id] : GgmlTypeInfo{"", 0, 0};
 }
 
 bool valid_value_type(uint32_t t) {
@@ -205,85 +149,86 @@ Status read_scalar(Reader& r, GgufType type, std::string_view what, GgufValue* o
   return ok_status();
 }
 
-Status read_value(Reader& r, const std::string& file, std::string_view key, GgufType type,
+// `what` names the value in messages: "key 'tokenizer.ggml.tokens'".
+Status read_value(Reader& r, const std::string& file, std::string_view what, GgufType type,
                   int depth, GgufValue* out) {
   switch (type) {
     case GgufType::kU8:
-      return read_scalar<uint8_t>(r, type, key, out);
+      return read_scalar<uint8_t>(r, type, what, out);
     case GgufType::kI8:
-      return read_scalar<int8_t>(r, type, key, out);
+      return read_scalar<int8_t>(r, type, what, out);
     case GgufType::kU16:
-      return read_scalar<uint16_t>(r, type, key, out);
+      return read_scalar<uint16_t>(r, type, what, out);
     case GgufType::kI16:
-      return read_scalar<int16_t>(r, type, key, out);
+      return read_scalar<int16_t>(r, type, what, out);
     case GgufType::kU32:
-      return read_scalar<uint32_t>(r, type, key, out);
+      return read_scalar<uint32_t>(r, type, what, out);
     case GgufType::kI32:
-      return read_scalar<int32_t>(r, type, key, out);
+      return read_scalar<int32_t>(r, type, what, out);
     case GgufType::kU64:
-      return read_scalar<uint64_t>(r, type, key, out);
+      return read_scalar<uint64_t>(r, type, what, out);
     case GgufType::kI64:
-      return read_scalar<int64_t>(r, type, key, out);
+      return read_scalar<int64_t>(r, type, what, out);
     case GgufType::kF32:
-      return read_scalar<float>(r, type, key, out);
+      return read_scalar<float>(r, type, what, out);
     case GgufType::kF64:
-      return read_scalar<double>(r, type, key, out);
+      return read_scalar<double>(r, type, what, out);
     case GgufType::kBool: {
       const size_t at = r.pos();
       uint8_t b = 0;
-      STRATA_RETURN_IF_ERROR(r.read(&b, key));
+      STRATA_RETURN_IF_ERROR(r.read(&b, what));
       if (b > 1) {
-        return errorf(StatusCode::kDataLoss, "{}: key '{}': bool at byte {} has value {}", file,
-                      key, at, b);
+        return errorf(StatusCode::kDataLoss, "{}: {}: bool at byte {} has value {}", file, what, at,
+                      b);
       }
       *out = GgufValue::make_bool(b != 0);
       return ok_status();
     }
     case GgufType::kString: {
       std::string s;
-      STRATA_RETURN_IF_ERROR(r.read_string(&s, key));
+      STRATA_RETURN_IF_ERROR(r.read_string(&s, what));
       *out = GgufValue::make_string(std::move(s));
       return ok_status();
     }
     case GgufType::kArray: {
       if (depth >= kMaxArrayDepth) {
-        return errorf(StatusCode::kDataLoss, "{}: key '{}': arrays nested deeper than {}", file,
-                      key, kMaxArrayDepth);
+        return errorf(StatusCode::kDataLoss, "{}: {}: arrays nested deeper than {}", file, what,
+                      kMaxArrayDepth);
       }
       uint32_t elem_raw = 0;
       uint64_t count = 0;
       const size_t at = r.pos();
-      STRATA_RETURN_IF_ERROR(r.read(&elem_raw, key));
+      STRATA_RETURN_IF_ERROR(r.read(&elem_raw, what));
       if (!valid_value_type(elem_raw)) {
         return errorf(StatusCode::kDataLoss,
-                      "{}: key '{}': array at byte {} has unknown element "
+                      "{}: {}: array at byte {} has unknown element "
                       "type {}",
-                      file, key, at, elem_raw);
+                      file, what, at, elem_raw);
       }
       const auto elem = static_cast<GgufType>(elem_raw);
-      STRATA_RETURN_IF_ERROR(r.read(&count, key));
+      STRATA_RETURN_IF_ERROR(r.read(&count, what));
       STRATA_RETURN_IF_ERROR(
-          r.check_count(count, min_value_bytes(elem), fmt::format("key '{}': array", key)));
+          r.check_count(count, min_value_bytes(elem), fmt::format("{}: array", what)));
       const auto n = static_cast<size_t>(count);
       if (elem == GgufType::kString) {
         GgufValue::Strings items(n);
-        for (std::string& item : items) STRATA_RETURN_IF_ERROR(r.read_string(&item, key));
+        for (std::string& item : items) STRATA_RETURN_IF_ERROR(r.read_string(&item, what));
         *out = GgufValue::make_string_array(std::move(items));
       } else if (elem == GgufType::kArray) {
         GgufValue::Array items(n);
         for (GgufValue& item : items) {
-          STRATA_RETURN_IF_ERROR(read_value(r, file, key, elem, depth + 1, &item));
+          STRATA_RETURN_IF_ERROR(read_value(r, file, what, elem, depth + 1, &item));
         }
         *out = GgufValue::make_nested_array(std::move(items));
       } else {
         const size_t items_at = r.pos();
         std::vector<uint8_t> raw;
-        STRATA_RETURN_IF_ERROR(r.read_bytes(&raw, n * gguf_scalar_size(elem), key));
+        STRATA_RETURN_IF_ERROR(r.read_bytes(&raw, n * gguf_scalar_size(elem), what));
         if (elem == GgufType::kBool) {
           for (size_t i = 0; i < n; ++i) {
             if (raw[i] > 1) {
-              return errorf(StatusCode::kDataLoss, "{}: key '{}': bool at byte {} has value {}",
-                            file, key, items_at + i, raw[i]);
+              return errorf(StatusCode::kDataLoss, "{}: {}: bool at byte {} has value {}", file,
+                            what, items_at + i, raw[i]);
             }
           }
         }
@@ -292,7 +237,7 @@ Status read_value(Reader& r, const std::string& file, std::string_view key, Gguf
       return ok_status();
     }
   }
-  return errorf(StatusCode::kInternal, "{}: key '{}': bad value type", file, key);
+  return errorf(StatusCode::kInternal, "{}: {}: bad value type", file, what);
 }
 
 bool is_pow2(uint64_t v) {
@@ -636,8 +581,8 @@ Result<GgufFile> GgufFile::parse(const uint8_t* data, size_t size, std::string n
       return errorf(StatusCode::kDataLoss, "{}: key '{}' at byte {} has unknown value type {}",
                     file, kv.key, type_at, type_raw);
     }
-    STRATA_RETURN_IF_ERROR(
-        read_value(r, file, kv.key, static_cast<GgufType>(type_raw), 0, &kv.value));
+    STRATA_RETURN_IF_ERROR(read_value(r, file, fmt::format("key '{}'", kv.key),
+                                      static_cast<GgufType>(type_raw), 0, &kv.value));
     if (f.kv_index_.count(kv.key) != 0) {
       return errorf(StatusCode::kDataLoss, "{}: duplicate metadata key '{}'", file, kv.key);
     }
@@ -686,7 +631,12 @@ Result<GgufFile> GgufFile::parse(const uint8_t* data, size_t size, std::string n
         continue;
       }
       if (ne[d] > kMaxElements || nonzero > kMaxElements / ne[d]) {
-        return errorf(StatusCode::kDataLoss, "{}: tensor '{}' has absurd dims", file, t.name);
+        std::string dims;
+        for (uint32_t e = n_dims; e-- > 0;)
+          dims += fmt::format("{}{}", dims.empty() ? "" : ", ", ne[e]);
+        return errorf(StatusCode::kDataLoss,
+                      "{}: tensor '{}' has absurd dims [{}] (more than 2^59 elements)", file,
+                      t.name, dims);
       }
       nonzero *= ne[d];
       numel *= ne[d];
