@@ -100,23 +100,33 @@ void dequant_q4_k(const uint8_t* b, float* y, bool five_bit) {
     }
   }
 }
-// Value of element e of a Q6_K super-block (before scale), in [-32, 31].
-inline int q6_value(const uint8_t* ql, const uint8_t* qh, int e) {
-  const int h = e / 128;
-  const int t = (e % 128) / 32;
-  const int l = e % 32;
-  const int lo = (ql[64 * h + 32 * (t & 1) + l] >> (4 * (t >> 1))) & 0x0F;
-  const int hi = (qh[32 * h + l] >> (2 * t)) & 3;
-  return (lo | (hi << 4)) - 32;
-}
-void dequant_q6_k(const uint8_t* b, float* y) {
+// The 256 values of a Q6_K super-block (before scales), each in [-32, 31]: element
+// 128 h + 32 t + l takes its low 4 bits from ql[64 h + 32 (t & 1) + l] (nibble t >> 1) and
+// its high 2 bits from bits 2t, 2t + 1 of qh[32 h + l].
+void unpack_q6(const uint8_t* b, int8_t* q) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
+  for (int h = 0; h < 2; ++h) {
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t lo0 = ql[64 * h + l];
+      const uint8_t lo1 = ql[64 * h + 32 + l];
+      const uint8_t hi = qh[32 * h + l];
+      int8_t* o = q + 128 * h + l;
+      o[0] = static_cast<int8_t>(((lo0 & 0x0F) | ((hi & 3) << 4)) - 32);
+      o[32] = static_cast<int8_t>(((lo1 & 0x0F) | (((hi >> 2) & 3) << 4)) - 32);
+      o[64] = static_cast<int8_t>(((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32);
+      o[96] = static_cast<int8_t>(((lo1 >> 4) | (((hi >> 6) & 3) << 4)) - 32);
+    }
+  }
+}
+void dequant_q6_k(const uint8_t* b, float* y) {
   const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
   const float d = f16(b + 208);
+  int8_t q[256];
+  unpack_q6(b, q);
   for (int e = 0; e < 256; ++e) {
     const float dl = d * static_cast<float>(scales[e / 16]);
-    y[e] = dl * static_cast<float>(q6_value(ql, qh, e));
+    y[e] = dl * static_cast<float>(q[e]);
   }
 }
 
@@ -214,28 +224,25 @@ void row_dot_q45_k(const uint8_t* w, int64_t n, const Q8Act& a, int nt, float* o
 void row_dot_q6_k(const uint8_t* w, int64_t n, const Q8Act& a, int nt, float* out) {
   const int64_t nsb = n / kQK;
   const int64_t nb = n / 32;
-  for (int t = 0; t < nt; ++t) {
-    const int8_t* aq = a.qs + t * n;
-    const float* ad = a.d + t * nb;
-    float acc = 0.0f;
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* b = w + sb * 210;
-      const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
-      const float d = f16(b + 208);
+  for (int t = 0; t < nt; ++t) out[t] = 0.0f;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* b = w + sb * 210;
+    const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = f16(b + 208);
+    int8_t q[256];
+    unpack_q6(b, q);
+    for (int t = 0; t < nt; ++t) {
       for (int g = 0; g < 8; ++g) {  // activation block g covers elements [32g, 32g + 32)
-        const int8_t* q8 = aq + sb * kQK + 32 * g;
+        const int8_t* q8 = a.qs + t * n + sb * kQK + 32 * g;
         int32_t isum = 0;
         for (int half = 0; half < 2; ++half) {
           int32_t part = 0;
-          for (int l = 16 * half; l < 16 * half + 16; ++l) {
-            part += q6_value(b, b + 128, 32 * g + l) * q8[l];
-          }
+          for (int l = 16 * half; l < 16 * half + 16; ++l) part += q[32 * g + l] * q8[l];
           isum += part * scales[2 * g + half];
         }
-        acc += d * ad[sb * 8 + g] * static_cast<float>(isum);
+        out[t] += d * a.d[t * nb + sb * 8 + g] * static_cast<float>(isum);
       }
     }
-    out[t] = acc;
   }
 }
 

@@ -67,8 +67,9 @@ size_t quant_linear_scratch_bytes(int64_t n_tokens, int64_t in_features);
 
 // out[n_tokens, out_features] = x[n_tokens, in_features] @ W[out_features, in_features]^T
 // (+ bias) for a block-quantized W; see QuantLinearParams. OpenMP: the activation rows are
-// quantized once (in parallel over tokens), then threads split the weight rows; each weight
-// block is unpacked once and used for up to 4 tokens.
+// quantized once (in parallel over tokens), then threads split the weight rows into
+// contiguous slabs. One token: 4 weight rows per kernel pass share each activation block.
+// Several tokens: each weight block is unpacked once for up to 4 tokens.
 Status quant_linear(const QuantLinearParams& p);
 
 }  // namespace strata::cpu

@@ -8,8 +8,10 @@
 //   min / offset terms c_w * s_a go to a second accumulator. maddubs cannot saturate here:
 //   weights are <= 63 (Q6_K) or |q| <= 127 with the sign moved to the activation (Q8_0), and
 //   activations are within [-127, 127], so a pair is at most 2 * 128 * 127 < 32767.
-// Each kernel handles 1-4 tokens per pass so a weight block is unpacked once per tile; with
-// one token, consecutive blocks alternate between two accumulators to hide FMA latency.
+// Tiles: with several tokens a weight block is unpacked once for up to 4 of them; with one
+// token (decode) the 32-value types take 4 weight rows per pass, sharing each activation load
+// and one horizontal reduction; a lone row and token alternates two accumulators to hide FMA
+// latency.
 #include "backends/cpu/quant_impl.h"
 
 #if defined(STRATA_QUANT_HAVE_AVX2)
