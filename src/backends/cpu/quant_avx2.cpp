@@ -1,0 +1,480 @@
+// AVX2 + FMA + F16C kernels for quantized dot products and the int8 activation quantizer.
+//
+// Each function carries __attribute__((target(...))), so this file builds without -mavx2 and
+// quant.cpp calls into it only after __builtin_cpu_supports says the CPU has the features.
+// The math is the scalar kernels' (quant.cpp) with a different summation order:
+//   per 32 values: u8 weights x i8 activations -> maddubs (i16 pairs) -> madd with ones (i32)
+//   -> f32 -> fused multiply-add with the block's d_w * d_a into a vector accumulator; the
+//   min / offset terms c_w * s_a go to a second accumulator. maddubs cannot saturate here:
+//   weights are <= 63 (Q6_K) or |q| <= 127 with the sign moved to the activation (Q8_0), and
+//   activations are within [-127, 127], so a pair is at most 2 * 128 * 127 < 32767.
+// Tiles: with several tokens a weight block is unpacked once for up to 4 of them; with one
+// token (decode) the 32-value types take 4 weight rows per pass, sharing each activation load
+// and one horizontal reduction; a lone row and token alternates two accumulators to hide FMA
+// latency.
+#include "backends/cpu/quant_impl.h"
+
+#if defined(STRATA_QUANT_HAVE_AVX2)
+
+#include <immintrin.h>
+
+#define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
+// Fixed-trip loops over tokens and blocks must be unrolled so accumulators stay in registers
+// (GCC at -O2 otherwise keeps acc[t][u & 1] on the stack and chains through store forwarding).
+#define STRATA_PRAGMA_(x) _Pragma(#x)
+#define STRATA_UNROLL STRATA_PRAGMA_(GCC unroll 8)
+
+namespace strata::cpu::quant_detail {
+namespace {
+
+STRATA_AVX2 inline float f16_avx(const uint8_t* p) {
+  return _cvtsh_ss(load_u16(p));
+}
+
+STRATA_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// i32x8 partial sums of u8 w * i8 a over 32 bytes.
+STRATA_AVX2 inline __m256i dot_u8i8(__m256i w, __m256i a) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
+}
+
+// 32 unsigned 4-bit values of a Q4 block: value j < 16 = low nibble of qs[j], j + 16 = high.
+STRATA_AVX2 inline __m256i unpack_nibbles16(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+// 0x10 in byte j where bit j of qh is set.
+STRATA_AVX2 inline __m256i fifth_bits(uint32_t qh) {
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101,
+                                         0x0000000000000000);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// Eight f16 values `stride` bytes apart as f32. The 16-bit loads are assembled in general
+// registers (integer ports, otherwise idle here) so the vector ports only see two inserts and
+// one conversion per eight blocks.
+STRATA_AVX2 inline __m256 load_f16x8(const uint8_t* p, int64_t stride) {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  STRATA_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    lo |= static_cast<uint64_t>(load_u16(p + i * stride)) << (16 * i);
+    hi |= static_cast<uint64_t>(load_u16(p + (i + 4) * stride)) << (16 * i);
+  }
+  return _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(hi), static_cast<int64_t>(lo)));
+}
+
+// Per-type facts of the 32-value block types: bytes per block, where d and m sit, the offset
+// subtracted from the quantized values (c_w = m, or -offset * d), and the value unpacking.
+template <DType kT>
+struct Blk32 {
+  static constexpr bool kQ8 = kT == DType::kQ8_0;
+  static constexpr bool kHasMin = kT == DType::kQ4_1 || kT == DType::kQ5_1;
+  static constexpr bool kFive = kT == DType::kQ5_0 || kT == DType::kQ5_1;
+  static constexpr int64_t kBytes = kQ8 ? 34 : 18 + (kHasMin ? 2 : 0) + (kFive ? 4 : 0);
+  static constexpr float kOffset = kT == DType::kQ4_0 ? 8.0f : kT == DType::kQ5_0 ? 16.0f : 0.0f;
+
+  // 32 weight values of the block at b: unsigned (signed for Q8_0).
+  STRATA_AVX2 static inline __m256i values(const uint8_t* b) {
+    if constexpr (kQ8) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    } else {
+      constexpr int64_t kQh = kHasMin ? 4 : 2;
+      constexpr int64_t kQs = kQh + (kFive ? 4 : 0);
+      const __m256i v = unpack_nibbles16(b + kQs);
+      if constexpr (kFive) return _mm256_or_si256(v, fifth_bits(load_u32(b + kQh)));
+      return v;
+    }
+  }
+};
+
+template <DType kT>
+STRATA_AVX2 inline __m256i block_dot(__m256i w, __m256i a) {
+  if constexpr (kT == DType::kQ8_0) {
+    // Signed x signed: move w's sign onto a so maddubs sees |w| (u8) x +-a (i8).
+    return dot_u8i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+  } else {
+    return dot_u8i8(w, a);
+  }
+}
+
+// Sums of four vectors: [sum(v0), sum(v1), sum(v2), sum(v3)].
+STRATA_AVX2 inline __m128 hsum4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// out[r * kNt + t] for kNr rows (row_bytes apart) x kNt tokens, kNr * kNt <= 4.
+// Blocks are taken eight at a time: their d_w (and m_w) are converted together, the products
+// d_w * d_a are formed in one vector multiply per row and token, and the c_w * s_a terms go
+// into a vector accumulator, so the per-block work is unpack, one integer dot, one convert and
+// one FMA. Each activation block is loaded once for all rows and each weight block unpacked
+// once for all tokens. A tail of < 8 blocks runs the same math one block at a time.
+template <DType kT, int kNr, int kNt>
+STRATA_AVX2 void dot_blk32(const uint8_t* w, int64_t row_bytes, int64_t n, const Q8Act& a,
+                           float* out) {
+  using B = Blk32<kT>;
+  constexpr bool kHasC = B::kHasMin || B::kOffset != 0.0f;
+  constexpr int kAcc = kNr * kNt == 1 ? 2 : 1;  // independent FMA chains per output
+  const int64_t nb = n / 32;
+  __m256 acc[kNr][kNt][kAcc];
+  __m256 macc[kNr][kNt];
+  STRATA_UNROLL
+  for (int r = 0; r < kNr; ++r) {
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t) {
+      macc[r][t] = _mm256_setzero_ps();
+      STRATA_UNROLL
+      for (int u = 0; u < kAcc; ++u) acc[r][t][u] = _mm256_setzero_ps();
+    }
+  }
+  int64_t j = 0;
+  for (; j + 8 <= nb; j += 8) {
+    alignas(32) float scale[kNr][kNt][8];
+    STRATA_UNROLL
+    for (int r = 0; r < kNr; ++r) {
+      const uint8_t* wb = w + r * row_bytes + j * B::kBytes;
+      const __m256 dw = load_f16x8(wb, B::kBytes);
+      __m256 cw = _mm256_setzero_ps();
+      if constexpr (B::kHasMin) {
+        cw = load_f16x8(wb + 2, B::kBytes);
+      } else if constexpr (kHasC) {
+        cw = _mm256_mul_ps(dw, _mm256_set1_ps(-B::kOffset));
+      }
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t) {
+        const int64_t ab = t * nb + j;
+        _mm256_store_ps(scale[r][t], _mm256_mul_ps(dw, _mm256_loadu_ps(a.d + ab)));
+        if constexpr (kHasC)
+          macc[r][t] = _mm256_fmadd_ps(cw, _mm256_loadu_ps(a.s + ab), macc[r][t]);
+      }
+    }
+    STRATA_UNROLL
+    for (int u = 0; u < 8; ++u) {
+      __m256i av[kNt];
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t) {
+        av[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + 32 * (t * nb + j + u)));
+      }
+      STRATA_UNROLL
+      for (int r = 0; r < kNr; ++r) {
+        const __m256i wv = B::values(w + r * row_bytes + (j + u) * B::kBytes);
+        STRATA_UNROLL
+        for (int t = 0; t < kNt; ++t) {
+          const __m256 p = _mm256_cvtepi32_ps(block_dot<kT>(wv, av[t]));
+          __m256& dst = acc[r][t][u % kAcc];
+          dst = _mm256_fmadd_ps(_mm256_broadcast_ss(&scale[r][t][u]), p, dst);
+        }
+      }
+    }
+  }
+  for (; j < nb; ++j) {
+    STRATA_UNROLL
+    for (int r = 0; r < kNr; ++r) {
+      const uint8_t* wb = w + r * row_bytes + j * B::kBytes;
+      const float dw = f16_avx(wb);
+      float cw = 0.0f;
+      if constexpr (B::kHasMin) {
+        cw = f16_avx(wb + 2);
+      } else {
+        cw = -B::kOffset * dw;
+      }
+      const __m256i wv = B::values(wb);
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t) {
+        const int64_t ab = t * nb + j;
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + 32 * ab));
+        const __m256 p = _mm256_cvtepi32_ps(block_dot<kT>(wv, av));
+        acc[r][t][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d[ab]), p, acc[r][t][0]);
+        if constexpr (kHasC) {
+          macc[r][t] = _mm256_add_ps(macc[r][t], _mm256_setr_ps(cw * a.s[ab], 0, 0, 0, 0, 0, 0, 0));
+        }
+      }
+    }
+  }
+  __m256 tot[kNr * kNt];
+  STRATA_UNROLL
+  for (int r = 0; r < kNr; ++r) {
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t) {
+      __m256 v = _mm256_add_ps(acc[r][t][0], macc[r][t]);
+      if constexpr (kAcc == 2) v = _mm256_add_ps(v, acc[r][t][1]);
+      tot[r * kNt + t] = v;
+    }
+  }
+  if constexpr (kNr * kNt == 4) {
+    _mm_storeu_ps(out, hsum4(tot[0], tot[1], tot[2], tot[3]));
+  } else {
+    STRATA_UNROLL
+    for (int i = 0; i < kNr * kNt; ++i) out[i] = hsum(tot[i]);
+  }
+}
+
+// Q4_K / Q5_K: 8 sub-blocks of 32 per 256-value super-block, each meeting one activation
+// block. The dmin * m_j * s_a terms are gathered 8 at a time into a vector accumulator.
+template <bool kFiveBit, int kNt>
+STRATA_AVX2 void dot_q45_k(const uint8_t* w, int64_t n, const Q8Act& a, float* out) {
+  constexpr int64_t kBytes = kFiveBit ? 176 : 144;
+  const int64_t nsb = n / kQK;
+  const int64_t nb = n / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[kNt][2];
+  __m256 macc[kNt];
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) {
+    acc[t][0] = acc[t][1] = macc[t] = _mm256_setzero_ps();
+  }
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* b = w + sb * kBytes;
+    const float d = f16_avx(b);
+    const float dmin = f16_avx(b + 2);
+    alignas(16) uint8_t sc[8];
+    alignas(16) uint8_t mn[8];
+    for (int j = 0; j < 8; ++j) k_scale_min(b + 4, j, &sc[j], &mn[j]);
+    const uint8_t* qs = kFiveBit ? b + 48 : b + 16;
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFiveBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    const __m256 mv = _mm256_mul_ps(
+        _mm256_set1_ps(dmin),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<__m128i*>(mn)))));
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t) {
+      const __m256 sv = _mm256_loadu_ps(a.s + t * nb + sb * 8);
+      macc[t] = _mm256_fmadd_ps(mv, sv, macc[t]);
+    }
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * i));
+      __m256i v0 = _mm256_and_si256(q, low4);
+      __m256i v1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFiveBit) {
+        const __m256i one = _mm256_set1_epi8(1);
+        const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), one);
+        const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * i + 1), one);
+        v0 = _mm256_or_si256(v0, _mm256_slli_epi16(h0, 4));
+        v1 = _mm256_or_si256(v1, _mm256_slli_epi16(h1, 4));
+      }
+      const float ds0 = d * static_cast<float>(sc[2 * i]);
+      const float ds1 = d * static_cast<float>(sc[2 * i + 1]);
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t) {
+        const int64_t ab = t * nb + sb * 8 + 2 * i;
+        const int8_t* aq = a.qs + 32 * ab;
+        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq));
+        const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 32));
+        acc[t][0] = _mm256_fmadd_ps(_mm256_set1_ps(ds0 * a.d[ab]),
+                                    _mm256_cvtepi32_ps(dot_u8i8(v0, a0)), acc[t][0]);
+        acc[t][1] = _mm256_fmadd_ps(_mm256_set1_ps(ds1 * a.d[ab + 1]),
+                                    _mm256_cvtepi32_ps(dot_u8i8(v1, a1)), acc[t][1]);
+      }
+    }
+  }
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) out[t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1])) - hsum(macc[t]);
+}
+
+// Q6_K: per activation block g = 4h + t the 6-bit values are rebuilt from ql / qh, the -32
+// offset is taken off in i16 (maddubs(q, a) - maddubs(32, a)), and the two 16-value scales are
+// applied by madd with a {sc0 x 8, sc1 x 8} i16 vector.
+template <int kNt>
+STRATA_AVX2 void dot_q6_k(const uint8_t* w, int64_t n, const Q8Act& a, float* out) {
+  const int64_t nsb = n / kQK;
+  const int64_t nb = n / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i two = _mm256_set1_epi8(3);
+  const __m256i k32 = _mm256_set1_epi8(32);
+  __m256 acc[kNt][2];
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* b = w + sb * 210;
+    const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = f16_avx(b + 208);
+    STRATA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      __m256i v[4];
+      v[0] = _mm256_and_si256(ql0, low4);
+      v[1] = _mm256_and_si256(ql1, low4);
+      v[2] = _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4);
+      v[3] = _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4);
+      STRATA_UNROLL
+      for (int t4 = 0; t4 < 4; ++t4) {
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t4), two);
+        v[t4] = _mm256_or_si256(v[t4], _mm256_slli_epi16(hi, 4));
+      }
+      STRATA_UNROLL
+      for (int t4 = 0; t4 < 4; ++t4) {
+        const int g = 4 * h + t4;
+        const __m256i scv =
+            _mm256_set_m128i(_mm_set1_epi16(scales[2 * g + 1]), _mm_set1_epi16(scales[2 * g]));
+        STRATA_UNROLL
+        for (int t = 0; t < kNt; ++t) {
+          const int64_t ab = t * nb + sb * 8 + g;
+          const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + 32 * ab));
+          const __m256i p16 =
+              _mm256_sub_epi16(_mm256_maddubs_epi16(v[t4], av), _mm256_maddubs_epi16(k32, av));
+          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, scv));
+          acc[t][t4 & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d[ab]), p, acc[t][t4 & 1]);
+        }
+      }
+    }
+  }
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) out[t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+}
+
+template <DType kT>
+void tile_dot_blk32(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8Act& a, int nt,
+                    float* out) {
+  if (nt == 1) {
+    switch (nr) {
+      case 1:
+        return dot_blk32<kT, 1, 1>(w, row_bytes, n, a, out);
+      case 2:
+        return dot_blk32<kT, 2, 1>(w, row_bytes, n, a, out);
+      case 3:
+        return dot_blk32<kT, 3, 1>(w, row_bytes, n, a, out);
+      default:
+        return dot_blk32<kT, 4, 1>(w, row_bytes, n, a, out);
+    }
+  }
+  for (int r = 0; r < nr; ++r) {
+    const uint8_t* wr = w + r * row_bytes;
+    float* o = out + r * nt;
+    switch (nt) {
+      case 2:
+        dot_blk32<kT, 1, 2>(wr, row_bytes, n, a, o);
+        break;
+      case 3:
+        dot_blk32<kT, 1, 3>(wr, row_bytes, n, a, o);
+        break;
+      default:
+        dot_blk32<kT, 1, 4>(wr, row_bytes, n, a, o);
+        break;
+    }
+  }
+}
+
+// The K-quant kernels work one row at a time (rows of >= 256 values amortize the row costs).
+template <void (*kFn1)(const uint8_t*, int64_t, const Q8Act&, float*),
+          void (*kFn2)(const uint8_t*, int64_t, const Q8Act&, float*),
+          void (*kFn3)(const uint8_t*, int64_t, const Q8Act&, float*),
+          void (*kFn4)(const uint8_t*, int64_t, const Q8Act&, float*)>
+void tile_dot_rows(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8Act& a, int nt,
+                   float* out) {
+  for (int r = 0; r < nr; ++r) {
+    const uint8_t* wr = w + r * row_bytes;
+    float* o = out + r * nt;
+    switch (nt) {
+      case 1:
+        kFn1(wr, n, a, o);
+        break;
+      case 2:
+        kFn2(wr, n, a, o);
+        break;
+      case 3:
+        kFn3(wr, n, a, o);
+        break;
+      default:
+        kFn4(wr, n, a, o);
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+TileDotFn tile_dot_avx2(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return tile_dot_blk32<DType::kQ8_0>;
+    case DType::kQ4_0:
+      return tile_dot_blk32<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return tile_dot_blk32<DType::kQ4_1>;
+    case DType::kQ5_0:
+      return tile_dot_blk32<DType::kQ5_0>;
+    case DType::kQ5_1:
+      return tile_dot_blk32<DType::kQ5_1>;
+    case DType::kQ4_K:
+      return tile_dot_rows<dot_q45_k<false, 1>, dot_q45_k<false, 2>, dot_q45_k<false, 3>,
+                           dot_q45_k<false, 4>>;
+    case DType::kQ5_K:
+      return tile_dot_rows<dot_q45_k<true, 1>, dot_q45_k<true, 2>, dot_q45_k<true, 3>,
+                           dot_q45_k<true, 4>>;
+    case DType::kQ6_K:
+      return tile_dot_rows<dot_q6_k<1>, dot_q6_k<2>, dot_q6_k<3>, dot_q6_k<4>>;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+// Same result bits as quantize_row_q8_scalar: max is exact, d and 1/d are the same f32 ops,
+// and _mm256_round_ps(nearest) matches nearbyint in the default rounding mode.
+STRATA_AVX2 void quantize_row_q8_avx2(const float* x, int64_t n, int8_t* qs, float* d, float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 lim = _mm256_set1_ps(127.0f);
+  for (int64_t j = 0; j < n / 32; ++j) {
+    const float* xb = x + 32 * j;
+    __m256 v[4];
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+    __m256 m =
+        _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                      _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float dj = amax / 127.0f;
+    const float id = dj != 0.0f ? 1.0f / dj : 0.0f;
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      __m256 r =
+          _mm256_round_ps(_mm256_mul_ps(v[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm256_max_ps(_mm256_min_ps(r, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
+      q[i] = _mm256_cvtps_epi32(r);
+    }
+    const __m256i sum32 =
+        _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    const int32_t sum = _mm_cvtsi128_si32(s4);
+    // packs work per 128-bit lane: fix the order with a dword permute.
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+    const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * j), p8);
+    d[j] = dj;
+    s[j] = dj * static_cast<float>(sum);
+  }
+}
+
+}  // namespace strata::cpu::quant_detail
+
+#endif  // STRATA_QUANT_HAVE_AVX2

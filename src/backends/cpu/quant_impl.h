@@ -1,0 +1,67 @@
+// Internals shared by quant.cpp (scalar kernels, dispatch, quant_linear) and quant_avx2.cpp.
+//
+// Block layouts (ggml; all little-endian, d/m/dmin are f16):
+//   Q8_0  34 B: d, qs[32] i8                       x = d * q
+//   Q4_0  18 B: d, qs[16]                          x = d * (q - 8)
+//   Q4_1  20 B: d, m, qs[16]                       x = d * q + m
+//   Q5_0  22 B: d, qh u32, qs[16]                  x = d * (q - 16)
+//   Q5_1  24 B: d, m, qh u32, qs[16]               x = d * q + m
+//     4-bit value j < 16 is the low nibble of qs[j], value j + 16 the high nibble; the fifth
+//     bit of value j is bit j of qh.
+//   Q4_K 144 B: d, dmin, scales[12], qs[128]       x = d * sc_j * q - dmin * m_j
+//   Q5_K 176 B: d, dmin, scales[12], qh[32], qs[128]
+//     8 sub-blocks of 32; sub-block 2i / 2i + 1 are the low / high nibbles of qs[32i, 32i + 32);
+//     6-bit sc_j, m_j packed in scales[12] (see k_scale_min); Q5_K's fifth bit of value l in
+//     sub-block j is bit j of qh[l].
+//   Q6_K 210 B: ql[128], qh[64], scales[16] i8, d   x = d * sc[e / 16] * (q - 32)
+//     element e = 128 h + 32 t + l (h < 2, t < 4, l < 32): low 4 bits from ql[64 h + 32 (t & 1)
+//     + l] (nibble t >> 1), high 2 bits are bits 2t, 2t + 1 of qh[32 h + l].
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cpu/quant.h"
+
+namespace strata::cpu::quant_detail {
+
+constexpr int64_t kQK = 256;  // K-quant super-block
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block.
+inline void k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = scales[j] & 63;
+    *m = scales[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+  }
+}
+
+// out[r * nt + t] = dot(weight row r, activation of token t) for r < nr, t < nt (each 1..4),
+// where weight row r (n values) starts at w + r * row_bytes and token t's activation is
+// a.qs + t * n, a.d + t * n / 32, a.s + t * n / 32.
+using TileDotFn = void (*)(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8Act& a,
+                           int nt, float* out);
+
+TileDotFn tile_dot_scalar(DType dt);
+void quantize_row_q8_scalar(const float* x, int64_t n, int8_t* qs, float* d, float* s);
+
+#if defined(__x86_64__) || defined(__i386__)
+#define STRATA_QUANT_HAVE_AVX2 1
+TileDotFn tile_dot_avx2(DType dt);
+void quantize_row_q8_avx2(const float* x, int64_t n, int8_t* qs, float* d, float* s);
+#endif
+
+}  // namespace strata::cpu::quant_detail
