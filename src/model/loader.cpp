@@ -176,8 +176,19 @@ Status Model::load_weights() {
           L.v.b = vb.slice_rows(kv_rows.begin, kv_rows.end);
         }
         STRATA_ASSIGN_OR_RETURN(L.o.b, opt(p + "self_attn.o_proj.bias", {H}, c.o_bias));
-        STRATA_ASSIGN_OR_RETURN(L.ffn_norm.w,
-                                fetch(src, p + "post_attention_layernorm.weight", {H}));
+        if (c.family == ArchFamily::kGemma3) {
+          STRATA_ASSIGN_OR_RETURN(L.q_norm.w, fetch(src, p + "self_attn.q_norm.weight", {D}));
+          STRATA_ASSIGN_OR_RETURN(L.k_norm.w, fetch(src, p + "self_attn.k_norm.weight", {D}));
+          STRATA_ASSIGN_OR_RETURN(L.post_attn_norm.w,
+                                  fetch(src, p + "post_attention_layernorm.weight", {H}));
+          STRATA_ASSIGN_OR_RETURN(L.ffn_norm.w,
+                                  fetch(src, p + "pre_feedforward_layernorm.weight", {H}));
+          STRATA_ASSIGN_OR_RETURN(L.post_ffn_norm.w,
+                                  fetch(src, p + "post_feedforward_layernorm.weight", {H}));
+        } else {
+          STRATA_ASSIGN_OR_RETURN(L.ffn_norm.w,
+                                  fetch(src, p + "post_attention_layernorm.weight", {H}));
+        }
         STRATA_ASSIGN_OR_RETURN(Tensor g, fetch(src, p + "mlp.gate_proj.weight", {c.ffn_dim, H}));
         STRATA_ASSIGN_OR_RETURN(Tensor u, fetch(src, p + "mlp.up_proj.weight", {c.ffn_dim, H}));
         STRATA_ASSIGN_OR_RETURN(Tensor d, fetch(src, p + "mlp.down_proj.weight", {H, c.ffn_dim}));

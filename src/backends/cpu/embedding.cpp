@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/quant.h"
 #include "core/status.h"
 
 namespace strata::cpu {
@@ -16,7 +17,12 @@ Status embedding(const EmbeddingParams& p) {
                     p.vocab);
     }
   }
-  const int64_t elem_bytes = dtype_bytes(p.table_dtype, 1);
+  const bool quantized = dtype_info(p.table_dtype).is_quantized;
+  if (quantized && (p.table_stride % dtype_info(p.table_dtype).block_size != 0 ||
+                    p.hidden % dtype_info(p.table_dtype).block_size != 0)) {
+    return errorf(StatusCode::kInvalidArgument, "embedding: {} rows of {} are not whole blocks",
+                  dtype_name(p.table_dtype), p.hidden);
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     float* out = p.out + t * p.out_stride;
@@ -25,8 +31,11 @@ Status embedding(const EmbeddingParams& p) {
       std::memset(out, 0, static_cast<size_t>(p.hidden) * sizeof(float));
       continue;
     }
-    const void* src = static_cast<const char*>(p.table) + row * p.table_stride * elem_bytes;
-    if (p.table_dtype == DType::kF32) {
+    const void* src =
+        static_cast<const char*>(p.table) + dtype_bytes(p.table_dtype, row * p.table_stride);
+    if (quantized) {
+      (void)dequantize_row(p.table_dtype, src, out, p.hidden);  // dtype checked above
+    } else if (p.table_dtype == DType::kF32) {
       std::memcpy(out, src, static_cast<size_t>(p.hidden) * sizeof(float));
     } else {
       for (int64_t i = 0; i < p.hidden; ++i) out[i] = load_as_f32(src, p.table_dtype, i);

@@ -22,6 +22,8 @@
 #include <memory>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/quant.h"
+#include "core/status.h"
 #include "backends/cpu/linear_impl.h"
 #include "core/half.h"
 #include "core/status.h"
@@ -248,6 +250,36 @@ Status linear_with_isa(const LinearParams& p, CpuIsa isa, LinearPath path) {
 }
 
 Status linear(const LinearParams& p) {
+  if (dtype_info(p.w_dtype).is_quantized) {
+    // GGUF block-quantized weights: the int8-activation kernels of quant.cpp.
+    const int64_t block = dtype_info(p.w_dtype).block_size;
+    if (p.w_stride % block != 0) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "linear: {} weight row stride {} is not a multiple of its block size {}",
+                    dtype_name(p.w_dtype), p.w_stride, block);
+    }
+    const bool f32_bias = p.bias && p.bias_dtype == DType::kF32;
+    STRATA_RETURN_IF_ERROR(quant_linear({.x = p.x,
+                                         .weight = p.w,
+                                         .weight_dtype = p.w_dtype,
+                                         .bias = f32_bias ? static_cast<const float*>(p.bias) : nullptr,
+                                         .out = p.out,
+                                         .n_tokens = p.n_tokens,
+                                         .in_features = p.in_features,
+                                         .out_features = p.out_features,
+                                         .x_stride = p.x_stride,
+                                         .out_stride = p.out_stride,
+                                         .weight_row_blocks = p.w_stride / block}));
+    if (p.bias && !f32_bias) {
+      return add_bias({.x = p.out,
+                       .stride = p.out_stride,
+                       .bias = p.bias,
+                       .bias_dtype = p.bias_dtype,
+                       .rows = p.n_tokens,
+                       .cols = p.out_features});
+    }
+    return ok_status();
+  }
   return linear_with_isa(p, best_cpu_isa());
 }
 
