@@ -36,7 +36,7 @@ void add_info_command(CLI::App& app, std::vector<Command>& commands) {
   auto model = std::make_shared<std::string>();
   auto ctx = std::make_shared<int64_t>(0);
   CLI::App* sub = app.add_subcommand("info", "Print a model's architecture, size and memory needs");
-  sub->add_option("-m,--model", *model, "Model: Hugging Face checkpoint directory")->required();
+  sub->add_option("-m,--model", *model, "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias")->required();
   sub->add_option("-c,--ctx-size,--max-model-len", *ctx,
                   "Context length for the KV-cache estimate; 0 = the model's own (default 0)");
   commands.push_back({sub, [model, ctx]() -> int {
@@ -62,6 +62,7 @@ void add_info_command(CLI::App& app, std::vector<Command>& commands) {
                 static_cast<long long>(ctx_len));
     std::printf("memory needed  %s\n", human_bytes(static_cast<double>(i.weight_bytes) + kv).c_str());
     std::printf("tokenizer      %s\n", i.has_tokenizer ? "yes" : "no");
+    std::printf("chat template  %s\n", i.has_chat_template ? "yes" : "no");
     return 0;
   }});
 }

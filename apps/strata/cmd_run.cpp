@@ -26,7 +26,8 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
   auto opt = std::make_shared<RunOptions>();
   CLI::App* sub = app.add_subcommand("run", "Generate text from a prompt");
   sub->add_option("-m,--model", opt->engine.model,
-                  "Model: Hugging Face checkpoint directory (config.json + safetensors)")
+                  "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias "
+                  "(smollm2)")
       ->required();
   sub->add_option("-p,--prompt", opt->request.prompt, "Prompt text")->required();
   sub->add_option("-n,--n-predict,--max-tokens", opt->request.max_tokens,
@@ -46,6 +47,8 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_option("--tp,--tensor-parallel-size", opt->engine.tensor_parallel_size,
                   "Tensor-parallel ranks; launch with mpirun -np N (default 1)");
   sub->add_flag("--ignore-eos", opt->request.ignore_eos, "Keep generating past end-of-sequence");
+  sub->add_flag("--chat", opt->request.chat,
+                "Send the prompt as a user message through the model's chat template");
   sub->add_flag("-q,--quiet", opt->quiet, "Do not print timing statistics to stderr");
   opt->request.sampling.temperature = 0.8f;
   opt->request.sampling.top_k = 40;

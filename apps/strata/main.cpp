@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "strata 0.1.0");
   std::vector<strata::app::Command> commands;
   strata::app::add_run_command(app, commands);
+  strata::app::add_chat_command(app, commands);
   strata::app::add_info_command(app, commands);
   try {
     app.parse(argc, argv);

@@ -39,12 +39,19 @@ struct ModelInfo {
 
 Result<ModelInfo> inspect_model(const std::string& model);
 
+struct ChatMessage {
+  std::string role;     // "system", "user", "assistant"
+  std::string content;
+};
+
 struct GenerateRequest {
   std::string prompt;
   std::vector<int32_t> prompt_tokens;  // used instead of `prompt` when not empty
   int64_t max_tokens = 64;
   SamplingParams sampling;
-  bool chat = false;               // wrap the prompt in the model's chat template
+  bool chat = false;               // render `messages` (+ `prompt` as a last user turn) with
+                                   // the model's chat template
+  std::vector<ChatMessage> messages;
   bool ignore_eos = false;
 };
 

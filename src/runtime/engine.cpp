@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
+#include "io/chat_template.h"
 #include "io/checkpoint.h"
 #include "io/gguf.h"
 #include "io/gguf_tokenizer.h"
@@ -210,11 +211,11 @@ class EngineImpl final : public Engine {
       return errorf(StatusCode::kFailedPrecondition, "{}: the model has no tokenizer.json",
                     info_.path);
     }
-    if (req.chat) {
-      return errorf(StatusCode::kUnimplemented, "chat templates are not supported yet");
-    }
     GenerateResult result;
-    if (!req.prompt_tokens.empty()) {
+    if (req.chat) {
+      STRATA_ASSIGN_OR_RETURN(std::string text, render_chat(req));
+      STRATA_ASSIGN_OR_RETURN(result.prompt_tokens, tokenize(text, /*add_special=*/false));
+    } else if (!req.prompt_tokens.empty()) {
       for (int32_t t : req.prompt_tokens) {
         if (t < 0 || t >= model_->config().vocab) {
           return errorf(StatusCode::kInvalidArgument, "prompt token id {} is outside the vocabulary (0..{})",
@@ -277,6 +278,24 @@ class EngineImpl final : public Engine {
   }
 
  private:
+  Result<std::string> render_chat(const GenerateRequest& req) {
+    const std::string& tmpl = tokenizer_->chat_template();
+    if (tmpl.empty()) {
+      return errorf(StatusCode::kFailedPrecondition, "{}: the model has no chat template",
+                    info_.path);
+    }
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    for (const ChatMessage& m : req.messages) {
+      messages.push_back({{"role", m.role}, {"content", m.content}});
+    }
+    if (!req.prompt.empty()) messages.push_back({{"role", "user"}, {"content", req.prompt}});
+    const std::string bos = tokenizer_->bos_id() >= 0 ? tokenizer_->id_to_token(tokenizer_->bos_id()) : "";
+    const std::string eos = tokenizer_->eos_id() >= 0 ? tokenizer_->id_to_token(tokenizer_->eos_id()) : "";
+    auto text = apply_chat_template(tmpl, messages, /*add_generation_prompt=*/true, bos, eos);
+    if (!text.ok()) return text.status().with_context(info_.path);
+    return text;
+  }
+
   Status run_tokens(SequenceKv& seq, const std::vector<int32_t>& tokens, bool all_logits,
                     float* logits) {
     if (seq.length + static_cast<int64_t>(tokens.size()) > max_len_) {
