@@ -10,9 +10,10 @@
 // The scalar variant is deliberately plain (one dot product per output) and serves as the
 // cross-check for the SIMD ones.
 //
-// NOTE: block-quantized weights (GGUF) plug in at the dtype switch in linear_with_isa: a
-// quantized dtype gets its own GEMV (per-block dot products against x) and a pack_w that
-// dequantizes a k-block (kc is a multiple of 256, so blocks never straddle a k-block).
+// NOTE: block-quantized weights (GGUF) plug in at the dtype switch in linear_with_isa: route
+// the quantized dtypes to their kernels (int8-activation per-block dot products for few
+// tokens); for prefill a pack_w that dequantizes k-blocks also fits the GEMM path as is (kc
+// is a multiple of 256, so quantization blocks never straddle a k-block).
 // NOTE: the packing buffers are grow-only memory owned by the calling thread, so steady-state
 // calls do not allocate.
 #include <omp.h>
@@ -82,6 +83,7 @@ Status linear_scalar(const LinearParams& p) {
     for (int64_t i = 0; i < p.n_tokens; ++i) {
       const float* x = p.x + i * p.x_stride;
       float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
       for (int64_t kk = 0; kk < p.in_features; ++kk) acc += x[kk] * weight_at<DT>(w, kk);
       p.out[i * p.out_stride + j] = acc + b;
     }
