@@ -23,11 +23,21 @@ namespace strata::cpu::linear_detail {
 // out[:, j0:j1] for all tokens (bias included), reading w rows j0..j1 directly.
 using GemvFn = void (*)(const LinearParams& p, int64_t j0, int64_t j1);
 
+// k-block and weight rows per packed block. Two settings: while the packed x is small it stays
+// in L2 and the weight block can be a single NR panel with a long k-block (weights are read in
+// long runs, which DRAM streams well); a large packed x is re-read once per weight block, so
+// then the blocks are wider (fewer passes over x) with a shorter k-block (the block still fits
+// L2).
+struct GemmBlocking {
+  int64_t kc;      // a multiple of 256 so block-quantized rows split on block bounds
+  int64_t nc_max;  // a multiple of nr
+};
+
 struct GemmKernel {
-  int64_t mr;      // tokens per micro-tile
-  int64_t nr;      // outputs per micro-tile
-  int64_t kc;      // k-block (a multiple of 256 so block-quantized rows split on block bounds)
-  int64_t nc_max;  // weight rows per packed block (a multiple of nr)
+  int64_t mr;  // tokens per micro-tile
+  int64_t nr;  // outputs per micro-tile
+  GemmBlocking small_x;
+  GemmBlocking large_x;
   // dst[ceil(ni / mr)][kc][mr] = x[i0 + r, k0 + kk], zero rows past ni.
   void (*pack_x)(const LinearParams& p, int64_t i0, int64_t ni, int64_t k0, int64_t kc, float* dst);
   // dst[ceil(nj / nr)][kc][nr] = f32(w[j0 + c, k0 + kk]), zero columns past nj. While it
