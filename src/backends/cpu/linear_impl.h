@@ -20,7 +20,8 @@
 
 namespace strata::cpu::linear_detail {
 
-// out[:, j0:j1] for all tokens (bias included), reading w rows j0..j1 directly.
+// out[:, j0:j1] = x @ w[j0:j1]^T for all tokens, reading w rows j0..j1 directly (the driver
+// adds the bias).
 using GemvFn = void (*)(const LinearParams& p, int64_t j0, int64_t j1);
 
 // k-block and weight rows per packed block. Two settings: while the packed x is small it stays
@@ -40,9 +41,9 @@ struct GemmKernel {
   GemmBlocking large_x;
   // dst[ceil(ni / mr)][kc][mr] = x[i0 + r, k0 + kk], zero rows past ni.
   void (*pack_x)(const LinearParams& p, int64_t i0, int64_t ni, int64_t k0, int64_t kc, float* dst);
-  // dst[ceil(nj / nr)][kc][nr] = f32(w[j0 + c, k0 + kk]), zero columns past nj. While it
-  // reads, it prefetches the same-shaped block at (next_j0, next_k0) into L2 (none when
-  // next_j0 < 0): the block this thread packs next.
+  // dst[ceil(nj / nr)][kc][nr] = f32(w[j0 + c, k0 + kk]), zero columns past nj.
+  // (next_j0, next_k0) is the block this thread packs next (none when next_j0 < 0), which the
+  // packer prefetches into L2 while it reads this one.
   void (*pack_w)(const LinearParams& p, int64_t j0, int64_t nj, int64_t k0, int64_t kc, float* dst,
                  int64_t next_j0, int64_t next_k0);
   // c[r, col] += sum_kk xp[kk][r] * wp[kk][col] for r < mr_valid, col < nr_valid; c's rows are
