@@ -24,7 +24,6 @@
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/linear_impl.h"
-#include "core/half.h"
 #include "core/status.h"
 
 namespace strata::cpu {
@@ -66,17 +65,6 @@ float bias_at(const LinearParams& p, int64_t j) {
 }
 
 template <DType DT>
-float weight_at(const void* w, int64_t i) {
-  if constexpr (DT == DType::kF32) {
-    return static_cast<const float*>(w)[i];
-  } else if constexpr (DT == DType::kF16) {
-    return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
-  } else {
-    return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
-  }
-}
-
-template <DType DT>
 Status linear_scalar(const LinearParams& p) {
   const int64_t elem = dtype_bytes(DT, 1);
 #pragma omp parallel for schedule(static)
@@ -87,7 +75,7 @@ Status linear_scalar(const LinearParams& p) {
       const float* x = p.x + i * p.x_stride;
       float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-      for (int64_t kk = 0; kk < p.in_features; ++kk) acc += x[kk] * weight_at<DT>(w, kk);
+      for (int64_t kk = 0; kk < p.in_features; ++kk) acc += x[kk] * linear_detail::load1<DT>(w, kk);
       p.out[i * p.out_stride + j] = acc + b;
     }
   }

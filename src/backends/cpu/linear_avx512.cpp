@@ -38,16 +38,6 @@ constexpr int64_t kGemvMaxTokens16Bit = 32;
 constexpr int64_t kGemvWTileBytes = 16384;
 constexpr bool kPf = false;
 
-template <DType DT>
-constexpr int64_t elem_bytes() {
-  return DT == DType::kF32 ? 4 : 2;
-}
-
-template <DType DT>
-const char* row_ptr(const LinearParams& p, int64_t j) {
-  return static_cast<const char*>(p.w) + j * p.w_stride * elem_bytes<DT>();
-}
-
 // 16 weights w[i .. i+16) as f32; lanes outside `mask` are zero and not read.
 template <DType DT>
 STRATA_AVX512 inline __m512 load16(const char* w, int64_t i, __mmask16 mask) {

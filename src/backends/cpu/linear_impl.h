@@ -17,8 +17,33 @@
 #include <cstdint>
 
 #include "backends/kernel_params.h"
+#include "core/half.h"
 
 namespace strata::cpu::linear_detail {
+
+// Helpers for the plain weight dtypes the SIMD variants read natively (f32, f16, bf16).
+template <DType DT>
+constexpr int64_t elem_bytes() {
+  return DT == DType::kF32 ? 4 : 2;
+}
+
+// Start of weight row j.
+template <DType DT>
+const char* row_ptr(const LinearParams& p, int64_t j) {
+  return static_cast<const char*>(p.w) + j * p.w_stride * elem_bytes<DT>();
+}
+
+// Weight i of a row as f32.
+template <DType DT>
+inline float load1(const void* w, int64_t i) {
+  if constexpr (DT == DType::kF32) {
+    return static_cast<const float*>(w)[i];
+  } else if constexpr (DT == DType::kF16) {
+    return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  } else {
+    return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  }
+}
 
 // out[:, j0:j1] = x @ w[j0:j1]^T for all tokens, reading w rows j0..j1 directly (the driver
 // adds the bias).
