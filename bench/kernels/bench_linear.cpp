@@ -8,7 +8,8 @@
 //         from DRAM, as a real model's layers do.
 // The header line prints the measured peaks of this machine: DRAM read bandwidth (a parallel
 // sum over 512 MiB) and the FMA throughput of the best ISA, so the table reads as fractions of
-// them. Each time is the median of repetitions; the machine may be shared, so also see "best".
+// them. Times are medians of repetitions; "best" is the fastest cold repetition (on a shared
+// machine, the one no other process interrupted).
 //
 //   bench_linear [--isa scalar|avx2|avx512] [--path auto|gemv|gemm] [--min-time 0.3]
 //                [--n 1,4,16,64,512] [--shapes 576x1536,4096x4096] [--dtypes f32,bf16]
@@ -236,8 +237,9 @@ int main(int argc, char** argv) {
   std::printf("bench_linear: isa %s, %d threads; peaks: DRAM read %.1f GB/s, FMA %.0f GFLOP/s\n",
               strata::cpu::cpu_isa_name(isa), omp_get_max_threads(), measure_read_gbps(),
               measure_peak_gflops(isa));
-  std::printf("%-6s %5s %5s %4s | %9s %8s %8s | %9s %8s %8s | %9s\n", "dtype", "k", "m", "n",
-              "hot ms", "GFLOP/s", "GB/s", "cold ms", "GFLOP/s", "GB/s", "best ms");
+  std::printf("%-6s %5s %5s %4s | %8s %8s %7s | %8s %8s %7s | %8s %8s %7s\n", "dtype", "k", "m",
+              "n", "hot ms", "GFLOP/s", "GB/s", "cold ms", "GFLOP/s", "GB/s", "best ms", "GFLOP/s",
+              "GB/s");
 
   struct Shape {
     int64_t k, m;
@@ -284,12 +286,13 @@ int main(int argc, char** argv) {
         const Timing cold = time_it([&](int rep) { run(rep); }, min_time);
         const double flops = 2.0 * static_cast<double>(n * s.m * s.k);
         const double bytes = static_cast<double>(w_bytes + (n * s.k + n * s.m) * 4);
-        std::printf("%-6s %5ld %5ld %4ld | %9.3f %8.1f %8.1f | %9.3f %8.1f %8.1f | %9.3f\n",
-                    std::string(strata::dtype_name(dt)).c_str(), static_cast<long>(s.k),
-                    static_cast<long>(s.m), static_cast<long>(n), hot.median_s * 1e3,
-                    flops / hot.median_s / 1e9, bytes / hot.median_s / 1e9, cold.median_s * 1e3,
-                    flops / cold.median_s / 1e9, bytes / cold.median_s / 1e9,
-                    std::min(hot.best_s, cold.best_s) * 1e3);
+        std::printf(
+            "%-6s %5ld %5ld %4ld | %8.3f %8.1f %7.1f | %8.3f %8.1f %7.1f | %8.3f %8.1f %7.1f\n",
+            std::string(strata::dtype_name(dt)).c_str(), static_cast<long>(s.k),
+            static_cast<long>(s.m), static_cast<long>(n), hot.median_s * 1e3,
+            flops / hot.median_s / 1e9, bytes / hot.median_s / 1e9, cold.median_s * 1e3,
+            flops / cold.median_s / 1e9, bytes / cold.median_s / 1e9, cold.best_s * 1e3,
+            flops / cold.best_s / 1e9, bytes / cold.best_s / 1e9);
         std::fflush(stdout);
       }
     }

@@ -49,8 +49,9 @@ Result<RowView> row_view(const Tensor& t, const char* op, const char* name) {
                   t.shape_string(), strides_string(t));
   }
   RowView v;
-  v.cols = t.cols();
-  v.rows = t.rows();
+  v.cols = dim(t.ndim - 1);
+  v.rows = 1;
+  for (int i = 0; i + 1 < t.ndim; ++i) v.rows *= dim(i);
   v.stride = t.ndim >= 2 ? stride(t.ndim - 2) : v.cols;
   return v;
 }

@@ -37,7 +37,8 @@ Status layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
                   Tensor& out);
 
 // out[n, m] = x[n, k] @ w[m, k]^T (+ bias[m]). x, out f32; w f32/f16/bf16 (rows may be
-// strided); bias any float dtype or undefined. out must not alias x.
+// strided); bias any float dtype or undefined. out must not alias x. Block-quantized w passes
+// the checks here; the CPU backend answers kUnimplemented until its GGUF kernels are wired in.
 Status linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
 
 // Rotary position embedding applied in place to x: [n_tokens, n_heads, head_dim] f32, for the

@@ -50,6 +50,7 @@ const AttnCase kCases[] = {
     {3, 1, 80, {70, 37}, {13, 7}, 0, 30.0f},
     {6, 3, 24, {150, 5}, {1, 5}, 0, 0.0f, 2.0f},
     {3, 1, 24, {150, 41}, {9, 1}, 33, 5.0f, 3.0f},
+    {17, 1, 12, {40, 3}, {1, 1}},  // a query group larger than one work item holds
 };
 
 // One token of the batch.

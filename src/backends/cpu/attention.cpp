@@ -1,11 +1,15 @@
-// Causal attention over the paged KV cache on the CPU, one (token, query head) pair per OpenMP
-// iteration. Each pair walks its sequence's cached positions [lo, p] a run of slots at a time
-// (a run never crosses a cache block, so its K/V rows are contiguous): scores for the run,
-// then one online-softmax update (running max m, running sum l, rescaled accumulator), so the
-// cost is one pass over K and V and the memory is O(head_dim) whatever the context length.
+// Causal attention over the paged KV cache on the CPU. One OpenMP work item is a token, a KV
+// head and a subgroup of the query heads that share it (GQA/MQA), so each K and V row is read
+// once for the whole subgroup. The item walks its sequence's cached positions [lo, p] a run of
+// slots at a time (a run never crosses a cache block, so its K/V rows are contiguous): scores
+// for the run, then one online-softmax update per head (running max m, running sum l,
+// rescaled accumulator), so the cost is one pass over K and V and the memory is O(head_dim)
+// whatever the context length.
 //
-// NOTE: query heads of one GQA group each re-read their KV head; grouping them would save
-// cache traffic on long contexts, but decode attention is small next to the linears on a CPU.
+// NOTE: groups are split into subgroups only when there are too few items for the threads
+// (a one-token decode step with one KV head); then the subgroups re-read the KV head.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -16,8 +20,13 @@
 namespace strata::cpu {
 namespace {
 
-constexpr int64_t kRun = 64;           // scores held at once
-constexpr int64_t kMaxHeadDim = 1024;  // accumulator on the stack
+constexpr int64_t kRun = 64;          // scores held at once per head
+constexpr int64_t kMaxHeads = 8;      // query heads per work item
+constexpr int64_t kMaxHeadDim = 512;  // accumulators on the stack: kMaxHeads x kMaxHeadDim
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 }  // namespace
 
@@ -42,62 +51,88 @@ Status attention(const AttentionKernelParams& p) {
   const int64_t slot_stride = c.n_heads_kv * hd;  // floats between consecutive slots
   const bool capped = p.logit_softcap > 0.0f;
   const float inv_cap = capped ? 1.0f / p.logit_softcap : 0.0f;
+  // Heads per item: the whole group (at most kMaxHeads), halved while items are too few.
+  int64_t per = std::min(group, kMaxHeads);
+  while (per > 1 && p.n_tokens * c.n_heads_kv * ceil_div(group, per) < 2 * omp_get_max_threads()) {
+    per = ceil_div(per, 2);
+  }
+  const int64_t subgroups = ceil_div(group, per);
 
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1)
   for (int64_t t = 0; t < p.n_tokens; ++t) {
-    for (int64_t h = 0; h < p.n_heads; ++h) {
-      const float* q = p.q + t * p.q_stride + h * hd;
-      float* out = p.out + t * p.out_stride + h * hd;
-      const int64_t kv_head = h / group;
-      const int64_t seq = p.token_seq[t];
-      const int64_t pos = p.token_pos[t];
-      const int64_t lo =
-          p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
-      const int32_t* table = c.block_tables + seq * c.max_blocks_per_seq;
+    for (int64_t kv_head = 0; kv_head < c.n_heads_kv; ++kv_head) {
+      for (int64_t sub = 0; sub < subgroups; ++sub) {
+        const int64_t h0 = kv_head * group + sub * per;
+        const int64_t nh = std::min(per, (kv_head + 1) * group - h0);
+        const float* q = p.q + t * p.q_stride + h0 * hd;  // nh heads, hd apart
+        const int64_t seq = p.token_seq[t];
+        const int64_t pos = p.token_pos[t];
+        const int64_t lo =
+            p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+        const int32_t* table = c.block_tables + seq * c.max_blocks_per_seq;
 
-      float acc[kMaxHeadDim];
-      float scores[kRun];
-      for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
-      float m = -std::numeric_limits<float>::infinity();
-      double l = 0.0;
+        float acc[kMaxHeads][kMaxHeadDim];
+        float scores[kMaxHeads][kRun];
+        float m[kMaxHeads];
+        double l[kMaxHeads];
+        for (int64_t h = 0; h < nh; ++h) {
+          for (int64_t d = 0; d < hd; ++d) acc[h][d] = 0.0f;
+          m[h] = -std::numeric_limits<float>::infinity();
+          l[h] = 0.0;
+        }
 
-      for (int64_t start = lo; start <= pos;) {
-        const int64_t in_block = start % c.block_size;
-        const int64_t len = std::min({kRun, c.block_size - in_block, pos + 1 - start});
-        const int64_t slot0 =
-            static_cast<int64_t>(table[start / c.block_size]) * c.block_size + in_block;
-        const float* k = c.k_cache + slot0 * slot_stride + kv_head * hd;
-        const float* v = c.v_cache + slot0 * slot_stride + kv_head * hd;
+        for (int64_t start = lo; start <= pos;) {
+          const int64_t in_block = start % c.block_size;
+          const int64_t len = std::min({kRun, c.block_size - in_block, pos + 1 - start});
+          const int64_t slot0 =
+              static_cast<int64_t>(table[start / c.block_size]) * c.block_size + in_block;
+          const float* k = c.k_cache + slot0 * slot_stride + kv_head * hd;
+          const float* v = c.v_cache + slot0 * slot_stride + kv_head * hd;
 
-        float run_max = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < len; ++j) {
-          const float* kj = k + j * slot_stride;
-          float s = 0.0f;
+          for (int64_t j = 0; j < len; ++j) {
+            const float* kj = k + j * slot_stride;
+            for (int64_t h = 0; h < nh; ++h) {
+              const float* qh = q + h * hd;
+              float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < hd; ++d) s += q[d] * kj[d];
-          s *= p.scale;
-          if (capped) s = p.logit_softcap * std::tanh(s * inv_cap);
-          scores[j] = s;
-          run_max = std::max(run_max, s);
-        }
-        if (run_max > m) {  // rescale what was accumulated under the old max
-          const float r = std::exp(m - run_max);
-          l *= r;
+              for (int64_t d = 0; d < hd; ++d) s += qh[d] * kj[d];
+              s *= p.scale;
+              if (capped) s = p.logit_softcap * std::tanh(s * inv_cap);
+              scores[h][j] = s;
+            }
+          }
+          for (int64_t h = 0; h < nh; ++h) {
+            float run_max = -std::numeric_limits<float>::infinity();
+            for (int64_t j = 0; j < len; ++j) run_max = std::max(run_max, scores[h][j]);
+            if (run_max > m[h]) {  // rescale what was accumulated under the old max
+              const float r = std::exp(m[h] - run_max);
+              l[h] *= r;
 #pragma omp simd
-          for (int64_t d = 0; d < hd; ++d) acc[d] *= r;
-          m = run_max;
-        }
-        for (int64_t j = 0; j < len; ++j) {
-          const float w = std::exp(scores[j] - m);
-          const float* vj = v + j * slot_stride;
-          l += w;
+              for (int64_t d = 0; d < hd; ++d) acc[h][d] *= r;
+              m[h] = run_max;
+            }
+            for (int64_t j = 0; j < len; ++j) {
+              scores[h][j] = std::exp(scores[h][j] - m[h]);
+              l[h] += scores[h][j];
+            }
+          }
+          for (int64_t j = 0; j < len; ++j) {
+            const float* vj = v + j * slot_stride;
+            for (int64_t h = 0; h < nh; ++h) {
+              const float w = scores[h][j];
+              float* a = acc[h];
 #pragma omp simd
-          for (int64_t d = 0; d < hd; ++d) acc[d] += w * vj[d];
+              for (int64_t d = 0; d < hd; ++d) a[d] += w * vj[d];
+            }
+          }
+          start += len;
         }
-        start += len;
+        for (int64_t h = 0; h < nh; ++h) {
+          float* out = p.out + t * p.out_stride + (h0 + h) * hd;
+          const float inv_l = static_cast<float>(1.0 / l[h]);
+          for (int64_t d = 0; d < hd; ++d) out[d] = acc[h][d] * inv_l;
+        }
       }
-      const float inv_l = static_cast<float>(1.0 / l);
-      for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv_l;
     }
   }
   return ok_status();

@@ -10,9 +10,10 @@
 // The scalar variant is deliberately plain (one dot product per output) and serves as the
 // cross-check for the SIMD ones.
 //
-// NOTE: block-quantized weights (GGUF) plug in at the dtype switch in linear_with_isa: a
-// quantized dtype gets its own GEMV (per-block dot products against x) and a pack_w that
-// dequantizes a k-block (kc is a multiple of 256, so blocks never straddle a k-block).
+// NOTE: block-quantized weights (GGUF) plug in at the dtype switch in linear_with_isa: route
+// the quantized dtypes to their kernels (int8-activation per-block dot products for few
+// tokens); for prefill a pack_w that dequantizes k-blocks also fits the GEMM path as is (kc
+// is a multiple of 256, so quantization blocks never straddle a k-block).
 // NOTE: the packing buffers are grow-only memory owned by the calling thread, so steady-state
 // calls do not allocate.
 #include <omp.h>
@@ -25,15 +26,17 @@
 #include "backends/cpu/quant.h"
 #include "core/status.h"
 #include "backends/cpu/linear_impl.h"
-#include "core/half.h"
 #include "core/status.h"
 
 namespace strata::cpu {
 namespace {
 
+using linear_detail::GemmBlocking;
 using linear_detail::GemmKernel;
 using linear_detail::IsaKernels;
 
+// Packed x above this (2 MiB) takes GemmKernel::large_x blocking.
+constexpr int64_t kLargeXFloats = int64_t{512} << 10;
 // Cap on the packed x of one token chunk (8 MiB); longer prompts are processed in chunks.
 constexpr int64_t kMaxPackedXFloats = int64_t{2} << 20;
 
@@ -64,17 +67,6 @@ float bias_at(const LinearParams& p, int64_t j) {
 }
 
 template <DType DT>
-float weight_at(const void* w, int64_t i) {
-  if constexpr (DT == DType::kF32) {
-    return static_cast<const float*>(w)[i];
-  } else if constexpr (DT == DType::kF16) {
-    return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
-  } else {
-    return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
-  }
-}
-
-template <DType DT>
 Status linear_scalar(const LinearParams& p) {
   const int64_t elem = dtype_bytes(DT, 1);
 #pragma omp parallel for schedule(static)
@@ -84,7 +76,8 @@ Status linear_scalar(const LinearParams& p) {
     for (int64_t i = 0; i < p.n_tokens; ++i) {
       const float* x = p.x + i * p.x_stride;
       float acc = 0.0f;
-      for (int64_t kk = 0; kk < p.in_features; ++kk) acc += x[kk] * weight_at<DT>(w, kk);
+#pragma omp simd reduction(+ : acc)
+      for (int64_t kk = 0; kk < p.in_features; ++kk) acc += x[kk] * linear_detail::load1<DT>(w, kk);
       p.out[i * p.out_stride + j] = acc + b;
     }
   }
@@ -119,17 +112,19 @@ Status run_gemm(const LinearParams& p, const GemmKernel& g) {
   const int64_t m = p.out_features;
   const int64_t k = p.in_features;
   const int nthreads = omp_get_max_threads();
-  const int64_t n_kblocks = ceil_div(k, g.kc);
+  const GemmBlocking blocking = n * k > kLargeXFloats ? g.large_x : g.small_x;
+  const int64_t kc_max = blocking.kc;
+  const int64_t n_kblocks = ceil_div(k, kc_max);
   // Tokens per chunk: all of them unless their packed x would pass kMaxPackedXFloats.
   const int64_t mc =
-      std::clamp(kMaxPackedXFloats / std::max<int64_t>(1, n_kblocks * g.kc) / g.mr * g.mr, g.mr,
+      std::clamp(kMaxPackedXFloats / std::max<int64_t>(1, n_kblocks * kc_max) / g.mr * g.mr, g.mr,
                  round_up(n, g.mr));
   // Weight blocks: the same number per thread, each at most nc_max rows.
-  const int64_t blocks_per_thread = ceil_div(m, nthreads * g.nc_max);
+  const int64_t blocks_per_thread = ceil_div(m, nthreads * blocking.nc_max);
   const int64_t nc = round_up(ceil_div(m, nthreads * blocks_per_thread), g.nr);
   const int64_t n_blocks = ceil_div(m, nc);
-  const size_t xp_floats = static_cast<size_t>(mc * n_kblocks * g.kc);
-  const size_t wp_floats = static_cast<size_t>(nc * g.kc);
+  const size_t xp_floats = static_cast<size_t>(mc * n_kblocks * kc_max);
+  const size_t wp_floats = static_cast<size_t>(nc * kc_max);
   const size_t total = xp_floats + static_cast<size_t>(nthreads) * wp_floats;
   float* const scratch = thread_scratch(total);
   if (!scratch) {
@@ -148,13 +143,13 @@ Status run_gemm(const LinearParams& p, const GemmKernel& g) {
     for (int64_t i0 = 0; i0 < n; i0 += mc) {
       const int64_t ni = std::min(mc, n - i0);
       const int64_t n_panels = ceil_div(ni, g.mr);
-      const auto kc_of = [&](int64_t kb) { return std::min(g.kc, k - kb * g.kc); };
+      const auto kc_of = [&](int64_t kb) { return std::min(kc_max, k - kb * kc_max); };
       // x block kb lives at xp + kb * kc * mc, its panel q at + q * mr * kc_of(kb).
 #pragma omp for collapse(2) schedule(static)
       for (int64_t kb = 0; kb < n_kblocks; ++kb) {
         for (int64_t q = 0; q < n_panels; ++q) {
-          g.pack_x(p, i0 + q * g.mr, std::min(g.mr, ni - q * g.mr), kb * g.kc, kc_of(kb),
-                   xp + kb * g.kc * mc + q * g.mr * kc_of(kb));
+          g.pack_x(p, i0 + q * g.mr, std::min(g.mr, ni - q * g.mr), kb * kc_max, kc_of(kb),
+                   xp + kb * kc_max * mc + q * g.mr * kc_of(kb));
         }
       }
       for (int64_t b = b_begin; b < b_end; ++b) {
@@ -169,9 +164,9 @@ Status run_gemm(const LinearParams& p, const GemmKernel& g) {
           // Prefetch what this thread packs next: the next k-block, else the next row block.
           const bool last_kb = kb + 1 == n_kblocks;
           const int64_t next_j0 = !last_kb ? j0 : b + 1 < b_end ? j0 + nc : -1;
-          const int64_t next_k0 = !last_kb ? (kb + 1) * g.kc : 0;
-          g.pack_w(p, j0, nj, kb * g.kc, kc, wp, next_j0, next_k0);
-          const float* xblock = xp + kb * g.kc * mc;
+          const int64_t next_k0 = !last_kb ? (kb + 1) * kc_max : 0;
+          g.pack_w(p, j0, nj, kb * kc_max, kc, wp, next_j0, next_k0);
+          const float* xblock = xp + kb * kc_max * mc;
           for (int64_t jr = 0; jr < nj; jr += g.nr) {
             for (int64_t q = 0; q < n_panels; ++q) {
               g.micro(kc, xblock + q * g.mr * kc, wp + jr * kc,

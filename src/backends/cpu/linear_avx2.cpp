@@ -12,7 +12,6 @@
 #include <algorithm>
 
 #include "backends/cpu/linear_impl.h"
-#include "core/half.h"
 
 #define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -26,27 +25,6 @@ constexpr int64_t kNcMax = 256;
 constexpr int64_t kGemvMaxTokensF32 = 8;
 constexpr int64_t kGemvMaxTokens16Bit = 16;
 constexpr int64_t kGemvWTileBytes = 16384;
-
-template <DType DT>
-constexpr int64_t elem_bytes() {
-  return DT == DType::kF32 ? 4 : 2;
-}
-
-template <DType DT>
-const char* row_ptr(const LinearParams& p, int64_t j) {
-  return static_cast<const char*>(p.w) + j * p.w_stride * elem_bytes<DT>();
-}
-
-template <DType DT>
-inline float load1(const char* w, int64_t i) {
-  if constexpr (DT == DType::kF32) {
-    return reinterpret_cast<const float*>(w)[i];
-  } else if constexpr (DT == DType::kF16) {
-    return f16_to_f32(reinterpret_cast<const uint16_t*>(w)[i]);
-  } else {
-    return bf16_to_f32(reinterpret_cast<const uint16_t*>(w)[i]);
-  }
-}
 
 // 8 weights w[i .. i+8) as f32.
 template <DType DT>
@@ -300,8 +278,8 @@ const IsaKernels& avx2_kernels() {
       .gemv_max_tokens_16bit = kGemvMaxTokens16Bit,
       .gemm = {.mr = kMr,
                .nr = kNr,
-               .kc = kKc,
-               .nc_max = kNcMax,
+               .small_x = {.kc = kKc, .nc_max = kNcMax},
+               .large_x = {.kc = kKc, .nc_max = kNcMax},
                .pack_x = pack_x,
                .pack_w = pack_w,
                .micro = micro},

@@ -7,7 +7,8 @@
 // widening to 32 bits and shifting left by 16.
 // GEMM: MR = 8 tokens x NR = 32 outputs (16 zmm accumulators); per k-step two weight vectors
 // and eight broadcast x values feed 16 FMAs. The packers convert and transpose 16 x 16 blocks
-// in registers. kc = 2048 keeps weight rows read in long runs (DRAM streams well).
+// in registers. Blocking (see GemmBlocking): one 32-row panel x kc 2048 while x is small,
+// 256 rows x kc 256 when x is large.
 // NOTE: GCC 12's avx512fintrin.h initializes its "undefined" vectors from themselves, which
 // -Wuninitialized reports at every use; the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -28,22 +29,14 @@ constexpr __mmask16 kMrMask = (1u << kMr) - 1u;
 constexpr int64_t kNr = 32;
 constexpr int64_t kKc = 2048;
 constexpr int64_t kNcMax = 32;
+constexpr int64_t kKcLargeX = 256;
+constexpr int64_t kNcMaxLargeX = 256;
 constexpr int64_t kGemvMaxTokensF32 = 16;
 constexpr int64_t kGemvMaxTokens16Bit = 32;
 // GEMV k-chunk: 4 weight rows of one chunk take kGemvWTileBytes (they stay in L1 while every
 // token group passes over them).
 constexpr int64_t kGemvWTileBytes = 16384;
 constexpr bool kPf = false;
-
-template <DType DT>
-constexpr int64_t elem_bytes() {
-  return DT == DType::kF32 ? 4 : 2;
-}
-
-template <DType DT>
-const char* row_ptr(const LinearParams& p, int64_t j) {
-  return static_cast<const char*>(p.w) + j * p.w_stride * elem_bytes<DT>();
-}
 
 // 16 weights w[i .. i+16) as f32; lanes outside `mask` are zero and not read.
 template <DType DT>
@@ -329,8 +322,8 @@ const IsaKernels& avx512_kernels() {
       .gemv_max_tokens_16bit = kGemvMaxTokens16Bit,
       .gemm = {.mr = kMr,
                .nr = kNr,
-               .kc = kKc,
-               .nc_max = kNcMax,
+               .small_x = {.kc = kKc, .nc_max = kNcMax},
+               .large_x = {.kc = kKcLargeX, .nc_max = kNcMaxLargeX},
                .pack_x = pack_x,
                .pack_w = pack_w,
                .micro = micro},

@@ -17,22 +17,58 @@
 #include <cstdint>
 
 #include "backends/kernel_params.h"
+#include "core/half.h"
 
 namespace strata::cpu::linear_detail {
 
-// out[:, j0:j1] for all tokens (bias included), reading w rows j0..j1 directly.
+// Helpers for the plain weight dtypes the SIMD variants read natively (f32, f16, bf16).
+template <DType DT>
+constexpr int64_t elem_bytes() {
+  return DT == DType::kF32 ? 4 : 2;
+}
+
+// Start of weight row j.
+template <DType DT>
+const char* row_ptr(const LinearParams& p, int64_t j) {
+  return static_cast<const char*>(p.w) + j * p.w_stride * elem_bytes<DT>();
+}
+
+// Weight i of a row as f32.
+template <DType DT>
+inline float load1(const void* w, int64_t i) {
+  if constexpr (DT == DType::kF32) {
+    return static_cast<const float*>(w)[i];
+  } else if constexpr (DT == DType::kF16) {
+    return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  } else {
+    return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  }
+}
+
+// out[:, j0:j1] = x @ w[j0:j1]^T for all tokens, reading w rows j0..j1 directly (the driver
+// adds the bias).
 using GemvFn = void (*)(const LinearParams& p, int64_t j0, int64_t j1);
 
+// k-block and weight rows per packed block. Two settings: while the packed x is small it stays
+// in L2 and the weight block can be a single NR panel with a long k-block (weights are read in
+// long runs, which DRAM streams well); a large packed x is re-read once per weight block, so
+// then the blocks are wider (fewer passes over x) with a shorter k-block (the block still fits
+// L2).
+struct GemmBlocking {
+  int64_t kc;      // a multiple of 256 so block-quantized rows split on block bounds
+  int64_t nc_max;  // a multiple of nr
+};
+
 struct GemmKernel {
-  int64_t mr;      // tokens per micro-tile
-  int64_t nr;      // outputs per micro-tile
-  int64_t kc;      // k-block (a multiple of 256 so block-quantized rows split on block bounds)
-  int64_t nc_max;  // weight rows per packed block (a multiple of nr)
+  int64_t mr;  // tokens per micro-tile
+  int64_t nr;  // outputs per micro-tile
+  GemmBlocking small_x;
+  GemmBlocking large_x;
   // dst[ceil(ni / mr)][kc][mr] = x[i0 + r, k0 + kk], zero rows past ni.
   void (*pack_x)(const LinearParams& p, int64_t i0, int64_t ni, int64_t k0, int64_t kc, float* dst);
-  // dst[ceil(nj / nr)][kc][nr] = f32(w[j0 + c, k0 + kk]), zero columns past nj. While it
-  // reads, it prefetches the same-shaped block at (next_j0, next_k0) into L2 (none when
-  // next_j0 < 0): the block this thread packs next.
+  // dst[ceil(nj / nr)][kc][nr] = f32(w[j0 + c, k0 + kk]), zero columns past nj.
+  // (next_j0, next_k0) is the block this thread packs next (none when next_j0 < 0), which the
+  // packer prefetches into L2 while it reads this one.
   void (*pack_w)(const LinearParams& p, int64_t j0, int64_t nj, int64_t k0, int64_t kc, float* dst,
                  int64_t next_j0, int64_t next_k0);
   // c[r, col] += sum_kk xp[kk][r] * wp[kk][col] for r < mr_valid, col < nr_valid; c's rows are
