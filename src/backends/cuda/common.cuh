@@ -8,8 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <climits>
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -167,12 +167,12 @@ inline Status invalid_argument(const char* op, const std::string& message) {
 inline Status check_matrix(const char* op, const char* name, const void* ptr, int64_t rows,
                            int64_t cols, int64_t stride) {
   if (rows < 0 || rows > INT32_MAX) {
-    return invalid_argument(op, std::string(name) + " rows " + std::to_string(rows) +
-                                    " outside [0, 2^31)");
+    return invalid_argument(
+        op, std::string(name) + " rows " + std::to_string(rows) + " outside [0, 2^31)");
   }
   if (cols <= 0 || cols > INT32_MAX) {
-    return invalid_argument(op, std::string(name) + " cols " + std::to_string(cols) +
-                                    " outside [1, 2^31)");
+    return invalid_argument(
+        op, std::string(name) + " cols " + std::to_string(cols) + " outside [1, 2^31)");
   }
   if (stride < cols) {
     return invalid_argument(op, std::string(name) + " row stride " + std::to_string(stride) +

@@ -68,8 +68,7 @@ Status check_params(const EmbeddingParams& p) {
   if (p.vocab_offset < 0 || p.vocab_shard < 0 || p.vocab_offset + p.vocab_shard > p.vocab) {
     return invalid_argument("embedding", "shard [" + std::to_string(p.vocab_offset) + ", +" +
                                              std::to_string(p.vocab_shard) +
-                                             ") does not fit the vocab " +
-                                             std::to_string(p.vocab));
+                                             ") does not fit the vocab " + std::to_string(p.vocab));
   }
   if (p.vocab_shard > 0 && p.table_stride < p.hidden) {
     return invalid_argument("embedding", "table row stride " + std::to_string(p.table_stride) +

@@ -115,9 +115,8 @@ __global__ void __launch_bounds__(kMaxThreads) argmax_kernel(const ArgmaxParams 
 }
 
 int row_threads(int64_t cols, int per_thread) {
-  return static_cast<int>(
-      std::min<int64_t>(kMaxThreads, round_up<int64_t>(ceil_div<int64_t>(cols, per_thread),
-                                                       kWarpSize)));
+  return static_cast<int>(std::min<int64_t>(
+      kMaxThreads, round_up<int64_t>(ceil_div<int64_t>(cols, per_thread), kWarpSize)));
 }
 
 }  // namespace
