@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -71,6 +73,25 @@ __device__ inline float block_reduce_sum(float v) {
   return total;
 }
 
+// Max of `v` over the whole block, returned to every thread; same contract as block_reduce_sum.
+__device__ inline float block_reduce_max(float v) {
+  __shared__ float partial[kWarpSize];
+  __shared__ float total;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int n_warps = static_cast<int>(blockDim.x) / kWarpSize;
+  v = warp_reduce_max(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float t = lane < n_warps ? partial[lane] : -INFINITY;
+    t = warp_reduce_max(t);
+    if (lane == 0) total = t;
+  }
+  __syncthreads();
+  return total;
+}
+
 // ---- element conversions ---------------------------------------------------------------------
 
 __device__ __forceinline__ float to_f32(float v) {
@@ -98,6 +119,15 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// Element i of a float-typed array whose dtype is only known at run time (f32, f16 or bf16; the
+// launcher has checked it). For small side inputs such as a bias, where a template parameter per
+// dtype would multiply the instantiations for no measurable gain.
+__device__ __forceinline__ float load_as_f32(const void* p, DType dt, int64_t i) {
+  if (dt == DType::kF16) return __half2float(static_cast<const __half*>(p)[i]);
+  if (dt == DType::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
 // ---- packed loads and stores -----------------------------------------------------------------
 
 // N elements of T moved as one access (N * sizeof(T) of 4, 8 or 16 bytes), e.g. Packed<float, 4>
@@ -123,6 +153,43 @@ __device__ __forceinline__ void load_f32(const T* p, float (&out)[N]) {
   const Packed<T, N> packed = load_packed<T, N>(p);
 #pragma unroll
   for (int i = 0; i < N; ++i) out[i] = to_f32(packed.v[i]);
+}
+
+// ---- launcher helpers (host) -----------------------------------------------------------------
+
+// kInvalidArgument "<op>: <message>".
+inline Status invalid_argument(const char* op, const std::string& message) {
+  return Status(StatusCode::kInvalidArgument, std::string(op) + ": " + message);
+}
+
+// Checks an f32 matrix view [rows, cols] with row stride `stride`: rows in [0, 2^31), cols in
+// [1, 2^31), stride >= cols, and a non-null pointer when there is at least one row.
+inline Status check_matrix(const char* op, const char* name, const void* ptr, int64_t rows,
+                           int64_t cols, int64_t stride) {
+  if (rows < 0 || rows > INT32_MAX) {
+    return invalid_argument(
+        op, std::string(name) + " rows " + std::to_string(rows) + " outside [0, 2^31)");
+  }
+  if (cols <= 0 || cols > INT32_MAX) {
+    return invalid_argument(
+        op, std::string(name) + " cols " + std::to_string(cols) + " outside [1, 2^31)");
+  }
+  if (stride < cols) {
+    return invalid_argument(op, std::string(name) + " row stride " + std::to_string(stride) +
+                                    " smaller than cols " + std::to_string(cols));
+  }
+  if (rows > 0 && ptr == nullptr) return invalid_argument(op, std::string("null ") + name);
+  return ok_status();
+}
+
+// Grid for element-wise kernels over [rows, cols]: blockIdx.x covers a row's columns in chunks of
+// threads * per_thread, blockIdx.y walks the rows (kernels loop over rows by gridDim.y, since
+// gridDim.y is at most 65535).
+constexpr int kElementwiseThreads = 256;
+inline dim3 elementwise_grid(int64_t rows, int64_t cols, int per_thread) {
+  const int64_t chunk = int64_t{kElementwiseThreads} * per_thread;
+  return dim3(static_cast<unsigned>(ceil_div<int64_t>(cols, chunk)),
+              static_cast<unsigned>(rows < 65535 ? rows : 65535));
 }
 
 // ---- dtype dispatch (host) -------------------------------------------------------------------
