@@ -13,6 +13,7 @@ struct RunOptions {
   EngineConfig engine;
   GenerateRequest request;
   bool quiet = false;
+  bool verbose_prompt = false;
 };
 
 }  // namespace
@@ -50,6 +51,7 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_flag("--chat", opt->request.chat,
                 "Send the prompt as a user message through the model's chat template");
   sub->add_flag("-q,--quiet", opt->quiet, "Do not print timing statistics to stderr");
+  sub->add_flag("--verbose-prompt", opt->verbose_prompt, "Print the prompt's token ids to stderr");
   opt->request.sampling.temperature = 0.8f;
   opt->request.sampling.top_k = 40;
   opt->request.sampling.top_p = 0.95f;
@@ -68,6 +70,11 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
       return true;
     });
     if (!result.ok()) return report(result.status());
+    if (printer && opt->verbose_prompt) {
+      std::fprintf(stderr, "strata: prompt tokens:");
+      for (int32_t t : result->prompt_tokens) std::fprintf(stderr, " %d", t);
+      std::fprintf(stderr, "\n");
+    }
     if (printer) {
       std::fputc('\n', stdout);
       std::fflush(stdout);
