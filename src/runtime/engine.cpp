@@ -6,8 +6,6 @@
 #include <chrono>
 #include <filesystem>
 
-#include <omp.h>
-
 #include "core/env.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
@@ -18,6 +16,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "parallel/comm.h"
+#include "runtime/model_loader.h"
 #include "runtime/sampler.h"
 #include "runtime/sequence.h"
 #include "strata/engine.h"
@@ -26,52 +25,8 @@ namespace strata {
 
 namespace {
 
-namespace fs = std::filesystem;
 constexpr int64_t kBlockSize = 16;
 constexpr int64_t kPrefillChunk = 512;
-
-struct ModelFiles {
-  std::string dir;
-  ModelConfig config;
-  std::shared_ptr<TensorSource> weights;  // opened lazily by open_weights
-};
-
-Result<ModelConfig> read_config(const std::string& model) {
-  std::error_code ec;
-  if (!fs::exists(model, ec)) {
-    return errorf(StatusCode::kNotFound, "{}: no such model directory or file", model);
-  }
-  if (!fs::is_directory(model, ec)) {
-    return errorf(StatusCode::kUnimplemented,
-                  "{}: expected a Hugging Face checkpoint directory (config.json + "
-                  "model.safetensors)",
-                  model);
-  }
-  const std::string path = (fs::path(model) / "config.json").string();
-  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
-  return parse_hf_config(text, path);
-}
-
-ModelInfo make_info(const std::string& path, const ModelConfig& c) {
-  ModelInfo info;
-  info.path = path;
-  info.architecture = c.architecture;
-  info.dtype = std::string(dtype_name(c.weight_dtype));
-  info.n_params = c.parameter_count();
-  info.n_layers = c.n_layers;
-  info.hidden = c.hidden;
-  info.n_heads = c.n_heads;
-  info.n_heads_kv = c.n_heads_kv;
-  info.head_dim = c.head_dim;
-  info.ffn_dim = c.ffn_dim;
-  info.vocab = c.vocab;
-  info.context_length = c.max_position_embeddings;
-  info.weight_bytes = dtype_bytes(c.weight_dtype, info.n_params);
-  info.kv_bytes_per_token = 2 * c.n_layers * c.n_heads_kv * c.head_dim * 4;
-  std::error_code ec;
-  info.has_tokenizer = fs::exists(fs::path(path) / "tokenizer.json", ec);
-  return info;
-}
 
 class EngineImpl final : public Engine {
  public:
@@ -80,47 +35,15 @@ class EngineImpl final : public Engine {
   int world_size() const override { return comm_->size(); }
 
   Status init(const EngineConfig& cfg) {
-    if (cfg.num_threads > 0) omp_set_num_threads(cfg.num_threads);
-    if (cfg.tensor_parallel_size < 1) {
-      return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
-    }
-    const EnvConfig& env = env_config();
-    if (cfg.tensor_parallel_size > 1 && env.launcher_size != cfg.tensor_parallel_size) {
-      return errorf(StatusCode::kInvalidArgument,
-                    "--tensor-parallel-size {} needs {} ranks: launch with mpirun -np {} (this "
-                    "process was started with {})",
-                    cfg.tensor_parallel_size, cfg.tensor_parallel_size, cfg.tensor_parallel_size,
-                    env.launcher_size > 0 ? env.launcher_size : 1);
-    }
-    if (cfg.tensor_parallel_size > 1 || env.launcher_size > 1) {
-      STRATA_ASSIGN_OR_RETURN(comm_, make_mpi_communicator());
-      if (comm_->size() != cfg.tensor_parallel_size) {
-        return errorf(StatusCode::kInvalidArgument,
-                      "--tensor-parallel-size {} but {} MPI ranks were launched (use mpirun -np "
-                      "{})",
-                      cfg.tensor_parallel_size, comm_->size(), cfg.tensor_parallel_size);
-      }
-    } else {
-      comm_ = make_single_rank_communicator();
-    }
-    STRATA_ASSIGN_OR_RETURN(ModelConfig config, read_config(cfg.model));
-    info_ = make_info(cfg.model, config);
-    if (cfg.max_model_len < 0) {
-      return errorf(StatusCode::kInvalidArgument, "--max-model-len must be >= 0");
-    }
-    max_len_ = cfg.max_model_len > 0 ? std::min(cfg.max_model_len, config.max_position_embeddings)
-                                     : config.max_position_embeddings;
-    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(cfg.model));
-    ParallelConfig par;
-    par.tp_size = comm_->size();
-    par.tp_rank = comm_->rank();
-    STRATA_ASSIGN_OR_RETURN(model_, Model::load(config, par, ckpt));
-    const std::string tok_path = (fs::path(cfg.model) / "tokenizer.json").string();
-    if (info_.has_tokenizer) {
-      STRATA_ASSIGN_OR_RETURN(tokenizer_, Tokenizer::from_hf_json(tok_path));
-    }
+    STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
+    info_ = std::move(loaded.info);
+    max_len_ = loaded.max_len;
+    comm_ = std::move(loaded.comm);
+    model_ = std::move(loaded.model);
+    tokenizer_ = std::move(loaded.tokenizer);
     const int64_t n_blocks = (max_len_ + kBlockSize - 1) / kBlockSize;
-    STRATA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(model_->kv_config(n_blocks, kBlockSize)));
+    STRATA_ASSIGN_OR_RETURN(KvCache cache,
+                            KvCache::create(model_->kv_config(n_blocks, kBlockSize)));
     cache_ = std::make_unique<KvCache>(std::move(cache));
     return ok_status();
   }
@@ -160,8 +83,9 @@ class EngineImpl final : public Engine {
     if (!req.prompt_tokens.empty()) {
       for (int32_t t : req.prompt_tokens) {
         if (t < 0 || t >= model_->config().vocab) {
-          return errorf(StatusCode::kInvalidArgument, "prompt token id {} is outside the vocabulary (0..{})",
-                        t, model_->config().vocab - 1);
+          return errorf(StatusCode::kInvalidArgument,
+                        "prompt token id {} is outside the vocabulary (0..{})", t,
+                        model_->config().vocab - 1);
         }
       }
       result.prompt_tokens = req.prompt_tokens;
@@ -241,8 +165,8 @@ class EngineImpl final : public Engine {
 }  // namespace
 
 Result<ModelInfo> inspect_model(const std::string& model) {
-  STRATA_ASSIGN_OR_RETURN(ModelConfig config, read_config(model));
-  return make_info(model, config);
+  STRATA_ASSIGN_OR_RETURN(ModelConfig config, read_model_config(model));
+  return make_model_info(model, config);
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {

@@ -27,11 +27,12 @@
 #include <vector>
 
 #include "memory/block_manager.h"
+#include "strata/serving.h"
 #include "strata/status.h"
 
 namespace strata {
 
-// How a preempted sequence gives its blocks back.
+// How a preempted sequence gives its blocks back (PreemptionMode, strata/serving.h):
 //   kSwap: copy its blocks to host slots (recompute when the swap area is full).
 //   kRecompute: drop its blocks; recompute prompt + generated tokens when resumed.
 //   kByCost: compare estimated costs and pick the cheaper:
@@ -40,7 +41,6 @@ namespace strata {
 //     recompute when recompute_seconds <= swap_seconds (or the swap area is full), else swap.
 //   Large models have few KV bytes per token relative to their FLOPs per token, so swapping
 //   wins for them; tiny models and short contexts recompute.
-enum class PreemptionMode { kSwap, kRecompute, kByCost };
 
 struct SchedulerConfig {
   int64_t num_blocks = 0;       // device KV blocks
