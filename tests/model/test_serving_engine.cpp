@@ -158,6 +158,7 @@ void check_matches_engine(const std::string& model, ServingConfig cfg, bool expe
   EXPECT_EQ(m.e2e_count, 16);
   if (expect_preemption) {
     EXPECT_GT(m.preemptions_total, 0);
+    ::testing::Test::RecordProperty("preemptions", static_cast<int>(m.preemptions_total));
   }
   (*serving)->shutdown(true);
 }
