@@ -29,7 +29,8 @@ BlockManager::BlockManager(int64_t n_blocks, int64_t block_size, bool enable_pre
     : block_size_(block_size),
       enable_prefix_caching_(enable_prefix_caching),
       ref_(static_cast<size_t>(n_blocks), 0),
-      lru_pos_(static_cast<size_t>(n_blocks)),
+      lru_prev_(static_cast<size_t>(n_blocks), -1),
+      lru_next_(static_cast<size_t>(n_blocks), -1),
       in_lru_(static_cast<size_t>(n_blocks), 0),
       hashed_(static_cast<size_t>(n_blocks), 0),
       hash_(static_cast<size_t>(n_blocks), 0),
@@ -46,10 +47,9 @@ int32_t BlockManager::allocate() {
   if (!free_.empty()) {
     b = free_.back();
     free_.pop_back();
-  } else if (!lru_.empty()) {
-    b = lru_.front();
-    lru_.pop_front();
-    in_lru_[static_cast<size_t>(b)] = 0;
+  } else if (lru_head_ >= 0) {
+    b = lru_head_;
+    lru_unlink(b);
     forget_hash(b);
   } else {
     return -1;
@@ -62,8 +62,7 @@ void BlockManager::retain(int32_t block) {
   const auto i = static_cast<size_t>(block);
   if (ref_[i] == 0) {
     STRATA_CHECK(in_lru_[i]);
-    lru_.erase(lru_pos_[i]);
-    in_lru_[i] = 0;
+    lru_unlink(block);
   }
   ++ref_[i];
 }
@@ -73,8 +72,7 @@ void BlockManager::release(int32_t block) {
   STRATA_CHECK(ref_[i] > 0);
   if (--ref_[i] > 0) return;
   if (hashed_[i]) {
-    lru_pos_[i] = lru_.insert(lru_.end(), block);
-    in_lru_[i] = 1;
+    lru_push_back(block);
   } else {
     free_.push_back(block);
   }
@@ -103,6 +101,38 @@ int32_t BlockManager::lookup(uint64_t hash, uint64_t parent, std::span<const int
   if (parent_[i] != parent || !std::equal(tokens.begin(), tokens.end(), first)) return -1;
   retain(b);
   return b;
+}
+
+void BlockManager::lru_push_back(int32_t block) {
+  const auto i = static_cast<size_t>(block);
+  lru_prev_[i] = lru_tail_;
+  lru_next_[i] = -1;
+  if (lru_tail_ >= 0) {
+    lru_next_[static_cast<size_t>(lru_tail_)] = block;
+  } else {
+    lru_head_ = block;
+  }
+  lru_tail_ = block;
+  in_lru_[i] = 1;
+  ++lru_size_;
+}
+
+void BlockManager::lru_unlink(int32_t block) {
+  const auto i = static_cast<size_t>(block);
+  const int32_t prev = lru_prev_[i], next = lru_next_[i];
+  if (prev >= 0) {
+    lru_next_[static_cast<size_t>(prev)] = next;
+  } else {
+    lru_head_ = next;
+  }
+  if (next >= 0) {
+    lru_prev_[static_cast<size_t>(next)] = prev;
+  } else {
+    lru_tail_ = prev;
+  }
+  lru_prev_[i] = lru_next_[i] = -1;
+  in_lru_[i] = 0;
+  --lru_size_;
 }
 
 void BlockManager::forget_hash(int32_t block) {

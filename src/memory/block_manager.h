@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -32,11 +31,11 @@ class BlockManager {
 
   int64_t num_total() const { return static_cast<int64_t>(ref_.size()); }
   // Blocks allocate() can hand out: free ones plus cached ones nobody references.
-  int64_t num_free() const { return static_cast<int64_t>(free_.size() + lru_.size()); }
+  int64_t num_free() const { return static_cast<int64_t>(free_.size()) + lru_size_; }
   // Blocks referenced by at least one sequence.
   int64_t num_used() const { return num_total() - num_free(); }
   // Cached blocks nobody references (reusable by lookup, evictable by allocate).
-  int64_t num_cached_free() const { return static_cast<int64_t>(lru_.size()); }
+  int64_t num_cached_free() const { return lru_size_; }
   int32_t ref_count(int32_t block) const { return ref_[static_cast<size_t>(block)]; }
   bool prefix_caching() const { return enable_prefix_caching_; }
 
@@ -56,13 +55,18 @@ class BlockManager {
 
  private:
   void forget_hash(int32_t block);
+  void lru_push_back(int32_t block);
+  void lru_unlink(int32_t block);
 
   int64_t block_size_;
   bool enable_prefix_caching_;
   std::vector<int32_t> free_;  // unhashed, unreferenced
   std::vector<int32_t> ref_;
-  std::list<int32_t> lru_;  // hashed, unreferenced; front = least recently released
-  std::vector<std::list<int32_t>::iterator> lru_pos_;
+  // Hashed, unreferenced blocks: an intrusive doubly linked list (no allocation), head = least
+  // recently released.
+  std::vector<int32_t> lru_prev_, lru_next_;
+  int32_t lru_head_ = -1, lru_tail_ = -1;
+  int64_t lru_size_ = 0;
   std::vector<uint8_t> in_lru_;
   std::vector<uint8_t> hashed_;
   std::vector<uint64_t> hash_, parent_;

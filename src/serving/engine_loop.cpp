@@ -112,6 +112,7 @@ class ServingEngineImpl final : public ServingEngine {
   std::vector<uint64_t> cancels_local_;
   std::vector<int32_t> tokens_, token_seq_, token_pos_, block_tables_, logit_rows_;
   std::vector<float> logits_, logprob_scratch_;
+  std::vector<int32_t> top_ids_;
   std::vector<std::pair<RequestState*, int64_t>> with_logits_;  // (request, logits row)
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, finished_total_ = 0;
   LatencyHistogram ttft_{default_latency_buckets()}, tpot_{default_latency_buckets()},
@@ -441,7 +442,8 @@ void ServingEngineImpl::on_logits(RequestState& r, float* row) {
     lp.token = tok;
     lp.logprob = logprob_scratch_[static_cast<size_t>(tok)] - lse;
     if (q.top_logprobs > 0) {
-      std::vector<int32_t> ids(static_cast<size_t>(V));
+      std::vector<int32_t>& ids = top_ids_;
+      ids.resize(static_cast<size_t>(V));
       for (int64_t i = 0; i < V; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
       const auto k = std::min<int64_t>(q.top_logprobs, V);
       std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
