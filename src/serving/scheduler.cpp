@@ -236,8 +236,13 @@ const ScheduledStep& Scheduler::schedule() {
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     SchedSequence* s = swapped_.front();
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
-    const int64_t chunk = std::min(remaining, budget_);
-    if (blocks_for(s->n_computed + chunk) > blocks_.num_free() - config_.watermark_blocks) break;
+    // With nothing running the watermark protects no one: waiving it avoids a stall.
+    const int64_t reserve = running_.empty() ? 0 : config_.watermark_blocks;
+    const int64_t n_slots = static_cast<int64_t>(s->swap_slots.size());
+    const int64_t free = blocks_.num_free() - reserve;
+    const int64_t room = std::max<int64_t>(free, 0) * config_.block_size - s->n_computed;
+    const int64_t chunk = std::min({remaining, budget_, room});
+    if (n_slots > free || chunk <= 0) break;
     swapped_.erase(swapped_.begin());
     for (int32_t slot : s->swap_slots) {
       const int32_t b = blocks_.allocate();
@@ -260,7 +265,8 @@ const ScheduledStep& Scheduler::schedule() {
     SchedSequence* s = waiting_.front();
     match_prefix(*s);
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
-    const int64_t chunk = fit_chunk(*s, std::min(remaining, budget_), config_.watermark_blocks);
+    const int64_t reserve = running_.empty() ? 0 : config_.watermark_blocks;
+    const int64_t chunk = fit_chunk(*s, std::min(remaining, budget_), reserve);
     if (chunk == 0) {
       release_blocks(*s);
       s->n_computed = 0;
