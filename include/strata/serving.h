@@ -18,6 +18,11 @@
 
 namespace strata {
 
+// What happens to a running sequence when the KV cache runs out of blocks: its blocks are
+// swapped to host memory, or dropped and recomputed later; kByCost compares the two estimates
+// (src/serving/scheduler.h documents the rule).
+enum class PreemptionMode { kSwap, kRecompute, kByCost };
+
 struct ServingConfig {
   EngineConfig engine;             // model, threads, tensor parallel size, max_model_len
   int64_t max_num_seqs = 64;       // sequences running at once
@@ -27,6 +32,7 @@ struct ServingConfig {
   int64_t kv_cache_bytes = int64_t{1} << 30;
   int64_t swap_space_bytes = int64_t{1} << 30;  // host memory for preempted KV blocks
   bool enable_prefix_caching = true;
+  PreemptionMode preemption_mode = PreemptionMode::kByCost;
   std::string served_model_name;   // name in /v1/models; default: the model path's last part
 };
 

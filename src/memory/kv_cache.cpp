@@ -1,5 +1,7 @@
 #include "memory/kv_cache.h"
 
+#include <cstring>
+
 #include "core/log.h"
 #include "core/status.h"
 
@@ -49,6 +51,28 @@ Tensor KvCache::layer_view(int64_t layer, int which) const {
   const int64_t per = c.n_blocks * c.block_size * c.n_heads_kv * c.head_dim;
   float* base = storage_.as<float>() + (2 * layer + which) * per;
   return Tensor::make(base, DType::kF32, {c.n_blocks, c.block_size, c.n_heads_kv, c.head_dim});
+}
+
+void KvCache::copy_block_to_host(int32_t block, float* host) const {
+  const int64_t per = config_.block_size * config_.n_heads_kv * config_.head_dim;
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    for (int which = 0; which < 2; ++which) {
+      const Tensor t = layer_view(l, which);
+      std::memcpy(host + (2 * l + which) * per, t.ptr<float>() + block * per,
+                  static_cast<size_t>(per) * sizeof(float));
+    }
+  }
+}
+
+void KvCache::copy_block_from_host(int32_t block, const float* host) {
+  const int64_t per = config_.block_size * config_.n_heads_kv * config_.head_dim;
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    for (int which = 0; which < 2; ++which) {
+      const Tensor t = layer_view(l, which);
+      std::memcpy(t.ptr<float>() + block * per, host + (2 * l + which) * per,
+                  static_cast<size_t>(per) * sizeof(float));
+    }
+  }
 }
 
 Status SequenceKv::reserve(KvCache& cache, int64_t new_length) {

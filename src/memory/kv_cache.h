@@ -52,14 +52,23 @@ class KvCache {
     return (n_tokens + config_.block_size - 1) / config_.block_size;
   }
   size_t bytes() const { return storage_.bytes(); }
+  // Floats of one block across all layers, K and V: what a host swap slot holds.
+  int64_t block_floats() const {
+    return 2 * config_.n_layers * config_.block_size * config_.n_heads_kv * config_.head_dim;
+  }
+  // Copy one block (every layer's K and V) to / from a host slot of block_floats() floats laid
+  // out [n_layers, 2, block_size, n_heads_kv, head_dim]. Used to swap preempted sequences.
+  void copy_block_to_host(int32_t block, float* host) const;
+  void copy_block_from_host(int32_t block, const float* host);
   static size_t bytes_needed(const KvCacheConfig& c) {
     return static_cast<size_t>(2 * c.n_layers * c.n_blocks * c.block_size * c.n_heads_kv *
-                               c.head_dim) * sizeof(float);
+                               c.head_dim) *
+           sizeof(float);
   }
 
  private:
-  KvCache(const KvCacheConfig& c, Buffer storage) : config_(c), storage_(std::move(storage)),
-      blocks_(c.n_blocks) {}
+  KvCache(const KvCacheConfig& c, Buffer storage)
+      : config_(c), storage_(std::move(storage)), blocks_(c.n_blocks) {}
   Tensor layer_view(int64_t layer, int which) const;
 
   KvCacheConfig config_;

@@ -22,6 +22,7 @@
 #include "model/gguf_model.h"
 #include "model/model.h"
 #include "parallel/comm.h"
+#include "runtime/model_loader.h"
 #include "runtime/sampler.h"
 #include "runtime/sequence.h"
 #include "strata/engine.h"
@@ -34,104 +35,6 @@ namespace fs = std::filesystem;
 constexpr int64_t kBlockSize = 16;
 constexpr int64_t kPrefillChunk = 512;
 
-// Known model aliases: name -> file name inside <cache>/models (fetched by
-// scripts/fetch_model.sh, which checks the sha256).
-struct ModelAlias {
-  const char* name;
-  const char* file;
-};
-constexpr ModelAlias kAliases[] = {
-    {"smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"},
-    {"gemma3-270m", "gemma-3-270m-it-Q4_K_M.gguf"},
-};
-
-Result<std::string> resolve_model_path(const std::string& model) {
-  for (const ModelAlias& a : kAliases) {
-    if (model != a.name) continue;
-    const fs::path path = fs::path(env_config().cache_dir) / "models" / a.file;
-    std::error_code ec;
-    if (!fs::exists(path, ec)) {
-      return errorf(StatusCode::kNotFound,
-                    "model '{}' is not downloaded ({} is missing): run scripts/fetch_model.sh {}",
-                    model, path.string(), model);
-    }
-    return path.string();
-  }
-  return model;
-}
-
-bool is_gguf_path(const std::string& path) {
-  return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
-}
-
-// Everything needed to build a model: its config, weights and tokenizer.
-struct ModelFiles {
-  std::string path;
-  ModelConfig config;
-  std::shared_ptr<TensorSource> weights;   // null unless with_weights
-  std::unique_ptr<Tokenizer> tokenizer;    // null when the model has none
-  bool has_chat_template = false;
-};
-
-Result<ModelFiles> open_model(const std::string& model, bool with_weights) {
-  ModelFiles m;
-  STRATA_ASSIGN_OR_RETURN(m.path, resolve_model_path(model));
-  std::error_code ec;
-  if (!fs::exists(m.path, ec)) {
-    return errorf(StatusCode::kNotFound, "{}: no such model directory or file", m.path);
-  }
-  if (is_gguf_path(m.path) && fs::is_regular_file(m.path, ec)) {
-    STRATA_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(m.path));
-    auto shared = std::make_shared<const GgufFile>(std::move(file));
-    STRATA_ASSIGN_OR_RETURN(m.config, model_config_from_gguf(*shared));
-    if (shared->has("tokenizer.ggml.model")) {
-      STRATA_ASSIGN_OR_RETURN(TokenizerSpec spec, tokenizer_spec_from_gguf(*shared));
-      m.has_chat_template = !spec.chat_template.empty();
-      STRATA_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_spec(std::move(spec)));
-    }
-    if (with_weights) m.weights = make_gguf_tensor_source(shared, m.config.family);
-    return m;
-  }
-  if (!fs::is_directory(m.path, ec)) {
-    return errorf(StatusCode::kUnimplemented,
-                  "{}: expected a Hugging Face checkpoint directory (config.json + "
-                  "model.safetensors) or a .gguf file",
-                  m.path);
-  }
-  const std::string config_path = (fs::path(m.path) / "config.json").string();
-  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(config_path));
-  STRATA_ASSIGN_OR_RETURN(m.config, parse_hf_config(text, config_path));
-  const fs::path tok_path = fs::path(m.path) / "tokenizer.json";
-  if (fs::exists(tok_path, ec)) {
-    STRATA_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_hf_json(tok_path.string()));
-    m.has_chat_template = !m.tokenizer->chat_template().empty();
-  }
-  if (with_weights) {
-    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(m.path));
-    m.weights = std::move(ckpt);
-  }
-  return m;
-}
-
-ModelInfo make_info(const std::string& path, const ModelConfig& c) {
-  ModelInfo info;
-  info.path = path;
-  info.architecture = c.architecture;
-  info.dtype = std::string(dtype_name(c.weight_dtype));
-  info.n_params = c.parameter_count();
-  info.n_layers = c.n_layers;
-  info.hidden = c.hidden;
-  info.n_heads = c.n_heads;
-  info.n_heads_kv = c.n_heads_kv;
-  info.head_dim = c.head_dim;
-  info.ffn_dim = c.ffn_dim;
-  info.vocab = c.vocab;
-  info.context_length = c.max_position_embeddings;
-  info.weight_bytes = dtype_bytes(c.weight_dtype, info.n_params);
-  info.kv_bytes_per_token = 2 * c.n_layers * c.n_heads_kv * c.head_dim * 4;
-  return info;
-}
-
 class EngineImpl final : public Engine {
  public:
   const ModelInfo& info() const override { return info_; }
@@ -139,46 +42,15 @@ class EngineImpl final : public Engine {
   int world_size() const override { return comm_->size(); }
 
   Status init(const EngineConfig& cfg) {
-    if (cfg.num_threads > 0) omp_set_num_threads(cfg.num_threads);
-    if (cfg.tensor_parallel_size < 1) {
-      return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
-    }
-    const EnvConfig& env = env_config();
-    if (cfg.tensor_parallel_size > 1 && env.launcher_size != cfg.tensor_parallel_size) {
-      return errorf(StatusCode::kInvalidArgument,
-                    "--tensor-parallel-size {} needs {} ranks: launch with mpirun -np {} (this "
-                    "process was started with {})",
-                    cfg.tensor_parallel_size, cfg.tensor_parallel_size, cfg.tensor_parallel_size,
-                    env.launcher_size > 0 ? env.launcher_size : 1);
-    }
-    if (cfg.tensor_parallel_size > 1 || env.launcher_size > 1) {
-      STRATA_ASSIGN_OR_RETURN(comm_, make_mpi_communicator());
-      if (comm_->size() != cfg.tensor_parallel_size) {
-        return errorf(StatusCode::kInvalidArgument,
-                      "--tensor-parallel-size {} but {} MPI ranks were launched (use mpirun -np "
-                      "{})",
-                      cfg.tensor_parallel_size, comm_->size(), cfg.tensor_parallel_size);
-      }
-    } else {
-      comm_ = make_single_rank_communicator();
-    }
-    STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(cfg.model, /*with_weights=*/true));
-    const ModelConfig& config = files.config;
-    info_ = make_info(files.path, config);
-    info_.has_tokenizer = files.tokenizer != nullptr;
-    info_.has_chat_template = files.has_chat_template;
-    tokenizer_ = std::move(files.tokenizer);
-    if (cfg.max_model_len < 0) {
-      return errorf(StatusCode::kInvalidArgument, "--max-model-len must be >= 0");
-    }
-    max_len_ = cfg.max_model_len > 0 ? std::min(cfg.max_model_len, config.max_position_embeddings)
-                                     : config.max_position_embeddings;
-    ParallelConfig par;
-    par.tp_size = comm_->size();
-    par.tp_rank = comm_->rank();
-    STRATA_ASSIGN_OR_RETURN(model_, Model::load(config, par, files.weights));
+    STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
+    info_ = std::move(loaded.info);
+    max_len_ = loaded.max_len;
+    comm_ = std::move(loaded.comm);
+    model_ = std::move(loaded.model);
+    tokenizer_ = std::move(loaded.tokenizer);
     const int64_t n_blocks = (max_len_ + kBlockSize - 1) / kBlockSize;
-    STRATA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(model_->kv_config(n_blocks, kBlockSize)));
+    STRATA_ASSIGN_OR_RETURN(KvCache cache,
+                            KvCache::create(model_->kv_config(n_blocks, kBlockSize)));
     cache_ = std::make_unique<KvCache>(std::move(cache));
     return ok_status();
   }
@@ -318,10 +190,7 @@ class EngineImpl final : public Engine {
 
 Result<ModelInfo> inspect_model(const std::string& model) {
   STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(model, /*with_weights=*/false));
-  ModelInfo info = make_info(files.path, files.config);
-  info.has_tokenizer = files.tokenizer != nullptr;
-  info.has_chat_template = files.has_chat_template;
-  return info;
+  return std::move(files.info);
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {

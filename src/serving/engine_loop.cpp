@@ -1,0 +1,600 @@
+// ServingEngine implementation: owns the model, the paged KV cache, a host swap area and the
+// Scheduler, and runs the loop thread described in engine_loop.h.
+//
+// Threading: submit()/cancel() only touch the incoming queues under mu_; everything else (the
+// scheduler, the request states, the KV cache) belongs to the loop thread. metrics() reads a
+// snapshot the loop publishes under metrics_mu_ after every step.
+//
+// NOTE: the KvCache's own BlockAllocator is unused here: the Scheduler's BlockManager decides
+// which blocks each sequence owns, and the block tables it builds go straight to the model.
+#include "serving/engine_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <filesystem>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "core/status.h"
+#include "io/chat_template.h"
+#include "io/tokenizer.h"
+#include "memory/kv_cache.h"
+#include "runtime/model_loader.h"
+#include "runtime/sampler.h"
+#include "serving/scheduler.h"
+#include "strata/serving.h"
+
+namespace strata {
+
+namespace {
+
+constexpr double kLatencyBuckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075,
+                                      0.1,   0.25,   0.5,   0.75, 1.0,   2.5,  5.0,
+                                      7.5,   10.0,   20.0,  40.0, 80.0};
+constexpr int kMaxTopLogprobs = 20;
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct RequestState {
+  uint64_t id = 0;
+  CompletionRequest req;
+  ServingEngine::Callback on_event;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StreamingDecoder> decoder;
+  std::vector<int32_t> generated;
+  std::string pending_text;  // decoded but not sent: may still become a stop string
+  Clock::time_point arrival, first_token, last_token;
+  int64_t cached_prompt_tokens = 0;
+};
+
+class ServingEngineImpl final : public ServingEngine {
+ public:
+  ~ServingEngineImpl() override { shutdown(/*drain=*/false); }
+
+  Status init(const ServingConfig& cfg);
+
+  const ModelInfo& info() const override { return info_; }
+  const std::string& model_name() const override { return model_name_; }
+  int64_t max_model_len() const override { return max_len_; }
+
+  Result<std::vector<int32_t>> tokenize(const std::string& text, bool add_special) override {
+    if (!tokenizer_) return no_tokenizer();
+    return tokenizer_->encode(text, add_special);
+  }
+  std::string detokenize(const std::vector<int32_t>& tokens) override {
+    return tokenizer_ ? tokenizer_->decode(tokens) : std::string();
+  }
+  Result<std::string> apply_chat_template(const std::string& messages_json,
+                                          bool add_generation_prompt,
+                                          const std::string& tools_json) override;
+  Result<uint64_t> submit(CompletionRequest request, Callback on_event) override;
+  void cancel(uint64_t id) override;
+  ServingMetrics metrics() const override;
+  void shutdown(bool drain) override;
+
+ private:
+  Status no_tokenizer() const {
+    return errorf(StatusCode::kFailedPrecondition, "{}: the model has no tokenizer.json",
+                  info_.path);
+  }
+  void loop();
+  void run_step();
+  void fail_step(const ScheduledStep& step, const Status& st);
+  // Sample from `row` (raw logits, modified) and emit the event; may finish the request.
+  void on_logits(RequestState& r, float* row);
+  void finish(RequestState& r, CompletionEvent ev, const char* reason);
+  void publish_metrics();
+
+  // Immutable after init.
+  ModelInfo info_;
+  std::string model_name_;
+  int64_t max_len_ = 0;
+  int64_t block_size_ = 16;
+  int64_t num_blocks_ = 0;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<KvCache> cache_;
+
+  // Loop thread only.
+  std::unique_ptr<Scheduler> sched_;
+  std::vector<float> swap_;  // [num_swap_blocks, block_floats]
+  std::unordered_map<uint64_t, std::unique_ptr<RequestState>> requests_;
+  std::vector<std::unique_ptr<RequestState>> incoming_local_;
+  std::vector<uint64_t> cancels_local_;
+  std::vector<int32_t> tokens_, token_seq_, token_pos_, block_tables_, logit_rows_;
+  std::vector<float> logits_, logprob_scratch_;
+  std::vector<int32_t> top_ids_;
+  std::vector<std::pair<RequestState*, int64_t>> with_logits_;  // (request, logits row)
+  int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, finished_total_ = 0;
+  LatencyHistogram ttft_{default_latency_buckets()}, tpot_{default_latency_buckets()},
+      e2e_{default_latency_buckets()};
+
+  // Shared with submit()/cancel()/shutdown().
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<RequestState>> incoming_;
+  std::vector<uint64_t> cancels_;
+  uint64_t next_id_ = 1;
+  bool accepting_ = true, stop_ = false, drain_ = true;
+  std::thread thread_;
+  std::mutex shutdown_mu_;
+
+  mutable std::mutex metrics_mu_;
+  ServingMetrics metrics_;
+};
+
+Status ServingEngineImpl::init(const ServingConfig& cfg) {
+  if (cfg.engine.tensor_parallel_size > 1) {
+    return errorf(StatusCode::kUnimplemented,
+                  "serving with --tensor-parallel-size > 1 is not supported yet");
+  }
+  if (cfg.block_size < 1 || cfg.max_num_seqs < 1 || cfg.max_num_batched_tokens < 1) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "serving: block_size, max_num_seqs and max_num_batched_tokens must be >= 1");
+  }
+  if (cfg.num_kv_blocks < 0 || cfg.kv_cache_bytes < 0 || cfg.swap_space_bytes < 0) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "serving: num_kv_blocks, kv_cache_bytes and swap_space_bytes must be >= 0");
+  }
+  STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg.engine));
+  info_ = std::move(loaded.info);
+  max_len_ = loaded.max_len;
+  comm_ = std::move(loaded.comm);
+  model_ = std::move(loaded.model);
+  tokenizer_ = std::move(loaded.tokenizer);
+  model_name_ = cfg.served_model_name;
+  if (model_name_.empty()) {
+    std::filesystem::path p(cfg.engine.model);
+    model_name_ = p.has_filename() ? p.filename().string() : p.parent_path().filename().string();
+  }
+  block_size_ = cfg.block_size;
+  const KvCacheConfig one = model_->kv_config(1, block_size_);
+  const int64_t block_bytes = static_cast<int64_t>(KvCache::bytes_needed(one));
+  num_blocks_ = cfg.num_kv_blocks > 0 ? cfg.num_kv_blocks : cfg.kv_cache_bytes / block_bytes;
+  if (num_blocks_ < 1) {
+    return errorf(StatusCode::kOutOfMemory,
+                  "serving: kv_cache_bytes {} holds no KV block ({} bytes each)",
+                  cfg.kv_cache_bytes, block_bytes);
+  }
+  STRATA_ASSIGN_OR_RETURN(KvCache cache,
+                          KvCache::create(model_->kv_config(num_blocks_, block_size_)));
+  cache_ = std::make_unique<KvCache>(std::move(cache));
+  const int64_t num_swap = cfg.swap_space_bytes / block_bytes;
+  swap_.assign(static_cast<size_t>(num_swap * cache_->block_floats()), 0.0f);
+
+  SchedulerConfig sc;
+  sc.num_blocks = num_blocks_;
+  sc.num_swap_blocks = num_swap;
+  sc.block_size = block_size_;
+  sc.max_num_seqs = cfg.max_num_seqs;
+  sc.max_num_batched_tokens = cfg.max_num_batched_tokens;
+  sc.max_model_len = max_len_;
+  sc.watermark_blocks = num_blocks_ / 100;  // 1%, as vLLM
+  sc.enable_prefix_caching = cfg.enable_prefix_caching;
+  sc.preemption_mode = cfg.preemption_mode;
+  sc.block_bytes = block_bytes;
+  sched_ = std::make_unique<Scheduler>(sc);
+  publish_metrics();
+  thread_ = std::thread([this] { loop(); });
+  return ok_status();
+}
+
+Result<std::string> ServingEngineImpl::apply_chat_template(const std::string& messages_json,
+                                                           bool add_generation_prompt,
+                                                           const std::string& tools_json) {
+  if (!tokenizer_) return no_tokenizer();
+  if (tokenizer_->chat_template().empty()) {
+    return errorf(StatusCode::kFailedPrecondition, "{}: the model has no chat template",
+                  info_.path);
+  }
+  nlohmann::ordered_json messages = nlohmann::ordered_json::parse(messages_json, nullptr, false);
+  if (messages.is_discarded() || !messages.is_array()) {
+    return errorf(StatusCode::kInvalidArgument, "messages: expected a JSON array");
+  }
+  nlohmann::ordered_json tools = nullptr;
+  if (!tools_json.empty()) {
+    tools = nlohmann::ordered_json::parse(tools_json, nullptr, false);
+    if (tools.is_discarded() || !tools.is_array()) {
+      return errorf(StatusCode::kInvalidArgument, "tools: expected a JSON array");
+    }
+  }
+  const int32_t bos = tokenizer_->bos_id(), eos = tokenizer_->eos_id();
+  return strata::apply_chat_template(tokenizer_->chat_template(), messages, add_generation_prompt,
+                                     bos >= 0 ? tokenizer_->id_to_token(bos) : std::string(),
+                                     eos >= 0 ? tokenizer_->id_to_token(eos) : std::string(),
+                                     tools);
+}
+
+Result<uint64_t> ServingEngineImpl::submit(CompletionRequest request, Callback on_event) {
+  const int64_t n_prompt = static_cast<int64_t>(request.prompt_tokens.size());
+  if (n_prompt == 0) return errorf(StatusCode::kInvalidArgument, "the prompt is empty");
+  for (int32_t t : request.prompt_tokens) {
+    if (t < 0 || t >= info_.vocab) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "prompt token id {} is outside the vocabulary (0..{})", t, info_.vocab - 1);
+    }
+  }
+  if (n_prompt >= max_len_) {
+    return errorf(StatusCode::kOutOfRange,
+                  "the prompt is {} tokens, but the context length is {} (needs room for at "
+                  "least one new token)",
+                  n_prompt, max_len_);
+  }
+  if (request.max_tokens < 1) {
+    return errorf(StatusCode::kInvalidArgument, "max_tokens must be >= 1");
+  }
+  if (request.min_tokens < 0 || request.min_tokens > request.max_tokens) {
+    return errorf(StatusCode::kInvalidArgument, "min_tokens must be in [0, max_tokens]");
+  }
+  if (request.top_logprobs < -1 || request.top_logprobs > kMaxTopLogprobs) {
+    return errorf(StatusCode::kInvalidArgument, "top_logprobs must be in [0, {}]", kMaxTopLogprobs);
+  }
+  for (const std::string& s : request.stop) {
+    if (s.empty()) return errorf(StatusCode::kInvalidArgument, "stop strings must not be empty");
+  }
+  STRATA_RETURN_IF_ERROR(validate_sampling(request.sampling));
+  const int64_t max_len = std::min(n_prompt + request.max_tokens, max_len_);
+  if ((max_len + block_size_ - 1) / block_size_ > num_blocks_) {
+    return errorf(StatusCode::kOutOfRange,
+                  "prompt + max_tokens ({} tokens) needs more KV blocks than the cache has ({})",
+                  max_len, num_blocks_);
+  }
+  auto r = std::make_unique<RequestState>();
+  r->sampler = std::make_unique<Sampler>(request.sampling);
+  if (tokenizer_) r->decoder = std::make_unique<StreamingDecoder>(*tokenizer_);
+  r->req = std::move(request);
+  r->on_event = std::move(on_event);
+  r->generated.reserve(static_cast<size_t>(r->req.max_tokens));
+  r->arrival = Clock::now();
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!accepting_) {
+      return errorf(StatusCode::kFailedPrecondition, "the serving engine is shutting down");
+    }
+    id = next_id_++;
+    r->id = id;
+    incoming_.push_back(std::move(r));
+  }
+  cv_.notify_one();
+  return id;
+}
+
+void ServingEngineImpl::cancel(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    cancels_.push_back(id);
+  }
+  cv_.notify_one();
+}
+
+void ServingEngineImpl::shutdown(bool drain) {
+  std::lock_guard<std::mutex> guard(shutdown_mu_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    accepting_ = false;
+    stop_ = true;
+    drain_ = drain_ && drain;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ServingEngineImpl::loop() {
+  for (;;) {
+    bool stop = false, drain = true;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] {
+        return stop_ || !incoming_.empty() || !cancels_.empty() || sched_->has_work();
+      });
+      incoming_local_.swap(incoming_);
+      cancels_local_.swap(cancels_);
+      stop = stop_;
+      drain = drain_;
+    }
+    for (auto& r : incoming_local_) {
+      const uint64_t id = r->id;
+      Status st = sched_->add(id, r->req.prompt_tokens, r->req.max_tokens);
+      RequestState& ref = *r;
+      requests_.emplace(id, std::move(r));
+      if (!st.ok()) {
+        CompletionEvent ev;
+        ev.error = st;
+        finish(ref, std::move(ev), "error");
+      }
+    }
+    incoming_local_.clear();
+    if (stop && !drain) {
+      for (auto& [id, r] : requests_) cancels_local_.push_back(id);
+    }
+    for (uint64_t id : cancels_local_) {
+      auto it = requests_.find(id);
+      if (it != requests_.end()) finish(*it->second, CompletionEvent{}, "abort");
+    }
+    cancels_local_.clear();
+    if (sched_->has_work()) run_step();
+    publish_metrics();
+    if (stop && !sched_->has_work()) break;
+  }
+}
+
+void ServingEngineImpl::run_step() {
+  const ScheduledStep& step = sched_->schedule();
+  const int64_t bf = cache_->block_floats();
+  for (const BlockCopy& c : step.swap_out) {
+    cache_->copy_block_to_host(c.device_block, swap_.data() + c.host_slot * bf);
+  }
+  for (const BlockCopy& c : step.swap_in) {
+    cache_->copy_block_from_host(c.device_block, swap_.data() + c.host_slot * bf);
+  }
+  if (step.empty()) return;
+
+  tokens_.clear();
+  token_seq_.clear();
+  token_pos_.clear();
+  logit_rows_.clear();
+  with_logits_.clear();
+  int64_t max_blocks = 1;
+  for (const ScheduledSeq& s : step.seqs) {
+    max_blocks = std::max(max_blocks, static_cast<int64_t>(s.seq->block_table.size()));
+  }
+  const auto n_seqs = static_cast<int64_t>(step.seqs.size());
+  block_tables_.assign(static_cast<size_t>(n_seqs * max_blocks), 0);
+  for (int64_t i = 0; i < n_seqs; ++i) {
+    const ScheduledSeq& s = step.seqs[static_cast<size_t>(i)];
+    for (int64_t p = s.begin; p < s.end; ++p) {
+      tokens_.push_back(s.seq->tokens[static_cast<size_t>(p)]);
+      token_seq_.push_back(static_cast<int32_t>(i));
+      token_pos_.push_back(static_cast<int32_t>(p));
+    }
+    std::copy(s.seq->block_table.begin(), s.seq->block_table.end(),
+              block_tables_.begin() + i * max_blocks);
+    if (s.needs_logits) {
+      logit_rows_.push_back(static_cast<int32_t>(tokens_.size() - 1));
+      auto it = requests_.find(s.seq->id);
+      with_logits_.emplace_back(it == requests_.end() ? nullptr : it->second.get(),
+                                static_cast<int64_t>(logit_rows_.size() - 1));
+    }
+    if (s.begin < s.seq->n_prompt) {
+      prompt_tokens_total_ += std::min(s.end, s.seq->n_prompt) - s.begin;
+    }
+  }
+  const int64_t V = info_.vocab;
+  logits_.resize(logit_rows_.size() * static_cast<size_t>(V));
+  ForwardBatch batch;
+  batch.tokens = tokens_;
+  batch.token_seq = token_seq_;
+  batch.token_pos = token_pos_;
+  batch.block_tables = block_tables_.data();
+  batch.max_blocks_per_seq = max_blocks;
+  batch.n_seqs = n_seqs;
+  batch.logit_rows = logit_rows_;
+  Status st = model_->forward(batch, *cache_, *comm_, logits_.data());
+  if (!st.ok()) {
+    fail_step(step, st);
+    return;
+  }
+  sched_->complete_step(step);
+  for (auto& [r, row] : with_logits_) {
+    if (r != nullptr) on_logits(*r, logits_.data() + row * V);
+  }
+}
+
+void ServingEngineImpl::fail_step(const ScheduledStep& step, const Status& st) {
+  std::vector<uint64_t> ids;
+  for (const ScheduledSeq& s : step.seqs) ids.push_back(s.seq->id);
+  for (uint64_t id : ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    CompletionEvent ev;
+    ev.error = st;
+    finish(*it->second, std::move(ev), "error");
+  }
+}
+
+void ServingEngineImpl::on_logits(RequestState& r, float* row) {
+  const int64_t V = info_.vocab;
+  const CompletionRequest& q = r.req;
+  const auto n_gen = static_cast<int64_t>(r.generated.size());
+  CompletionEvent ev;
+  // Log-softmax of the raw logits, before penalties, masks and temperature.
+  float lse = 0.0f;
+  if (q.top_logprobs >= 0) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < V; ++i) mx = std::max(mx, row[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
+    lse = mx + static_cast<float>(std::log(sum));
+    logprob_scratch_.assign(row, row + V);
+  }
+  // min_tokens: end-of-sequence and stop tokens cannot be sampled yet.
+  if (n_gen < q.min_tokens) {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    if (!q.ignore_eos && tokenizer_) {
+      for (int32_t t : tokenizer_->eot_ids()) {
+        if (t >= 0 && t < V) row[t] = ninf;
+      }
+    }
+    for (int32_t t : q.stop_token_ids) {
+      if (t >= 0 && t < V) row[t] = ninf;
+    }
+  }
+  const int32_t tok = r.sampler->sample(row, V, q.prompt_tokens, r.generated);
+  const Clock::time_point now = Clock::now();
+  if (n_gen == 0) {
+    r.first_token = now;
+    ttft_.observe(seconds_between(r.arrival, now));
+  }
+  r.last_token = now;
+  ++generation_tokens_total_;
+  if (q.top_logprobs >= 0) {
+    TokenLogprob lp;
+    lp.token = tok;
+    lp.logprob = logprob_scratch_[static_cast<size_t>(tok)] - lse;
+    if (q.top_logprobs > 0) {
+      std::vector<int32_t>& ids = top_ids_;
+      ids.resize(static_cast<size_t>(V));
+      for (int64_t i = 0; i < V; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      const auto k = std::min<int64_t>(q.top_logprobs, V);
+      std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+        return logprob_scratch_[static_cast<size_t>(a)] > logprob_scratch_[static_cast<size_t>(b)];
+      });
+      for (int64_t i = 0; i < k; ++i) {
+        const int32_t id = ids[static_cast<size_t>(i)];
+        lp.top.emplace_back(id, logprob_scratch_[static_cast<size_t>(id)] - lse);
+      }
+    }
+    ev.logprobs.push_back(std::move(lp));
+  }
+  ev.tokens.push_back(tok);
+
+  const bool is_stop_token =
+      (!q.ignore_eos && tokenizer_ && tokenizer_->is_eot(tok)) ||
+      std::find(q.stop_token_ids.begin(), q.stop_token_ids.end(), tok) != q.stop_token_ids.end();
+  if (is_stop_token) {
+    // The stop token is reported in `tokens` but adds no text.
+    if (r.decoder) r.pending_text += r.decoder->flush();
+    ev.text = std::move(r.pending_text);
+    ++ev.completion_tokens;
+    finish(r, std::move(ev), "stop");
+    return;
+  }
+  r.generated.push_back(tok);
+  sched_->append_token(r.id, tok);
+  if (r.decoder) r.pending_text += r.decoder->push(tok);
+  const bool at_length =
+      static_cast<int64_t>(r.generated.size()) >= q.max_tokens ||
+      static_cast<int64_t>(q.prompt_tokens.size() + r.generated.size()) >= max_len_;
+  if (at_length && r.decoder) r.pending_text += r.decoder->flush();
+  const bool check_stops =
+      !q.stop.empty() && static_cast<int64_t>(r.generated.size()) >= q.min_tokens;
+  if (check_stops) {
+    const size_t pos = find_stop(r.pending_text, q.stop);
+    if (pos != std::string::npos) {
+      ev.text = r.pending_text.substr(0, pos);
+      r.pending_text.clear();
+      finish(r, std::move(ev), "stop");
+      return;
+    }
+  }
+  if (at_length) {
+    ev.text = std::move(r.pending_text);
+    r.pending_text.clear();
+    finish(r, std::move(ev), "length");
+    return;
+  }
+  const size_t hold = check_stops ? stop_holdback(r.pending_text, q.stop) : 0;
+  ev.text = r.pending_text.substr(0, r.pending_text.size() - hold);
+  r.pending_text.erase(0, r.pending_text.size() - hold);
+  ev.prompt_tokens = static_cast<int64_t>(q.prompt_tokens.size());
+  ev.completion_tokens = static_cast<int64_t>(r.generated.size());
+  if (const SchedSequence* s = sched_->find(r.id)) ev.cached_prompt_tokens = s->n_cached_prompt;
+  if (r.on_event) r.on_event(ev);
+}
+
+void ServingEngineImpl::finish(RequestState& r, CompletionEvent ev, const char* reason) {
+  if (const SchedSequence* s = sched_->find(r.id)) r.cached_prompt_tokens = s->n_cached_prompt;
+  sched_->finish(r.id);
+  const Clock::time_point now = Clock::now();
+  ev.finished = true;
+  ev.finish_reason = reason;
+  ev.prompt_tokens = static_cast<int64_t>(r.req.prompt_tokens.size());
+  ev.completion_tokens = static_cast<int64_t>(r.generated.size()) + ev.completion_tokens;
+  ev.cached_prompt_tokens = r.cached_prompt_tokens;
+  if (r.generated.size() > 1) {
+    tpot_.observe(seconds_between(r.first_token, r.last_token) /
+                  static_cast<double>(r.generated.size() - 1));
+  }
+  e2e_.observe(seconds_between(r.arrival, now));
+  ++finished_total_;
+  const uint64_t id = r.id;
+  if (r.on_event) r.on_event(ev);
+  requests_.erase(id);
+}
+
+void ServingEngineImpl::publish_metrics() {
+  const SchedulerStats st = sched_->stats();
+  std::lock_guard<std::mutex> lk(metrics_mu_);
+  ServingMetrics& m = metrics_;
+  m.running = st.running;
+  m.waiting = st.waiting;
+  m.swapped = st.swapped;
+  m.kv_blocks_total = st.blocks_total;
+  m.kv_blocks_used = st.blocks_used;
+  m.prompt_tokens_total = prompt_tokens_total_;
+  m.generation_tokens_total = generation_tokens_total_;
+  m.requests_finished_total = finished_total_;
+  m.preemptions_total = st.preemptions_total;
+  m.prefix_cache_hits_total = st.prefix_cache_hit_tokens;
+  m.prefix_cache_queries_total = st.prefix_cache_queries_tokens;
+  m.bucket_bounds = ttft_.bounds;
+  m.ttft_buckets = ttft_.buckets;
+  m.tpot_buckets = tpot_.buckets;
+  m.e2e_buckets = e2e_.buckets;
+  m.ttft_sum = ttft_.sum;
+  m.tpot_sum = tpot_.sum;
+  m.e2e_sum = e2e_.sum;
+  m.ttft_count = ttft_.count;
+  m.tpot_count = tpot_.count;
+  m.e2e_count = e2e_.count;
+}
+
+ServingMetrics ServingEngineImpl::metrics() const {
+  std::lock_guard<std::mutex> lk(metrics_mu_);
+  return metrics_;
+}
+
+}  // namespace
+
+LatencyHistogram::LatencyHistogram(std::span<const double> upper_bounds)
+    : bounds(upper_bounds.begin(), upper_bounds.end()), buckets(upper_bounds.size(), 0) {}
+
+void LatencyHistogram::observe(double seconds) {
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    if (seconds <= bounds[i]) ++buckets[i];
+  }
+  sum += seconds;
+  ++count;
+}
+
+std::span<const double> default_latency_buckets() {
+  return kLatencyBuckets;
+}
+
+size_t stop_holdback(std::string_view text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const std::string& s : stops) {
+    const size_t max_k = std::min(s.size() - 1, text.size());
+    for (size_t k = max_k; k > hold; --k) {
+      if (text.substr(text.size() - k) == std::string_view(s).substr(0, k)) {
+        hold = k;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+size_t find_stop(std::string_view text, const std::vector<std::string>& stops) {
+  size_t best = std::string_view::npos;
+  for (const std::string& s : stops) best = std::min(best, text.find(s));
+  return best;
+}
+
+Result<std::unique_ptr<ServingEngine>> ServingEngine::create(const ServingConfig& config) {
+  auto engine = std::make_unique<ServingEngineImpl>();
+  STRATA_RETURN_IF_ERROR(engine->init(config));
+  return std::unique_ptr<ServingEngine>(std::move(engine));
+}
+
+}  // namespace strata
