@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   std::vector<strata::app::Command> commands;
   strata::app::add_run_command(app, commands);
   strata::app::add_info_command(app, commands);
+  strata::app::add_serve_command(app, commands);
+  strata::app::add_bench_serve_command(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
