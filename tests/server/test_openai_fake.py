@@ -136,3 +136,18 @@ def _metrics(port):
     import urllib.request
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return r.read().decode()
+
+
+def test_bench_serve_against_fake(fake, tmp_path):
+    strata = os.environ.get("STRATA_BINARY") or os.path.join(ROOT, "build", "strata")
+    if not os.path.exists(strata):
+        pytest.skip(f"no strata binary at {strata}")
+    out = tmp_path / "bench.json"
+    r = subprocess.run([strata, "bench-serve", "--port", str(fake), "--num-prompts", "20", "--request-rate", "50",
+                        "--max-concurrency", "8", "--input-len", "16", "--output-len", "8", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "============ Serving Benchmark Result ============" in r.stdout
+    assert "P99 ITL (ms):" in r.stdout
+    d = json.loads(out.read_text())
+    assert d["completed"] == 20 and d["failed"] == 0 and d["total_output_tokens"] == 160
