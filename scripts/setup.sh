@@ -2,7 +2,7 @@
 # Install the Debian packages strata builds with (skips apt when everything is present).
 set -euo pipefail
 PKGS=(cmake ninja-build g++ ccache pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev
-      libgtest-dev libgmock-dev libopenmpi-dev openmpi-bin libpcre2-dev libopenblas-dev
+      libgtest-dev libgmock-dev libopenmpi-dev openmpi-bin libpcre2-dev libopenblas-dev libboost1.81-dev
       clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -11,6 +11,13 @@ JOBS=$(nproc)
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 scripts/setup.sh
+# The server tests (tests/server/test_openai.py) use the official openai client and pytest.
+for mod in openai pytest; do
+  if ! python3 -c "import $mod" 2>/dev/null; then
+    timeout 300 python3 -m pip install -q --disable-pip-version-check "$mod" ||
+      echo "test.sh: warning: could not install $mod; its tests will skip" >&2
+  fi
+done
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 

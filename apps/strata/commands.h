@@ -19,6 +19,8 @@ struct Command {
 void add_run_command(CLI::App& app, std::vector<Command>& commands);
 void add_info_command(CLI::App& app, std::vector<Command>& commands);
 void add_chat_command(CLI::App& app, std::vector<Command>& commands);
+void add_serve_command(CLI::App& app, std::vector<Command>& commands);
+void add_bench_serve_command(CLI::App& app, std::vector<Command>& commands);
 
 // Print "strata: error: <message>" to stderr and return exit code 1.
 int report(const Status& status);

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   strata::app::add_run_command(app, commands);
   strata::app::add_chat_command(app, commands);
   strata::app::add_info_command(app, commands);
+  strata::app::add_serve_command(app, commands);
+  strata::app::add_bench_serve_command(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

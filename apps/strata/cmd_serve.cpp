@@ -1,0 +1,140 @@
+// `strata serve`: the OpenAI-compatible HTTP server over a ServingEngine.
+//
+// The server listens before the model loads, so /health answers 503 while loading; the model
+// loads on a background thread. SIGTERM/SIGINT: stop accepting, let in-flight responses finish
+// (bounded by --shutdown-timeout), abort what is left, exit 0.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "commands.h"
+#include "server/http_server.h"
+#include "server/openai_routes.h"
+#include "strata/serving.h"
+
+namespace strata::app {
+
+namespace {
+
+struct ServeOptions {
+  ServingConfig serving;
+  server::HttpServerOptions http;
+  std::string api_key;
+  double shutdown_timeout = 30;
+};
+
+int serve(const ServeOptions& opt) {
+  // Signals are taken synchronously by this thread; every thread started below inherits the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto routes = std::make_shared<server::OpenAIRoutes>(server::OpenAIOptions{opt.api_key});
+  auto http = server::HttpServer::create(
+      opt.http, [routes](server::HttpRequest req, std::shared_ptr<server::Responder> r) {
+        routes->handle(std::move(req), std::move(r));
+      },
+      &server::OpenAIRoutes::transport_error);
+  if (!http.ok()) return report(http.status());
+  (*http)->start();
+  std::fprintf(stderr, "strata: listening on http://%s:%u (loading %s)\n", opt.http.host.c_str(),
+               static_cast<unsigned>((*http)->port()), opt.serving.engine.model.c_str());
+  std::fflush(stderr);
+
+  std::atomic<int> load_state{0};  // 0 loading, 1 ready, 2 failed
+  Status load_error;
+  std::thread loader([&] {
+    auto engine = ServingEngine::create(opt.serving);
+    if (!engine.ok()) {
+      load_error = engine.status();
+      load_state = 2;
+      return;
+    }
+    routes->set_engine(std::shared_ptr<ServingEngine>(std::move(*engine)));
+    std::fprintf(stderr, "strata: ready: serving '%s' (max_model_len %lld)\n",
+                 routes->engine()->model_name().c_str(),
+                 static_cast<long long>(routes->engine()->max_model_len()));
+    std::fflush(stderr);
+    load_state = 1;
+  });
+
+  int sig = 0;
+  while (sig <= 0 && load_state != 2) {
+    timespec ts{0, 100 * 1000 * 1000};
+    sig = sigtimedwait(&sigs, nullptr, &ts);
+  }
+  if (load_state == 2 && sig <= 0) {
+    loader.join();
+    (*http)->stop();
+    return report(load_error.with_context("loading " + opt.serving.engine.model));
+  }
+
+  std::fprintf(stderr, "strata: %s received: draining (at most %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               opt.shutdown_timeout);
+  std::fflush(stderr);
+  (*http)->stop_accepting();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(opt.shutdown_timeout);
+  while ((*http)->in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  loader.join();
+  if (auto engine = routes->engine()) {
+    engine->shutdown(/*drain=*/false);  // aborts what is left; their responses end with "abort"
+    const auto abort_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while ((*http)->in_flight() > 0 && std::chrono::steady_clock::now() < abort_deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  (*http)->stop();
+  routes->set_engine(nullptr);
+  std::fprintf(stderr, "strata: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
+  auto opt = std::make_shared<ServeOptions>();
+  CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  sub->add_option("-m,--model", opt->serving.engine.model,
+                  "Model: Hugging Face checkpoint directory or .gguf file")
+      ->required();
+  sub->add_option("--host", opt->http.host, "Address to listen on (default 127.0.0.1)");
+  sub->add_option("--port", opt->http.port, "Port to listen on; 0 = any free port (default 8000)");
+  sub->add_option("--api-key", opt->api_key, "Require 'Authorization: Bearer KEY' on the API routes");
+  sub->add_option("--served-model-name", opt->serving.served_model_name,
+                  "Model name in the API (default: the model path's last part)");
+  sub->add_option("--max-num-seqs", opt->serving.max_num_seqs, "Sequences running at once (default 64)");
+  sub->add_option("-c,--ctx-size,--max-model-len", opt->serving.engine.max_model_len,
+                  "Context length; 0 = the model's own (default 0)");
+  sub->add_option("--max-num-batched-tokens", opt->serving.max_num_batched_tokens,
+                  "Token budget per engine step (default 512)");
+  sub->add_option("--block-size", opt->serving.block_size, "Tokens per KV-cache block (default 16)");
+  sub->add_option("--num-kv-blocks", opt->serving.num_kv_blocks, "KV-cache blocks; 0 = from --kv-cache-bytes");
+  sub->add_option("--kv-cache-bytes", opt->serving.kv_cache_bytes, "KV-cache size in bytes (default 1 GiB)");
+  sub->add_option("--swap-space-bytes", opt->serving.swap_space_bytes,
+                  "Host memory for preempted KV blocks, bytes (default 1 GiB)");
+  sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opt->serving.enable_prefix_caching,
+                "Reuse KV blocks of shared prompt prefixes (default on)");
+  sub->add_option("-t,--threads", opt->serving.engine.num_threads, "CPU threads; 0 = all cores (default 0)");
+  sub->add_option("--tp,--tensor-parallel-size", opt->serving.engine.tensor_parallel_size,
+                  "Tensor-parallel ranks; launch with mpirun -np N (default 1)");
+  sub->add_option("--http-threads", opt->http.threads, "HTTP I/O threads (default 4)");
+  sub->add_option("--max-body-bytes", opt->http.max_body_bytes, "Largest request body; larger gets 413 (default 8 MiB)");
+  sub->add_option("--timeout", opt->http.read_timeout_seconds,
+                  "Seconds to receive a request or keep an idle connection (default 60)");
+  sub->add_option("--shutdown-timeout", opt->shutdown_timeout,
+                  "Seconds to let in-flight requests finish on SIGTERM/SIGINT (default 30)");
+  opt->serving.engine.show_progress = false;
+
+  commands.push_back({sub, [opt]() -> int { return serve(*opt); }});
+}
+
+}  // namespace strata::app
