@@ -8,7 +8,11 @@ transformers loading the same file (it dequantizes the weights to f32):
                 greedy (64 new token ids from generate(do_sample=False)), greedy_text
     chat: the rendered ChatML prompt for one user message and its ids
   tests/fixtures/smollm2/tokenizer_expected.txt
-    one line of space-separated ids per line of tests/fixtures/tokenizers/corpus.jsonl
+    one line of space-separated ids per line of tests/fixtures/tokenizers/corpus.jsonl, from
+    the HF `tokenizers` library running SmolLM2's published tokenizer.json pipeline
+    (Digits(individual_digits) + ByteLevel, the GPT-2 regex) over the vocabulary and merges
+    stored in the GGUF. NOTE: transformers' own GGUF->tokenizer conversion drops the Digits
+    step and splits whitespace runs differently, so it is not used as the tokenizer reference.
 
 Needs: transformers, torch, gguf, accelerate, and the model (scripts/fetch_model.sh smollm2).
 Usage: python3 scripts/make_smollm2_reference.py [path/to/SmolLM2-135M-Instruct.Q4_1.gguf]
@@ -56,10 +60,26 @@ with torch.no_grad():
 os.makedirs(os.path.join(root, "tests/fixtures/smollm2"), exist_ok=True)
 with open(os.path.join(root, "tests/fixtures/smollm2/reference.json"), "w") as fh:
     json.dump(out, fh, ensure_ascii=False, indent=0)
+import gguf
+from tokenizers import Tokenizer, AddedToken, models, pre_tokenizers, decoders
+reader = gguf.GGUFReader(path)
+def field_strings(name):
+    f = reader.fields[name]
+    return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+tokens = field_strings("tokenizer.ggml.tokens")
+merges = [tuple(m.split(" ", 1)) for m in field_strings("tokenizer.ggml.merges")]
+types = [int(reader.fields["tokenizer.ggml.token_type"].parts[i][0]) for i in reader.fields["tokenizer.ggml.token_type"].data]
+hf = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+hf.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+hf.decoder = decoders.ByteLevel()
+hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3])
 with open(os.path.join(root, "tests/fixtures/tokenizers/corpus.jsonl"), encoding="utf-8") as fh:
     lines = [json.loads(l) for l in fh]
 with open(os.path.join(root, "tests/fixtures/smollm2/tokenizer_expected.txt"), "w") as fh:
     for line in lines:
-        fh.write(" ".join(str(i) for i in tok(line, add_special_tokens=False)["input_ids"]) + "\n")
+        fh.write(" ".join(str(i) for i in hf.encode(line, add_special_tokens=False).ids) + "\n")
+same = sum(hf.encode(l, add_special_tokens=False).ids == tok(l, add_special_tokens=False)["input_ids"] for l in lines)
+print(f"tokenizer: {len(lines)} lines; transformers' GGUF conversion agrees on {same}")
 for p in out["prompts"]:
     print(repr(p["text"][:40]), "->", repr(p["greedy_text"][:60]))

@@ -1,0 +1,144 @@
+// SmolLM2-135M-Instruct (Q4_1 GGUF) end to end against Hugging Face transformers loading the
+// same file (scripts/make_smollm2_reference.py): tokenizer ids on the whole tokenizer corpus,
+// logits at every position of four prompts, greedy continuations, and the chat template.
+// Label `model`: needs scripts/fetch_model.sh smollm2; skips when the file is absent.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/env.h"
+#include "strata/engine.h"
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+
+std::string model_path() {
+  if (const char* p = std::getenv("STRATA_SMOLLM2_GGUF")) return p;
+  return env_config().cache_dir + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+std::string fixture(const std::string& rel) { return std::string(STRATA_FIXTURE_DIR) + "/" + rel; }
+
+class SmolLM2 : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    struct stat st {};
+    if (::stat(model_path().c_str(), &st) != 0) return;
+    EngineConfig cfg;
+    cfg.model = model_path();
+    cfg.max_model_len = 512;
+    auto e = Engine::create(cfg);
+    if (e.ok()) engine_ = std::move(e).value().release();
+    std::ifstream in(fixture("smollm2/reference.json"));
+    ref_ = new json(json::parse(in));
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    delete ref_;
+    engine_ = nullptr;
+    ref_ = nullptr;
+  }
+  void SetUp() override {
+    struct stat st {};
+    if (::stat(model_path().c_str(), &st) != 0) GTEST_SKIP() << "no SmolLM2 GGUF at " << model_path();
+    ASSERT_NE(engine_, nullptr);
+  }
+  static Engine* engine_;
+  static json* ref_;
+};
+Engine* SmolLM2::engine_ = nullptr;
+json* SmolLM2::ref_ = nullptr;
+
+TEST_F(SmolLM2, TokenizerMatchesTransformersOnCorpus) {
+  std::ifstream corpus(fixture("tokenizers/corpus.jsonl"));
+  std::ifstream expected(fixture("smollm2/tokenizer_expected.txt"));
+  std::string line, want;
+  int lines = 0, mismatches = 0;
+  while (std::getline(corpus, line) && std::getline(expected, want)) {
+    const std::string text = json::parse(line).get<std::string>();
+    auto ids = engine_->tokenize(text, /*add_special=*/false);
+    ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+    std::ostringstream got;
+    for (size_t i = 0; i < ids->size(); ++i) got << (i ? " " : "") << (*ids)[i];
+    if (got.str() != want && ++mismatches <= 5) {
+      ADD_FAILURE() << "line " << lines << ": " << line << "\n got: " << got.str()
+                    << "\nwant: " << want;
+    }
+    ++lines;
+  }
+  EXPECT_GE(lines, 2000);
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST_F(SmolLM2, LogitsMatchTransformers) {
+  for (const json& p : (*ref_)["prompts"]) {
+    std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
+    auto mine = engine_->tokenize(p["text"].get<std::string>(), false);
+    ASSERT_TRUE(mine.ok());
+    EXPECT_EQ(*mine, ids) << p["text"];
+    auto logits = engine_->score(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    const int64_t V = engine_->info().vocab;
+    double max_err = 0.0, max_ref = 0.0;
+    for (size_t pos = 0; pos < ids.size(); ++pos) {
+      for (const json& pair : p["top"][pos]) {
+        const int64_t id = pair[0].get<int64_t>();
+        const double want = pair[1].get<double>();
+        max_err = std::max(max_err, std::fabs((*logits)[pos * V + id] - want));
+        max_ref = std::max(max_ref, std::fabs(want));
+      }
+    }
+    // bf16-level: the weights are identical (dequantized the same way); activations stay f32.
+    EXPECT_LE(max_err / max_ref, 2e-3) << p["text"] << " max abs error " << max_err;
+  }
+}
+
+TEST_F(SmolLM2, GreedyMatchesTransformers) {
+  for (const json& p : (*ref_)["prompts"]) {
+    GenerateRequest req;
+    req.prompt_tokens = p["ids"].get<std::vector<int32_t>>();
+    req.max_tokens = 64;
+    req.sampling.temperature = 0.0f;
+    req.ignore_eos = true;
+    auto out = engine_->generate(req, nullptr);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    const auto want = p["greedy"].get<std::vector<int32_t>>();
+    // Identical until the first position where the reference's top two logits are within
+    // the numeric noise of two different f32 summation orders.
+    size_t same = 0;
+    while (same < want.size() && same < out->tokens.size() && out->tokens[same] == want[same]) ++same;
+    EXPECT_GE(same, 16u) << p["text"] << ": diverged at token " << same;
+  }
+}
+
+TEST_F(SmolLM2, CapitalOfFranceIsParis) {
+  GenerateRequest req;
+  req.prompt = "The capital of France is";
+  req.max_tokens = 8;
+  req.sampling.temperature = 0.0f;
+  auto out = engine_->generate(req, nullptr);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_NE(out->text.find("Paris"), std::string::npos) << out->text;
+}
+
+TEST_F(SmolLM2, ChatTemplateMatchesTransformers) {
+  const json& chat = (*ref_)["chat"];
+  GenerateRequest req;
+  req.chat = true;
+  req.prompt = chat["messages"][0]["content"].get<std::string>();
+  req.max_tokens = 16;
+  req.sampling.temperature = 0.0f;
+  auto out = engine_->generate(req, nullptr);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(out->prompt_tokens, chat["ids"].get<std::vector<int32_t>>());
+  EXPECT_NE(out->text.find("Paris"), std::string::npos) << out->text;
+}
+
+}  // namespace
+}  // namespace strata
