@@ -1,13 +1,15 @@
 # Shortcuts. `make run` sets up, builds and generates text; `make test` runs every check.
-PROMPT ?= The quick brown fox
-MODEL ?= tests/fixtures/models/llama
+PROMPT ?= Write a haiku about the sea.
+MODEL ?= smollm2
 
-.PHONY: run test build setup
+.PHONY: run test build setup fetch
 setup:
 	scripts/setup.sh
 build: setup
 	scripts/build.sh
-run: build
-	./build/strata run -m $(MODEL) -p "$(PROMPT)" -n 64
+fetch: setup
+	scripts/fetch_model.sh smollm2
+run: build fetch
+	./build/strata run -m $(MODEL) --chat -p "$(PROMPT)" -n 128
 test:
 	scripts/test.sh

@@ -19,6 +19,7 @@ struct Command {
 void add_run_command(CLI::App& app, std::vector<Command>& commands);
 void add_info_command(CLI::App& app, std::vector<Command>& commands);
 void add_chat_command(CLI::App& app, std::vector<Command>& commands);
+void add_bench_command(CLI::App& app, std::vector<Command>& commands);
 void add_serve_command(CLI::App& app, std::vector<Command>& commands);
 void add_bench_serve_command(CLI::App& app, std::vector<Command>& commands);
 

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   strata::app::add_run_command(app, commands);
   strata::app::add_chat_command(app, commands);
   strata::app::add_info_command(app, commands);
+  strata::app::add_bench_command(app, commands);
   strata::app::add_serve_command(app, commands);
   strata::app::add_bench_serve_command(app, commands);
   try {

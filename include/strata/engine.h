@@ -80,6 +80,12 @@ class Engine {
   // Logits for every position of `tokens` run as one fresh sequence: [n, vocab] row-major.
   virtual Result<std::vector<float>> score(const std::vector<int32_t>& tokens) = 0;
   virtual Result<std::vector<int32_t>> tokenize(const std::string& text, bool add_special) = 0;
+
+  // Benchmark primitives (`strata bench`), on seeded random token ids in a fresh sequence:
+  // seconds for one prefill of n_prompt tokens (logits for the last token only), and seconds
+  // for n_gen single-token decode steps after an n_context-token prefill (not timed).
+  virtual Result<double> time_prefill(int64_t n_prompt, uint64_t seed) = 0;
+  virtual Result<double> time_decode(int64_t n_context, int64_t n_gen, uint64_t seed) = 0;
 };
 
 }  // namespace strata

@@ -73,6 +73,47 @@ class EngineImpl final : public Engine {
     return logits;
   }
 
+  Result<double> time_prefill(int64_t n_prompt, uint64_t seed) override {
+    if (n_prompt < 1 || n_prompt > max_len_) {
+      return errorf(StatusCode::kInvalidArgument, "prompt length {} must be in [1, {}]", n_prompt,
+                    max_len_);
+    }
+    const std::vector<int32_t> tokens = random_tokens(n_prompt, seed);
+    std::vector<float> logits(static_cast<size_t>(model_->config().vocab));
+    SequenceKv seq;
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = run_tokens(seq, tokens, false, logits.data());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seq.release(*cache_);
+    if (!st.ok()) return st;
+    return s;
+  }
+
+  Result<double> time_decode(int64_t n_context, int64_t n_gen, uint64_t seed) override {
+    if (n_context < 0 || n_gen < 1 || n_context + n_gen > max_len_) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "context {} + generated {} tokens must fit the context length {}", n_context,
+                    n_gen, max_len_);
+    }
+    const std::vector<int32_t> tokens = random_tokens(n_context + n_gen, seed);
+    std::vector<float> logits(static_cast<size_t>(model_->config().vocab));
+    SequenceKv seq;
+    Status st = ok_status();
+    if (n_context > 0) {
+      st = run_tokens(seq, std::vector<int32_t>(tokens.begin(), tokens.begin() + n_context), false,
+                      logits.data());
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; st.ok() && i < n_gen; ++i) {
+      st = run_tokens(seq, std::vector<int32_t>{tokens[static_cast<size_t>(n_context + i)]}, false,
+                      logits.data());
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seq.release(*cache_);
+    if (!st.ok()) return st;
+    return s;
+  }
+
   Result<GenerateResult> generate(const GenerateRequest& req,
                                   const std::function<bool(std::string_view)>& on_text) override {
     STRATA_RETURN_IF_ERROR(validate_sampling(req.sampling));
@@ -166,6 +207,16 @@ class EngineImpl final : public Engine {
     auto text = apply_chat_template(tmpl, messages, /*add_generation_prompt=*/true, bos, eos);
     if (!text.ok()) return text.status().with_context(info_.path);
     return text;
+  }
+
+  std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) const {
+    SamplingParams p;
+    p.seed = seed;
+    Sampler rng(p);
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    const int64_t V = model_->config().vocab;
+    for (auto& x : t) x = static_cast<int32_t>(std::min<int64_t>(V - 1, static_cast<int64_t>(rng.next_uniform() * static_cast<float>(V))));
+    return t;
   }
 
   Status run_tokens(SequenceKv& seq, const std::vector<int32_t>& tokens, bool all_logits,
