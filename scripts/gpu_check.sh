@@ -24,7 +24,7 @@ rc=0
 ./build-gpu/tests/test_cuda --gtest_output="json:$OUT/test_cuda.json" > "$OUT/test_cuda.log" 2>&1 || rc=1
 tail -n 5 "$OUT/test_cuda.log"
 echo "== cpu tests on this machine (sanity)"
-ctest --test-dir build-gpu -L cpu -E pytest -j "$JOBS" > "$OUT/ctest_cpu.log" 2>&1 || rc=1
+OMP_NUM_THREADS=2 ctest --test-dir build-gpu -L cpu -E pytest -j "$JOBS" > "$OUT/ctest_cpu.log" 2>&1 || rc=1
 tail -n 3 "$OUT/ctest_cpu.log"
 if command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer memcheck"

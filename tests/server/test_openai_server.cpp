@@ -361,7 +361,13 @@ TEST_F(ServerTest, ClientDisconnectCancelsTheRequest) {
       ASSERT_TRUE(c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                              "Content-Length: 34\r\n\r\n{\"prompt\": \"x\", \"max_tokens\": 200}")
                       .ok());
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      // Close only once the server has submitted the request (a loaded machine may take a
+      // while to parse it).
+      const auto submitted_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (engine_->submitted().size() < before + 1 &&
+             std::chrono::steady_clock::now() < submitted_by) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
       c.close();
     }
     c.close();
