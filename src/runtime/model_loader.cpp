@@ -1,6 +1,7 @@
 #include "runtime/model_loader.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include <omp.h>
@@ -86,7 +87,23 @@ Result<ModelFiles> open_model(const std::string& model, bool with_weights) {
       m.has_chat_template = !spec.chat_template.empty();
       STRATA_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_spec(std::move(spec)));
     }
-    if (with_weights) m.weights = make_gguf_tensor_source(shared, m.config.family);
+    if (with_weights) {
+      m.weights = make_gguf_tensor_source(shared, m.config.family);
+      m.prefault = [shared](const std::function<void(uint64_t, uint64_t)>& progress) {
+        const std::shared_ptr<MappedFile>& map = shared->mapping();
+        if (!map) return;
+        constexpr uint64_t kPage = 4096, kReport = uint64_t{64} << 20;
+        const auto* p = static_cast<const volatile uint8_t*>(map->data());
+        const uint64_t total = map->size();
+        uint8_t sink = 0;
+        for (uint64_t off = 0; off < total; off += kPage) {
+          sink ^= p[off];
+          if (progress && (off % kReport == 0)) progress(off, total);
+        }
+        (void)sink;
+        if (progress) progress(total, total);
+      };
+    }
     m.info = make_model_info(m.path, m.config);
     m.info.has_tokenizer = m.tokenizer != nullptr;
     m.info.has_chat_template = m.has_chat_template;
@@ -109,7 +126,11 @@ Result<ModelFiles> open_model(const std::string& model, bool with_weights) {
   }
   if (with_weights) {
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(m.path));
-    m.weights = std::move(ckpt);
+    std::shared_ptr<Checkpoint> shared = std::move(ckpt);
+    m.prefault = [shared](const std::function<void(uint64_t, uint64_t)>& progress) {
+      shared->prefault(progress);
+    };
+    m.weights = std::move(shared);
   }
   m.info = make_model_info(m.path, m.config);
   m.info.has_tokenizer = m.tokenizer != nullptr;
@@ -150,6 +171,21 @@ Result<LoadedModel> load_model(const EngineConfig& cfg) {
   }
   out.max_len = cfg.max_model_len > 0 ? std::min(cfg.max_model_len, config.max_position_embeddings)
                                       : config.max_position_embeddings;
+  // A progress line while reading large checkpoints (the pages are read here, once).
+  constexpr uint64_t kProgressBytes = uint64_t{256} << 20;
+  if (cfg.show_progress && files.prefault &&
+      static_cast<uint64_t>(out.info.weight_bytes) >= kProgressBytes) {
+    int last = -1;
+    files.prefault([&](uint64_t done, uint64_t total) {
+      const int pct = total ? static_cast<int>(100 * done / total) : 100;
+      if (pct == last) return;
+      last = pct;
+      std::fprintf(stderr, "\rstrata: loading %s: %3d%% (%.2f / %.2f GiB)", files.path.c_str(), pct,
+                   static_cast<double>(done) / (1 << 30), static_cast<double>(total) / (1 << 30));
+      if (done >= total) std::fputc('\n', stderr);
+      std::fflush(stderr);
+    });
+  }
   ParallelConfig par;
   par.tp_size = out.comm->size();
   par.tp_rank = out.comm->rank();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,6 +34,9 @@ struct ModelFiles {
   std::shared_ptr<TensorSource> weights;   // null unless opened with_weights
   std::unique_ptr<Tokenizer> tokenizer;    // null when the model has none
   bool has_chat_template = false;
+  // Touch every weight page (reading the file from disk now rather than during the first
+  // forward), reporting bytes done / total. Set when opened with_weights.
+  std::function<void(const std::function<void(uint64_t, uint64_t)>&)> prefault;
 };
 
 Result<ModelFiles> open_model(const std::string& model, bool with_weights);
