@@ -383,6 +383,11 @@ TEST_F(ServerTest, ClientDisconnectCancelsTheRequest) {
     }
     EXPECT_EQ(engine_->running(), 0);
   }
+  // The connection's own bookkeeping ends just after the cancel: wait for it, bounded.
+  const auto idle_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (server_->in_flight() > 0 && std::chrono::steady_clock::now() < idle_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   EXPECT_EQ(server_->in_flight(), 0);
   EXPECT_EQ(get("/health").status, 200);
 }
@@ -420,6 +425,11 @@ TEST_F(ServerTest, SixtyFourConcurrentStreams) {
     EXPECT_EQ(texts[i], FakeServingEngine::expected_text(prompt, 20 + i % 7)) << "client " << i;
     EXPECT_EQ(finish[i], "length");
     EXPECT_EQ(done[i], 1);
+  }
+  // A client sees [DONE] just before the server's request bookkeeping ends: wait, bounded.
+  const auto idle_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (server_->in_flight() > 0 && std::chrono::steady_clock::now() < idle_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(server_->in_flight(), 0);
 }
