@@ -249,6 +249,10 @@ struct QuantLinearParams {
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   bool force_scalar = false;       // run the scalar kernels even where AVX2 exists (tests)
+  // true: activations stay f32 and each weight block is dequantized in registers (exact up to
+  // f32 summation order). false: activations are rounded to int8 blocks first (llama.cpp's
+  // scheme; faster, but moves logits by ~1e-1 on real models).
+  bool f32_activations = true;
 };
 
 }  // namespace strata

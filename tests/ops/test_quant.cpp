@@ -225,7 +225,8 @@ TEST_F(QuantFixture, LinearMatchesReferences) {
         std::vector<float> bias(static_cast<size_t>(m));
         for (int64_t r = 0; r < m; ++r)
           bias[static_cast<size_t>(r)] = 0.25f * static_cast<float>(r);
-        for (bool scalar : {true, false}) {
+        for (int variant = 0; variant < 4; ++variant) {
+          const bool scalar = variant & 1, f32_act = variant & 2;
           std::vector<float> out(static_cast<size_t>(n * out_stride), -7.0f);
           std::vector<uint8_t> scratch(quant_linear_scratch_bytes(n, k));
           QuantLinearParams p;
@@ -240,6 +241,7 @@ TEST_F(QuantFixture, LinearMatchesReferences) {
           p.x_stride = x_stride;
           p.out_stride = out_stride;
           p.force_scalar = scalar;
+          p.f32_activations = f32_act;
           if (n % 2 == 0) {
             p.scratch = scratch.data();
             p.scratch_bytes = scratch.size();
@@ -252,6 +254,14 @@ TEST_F(QuantFixture, LinearMatchesReferences) {
               const Refs ref = reference(wref.data() + r * k, xt, q, k);
               const float got = out[static_cast<size_t>(tok * out_stride + r)];
               const double b = bias[static_cast<size_t>(r)];
+              if (f32_act) {
+                // f32 activations: the dequantized weights exactly, f32 summation order only.
+                double mag = 0;
+                for (int64_t i = 0; i < k; ++i) mag += std::fabs(wref[r * k + i] * xt[i]);
+                EXPECT_NEAR(got, ref.f32 + b, 1e-5 * mag + 1e-6 * std::fabs(b))
+                    << name << " n " << n << " tok " << tok << " row " << r << " scalar " << scalar;
+                continue;
+              }
               EXPECT_NEAR(got, ref.q8 + b, ref.tight + 1e-6 * std::fabs(b))
                   << name << " n " << n << " tok " << tok << " row " << r << " scalar " << scalar;
               EXPECT_NEAR(got, ref.f32 + b, ref.loose + ref.tight + 1e-6 * std::fabs(b));
@@ -287,12 +297,22 @@ TEST_F(QuantFixture, LinearOnColumnSliceWithRowStride) {
     p.in_features = k;
     p.out_features = m;
     p.weight_row_blocks = 512 / info.block_size;
-    ASSERT_TRUE(quant_linear(p).ok());
-    for (int64_t tok = 0; tok < 2; ++tok) {
-      const Q8Row q = quantize(x.data() + tok * k, k, QuantIsa::kScalar);
-      for (int64_t r = 0; r < m; ++r) {
-        const Refs ref = reference(wref.data() + r * 512, x.data() + tok * k, q, k);
-        EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.q8, ref.tight) << name;
+    for (bool f32_act : {false, true}) {
+      p.f32_activations = f32_act;
+      ASSERT_TRUE(quant_linear(p).ok());
+      for (int64_t tok = 0; tok < 2; ++tok) {
+        const float* xt = x.data() + tok * k;
+        const Q8Row q = quantize(xt, k, QuantIsa::kScalar);
+        for (int64_t r = 0; r < m; ++r) {
+          const Refs ref = reference(wref.data() + r * 512, xt, q, k);
+          if (f32_act) {
+            double mag = 0;
+            for (int64_t i = 0; i < k; ++i) mag += std::fabs(wref[r * 512 + i] * xt[i]);
+            EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.f32, 1e-5 * mag) << name;
+          } else {
+            EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.q8, ref.tight) << name;
+          }
+        }
       }
     }
   }

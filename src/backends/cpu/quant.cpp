@@ -477,6 +477,9 @@ Status quant_linear(const QuantLinearParams& p) {
   if (p.x == nullptr || p.weight == nullptr || p.out == nullptr) {
     return errorf(StatusCode::kInvalidArgument, "quant_linear: null x, weight or out");
   }
+  if (p.f32_activations) {
+    return quant_linear_f32(p, x_stride, out_stride, row_blocks * info.block_bytes);
+  }
 
   const size_t need = quant_linear_scratch_bytes(p.n_tokens, k);
   std::vector<uint8_t> own;

@@ -71,5 +71,8 @@ size_t quant_linear_scratch_bytes(int64_t n_tokens, int64_t in_features);
 // contiguous slabs. One token: 4 weight rows per kernel pass share each activation block.
 // Several tokens: each weight block is unpacked once for up to 4 tokens.
 Status quant_linear(const QuantLinearParams& p);
+// The f32-activation path of quant_linear (p.f32_activations), after its checks.
+Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t out_stride,
+                        int64_t row_bytes);
 
 }  // namespace strata::cpu
