@@ -180,6 +180,42 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
     return ok_status();
   }
 
+  // Prefill-sized batches: dequantize panels of rows to f32 (in parallel) and run the f32
+  // GEMM of linear.cpp on each panel, so every weight is unpacked once per call and the
+  // multiply gets the register-blocked GEMM.
+  constexpr int64_t kGemmTokens = 8;
+  if (p.n_tokens >= kGemmTokens && !p.force_scalar) {
+    const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(256, (int64_t{1} << 20) / (4 * k)));
+    std::vector<float> buf(static_cast<size_t>(panel * k));
+    for (int64_t r0 = 0; r0 < p.out_features; r0 += panel) {
+      const int64_t rows = std::min(panel, p.out_features - r0);
+      Status st = ok_status();
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        Status s = dequantize_row(p.weight_dtype, w + (r0 + r) * row_bytes,
+                                  buf.data() + r * k, k);
+        if (!s.ok()) {
+#pragma omp critical
+          st = s;
+        }
+      }
+      STRATA_RETURN_IF_ERROR(st);
+      STRATA_RETURN_IF_ERROR(linear({.x = p.x,
+                                     .x_stride = x_stride,
+                                     .w = buf.data(),
+                                     .w_dtype = DType::kF32,
+                                     .w_stride = k,
+                                     .bias = p.bias != nullptr ? p.bias + r0 : nullptr,
+                                     .bias_dtype = DType::kF32,
+                                     .out = p.out + r0,
+                                     .out_stride = out_stride,
+                                     .n_tokens = p.n_tokens,
+                                     .in_features = k,
+                                     .out_features = rows}));
+    }
+    return ok_status();
+  }
+
   Status status = ok_status();
 #pragma omp parallel
   {
