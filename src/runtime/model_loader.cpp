@@ -28,7 +28,7 @@ struct ModelAlias {
 };
 constexpr ModelAlias kAliases[] = {
     {"smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"},
-    {"gemma3-270m", "gemma-3-270m-it-Q4_K_M.gguf"},
+    {"gemma3-270m", "gemma-3-270m-q4_k_m.gguf"},
 };
 
 Result<std::string> resolve_model_path(const std::string& model) {
