@@ -145,8 +145,8 @@ RequestResult run_one(const BenchOptions& o, const Prompt& p) {
   int64_t chunks = 0;
   Clock::time_point last = t0;
   std::string error;
-  auto resp = client->request(
-      "POST", "/v1/completions", body.dump(), auth(o), [&](std::string_view bytes) {
+  auto resp =
+      client->request("POST", "/v1/completions", body.dump(), auth(o), [&](std::string_view bytes) {
         sse.feed(bytes, [&](const std::string& data) {
           if (data == "[DONE]") {
             done = true;
@@ -199,14 +199,18 @@ int bench(BenchOptions o) {
     try {
       rate = std::stod(o.request_rate);
     } catch (...) {
-      return report(Status(StatusCode::kInvalidArgument, "--request-rate must be a number or 'inf'"));
+      return report(
+          Status(StatusCode::kInvalidArgument, "--request-rate must be a number or 'inf'"));
     }
-    if (!(rate > 0)) return report(Status(StatusCode::kInvalidArgument, "--request-rate must be > 0"));
+    if (!(rate > 0))
+      return report(Status(StatusCode::kInvalidArgument, "--request-rate must be > 0"));
   }
   if (o.dataset != "random" && o.dataset != "sharegpt-like") {
-    return report(Status(StatusCode::kInvalidArgument, "--dataset must be random or sharegpt-like"));
+    return report(
+        Status(StatusCode::kInvalidArgument, "--dataset must be random or sharegpt-like"));
   }
-  if (o.num_prompts <= 0) return report(Status(StatusCode::kInvalidArgument, "--num-prompts must be > 0"));
+  if (o.num_prompts <= 0)
+    return report(Status(StatusCode::kInvalidArgument, "--num-prompts must be > 0"));
 
   // The model's name, context and vocabulary size from /v1/models.
   int64_t vocab = 0, max_model_len = 0;
@@ -216,8 +220,9 @@ int bench(BenchOptions o) {
     auto resp = c->request("GET", "/v1/models", "", auth(o));
     if (!resp.ok()) return report(resp.status());
     if (resp->status != 200) {
-      return report(Status(StatusCode::kFailedPrecondition, "GET /v1/models: HTTP " + std::to_string(resp->status) +
-                                                                ": " + resp->body));
+      return report(
+          Status(StatusCode::kFailedPrecondition,
+                 "GET /v1/models: HTTP " + std::to_string(resp->status) + ": " + resp->body));
     }
     Json j = Json::parse(resp->body, nullptr, false);
     if (j.is_discarded() || !j.contains("data") || j["data"].empty()) {
@@ -231,9 +236,10 @@ int bench(BenchOptions o) {
   }
   const auto prompts = make_prompts(o, vocab, max_model_len);
 
-  std::printf("strata bench-serve: %d prompts, dataset %s, request rate %s, max concurrency %s, model %s\n",
-              o.num_prompts, o.dataset.c_str(), o.request_rate.c_str(),
-              o.max_concurrency > 0 ? std::to_string(o.max_concurrency).c_str() : "none", o.model.c_str());
+  std::printf(
+      "strata bench-serve: %d prompts, dataset %s, request rate %s, max concurrency %s, model %s\n",
+      o.num_prompts, o.dataset.c_str(), o.request_rate.c_str(),
+      o.max_concurrency > 0 ? std::to_string(o.max_concurrency).c_str() : "none", o.model.c_str());
   std::fflush(stdout);
 
   std::vector<RequestResult> results(prompts.size());
@@ -274,12 +280,15 @@ int bench(BenchOptions o) {
     total_out += r.output_tokens;
     ttfts.push_back(r.ttft * 1e3);
     e2els.push_back(r.latency * 1e3);
-    if (r.output_tokens > 1) tpots.push_back((r.latency - r.ttft) * 1e3 / static_cast<double>(r.output_tokens - 1));
+    if (r.output_tokens > 1)
+      tpots.push_back((r.latency - r.ttft) * 1e3 / static_cast<double>(r.output_tokens - 1));
     for (double x : r.itl) itls.push_back(x * 1e3);
   }
 
   auto line = [](const char* name, double v) { std::printf("%-40s %-10.2f\n", name, v); };
-  auto iline = [](const char* name, int64_t v) { std::printf("%-40s %-10lld\n", name, static_cast<long long>(v)); };
+  auto iline = [](const char* name, int64_t v) {
+    std::printf("%-40s %-10lld\n", name, static_cast<long long>(v));
+  };
   std::printf("============ Serving Benchmark Result ============\n");
   iline("Successful requests:", completed);
   if (failed > 0) iline("Failed requests:", failed);
@@ -305,7 +314,9 @@ int bench(BenchOptions o) {
   section("---------------Inter-token Latency----------------", "ITL", itls);
   section("----------------End-to-end Latency----------------", "E2EL", e2els);
   std::printf("==================================================\n");
-  if (failed > 0) std::fprintf(stderr, "strata: bench-serve: %d requests failed; first error: %s\n", failed, first_error.c_str());
+  if (failed > 0)
+    std::fprintf(stderr, "strata: bench-serve: %d requests failed; first error: %s\n", failed,
+                 first_error.c_str());
   std::fflush(stdout);
 
   if (!o.json_path.empty()) {
@@ -334,7 +345,8 @@ int bench(BenchOptions o) {
     stats("tpot", tpots);
     stats("itl", itls);
     stats("e2el", e2els);
-    Json in_lens = Json::array(), out_lens = Json::array(), ttft_s = Json::array(), errors = Json::array();
+    Json in_lens = Json::array(), out_lens = Json::array(), ttft_s = Json::array(),
+         errors = Json::array();
     for (const auto& r : results) {
       in_lens.push_back(r.prompt_len);
       out_lens.push_back(r.output_tokens);
@@ -356,7 +368,8 @@ int bench(BenchOptions o) {
 
 void add_bench_serve_command(CLI::App& app, std::vector<Command>& commands) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* sub = app.add_subcommand("bench-serve", "Load-test an OpenAI-compatible server (vLLM-style report)");
+  CLI::App* sub = app.add_subcommand("bench-serve",
+                                     "Load-test an OpenAI-compatible server (vLLM-style report)");
   sub->add_option("--host", o->host, "Server host (default 127.0.0.1)");
   sub->add_option("--port", o->port, "Server port (default 8000)");
   sub->add_option("--model", o->model, "Model name to send (default: the first of /v1/models)");
@@ -364,15 +377,18 @@ void add_bench_serve_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_option("--num-prompts", o->num_prompts, "Requests to send (default 100)");
   sub->add_option("--request-rate", o->request_rate,
                   "Requests per second, Poisson arrivals; inf = all at once (default inf)");
-  sub->add_option("--max-concurrency", o->max_concurrency, "Most requests in flight; 0 = no limit (default 0)");
+  sub->add_option("--max-concurrency", o->max_concurrency,
+                  "Most requests in flight; 0 = no limit (default 0)");
   sub->add_option("--dataset", o->dataset, "random or sharegpt-like (default random)");
   sub->add_option("--input-len", o->input_len, "Prompt tokens per request (default 128)");
   sub->add_option("--output-len", o->output_len, "Generated tokens per request (default 128)");
   sub->add_option("--range-ratio", o->range_ratio,
                   "random: lengths uniform in len*(1-r)..len*(1+r) (default 0)");
   sub->add_option("--seed", o->seed, "Seed for prompts and arrivals (default 0)");
-  sub->add_option("--json", o->json_path, "Write the results (and per-request data) to this JSON file");
-  sub->add_option("--timeout", o->timeout, "Seconds a request may stall before it fails (default 600)");
+  sub->add_option("--json", o->json_path,
+                  "Write the results (and per-request data) to this JSON file");
+  sub->add_option("--timeout", o->timeout,
+                  "Seconds a request may stall before it fails (default 600)");
   commands.push_back({sub, [o]() -> int { return bench(*o); }});
 }
 

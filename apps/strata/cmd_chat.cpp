@@ -49,52 +49,53 @@ void add_chat_command(CLI::App& app, std::vector<Command>& commands) {
   opt->request.sampling.repetition_penalty = 1.1f;
   opt->request.chat = true;
 
-  commands.push_back({sub, [opt]() -> int {
-    auto engine = Engine::create(opt->engine);
-    if (!engine.ok()) return report(engine.status());
-    Engine& e = **engine;
-    std::vector<ChatMessage> history;
-    auto reset = [&] {
-      history.clear();
-      if (!opt->system.empty()) history.push_back({"system", opt->system});
-    };
-    reset();
-    std::fprintf(stderr, "strata chat: %s — type a message; /reset clears, Ctrl-D quits\n",
-                 e.info().path.c_str());
-    std::string line;
-    uint64_t turn = 0;
-    while (true) {
-      std::fputs("> ", stdout);
-      std::fflush(stdout);
-      if (!std::getline(std::cin, line)) break;
-      if (line == "/exit" || line == "/quit") break;
-      if (line == "/reset") {
-        reset();
-        std::fputs("(history cleared)\n", stdout);
-        continue;
-      }
-      if (line.empty()) continue;
-      GenerateRequest req = opt->request;
-      req.messages = history;
-      req.prompt = line;
-      req.sampling.seed = opt->request.sampling.seed + turn++;
-      auto result = e.generate(req, [](std::string_view piece) {
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-        return true;
-      });
-      std::fputc('\n', stdout);
-      if (!result.ok()) {
-        // A turn that no longer fits the context: say so, keep the session.
-        std::fprintf(stderr, "strata: error: %s\n", result.status().message().c_str());
-        continue;
-      }
-      history.push_back({"user", line});
-      history.push_back({"assistant", result->text});
-    }
-    std::fputc('\n', stdout);
-    return 0;
-  }});
+  commands.push_back(
+      {sub, [opt]() -> int {
+         auto engine = Engine::create(opt->engine);
+         if (!engine.ok()) return report(engine.status());
+         Engine& e = **engine;
+         std::vector<ChatMessage> history;
+         auto reset = [&] {
+           history.clear();
+           if (!opt->system.empty()) history.push_back({"system", opt->system});
+         };
+         reset();
+         std::fprintf(stderr, "strata chat: %s — type a message; /reset clears, Ctrl-D quits\n",
+                      e.info().path.c_str());
+         std::string line;
+         uint64_t turn = 0;
+         while (true) {
+           std::fputs("> ", stdout);
+           std::fflush(stdout);
+           if (!std::getline(std::cin, line)) break;
+           if (line == "/exit" || line == "/quit") break;
+           if (line == "/reset") {
+             reset();
+             std::fputs("(history cleared)\n", stdout);
+             continue;
+           }
+           if (line.empty()) continue;
+           GenerateRequest req = opt->request;
+           req.messages = history;
+           req.prompt = line;
+           req.sampling.seed = opt->request.sampling.seed + turn++;
+           auto result = e.generate(req, [](std::string_view piece) {
+             std::fwrite(piece.data(), 1, piece.size(), stdout);
+             std::fflush(stdout);
+             return true;
+           });
+           std::fputc('\n', stdout);
+           if (!result.ok()) {
+             // A turn that no longer fits the context: say so, keep the session.
+             std::fprintf(stderr, "strata: error: %s\n", result.status().message().c_str());
+             continue;
+           }
+           history.push_back({"user", line});
+           history.push_back({"assistant", result->text});
+         }
+         std::fputc('\n', stdout);
+         return 0;
+       }});
 }
 
 }  // namespace strata::app

@@ -23,10 +23,14 @@ std::string human_bytes(double b) {
 
 std::string human_count(double n) {
   char buf[32];
-  if (n >= 1e9) std::snprintf(buf, sizeof(buf), "%.2fB", n / 1e9);
-  else if (n >= 1e6) std::snprintf(buf, sizeof(buf), "%.2fM", n / 1e6);
-  else if (n >= 1e3) std::snprintf(buf, sizeof(buf), "%.2fK", n / 1e3);
-  else std::snprintf(buf, sizeof(buf), "%.0f", n);
+  if (n >= 1e9)
+    std::snprintf(buf, sizeof(buf), "%.2fB", n / 1e9);
+  else if (n >= 1e6)
+    std::snprintf(buf, sizeof(buf), "%.2fM", n / 1e6);
+  else if (n >= 1e3)
+    std::snprintf(buf, sizeof(buf), "%.2fK", n / 1e3);
+  else
+    std::snprintf(buf, sizeof(buf), "%.0f", n);
   return buf;
 }
 
@@ -36,35 +40,42 @@ void add_info_command(CLI::App& app, std::vector<Command>& commands) {
   auto model = std::make_shared<std::string>();
   auto ctx = std::make_shared<int64_t>(0);
   CLI::App* sub = app.add_subcommand("info", "Print a model's architecture, size and memory needs");
-  sub->add_option("-m,--model", *model, "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias")->required();
+  sub->add_option("-m,--model", *model,
+                  "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias")
+      ->required();
   sub->add_option("-c,--ctx-size,--max-model-len", *ctx,
                   "Context length for the KV-cache estimate; 0 = the model's own (default 0)");
-  commands.push_back({sub, [model, ctx]() -> int {
-    auto info = inspect_model(*model);
-    if (!info.ok()) return report(info.status());
-    const ModelInfo& i = *info;
-    const int64_t ctx_len = *ctx > 0 ? *ctx : i.context_length;
-    const double kv = static_cast<double>(i.kv_bytes_per_token) * static_cast<double>(ctx_len);
-    std::printf("model          %s\n", i.path.c_str());
-    std::printf("architecture   %s\n", i.architecture.c_str());
-    std::printf("parameters     %s (%lld)\n", human_count(static_cast<double>(i.n_params)).c_str(),
-                static_cast<long long>(i.n_params));
-    std::printf("dtype          %s\n", i.dtype.c_str());
-    std::printf("layers         %lld\n", static_cast<long long>(i.n_layers));
-    std::printf("hidden         %lld\n", static_cast<long long>(i.hidden));
-    std::printf("heads          %lld (kv %lld, head_dim %lld)\n", static_cast<long long>(i.n_heads),
-                static_cast<long long>(i.n_heads_kv), static_cast<long long>(i.head_dim));
-    std::printf("ffn            %lld\n", static_cast<long long>(i.ffn_dim));
-    std::printf("vocab          %lld\n", static_cast<long long>(i.vocab));
-    std::printf("context        %lld\n", static_cast<long long>(i.context_length));
-    std::printf("weights        %s\n", human_bytes(static_cast<double>(i.weight_bytes)).c_str());
-    std::printf("kv cache       %s for %lld tokens (f32)\n", human_bytes(kv).c_str(),
-                static_cast<long long>(ctx_len));
-    std::printf("memory needed  %s\n", human_bytes(static_cast<double>(i.weight_bytes) + kv).c_str());
-    std::printf("tokenizer      %s\n", i.has_tokenizer ? "yes" : "no");
-    std::printf("chat template  %s\n", i.has_chat_template ? "yes" : "no");
-    return 0;
-  }});
+  commands.push_back(
+      {sub, [model, ctx]() -> int {
+         auto info = inspect_model(*model);
+         if (!info.ok()) return report(info.status());
+         const ModelInfo& i = *info;
+         const int64_t ctx_len = *ctx > 0 ? *ctx : i.context_length;
+         const double kv = static_cast<double>(i.kv_bytes_per_token) * static_cast<double>(ctx_len);
+         std::printf("model          %s\n", i.path.c_str());
+         std::printf("architecture   %s\n", i.architecture.c_str());
+         std::printf("parameters     %s (%lld)\n",
+                     human_count(static_cast<double>(i.n_params)).c_str(),
+                     static_cast<long long>(i.n_params));
+         std::printf("dtype          %s\n", i.dtype.c_str());
+         std::printf("layers         %lld\n", static_cast<long long>(i.n_layers));
+         std::printf("hidden         %lld\n", static_cast<long long>(i.hidden));
+         std::printf("heads          %lld (kv %lld, head_dim %lld)\n",
+                     static_cast<long long>(i.n_heads), static_cast<long long>(i.n_heads_kv),
+                     static_cast<long long>(i.head_dim));
+         std::printf("ffn            %lld\n", static_cast<long long>(i.ffn_dim));
+         std::printf("vocab          %lld\n", static_cast<long long>(i.vocab));
+         std::printf("context        %lld\n", static_cast<long long>(i.context_length));
+         std::printf("weights        %s\n",
+                     human_bytes(static_cast<double>(i.weight_bytes)).c_str());
+         std::printf("kv cache       %s for %lld tokens (f32)\n", human_bytes(kv).c_str(),
+                     static_cast<long long>(ctx_len));
+         std::printf("memory needed  %s\n",
+                     human_bytes(static_cast<double>(i.weight_bytes) + kv).c_str());
+         std::printf("tokenizer      %s\n", i.has_tokenizer ? "yes" : "no");
+         std::printf("chat template  %s\n", i.has_chat_template ? "yes" : "no");
+         return 0;
+       }});
 }
 
 }  // namespace strata::app

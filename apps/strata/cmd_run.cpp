@@ -35,14 +35,17 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
                   "Maximum number of tokens to generate (default 64)");
   sub->add_option("--temp,--temperature", opt->request.sampling.temperature,
                   "Sampling temperature; 0 = greedy (default 0.8)");
-  sub->add_option("--top-k", opt->request.sampling.top_k, "Keep the k most likely tokens; 0 = off (default 40)");
-  sub->add_option("--top-p", opt->request.sampling.top_p, "Nucleus sampling threshold; 1 = off (default 0.95)");
+  sub->add_option("--top-k", opt->request.sampling.top_k,
+                  "Keep the k most likely tokens; 0 = off (default 40)");
+  sub->add_option("--top-p", opt->request.sampling.top_p,
+                  "Nucleus sampling threshold; 1 = off (default 0.95)");
   sub->add_option("--min-p", opt->request.sampling.min_p,
                   "Drop tokens with p < min_p * p_max; 0 = off (default 0.05)");
   sub->add_option("--repeat-penalty,--repetition-penalty", opt->request.sampling.repetition_penalty,
                   "Penalty for tokens already in the context; 1 = off (default 1)");
   sub->add_option("-s,--seed", opt->request.sampling.seed, "Random seed (default 0)");
-  sub->add_option("-t,--threads", opt->engine.num_threads, "CPU threads; 0 = all cores (default 0)");
+  sub->add_option("-t,--threads", opt->engine.num_threads,
+                  "CPU threads; 0 = all cores (default 0)");
   sub->add_option("-c,--ctx-size,--max-model-len", opt->engine.max_model_len,
                   "Context length; 0 = the model's own (default 0)");
   sub->add_option("--tp,--tensor-parallel-size", opt->engine.tensor_parallel_size,
@@ -57,39 +60,42 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
   opt->request.sampling.top_p = 0.95f;
   opt->request.sampling.min_p = 0.05f;
 
-  commands.push_back({sub, [opt]() -> int {
-    auto engine = Engine::create(opt->engine);
-    if (!engine.ok()) return report(engine.status());
-    Engine& e = **engine;
-    const bool printer = e.rank() == 0;
-    auto result = e.generate(opt->request, [&](std::string_view piece) {
-      if (printer) {
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-      }
-      return true;
-    });
-    if (!result.ok()) return report(result.status());
-    if (printer && opt->verbose_prompt) {
-      std::fprintf(stderr, "strata: prompt tokens:");
-      for (int32_t t : result->prompt_tokens) std::fprintf(stderr, " %d", t);
-      std::fprintf(stderr, "\n");
-    }
-    if (printer) {
-      std::fputc('\n', stdout);
-      std::fflush(stdout);
-      if (!opt->quiet) {
-        const auto& r = *result;
-        const double pp = r.prefill_seconds > 0 ? r.prompt_tokens.size() / r.prefill_seconds : 0;
-        const double tg = r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0;
-        std::fprintf(stderr,
-                     "strata: prompt %zu tokens (%.1f tok/s), generated %zu tokens (%.1f tok/s), "
-                     "finish: %s\n",
-                     r.prompt_tokens.size(), pp, r.tokens.size(), tg, r.finish_reason.c_str());
-      }
-    }
-    return 0;
-  }});
+  commands.push_back(
+      {sub, [opt]() -> int {
+         auto engine = Engine::create(opt->engine);
+         if (!engine.ok()) return report(engine.status());
+         Engine& e = **engine;
+         const bool printer = e.rank() == 0;
+         auto result = e.generate(opt->request, [&](std::string_view piece) {
+           if (printer) {
+             std::fwrite(piece.data(), 1, piece.size(), stdout);
+             std::fflush(stdout);
+           }
+           return true;
+         });
+         if (!result.ok()) return report(result.status());
+         if (printer && opt->verbose_prompt) {
+           std::fprintf(stderr, "strata: prompt tokens:");
+           for (int32_t t : result->prompt_tokens) std::fprintf(stderr, " %d", t);
+           std::fprintf(stderr, "\n");
+         }
+         if (printer) {
+           std::fputc('\n', stdout);
+           std::fflush(stdout);
+           if (!opt->quiet) {
+             const auto& r = *result;
+             const double pp =
+                 r.prefill_seconds > 0 ? r.prompt_tokens.size() / r.prefill_seconds : 0;
+             const double tg = r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0;
+             std::fprintf(
+                 stderr,
+                 "strata: prompt %zu tokens (%.1f tok/s), generated %zu tokens (%.1f tok/s), "
+                 "finish: %s\n",
+                 r.prompt_tokens.size(), pp, r.tokens.size(), tg, r.finish_reason.c_str());
+           }
+         }
+         return 0;
+       }});
 }
 
 }  // namespace strata::app

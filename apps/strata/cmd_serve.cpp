@@ -38,7 +38,8 @@ int serve(const ServeOptions& opt) {
 
   auto routes = std::make_shared<server::OpenAIRoutes>(server::OpenAIOptions{opt.api_key});
   auto http = server::HttpServer::create(
-      opt.http, [routes](server::HttpRequest req, std::shared_ptr<server::Responder> r) {
+      opt.http,
+      [routes](server::HttpRequest req, std::shared_ptr<server::Responder> r) {
         routes->handle(std::move(req), std::move(r));
       },
       &server::OpenAIRoutes::transport_error);
@@ -76,11 +77,12 @@ int serve(const ServeOptions& opt) {
     return report(load_error.with_context("loading " + opt.serving.engine.model));
   }
 
-  std::fprintf(stderr, "strata: %s received: draining (at most %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-               opt.shutdown_timeout);
+  std::fprintf(stderr, "strata: %s received: draining (at most %.0f s)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", opt.shutdown_timeout);
   std::fflush(stderr);
   (*http)->stop_accepting();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(opt.shutdown_timeout);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(opt.shutdown_timeout);
   while ((*http)->in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -102,32 +104,41 @@ int serve(const ServeOptions& opt) {
 
 void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
   auto opt = std::make_shared<ServeOptions>();
-  CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  CLI::App* sub =
+      app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
   sub->add_option("-m,--model", opt->serving.engine.model,
                   "Model: Hugging Face checkpoint directory or .gguf file")
       ->required();
   sub->add_option("--host", opt->http.host, "Address to listen on (default 127.0.0.1)");
   sub->add_option("--port", opt->http.port, "Port to listen on; 0 = any free port (default 8000)");
-  sub->add_option("--api-key", opt->api_key, "Require 'Authorization: Bearer KEY' on the API routes");
+  sub->add_option("--api-key", opt->api_key,
+                  "Require 'Authorization: Bearer KEY' on the API routes");
   sub->add_option("--served-model-name", opt->serving.served_model_name,
                   "Model name in the API (default: the model path's last part)");
-  sub->add_option("--max-num-seqs", opt->serving.max_num_seqs, "Sequences running at once (default 64)");
+  sub->add_option("--max-num-seqs", opt->serving.max_num_seqs,
+                  "Sequences running at once (default 64)");
   sub->add_option("-c,--ctx-size,--max-model-len", opt->serving.engine.max_model_len,
                   "Context length; 0 = the model's own (default 0)");
   sub->add_option("--max-num-batched-tokens", opt->serving.max_num_batched_tokens,
                   "Token budget per engine step (default 512)");
-  sub->add_option("--block-size", opt->serving.block_size, "Tokens per KV-cache block (default 16)");
-  sub->add_option("--num-kv-blocks", opt->serving.num_kv_blocks, "KV-cache blocks; 0 = from --kv-cache-bytes");
-  sub->add_option("--kv-cache-bytes", opt->serving.kv_cache_bytes, "KV-cache size in bytes (default 1 GiB)");
+  sub->add_option("--block-size", opt->serving.block_size,
+                  "Tokens per KV-cache block (default 16)");
+  sub->add_option("--num-kv-blocks", opt->serving.num_kv_blocks,
+                  "KV-cache blocks; 0 = from --kv-cache-bytes");
+  sub->add_option("--kv-cache-bytes", opt->serving.kv_cache_bytes,
+                  "KV-cache size in bytes (default 1 GiB)");
   sub->add_option("--swap-space-bytes", opt->serving.swap_space_bytes,
                   "Host memory for preempted KV blocks, bytes (default 1 GiB)");
-  sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opt->serving.enable_prefix_caching,
+  sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching",
+                opt->serving.enable_prefix_caching,
                 "Reuse KV blocks of shared prompt prefixes (default on)");
-  sub->add_option("-t,--threads", opt->serving.engine.num_threads, "CPU threads; 0 = all cores (default 0)");
+  sub->add_option("-t,--threads", opt->serving.engine.num_threads,
+                  "CPU threads; 0 = all cores (default 0)");
   sub->add_option("--tp,--tensor-parallel-size", opt->serving.engine.tensor_parallel_size,
                   "Tensor-parallel ranks; launch with mpirun -np N (default 1)");
   sub->add_option("--http-threads", opt->http.threads, "HTTP I/O threads (default 4)");
-  sub->add_option("--max-body-bytes", opt->http.max_body_bytes, "Largest request body; larger gets 413 (default 8 MiB)");
+  sub->add_option("--max-body-bytes", opt->http.max_body_bytes,
+                  "Largest request body; larger gets 413 (default 8 MiB)");
   sub->add_option("--timeout", opt->http.read_timeout_seconds,
                   "Seconds to receive a request or keep an idle connection (default 60)");
   sub->add_option("--shutdown-timeout", opt->shutdown_timeout,

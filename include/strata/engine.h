@@ -15,18 +15,18 @@
 namespace strata {
 
 struct EngineConfig {
-  std::string model;               // HF checkpoint directory, .gguf file, or an alias
-  int tensor_parallel_size = 1;    // ranks must be launched with mpirun -np N
-  int64_t max_model_len = 0;       // context length; 0 = the model's own
-  int num_threads = 0;             // CPU threads; 0 = OpenMP default
-  bool show_progress = true;       // progress line while loading large checkpoints
+  std::string model;             // HF checkpoint directory, .gguf file, or an alias
+  int tensor_parallel_size = 1;  // ranks must be launched with mpirun -np N
+  int64_t max_model_len = 0;     // context length; 0 = the model's own
+  int num_threads = 0;           // CPU threads; 0 = OpenMP default
+  bool show_progress = true;     // progress line while loading large checkpoints
 };
 
 // What `strata info` prints; also available without loading the weights.
 struct ModelInfo {
   std::string path;
   std::string architecture;
-  std::string dtype;               // weight dtype(s), e.g. "bf16" or "q4_1 (+ f32 norms)"
+  std::string dtype;  // weight dtype(s), e.g. "bf16" or "q4_1 (+ f32 norms)"
   int64_t n_params = 0;
   int64_t n_layers = 0, hidden = 0, n_heads = 0, n_heads_kv = 0, head_dim = 0, ffn_dim = 0;
   int64_t vocab = 0;
@@ -40,7 +40,7 @@ struct ModelInfo {
 Result<ModelInfo> inspect_model(const std::string& model);
 
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant"
+  std::string role;  // "system", "user", "assistant"
   std::string content;
 };
 
@@ -49,17 +49,17 @@ struct GenerateRequest {
   std::vector<int32_t> prompt_tokens;  // used instead of `prompt` when not empty
   int64_t max_tokens = 64;
   SamplingParams sampling;
-  bool chat = false;               // render `messages` (+ `prompt` as a last user turn) with
-                                   // the model's chat template
+  bool chat = false;  // render `messages` (+ `prompt` as a last user turn) with
+                      // the model's chat template
   std::vector<ChatMessage> messages;
   bool ignore_eos = false;
 };
 
 struct GenerateResult {
   std::vector<int32_t> prompt_tokens;
-  std::vector<int32_t> tokens;     // generated ids
-  std::string text;                // generated text
-  std::string finish_reason;       // "stop" (EOS) or "length"
+  std::vector<int32_t> tokens;  // generated ids
+  std::string text;             // generated text
+  std::string finish_reason;    // "stop" (EOS) or "length"
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
@@ -69,7 +69,7 @@ class Engine {
   virtual ~Engine() = default;
 
   virtual const ModelInfo& info() const = 0;
-  virtual int rank() const = 0;        // tensor-parallel rank; only rank 0 should print
+  virtual int rank() const = 0;  // tensor-parallel rank; only rank 0 should print
   virtual int world_size() const = 0;
 
   // Generate; `on_text` receives complete UTF-8 pieces as they are produced (return false to

@@ -16,7 +16,7 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // HF style, over prompt + generated tokens; 1: off
   float presence_penalty = 0.0f;    // OpenAI style, over generated tokens
   float frequency_penalty = 0.0f;
-  uint64_t seed = 0;                // same seed + same inputs = same tokens
+  uint64_t seed = 0;  // same seed + same inputs = same tokens
   std::vector<std::pair<int32_t, float>> logit_bias;
 };
 

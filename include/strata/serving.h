@@ -24,16 +24,16 @@ namespace strata {
 enum class PreemptionMode { kSwap, kRecompute, kByCost };
 
 struct ServingConfig {
-  EngineConfig engine;             // model, threads, tensor parallel size, max_model_len
-  int64_t max_num_seqs = 64;       // sequences running at once
+  EngineConfig engine;                   // model, threads, tensor parallel size, max_model_len
+  int64_t max_num_seqs = 64;             // sequences running at once
   int64_t max_num_batched_tokens = 512;  // per-step token budget (prompt chunks + decodes)
-  int64_t block_size = 16;         // tokens per KV block
-  int64_t num_kv_blocks = 0;       // 0: size from kv_cache_bytes
+  int64_t block_size = 16;               // tokens per KV block
+  int64_t num_kv_blocks = 0;             // 0: size from kv_cache_bytes
   int64_t kv_cache_bytes = int64_t{1} << 30;
   int64_t swap_space_bytes = int64_t{1} << 30;  // host memory for preempted KV blocks
   bool enable_prefix_caching = true;
   PreemptionMode preemption_mode = PreemptionMode::kByCost;
-  std::string served_model_name;   // name in /v1/models; default: the model path's last part
+  std::string served_model_name;  // name in /v1/models; default: the model path's last part
 };
 
 struct CompletionRequest {
@@ -41,10 +41,10 @@ struct CompletionRequest {
   SamplingParams sampling;
   int64_t max_tokens = 16;
   int64_t min_tokens = 0;
-  std::vector<std::string> stop;        // stop strings, matched on detokenized text, not emitted
+  std::vector<std::string> stop;  // stop strings, matched on detokenized text, not emitted
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-  int top_logprobs = -1;                // -1: no logprobs; 0..20: chosen token (+ top n)
+  int top_logprobs = -1;  // -1: no logprobs; 0..20: chosen token (+ top n)
 };
 
 struct TokenLogprob {
@@ -54,15 +54,15 @@ struct TokenLogprob {
 };
 
 struct CompletionEvent {
-  std::string text;                 // new complete UTF-8 text since the last event
-  std::vector<int32_t> tokens;      // new token ids since the last event
+  std::string text;             // new complete UTF-8 text since the last event
+  std::vector<int32_t> tokens;  // new token ids since the last event
   std::vector<TokenLogprob> logprobs;
   bool finished = false;
-  std::string finish_reason;        // "stop", "length", "abort" (cancelled), "error"
+  std::string finish_reason;  // "stop", "length", "abort" (cancelled), "error"
   int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;    // total so far
-  int64_t cached_prompt_tokens = 0; // prompt tokens served from the prefix cache
-  Status error;                     // set when finish_reason == "error"
+  int64_t completion_tokens = 0;     // total so far
+  int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  Status error;                      // set when finish_reason == "error"
 };
 
 struct ServingMetrics {

@@ -53,13 +53,15 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status ok_status() { return Status(); }
+inline Status ok_status() {
+  return Status();
+}
 
 // A value or the Status that explains why there is none.
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!status_.ok() && "Result constructed from an OK status without a value");
     if (status_.ok()) status_ = Status(StatusCode::kInternal, "Result built from OK status");
@@ -96,10 +98,10 @@ class [[nodiscard]] Result {
 #define STRATA_CONCAT_(a, b) STRATA_CONCAT_INNER_(a, b)
 
 // Return the Status from the enclosing function if `expr` failed.
-#define STRATA_RETURN_IF_ERROR(expr)                    \
-  do {                                                  \
-    ::strata::Status strata_status_ = (expr);           \
-    if (!strata_status_.ok()) return strata_status_;    \
+#define STRATA_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::strata::Status strata_status_ = (expr);        \
+    if (!strata_status_.ok()) return strata_status_; \
   } while (0)
 
 // `lhs = value of expr` or return its Status.  lhs may be a declaration: `auto x`.

@@ -42,7 +42,9 @@ struct DTypeInfo {
 
 const DTypeInfo& dtype_info(DType dt);
 
-inline std::string_view dtype_name(DType dt) { return dtype_info(dt).name; }
+inline std::string_view dtype_name(DType dt) {
+  return dtype_info(dt).name;
+}
 
 // Bytes needed for `n` values; n must be a multiple of the block size for quantized types.
 inline int64_t dtype_bytes(DType dt, int64_t n) {

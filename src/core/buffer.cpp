@@ -9,8 +9,10 @@ namespace strata {
 
 std::string Device::to_string() const {
   switch (kind) {
-    case DeviceKind::kCpu: return "cpu";
-    case DeviceKind::kCuda: return "cuda:" + std::to_string(index);
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda:" + std::to_string(index);
   }
   return "unknown";
 }

@@ -17,7 +17,10 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(void* data, size_t bytes, Device device, Residency residency, std::shared_ptr<void> owner)
-      : data_(data), bytes_(bytes), device_(device), residency_(residency),
+      : data_(data),
+        bytes_(bytes),
+        device_(device),
+        residency_(residency),
         owner_(std::move(owner)) {}
 
   void* data() const { return data_; }
@@ -26,7 +29,9 @@ class Buffer {
   Residency residency() const { return residency_; }
   bool empty() const { return data_ == nullptr; }
   template <class T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
 
  private:
   void* data_ = nullptr;

@@ -25,22 +25,38 @@ const DTypeInfo& dtype_info(DType dt) {
   static const DTypeInfo kQ5_K{"q5_k", 256, 176, false, true};
   static const DTypeInfo kQ6_K{"q6_k", 256, 210, false, true};
   switch (dt) {
-    case DType::kF32: return kF32;
-    case DType::kF16: return kF16;
-    case DType::kBF16: return kBF16;
-    case DType::kI8: return kI8;
-    case DType::kFP8E4M3: return kFP8;
-    case DType::kI32: return kI32;
-    case DType::kI64: return kI64;
-    case DType::kU8: return kU8;
-    case DType::kQ8_0: return kQ8_0;
-    case DType::kQ4_0: return kQ4_0;
-    case DType::kQ4_1: return kQ4_1;
-    case DType::kQ5_0: return kQ5_0;
-    case DType::kQ5_1: return kQ5_1;
-    case DType::kQ4_K: return kQ4_K;
-    case DType::kQ5_K: return kQ5_K;
-    case DType::kQ6_K: return kQ6_K;
+    case DType::kF32:
+      return kF32;
+    case DType::kF16:
+      return kF16;
+    case DType::kBF16:
+      return kBF16;
+    case DType::kI8:
+      return kI8;
+    case DType::kFP8E4M3:
+      return kFP8;
+    case DType::kI32:
+      return kI32;
+    case DType::kI64:
+      return kI64;
+    case DType::kU8:
+      return kU8;
+    case DType::kQ8_0:
+      return kQ8_0;
+    case DType::kQ4_0:
+      return kQ4_0;
+    case DType::kQ4_1:
+      return kQ4_1;
+    case DType::kQ5_0:
+      return kQ5_0;
+    case DType::kQ5_1:
+      return kQ5_1;
+    case DType::kQ4_K:
+      return kQ4_K;
+    case DType::kQ5_K:
+      return kQ5_K;
+    case DType::kQ6_K:
+      return kQ6_K;
   }
   return kU8;
 }
@@ -48,10 +64,14 @@ const DTypeInfo& dtype_info(DType dt) {
 bool parse_dtype(std::string_view text, DType* out) {
   std::string t(text);
   for (char& c : t) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-  if (t == "f32" || t == "float32" || t == "float") *out = DType::kF32;
-  else if (t == "f16" || t == "float16" || t == "half") *out = DType::kF16;
-  else if (t == "bf16" || t == "bfloat16") *out = DType::kBF16;
-  else return false;
+  if (t == "f32" || t == "float32" || t == "float")
+    *out = DType::kF32;
+  else if (t == "f16" || t == "float16" || t == "half")
+    *out = DType::kF16;
+  else if (t == "bf16" || t == "bfloat16")
+    *out = DType::kBF16;
+  else
+    return false;
   return true;
 }
 

@@ -7,9 +7,9 @@
 namespace strata {
 
 struct EnvConfig {
-  int num_threads = 0;        // STRATA_NUM_THREADS (0: OpenMP default)
-  std::string log_level;      // STRATA_LOG_LEVEL: debug|info|warn|error|silent
-  std::string cache_dir;      // STRATA_CACHE_DIR, else $XDG_CACHE_HOME/strata, else ~/.cache/strata
+  int num_threads = 0;    // STRATA_NUM_THREADS (0: OpenMP default)
+  std::string log_level;  // STRATA_LOG_LEVEL: debug|info|warn|error|silent
+  std::string cache_dir;  // STRATA_CACHE_DIR, else $XDG_CACHE_HOME/strata, else ~/.cache/strata
   // MPI launcher rank discovery (OpenMPI, PMI, Slurm), -1 when absent.
   int launcher_rank = -1;
   int launcher_size = -1;

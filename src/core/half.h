@@ -53,13 +53,13 @@ inline uint16_t f32_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;           // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;          // overflow -> inf (65520 rounds up)
-  if (abs < 0x38800000u) {                                // subnormal or zero in f16
-    if (abs < 0x33000000u) return sign;                   // rounds to zero
-    const uint32_t e = abs >> 23;                          // 102..112
-    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;      // value = m * 2^(e-150)
-    const int shift = static_cast<int>(126 - e);           // f16 subnormal unit is 2^-24
+  if (abs > 0x7f800000u) return sign | 0x7e00u;        // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;       // overflow -> inf (65520 rounds up)
+  if (abs < 0x38800000u) {                             // subnormal or zero in f16
+    if (abs < 0x33000000u) return sign;                // rounds to zero
+    const uint32_t e = abs >> 23;                      // 102..112
+    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;  // value = m * 2^(e-150)
+    const int shift = static_cast<int>(126 - e);       // f16 subnormal unit is 2^-24
     uint32_t r = m >> shift;
     const uint32_t rem = m & ((1u << shift) - 1u);
     const uint32_t halfway = 1u << (shift - 1);

@@ -8,12 +8,18 @@ namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kWarn)};  // NOTE: process-wide verbosity only
 }
 
-void set_log_level(LogLevel level) { g_level.store(static_cast<int>(level)); }
-LogLevel log_level() { return static_cast<LogLevel>(g_level.load()); }
+void set_log_level(LogLevel level) {
+  g_level.store(static_cast<int>(level));
+}
+LogLevel log_level() {
+  return static_cast<LogLevel>(g_level.load());
+}
 
 void log_write(LogLevel level, const std::string& message) {
-  const char* tag = level == LogLevel::kError ? "error" : level == LogLevel::kWarn ? "warn"
-                    : level == LogLevel::kInfo ? "info" : "debug";
+  const char* tag = level == LogLevel::kError  ? "error"
+                    : level == LogLevel::kWarn ? "warn"
+                    : level == LogLevel::kInfo ? "info"
+                                               : "debug";
   std::fprintf(stderr, "strata %s: %s\n", tag, message.c_str());
 }
 

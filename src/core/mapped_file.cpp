@@ -47,8 +47,8 @@ MappedFile::~MappedFile() {
 
 Buffer MappedFile::buffer(size_t offset, size_t bytes,
                           const std::shared_ptr<MappedFile>& self) const {
-  return Buffer(const_cast<uint8_t*>(data_) + offset, bytes, Device::cpu(),
-                Residency::kHostMapped, self);
+  return Buffer(const_cast<uint8_t*>(data_) + offset, bytes, Device::cpu(), Residency::kHostMapped,
+                self);
 }
 
 Result<std::string> read_text_file(const std::string& path) {

@@ -4,17 +4,28 @@ namespace strata {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kNotFound: return "not found";
-    case StatusCode::kOutOfRange: return "out of range";
-    case StatusCode::kUnimplemented: return "unsupported";
-    case StatusCode::kDataLoss: return "corrupt data";
-    case StatusCode::kIoError: return "i/o error";
-    case StatusCode::kOutOfMemory: return "out of memory";
-    case StatusCode::kFailedPrecondition: return "failed precondition";
-    case StatusCode::kInternal: return "internal error";
-    case StatusCode::kCancelled: return "cancelled";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kOutOfRange:
+      return "out of range";
+    case StatusCode::kUnimplemented:
+      return "unsupported";
+    case StatusCode::kDataLoss:
+      return "corrupt data";
+    case StatusCode::kIoError:
+      return "i/o error";
+    case StatusCode::kOutOfMemory:
+      return "out of memory";
+    case StatusCode::kFailedPrecondition:
+      return "failed precondition";
+    case StatusCode::kInternal:
+      return "internal error";
+    case StatusCode::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }

@@ -46,7 +46,9 @@ struct Tensor {
   Tensor slice_cols(int64_t begin, int64_t end) const;
 
   template <class T>
-  T* ptr() const { return static_cast<T*>(data); }
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
 
   std::string shape_string() const;  // "[72, 1031]"
 };

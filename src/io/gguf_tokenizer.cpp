@@ -27,7 +27,8 @@ Result<TokenizerSpec> tokenizer_spec_from_gguf(const GgufFile& f) {
     return errorf(StatusCode::kInvalidArgument, "{}: tokenizer.ggml.tokens is empty", f.name());
   }
   if (f.has("tokenizer.ggml.token_type")) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> types, f.get_int_array("tokenizer.ggml.token_type"));
+    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> types,
+                            f.get_int_array("tokenizer.ggml.token_type"));
     if (static_cast<int64_t>(types.size()) != vocab) {
       return errorf(StatusCode::kInvalidArgument,
                     "{}: tokenizer.ggml.token_type has {} entries for {} tokens", f.name(),

@@ -35,7 +35,8 @@ class Fields {
   }
   int64_t required_int(const char* key) {
     if (!has(key)) {
-      if (status_.ok()) status_ = errorf(StatusCode::kInvalidArgument, "{}: missing field '{}'", source_, key);
+      if (status_.ok())
+        status_ = errorf(StatusCode::kInvalidArgument, "{}: missing field '{}'", source_, key);
       return 0;
     }
     return int_or(key, 0);
@@ -159,12 +160,18 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
     c.architecture = root["architectures"][0].get<std::string>();
   } else if (root.contains("model_type") && root["model_type"].is_string()) {
     const std::string mt = root["model_type"].get<std::string>();
-    if (mt == "llama") c.architecture = "LlamaForCausalLM";
-    else if (mt == "mistral") c.architecture = "MistralForCausalLM";
-    else if (mt == "qwen2") c.architecture = "Qwen2ForCausalLM";
-    else if (mt == "gpt2") c.architecture = "GPT2LMHeadModel";
-    else if (mt == "gpt_neox") c.architecture = "GPTNeoXForCausalLM";
-    else c.architecture = mt;
+    if (mt == "llama")
+      c.architecture = "LlamaForCausalLM";
+    else if (mt == "mistral")
+      c.architecture = "MistralForCausalLM";
+    else if (mt == "qwen2")
+      c.architecture = "Qwen2ForCausalLM";
+    else if (mt == "gpt2")
+      c.architecture = "GPT2LMHeadModel";
+    else if (mt == "gpt_neox")
+      c.architecture = "GPTNeoXForCausalLM";
+    else
+      c.architecture = mt;
   } else {
     return errorf(StatusCode::kInvalidArgument, "{}: missing field 'architectures'", source);
   }
@@ -210,9 +217,8 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
     c.qkv_bias = c.o_bias = c.mlp_bias = true;
     c.tie_word_embeddings = f.bool_or("tie_word_embeddings", true);
     c.pos_embedding = PosEmbedding::kLearned;
-    STRATA_ASSIGN_OR_RETURN(c.activation, parse_activation(
-                                              f.string_or("activation_function", "gelu_new"),
-                                              source));
+    STRATA_ASSIGN_OR_RETURN(
+        c.activation, parse_activation(f.string_or("activation_function", "gelu_new"), source));
     if (f.bool_or("scale_attn_by_inverse_layer_idx", false) ||
         f.bool_or("reorder_and_upcast_attn", false)) {
       return errorf(StatusCode::kUnimplemented,
@@ -278,8 +284,7 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
     c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
   }
 
-  const std::string dtype_name =
-      f.string_or("torch_dtype", f.string_or("dtype", "float32"));
+  const std::string dtype_name = f.string_or("torch_dtype", f.string_or("dtype", "float32"));
   STRATA_RETURN_IF_ERROR(f.status());
   if (!parse_dtype(dtype_name, &c.weight_dtype)) {
     return errorf(StatusCode::kUnimplemented, "{}: unsupported dtype '{}'", source, dtype_name);
@@ -322,8 +327,8 @@ Status ModelConfig::validate(const std::string& source) const {
   STRATA_RETURN_IF_ERROR(positive(n_heads_kv, "num_key_value_heads", 4096));
   STRATA_RETURN_IF_ERROR(positive(head_dim, "head_dim", 4096));
   STRATA_RETURN_IF_ERROR(positive(ffn_dim, "intermediate_size", int64_t{1} << 20));
-  STRATA_RETURN_IF_ERROR(positive(max_position_embeddings, "max_position_embeddings",
-                                  int64_t{1} << 24));
+  STRATA_RETURN_IF_ERROR(
+      positive(max_position_embeddings, "max_position_embeddings", int64_t{1} << 24));
   if (n_heads % n_heads_kv != 0) {
     return errorf(StatusCode::kInvalidArgument,
                   "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
@@ -334,8 +339,7 @@ Status ModelConfig::validate(const std::string& source) const {
                   source, rotary_dim);
   }
   if (!(norm_eps >= 0.0f) || sliding_window < 0) {
-    return errorf(StatusCode::kInvalidArgument, "{}: negative norm eps or sliding window",
-                  source);
+    return errorf(StatusCode::kInvalidArgument, "{}: negative norm eps or sliding window", source);
   }
   return ok_status();
 }

@@ -21,8 +21,8 @@ enum class RopeScalingType { kNone, kLinear, kLlama3 };
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
   float factor = 1.0f;
-  float low_freq_factor = 1.0f;   // llama3
-  float high_freq_factor = 4.0f;  // llama3
+  float low_freq_factor = 1.0f;                     // llama3
+  float high_freq_factor = 4.0f;                    // llama3
   int64_t original_max_position_embeddings = 8192;  // llama3
 };
 
@@ -43,15 +43,15 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
   float norm_weight_offset = 0.0f;  // Gemma: weights stored as (w - 1)
   ops::Activation activation = ops::Activation::kSilu;
-  bool gated_mlp = true;            // SwiGLU/GeGLU vs plain up -> act -> down
-  bool parallel_block = false;      // NeoX use_parallel_residual: x + attn(ln1 x) + mlp(ln2 x)
-  bool qkv_bias = false;            // Qwen2 q/k/v bias; GPT-2 / NeoX biases on every linear
+  bool gated_mlp = true;        // SwiGLU/GeGLU vs plain up -> act -> down
+  bool parallel_block = false;  // NeoX use_parallel_residual: x + attn(ln1 x) + mlp(ln2 x)
+  bool qkv_bias = false;        // Qwen2 q/k/v bias; GPT-2 / NeoX biases on every linear
   bool o_bias = false;
   bool mlp_bias = false;
   bool tie_word_embeddings = false;
-  bool qk_norm = false;             // Gemma-3 per-head q/k RMSNorm
-  bool post_norms = false;          // Gemma-3 post-attention / post-ffw norms
-  float embedding_scale = 1.0f;     // Gemma: sqrt(hidden)
+  bool qk_norm = false;          // Gemma-3 per-head q/k RMSNorm
+  bool post_norms = false;       // Gemma-3 post-attention / post-ffw norms
+  float embedding_scale = 1.0f;  // Gemma: sqrt(hidden)
 
   PosEmbedding pos_embedding = PosEmbedding::kRope;
   float rope_theta = 10000.0f;
@@ -60,9 +60,9 @@ struct ModelConfig {
   bool rope_neox_style = true;        // HF rotate_half; false for GGUF-permuted llama weights
   RopeScaling rope_scaling;
 
-  int64_t sliding_window = 0;                // 0 = none
-  std::vector<bool> layer_is_sliding;        // per layer, when sliding_window > 0
-  float attn_scale = 0.0f;                   // 0 = 1/sqrt(head_dim)
+  int64_t sliding_window = 0;          // 0 = none
+  std::vector<bool> layer_is_sliding;  // per layer, when sliding_window > 0
+  float attn_scale = 0.0f;             // 0 = 1/sqrt(head_dim)
   float final_logit_softcap = 0.0f;
 
   DType weight_dtype = DType::kF32;  // dtype of the checkpoint's weights (torch_dtype)

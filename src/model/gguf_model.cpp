@@ -114,8 +114,8 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
   STRATA_ASSIGN_OR_RETURN(c.n_heads_kv, opt_int("attention.head_count_kv", c.n_heads));
   STRATA_ASSIGN_OR_RETURN(c.max_position_embeddings, opt_int("context_length", 2048));
   if (c.n_heads <= 0) {
-    return errorf(StatusCode::kInvalidArgument, "{}: {}attention.head_count must be > 0",
-                  f.name(), a);
+    return errorf(StatusCode::kInvalidArgument, "{}: {}attention.head_count must be > 0", f.name(),
+                  a);
   }
   STRATA_ASSIGN_OR_RETURN(c.head_dim, opt_int("attention.key_length", c.hidden / c.n_heads));
   STRATA_ASSIGN_OR_RETURN(c.rotary_dim, opt_int("rope.dimension_count", c.head_dim));
@@ -156,13 +156,15 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
     c.rope_theta_local = 10000.0f;
     STRATA_ASSIGN_OR_RETURN(c.sliding_window, opt_int("attention.sliding_window", 0));
     c.layer_is_sliding.resize(static_cast<size_t>(std::max<int64_t>(c.n_layers, 0)));
-    for (int64_t l = 0; l < c.n_layers; ++l) c.layer_is_sliding[static_cast<size_t>(l)] = (l + 1) % 6 != 0;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      c.layer_is_sliding[static_cast<size_t>(l)] = (l + 1) % 6 != 0;
     STRATA_ASSIGN_OR_RETURN(double softcap, opt_float("final_logit_softcapping", 0.0));
     c.final_logit_softcap = static_cast<float>(softcap);
   }
   // Vocabulary: the embedding's rows are authoritative.
   const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
-  if (!emb) return errorf(StatusCode::kNotFound, "{}: tensor 'token_embd.weight' not found", f.name());
+  if (!emb)
+    return errorf(StatusCode::kNotFound, "{}: tensor 'token_embd.weight' not found", f.name());
   c.vocab = emb->shape[0];
   c.tie_word_embeddings = f.find_tensor("output.weight") == nullptr;
   if (const GgufTensorInfo* q = f.find_tensor("blk.0.attn_q.weight")) {

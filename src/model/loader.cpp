@@ -15,7 +15,9 @@ namespace strata {
 
 namespace {
 
-int64_t elem_bytes(DType dt) { return dtype_bytes(dt, 1); }
+int64_t elem_bytes(DType dt) {
+  return dtype_bytes(dt, 1);
+}
 
 // Fetch a tensor and check its shape.
 Result<Tensor> fetch(const TensorSource& src, const std::string& name,
@@ -221,8 +223,8 @@ Status Model::load_weights() {
       const int64_t F = c.ffn_dim;
       STRATA_ASSIGN_OR_RETURN(Tensor emb, fetch(src, root + "wte.weight", {c.vocab, H}));
       w_.tok_embeddings = emb.slice_rows(vocab_range_.begin, vocab_range_.end);
-      STRATA_ASSIGN_OR_RETURN(w_.pos_embeddings, fetch(src, root + "wpe.weight",
-                                                       {c.max_position_embeddings, H}));
+      STRATA_ASSIGN_OR_RETURN(w_.pos_embeddings,
+                              fetch(src, root + "wpe.weight", {c.max_position_embeddings, H}));
       for (int64_t l = 0; l < c.n_layers; ++l) {
         LayerWeights& L = w_.layers[static_cast<size_t>(l)];
         const std::string p = root + "h." + std::to_string(l) + ".";
@@ -239,8 +241,8 @@ Status Model::load_weights() {
         L.v.b = qkv_b.slice_rows(2 * H + q_rows.begin, 2 * H + q_rows.end);
         STRATA_ASSIGN_OR_RETURN(Tensor proj, fetch(src, p + "attn.c_proj.weight", {H, H}));
         // Row-parallel o: rows q_rows of the Conv1D [in, out] weight, transposed to [H, q_local].
-        STRATA_ASSIGN_OR_RETURN(L.o.w, transpose_cols(proj.slice_rows(q_rows.begin, q_rows.end),
-                                                      0, H));
+        STRATA_ASSIGN_OR_RETURN(L.o.w,
+                                transpose_cols(proj.slice_rows(q_rows.begin, q_rows.end), 0, H));
         STRATA_ASSIGN_OR_RETURN(L.o.b, fetch(src, p + "attn.c_proj.bias", {H}));
         STRATA_ASSIGN_OR_RETURN(L.ffn_norm.w, fetch(src, p + "ln_2.weight", {H}));
         STRATA_ASSIGN_OR_RETURN(L.ffn_norm.b, fetch(src, p + "ln_2.bias", {H}));
@@ -249,8 +251,7 @@ Status Model::load_weights() {
         STRATA_ASSIGN_OR_RETURN(L.up.w, transpose_cols(fc, ffn.begin, ffn.end));
         L.up.b = fc_b.slice_rows(ffn.begin, ffn.end);
         STRATA_ASSIGN_OR_RETURN(Tensor fc2, fetch(src, p + "mlp.c_proj.weight", {F, H}));
-        STRATA_ASSIGN_OR_RETURN(L.down.w,
-                                transpose_cols(fc2.slice_rows(ffn.begin, ffn.end), 0, H));
+        STRATA_ASSIGN_OR_RETURN(L.down.w, transpose_cols(fc2.slice_rows(ffn.begin, ffn.end), 0, H));
         STRATA_ASSIGN_OR_RETURN(L.down.b, fetch(src, p + "mlp.c_proj.bias", {H}));
       }
       STRATA_ASSIGN_OR_RETURN(w_.final_norm.w, fetch(src, root + "ln_f.weight", {H}));
@@ -302,8 +303,7 @@ Status Model::load_weights() {
         STRATA_ASSIGN_OR_RETURN(L.o.b, opt(p + "attention.dense.bias", {H}, c.o_bias));
         STRATA_ASSIGN_OR_RETURN(L.ffn_norm.w,
                                 fetch(src, p + "post_attention_layernorm.weight", {H}));
-        STRATA_ASSIGN_OR_RETURN(L.ffn_norm.b,
-                                fetch(src, p + "post_attention_layernorm.bias", {H}));
+        STRATA_ASSIGN_OR_RETURN(L.ffn_norm.b, fetch(src, p + "post_attention_layernorm.bias", {H}));
         STRATA_ASSIGN_OR_RETURN(Tensor up, fetch(src, p + "mlp.dense_h_to_4h.weight", {F, H}));
         STRATA_ASSIGN_OR_RETURN(Tensor up_b, fetch(src, p + "mlp.dense_h_to_4h.bias", {F}));
         L.up.w = up.slice_rows(ffn.begin, ffn.end);

@@ -27,8 +27,10 @@ Tensor view(float* p, int64_t rows, int64_t cols) {
 
 Status apply_norm(const ModelConfig& c, const NormWeights& n, const Tensor& x, Tensor& out) {
   switch (c.norm) {
-    case NormType::kRmsNorm: return ops::rms_norm(x, n.w, c.norm_eps, c.norm_weight_offset, out);
-    case NormType::kLayerNorm: return ops::layer_norm(x, n.w, n.b, c.norm_eps, out);
+    case NormType::kRmsNorm:
+      return ops::rms_norm(x, n.w, c.norm_eps, c.norm_weight_offset, out);
+    case NormType::kLayerNorm:
+      return ops::layer_norm(x, n.w, n.b, c.norm_eps, out);
   }
   return ok_status();
 }
@@ -43,9 +45,19 @@ Status Model::ensure_workspace(int64_t n_tokens, int64_t n_logits) {
   const int64_t n = ws_tokens_, H = c.hidden, D = c.head_dim;
   const int64_t q = n_heads_local_ * D, kv = n_kv_local_ * D;
   const int64_t chunk = par_.padded_chunk(c.vocab);
-  const int64_t sizes[] = {n * H,          n * H,  n * q,         n * kv, n * kv, n * q,
-                           n * H,          n * 2 * ffn_local_,    n * ffn_local_, n * H,
-                           ws_logits_ * H, ws_logits_ * chunk,    ws_logits_ * chunk * par_.tp_size};
+  const int64_t sizes[] = {n * H,
+                           n * H,
+                           n * q,
+                           n * kv,
+                           n * kv,
+                           n * q,
+                           n * H,
+                           n * 2 * ffn_local_,
+                           n * ffn_local_,
+                           n * H,
+                           ws_logits_ * H,
+                           ws_logits_ * chunk,
+                           ws_logits_ * chunk * par_.tp_size};
   int64_t total = 0;
   for (int64_t s : sizes) total += (s + 15) / 16 * 16;
   STRATA_ASSIGN_OR_RETURN(ws_, allocate_host(static_cast<size_t>(total) * sizeof(float)));
@@ -79,17 +91,18 @@ Status Model::forward(const ForwardBatch& batch, KvCache& cache, Communicator& c
   if (n == 0) return ok_status();
   if (static_cast<int64_t>(batch.token_seq.size()) != n ||
       static_cast<int64_t>(batch.token_pos.size()) != n) {
-    return errorf(StatusCode::kInvalidArgument, "forward: token, sequence and position counts differ");
+    return errorf(StatusCode::kInvalidArgument,
+                  "forward: token, sequence and position counts differ");
   }
   for (int32_t pos : batch.token_pos) {
     if (pos < 0 || pos >= c.max_position_embeddings) {
-      return errorf(StatusCode::kOutOfRange,
-                    "position {} is past the model's context length {}", pos,
-                    c.max_position_embeddings);
+      return errorf(StatusCode::kOutOfRange, "position {} is past the model's context length {}",
+                    pos, c.max_position_embeddings);
     }
   }
   for (int32_t r : batch.logit_rows) {
-    if (r < 0 || r >= n) return errorf(StatusCode::kInvalidArgument, "forward: bad logit row {}", r);
+    if (r < 0 || r >= n)
+      return errorf(StatusCode::kInvalidArgument, "forward: bad logit row {}", r);
   }
   STRATA_RETURN_IF_ERROR(ensure_workspace(n, n_out));
 
@@ -107,8 +120,8 @@ Status Model::forward(const ForwardBatch& batch, KvCache& cache, Communicator& c
   Tensor mlp = view(mlp_.ptr<float>(), n, H);
 
   // Embedding (vocab-parallel: each rank fills its rows, the sum completes them).
-  STRATA_RETURN_IF_ERROR(ops::embedding(w_.tok_embeddings, batch.tokens.data(), n,
-                                        vocab_range_.begin, c.vocab, x));
+  STRATA_RETURN_IF_ERROR(
+      ops::embedding(w_.tok_embeddings, batch.tokens.data(), n, vocab_range_.begin, c.vocab, x));
   if (par_.tp_size > 1) STRATA_RETURN_IF_ERROR(comm.all_reduce_sum(x.ptr<float>(), n * H));
   if (c.embedding_scale != 1.0f) STRATA_RETURN_IF_ERROR(ops::scale(x, c.embedding_scale));
   if (w_.pos_embeddings.defined()) {
@@ -117,8 +130,8 @@ Status Model::forward(const ForwardBatch& batch, KvCache& cache, Communicator& c
     STRATA_RETURN_IF_ERROR(ops::add(x, h, x));
   }
 
-  const float attn_scale = c.attn_scale > 0.0f ? c.attn_scale
-                                                : 1.0f / std::sqrt(static_cast<float>(D));
+  const float attn_scale =
+      c.attn_scale > 0.0f ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(D));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(l)];
     const bool sliding = c.sliding_window > 0 &&
@@ -201,7 +214,8 @@ Status Model::forward(const ForwardBatch& batch, KvCache& cache, Communicator& c
   // ---- final norm + LM head on the selected rows ----
   Tensor sel = view(sel_.ptr<float>(), n_out, H);
   for (int64_t i = 0; i < n_out; ++i) {
-    std::memcpy(sel.ptr<float>() + i * H, x.ptr<float>() + batch.logit_rows[static_cast<size_t>(i)] * H,
+    std::memcpy(sel.ptr<float>() + i * H,
+                x.ptr<float>() + batch.logit_rows[static_cast<size_t>(i)] * H,
                 static_cast<size_t>(H) * sizeof(float));
   }
   STRATA_RETURN_IF_ERROR(apply_norm(c, w_.final_norm, sel, sel));

@@ -32,15 +32,15 @@ struct NormWeights {
 };
 
 struct LayerWeights {
-  NormWeights attn_norm;      // input_layernorm / ln_1
-  LinearWeights q, k, v;      // column-parallel: [heads_local * head_dim, hidden]
-  LinearWeights o;            // row-parallel: [hidden, heads_local * head_dim]
-  NormWeights q_norm, k_norm; // per-head [head_dim] (Gemma-3), else undefined
-  NormWeights post_attn_norm; // Gemma-3, else undefined
-  NormWeights ffn_norm;       // post_attention_layernorm / ln_2
-  LinearWeights gate, up;     // column-parallel: [ffn_local, hidden]; gate undefined if ungated
-  LinearWeights down;         // row-parallel: [hidden, ffn_local]
-  NormWeights post_ffn_norm;  // Gemma-3, else undefined
+  NormWeights attn_norm;       // input_layernorm / ln_1
+  LinearWeights q, k, v;       // column-parallel: [heads_local * head_dim, hidden]
+  LinearWeights o;             // row-parallel: [hidden, heads_local * head_dim]
+  NormWeights q_norm, k_norm;  // per-head [head_dim] (Gemma-3), else undefined
+  NormWeights post_attn_norm;  // Gemma-3, else undefined
+  NormWeights ffn_norm;        // post_attention_layernorm / ln_2
+  LinearWeights gate, up;      // column-parallel: [ffn_local, hidden]; gate undefined if ungated
+  LinearWeights down;          // row-parallel: [hidden, ffn_local]
+  NormWeights post_ffn_norm;   // Gemma-3, else undefined
 };
 
 struct ModelWeights {
@@ -54,13 +54,13 @@ struct ModelWeights {
 // One forward call's inputs. Token i belongs to sequence token_seq[i] at position
 // token_pos[i]; its K/V are written to that sequence's blocks before attention reads them.
 struct ForwardBatch {
-  std::span<const int32_t> tokens;       // [n_tokens]
-  std::span<const int32_t> token_seq;    // [n_tokens]
-  std::span<const int32_t> token_pos;    // [n_tokens]
-  const int32_t* block_tables = nullptr; // [n_seqs, max_blocks_per_seq]
+  std::span<const int32_t> tokens;        // [n_tokens]
+  std::span<const int32_t> token_seq;     // [n_tokens]
+  std::span<const int32_t> token_pos;     // [n_tokens]
+  const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
-  int64_t n_seqs = 1;                    // rows of block_tables
-  std::span<const int32_t> logit_rows;   // token indices whose logits are wanted
+  int64_t n_seqs = 1;                   // rows of block_tables
+  std::span<const int32_t> logit_rows;  // token indices whose logits are wanted
 };
 
 class Model {

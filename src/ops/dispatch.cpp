@@ -203,7 +203,8 @@ Status embedding(const Tensor& table, const int32_t* ids, int64_t n, int64_t voc
   constexpr const char* kOp = "embedding";
   STRATA_ASSIGN_OR_RETURN(RowView tv, row_view(table, kOp, "table"));
   STRATA_ASSIGN_OR_RETURN(RowView ov, row_view(out, kOp, "out"));
-  if (!dtype_info(table.dtype).is_quantized) STRATA_RETURN_IF_ERROR(check_float(table, kOp, "table"));
+  if (!dtype_info(table.dtype).is_quantized)
+    STRATA_RETURN_IF_ERROR(check_float(table, kOp, "table"));
   STRATA_RETURN_IF_ERROR(check_dtype(out, DType::kF32, kOp, "out"));
   if (table.ndim != 2) {
     return errorf(StatusCode::kInvalidArgument, "{}: table is {} but must be [vocab, hidden]", kOp,

@@ -50,8 +50,8 @@ class MpiCommunicator final : public Communicator {
     if (n > (int64_t{1} << 30)) {
       return errorf(StatusCode::kUnimplemented, "MPI all-gather of {} floats per rank", n);
     }
-    return check_mpi(MPI_Allgather(send, static_cast<int>(n), MPI_FLOAT, recv,
-                                   static_cast<int>(n), MPI_FLOAT, MPI_COMM_WORLD),
+    return check_mpi(MPI_Allgather(send, static_cast<int>(n), MPI_FLOAT, recv, static_cast<int>(n),
+                                   MPI_FLOAT, MPI_COMM_WORLD),
                      "all-gather");
   }
   Status broadcast(void* data, int64_t bytes, int root) override {

@@ -28,7 +28,9 @@ std::unique_ptr<Communicator> make_single_rank_communicator() {
   return std::make_unique<SingleRankCommunicator>();
 }
 
-bool launched_under_mpi() { return env_config().launcher_size > 1; }
+bool launched_under_mpi() {
+  return env_config().launcher_size > 1;
+}
 
 #ifndef STRATA_HAS_MPI
 Result<std::unique_ptr<Communicator>> make_mpi_communicator() {

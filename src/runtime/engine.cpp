@@ -131,8 +131,9 @@ class EngineImpl final : public Engine {
     } else if (!req.prompt_tokens.empty()) {
       for (int32_t t : req.prompt_tokens) {
         if (t < 0 || t >= model_->config().vocab) {
-          return errorf(StatusCode::kInvalidArgument, "prompt token id {} is outside the vocabulary (0..{})",
-                        t, model_->config().vocab - 1);
+          return errorf(StatusCode::kInvalidArgument,
+                        "prompt token id {} is outside the vocabulary (0..{})", t,
+                        model_->config().vocab - 1);
         }
       }
       result.prompt_tokens = req.prompt_tokens;
@@ -202,8 +203,10 @@ class EngineImpl final : public Engine {
       messages.push_back({{"role", m.role}, {"content", m.content}});
     }
     if (!req.prompt.empty()) messages.push_back({{"role", "user"}, {"content", req.prompt}});
-    const std::string bos = tokenizer_->bos_id() >= 0 ? tokenizer_->id_to_token(tokenizer_->bos_id()) : "";
-    const std::string eos = tokenizer_->eos_id() >= 0 ? tokenizer_->id_to_token(tokenizer_->eos_id()) : "";
+    const std::string bos =
+        tokenizer_->bos_id() >= 0 ? tokenizer_->id_to_token(tokenizer_->bos_id()) : "";
+    const std::string eos =
+        tokenizer_->eos_id() >= 0 ? tokenizer_->id_to_token(tokenizer_->eos_id()) : "";
     auto text = apply_chat_template(tmpl, messages, /*add_generation_prompt=*/true, bos, eos);
     if (!text.ok()) return text.status().with_context(info_.path);
     return text;
@@ -215,7 +218,9 @@ class EngineImpl final : public Engine {
     Sampler rng(p);
     std::vector<int32_t> t(static_cast<size_t>(n));
     const int64_t V = model_->config().vocab;
-    for (auto& x : t) x = static_cast<int32_t>(std::min<int64_t>(V - 1, static_cast<int64_t>(rng.next_uniform() * static_cast<float>(V))));
+    for (auto& x : t)
+      x = static_cast<int32_t>(std::min<int64_t>(
+          V - 1, static_cast<int64_t>(rng.next_uniform() * static_cast<float>(V))));
     return t;
   }
 

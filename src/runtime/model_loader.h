@@ -28,11 +28,11 @@ struct LoadedModel {
 // A model's files opened: `model` is a HF checkpoint directory, a .gguf file, or an alias
 // (smollm2, gemma3-270m) resolved to strata's cache directory.
 struct ModelFiles {
-  std::string path;                        // resolved path
+  std::string path;  // resolved path
   ModelConfig config;
   ModelInfo info;
-  std::shared_ptr<TensorSource> weights;   // null unless opened with_weights
-  std::unique_ptr<Tokenizer> tokenizer;    // null when the model has none
+  std::shared_ptr<TensorSource> weights;  // null unless opened with_weights
+  std::unique_ptr<Tokenizer> tokenizer;   // null when the model has none
   bool has_chat_template = false;
   // Touch every weight page (reading the file from disk now rather than during the first
   // forward), reporting bytes done / total. Set when opened with_weights.

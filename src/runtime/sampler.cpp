@@ -16,7 +16,9 @@ uint64_t splitmix64(uint64_t& x) {
   return z ^ (z >> 31);
 }
 
-uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 
 }  // namespace
 
@@ -130,7 +132,8 @@ int32_t Sampler::sample(float* logits, int64_t vocab, std::span<const int32_t> p
     candidates_[i].logit = e;
     sum += e;
   }
-  for (size_t i = 0; i < n; ++i) candidates_[i].logit = static_cast<float>(candidates_[i].logit / sum);
+  for (size_t i = 0; i < n; ++i)
+    candidates_[i].logit = static_cast<float>(candidates_[i].logit / sum);
   if (p.top_p < 1.0f) {
     double cum = 0.0;
     size_t keep = n;

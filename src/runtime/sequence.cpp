@@ -13,8 +13,8 @@ Status forward_sequence(Model& model, KvCache& cache, Communicator& comm, Sequen
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t ctx = model.config().max_position_embeddings;
   if (seq.length + n > ctx) {
-    return errorf(StatusCode::kOutOfRange, "{} tokens exceed the context length {}",
-                  seq.length + n, ctx);
+    return errorf(StatusCode::kOutOfRange, "{} tokens exceed the context length {}", seq.length + n,
+                  ctx);
   }
   STRATA_RETURN_IF_ERROR(seq.reserve(cache, seq.length + n));
   const int64_t V = model.config().vocab;

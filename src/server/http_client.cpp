@@ -8,16 +8,19 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <strings.h>
 #include <cctype>
 #include <cerrno>
-#include <strings.h>
 #include <cstring>
 
 namespace strata::server {
 
-HttpClient::~HttpClient() { close(); }
+HttpClient::~HttpClient() {
+  close();
+}
 
-HttpClient::HttpClient(HttpClient&& other) noexcept : host_(std::move(other.host_)), fd_(other.fd_), buf_(std::move(other.buf_)) {
+HttpClient::HttpClient(HttpClient&& other) noexcept
+    : host_(std::move(other.host_)), fd_(other.fd_), buf_(std::move(other.buf_)) {
   other.fd_ = -1;
 }
 
@@ -38,7 +41,8 @@ void HttpClient::close() {
   buf_.clear();
 }
 
-Result<HttpClient> HttpClient::connect(const std::string& host, uint16_t port, double timeout_seconds) {
+Result<HttpClient> HttpClient::connect(const std::string& host, uint16_t port,
+                                       double timeout_seconds) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -59,7 +63,8 @@ Result<HttpClient> HttpClient::connect(const std::string& host, uint16_t port, d
   }
   freeaddrinfo(res);
   if (fd < 0) {
-    return Status(StatusCode::kIoError, "cannot connect to " + host + ":" + port_s + ": " + std::strerror(err));
+    return Status(StatusCode::kIoError,
+                  "cannot connect to " + host + ":" + port_s + ": " + std::strerror(err));
   }
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(timeout_seconds);
@@ -105,9 +110,10 @@ Result<size_t> HttpClient::recv_some() {
   }
 }
 
-Result<ClientResponse> HttpClient::request(const std::string& method, const std::string& target, const std::string& body,
-                                           const std::vector<std::pair<std::string, std::string>>& headers,
-                                           const std::function<bool(std::string_view)>& on_body) {
+Result<ClientResponse> HttpClient::request(
+    const std::string& method, const std::string& target, const std::string& body,
+    const std::vector<std::pair<std::string, std::string>>& headers,
+    const std::function<bool(std::string_view)>& on_body) {
   if (fd_ < 0) return Status(StatusCode::kFailedPrecondition, "not connected");
   std::string req = method + " " + target + " HTTP/1.1\r\nHost: " + host_ + "\r\n";
   bool has_ct = false;
@@ -138,7 +144,8 @@ Result<ClientResponse> HttpClient::request(const std::string& method, const std:
   buf_.erase(0, header_end + 4);
   size_t line_end = head.find("\r\n");
   const std::string status_line = head.substr(0, line_end);
-  if (status_line.size() < 12 || status_line.compare(0, 5, "HTTP/") != 0) return fail("bad status line: " + status_line);
+  if (status_line.size() < 12 || status_line.compare(0, 5, "HTTP/") != 0)
+    return fail("bad status line: " + status_line);
   resp.status = std::atoi(status_line.c_str() + 9);
   size_t pos = line_end == std::string::npos ? head.size() : line_end + 2;
   while (pos < head.size()) {
@@ -210,7 +217,8 @@ Result<ClientResponse> HttpClient::request(const std::string& method, const std:
   return resp;
 }
 
-void SseParser::feed(std::string_view bytes, const std::function<void(const std::string&)>& on_data) {
+void SseParser::feed(std::string_view bytes,
+                     const std::function<void(const std::string&)>& on_data) {
   pending_.append(bytes);
   size_t end;
   while ((end = pending_.find("\n\n")) != std::string::npos) {

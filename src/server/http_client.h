@@ -30,14 +30,16 @@ class HttpClient {
   HttpClient& operator=(const HttpClient&) = delete;
 
   // `timeout_seconds` bounds each blocking receive or send.
-  static Result<HttpClient> connect(const std::string& host, uint16_t port, double timeout_seconds = 60);
+  static Result<HttpClient> connect(const std::string& host, uint16_t port,
+                                    double timeout_seconds = 60);
 
   // Send one request and read the answer. `on_body` (optional) receives body bytes as they arrive
   // (chunked framing removed); returning false closes the connection at once (a client that goes
   // away mid-response).
-  Result<ClientResponse> request(const std::string& method, const std::string& target, const std::string& body = "",
-                                 const std::vector<std::pair<std::string, std::string>>& headers = {},
-                                 const std::function<bool(std::string_view)>& on_body = {});
+  Result<ClientResponse> request(
+      const std::string& method, const std::string& target, const std::string& body = "",
+      const std::vector<std::pair<std::string, std::string>>& headers = {},
+      const std::function<bool(std::string_view)>& on_body = {});
   // Send raw bytes (for malformed-request tests).
   Status send_raw(const std::string& bytes);
   bool connected() const { return fd_ >= 0; }

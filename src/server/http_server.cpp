@@ -45,7 +45,9 @@ std::string status_line(int status) {
   return line;
 }
 
-char hex_digit(unsigned v) { return "0123456789abcdef"[v & 15]; }
+char hex_digit(unsigned v) {
+  return "0123456789abcdef"[v & 15];
+}
 
 std::string chunk_size_line(size_t n) {
   std::string s;
@@ -136,8 +138,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(shared_->options.max_body_bytes);
     parser_->header_limit(kHeaderLimit);
     stream_.expires_after(std::chrono::seconds(shared_->options.read_timeout_seconds));
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
@@ -197,10 +200,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void start_watch() {
     if (watch_active_ || closed_ || buffer_.size() >= kMaxBufferedBytes) return;
     watch_active_ = true;
-    stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](
-                                                       beast::error_code ec, size_t n) {
-      self->on_watch(ec, n);
-    });
+    stream_.async_read_some(
+        buffer_.prepare(4096),
+        [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
   }
 
   void on_watch(beast::error_code ec, size_t n) {
@@ -253,8 +255,9 @@ class Session : public std::enable_shared_from_this<Session> {
     current_.swap(pending_);
     pending_.clear();
     stream_.expires_after(std::chrono::seconds(shared_->options.write_timeout_seconds));
-    net::async_write(stream_, net::buffer(current_),
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
+    net::async_write(
+        stream_, net::buffer(current_),
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
   }
 
   void on_write(beast::error_code ec) {
@@ -291,13 +294,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void drain_then_close() {
     if (!drain_started_) stream_.expires_after(std::chrono::seconds(2));  // one deadline in all
     drain_started_ = true;
-    stream_.async_read_some(net::buffer(drain_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec || self->closed_) {
-        self->close();
-      } else {
-        self->drain_then_close();
-      }
-    });
+    stream_.async_read_some(net::buffer(drain_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec || self->closed_) {
+                                self->close();
+                              } else {
+                                self->drain_then_close();
+                              }
+                            });
   }
 
   void close() {
@@ -332,8 +336,9 @@ class RequestResponder : public Responder {
   RequestResponder(std::shared_ptr<Session> s, uint64_t gen) : s_(std::move(s)), gen_(gen) {}
 
   void respond(HttpResponse response) override {
-    net::post(s_->stream_.get_executor(),
-              [s = s_, g = gen_, r = std::move(response)]() mutable { s->respond(g, std::move(r)); });
+    net::post(s_->stream_.get_executor(), [s = s_, g = gen_, r = std::move(response)]() mutable {
+      s->respond(g, std::move(r));
+    });
   }
   void start_stream(int status, const std::string& content_type) override {
     net::post(s_->stream_.get_executor(),
@@ -347,8 +352,9 @@ class RequestResponder : public Responder {
     net::post(s_->stream_.get_executor(), [s = s_, g = gen_] { s->end(g); });
   }
   void on_disconnect(std::function<void()> fn) override {
-    net::post(s_->stream_.get_executor(),
-              [s = s_, g = gen_, fn = std::move(fn)]() mutable { s->on_disconnect(g, std::move(fn)); });
+    net::post(s_->stream_.get_executor(), [s = s_, g = gen_, fn = std::move(fn)]() mutable {
+      s->on_disconnect(g, std::move(fn));
+    });
   }
   bool disconnected() const override { return s_->disconnected_.load(); }
 
@@ -373,7 +379,8 @@ class BeastServer : public HttpServer {
     tcp::resolver resolver(ioc_);
     auto results = resolver.resolve(o.host, std::to_string(o.port), ec);
     if (ec || results.empty()) {
-      return Status(StatusCode::kInvalidArgument, "cannot resolve host '" + o.host + "': " + ec.message());
+      return Status(StatusCode::kInvalidArgument,
+                    "cannot resolve host '" + o.host + "': " + ec.message());
     }
     tcp::endpoint ep = results.begin()->endpoint();
     acceptor_.open(ep.protocol(), ec);
@@ -381,8 +388,8 @@ class BeastServer : public HttpServer {
     if (!ec) acceptor_.bind(ep, ec);
     if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
     if (ec) {
-      return Status(StatusCode::kIoError, "cannot listen on " + o.host + ":" + std::to_string(o.port) +
-                                              ": " + ec.message());
+      return Status(StatusCode::kIoError, "cannot listen on " + o.host + ":" +
+                                              std::to_string(o.port) + ": " + ec.message());
     }
     port_ = acceptor_.local_endpoint().port();
     return ok_status();
@@ -417,17 +424,18 @@ class BeastServer : public HttpServer {
 
  private:
   void do_accept() {
-    acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
-      if (ec) {
-        if (!acceptor_.is_open() || shared_->stopping) return;
-        do_accept();  // e.g. EMFILE: keep accepting
-        return;
-      }
-      beast::error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<Session>(std::move(socket), shared_)->run();
-      do_accept();
-    });
+    acceptor_.async_accept(net::make_strand(ioc_),
+                           [this](beast::error_code ec, tcp::socket socket) {
+                             if (ec) {
+                               if (!acceptor_.is_open() || shared_->stopping) return;
+                               do_accept();  // e.g. EMFILE: keep accepting
+                               return;
+                             }
+                             beast::error_code ignored;
+                             socket.set_option(tcp::no_delay(true), ignored);
+                             std::make_shared<Session>(std::move(socket), shared_)->run();
+                             do_accept();
+                           });
   }
 
   std::shared_ptr<Shared> shared_;
@@ -439,8 +447,9 @@ class BeastServer : public HttpServer {
 
 }  // namespace
 
-Result<std::unique_ptr<HttpServer>> HttpServer::create(const HttpServerOptions& options, Handler handler,
-                                                       std::function<HttpResponse(int)> error_response) {
+Result<std::unique_ptr<HttpServer>> HttpServer::create(
+    const HttpServerOptions& options, Handler handler,
+    std::function<HttpResponse(int)> error_response) {
   auto shared = std::make_shared<Shared>();
   shared->options = options;
   shared->handler = std::move(handler);

@@ -20,9 +20,9 @@
 namespace strata::server {
 
 struct HttpRequest {
-  std::string method;   // "GET", "POST", ...
-  std::string target;   // path without the query string
-  std::string query;    // after '?', may be empty
+  std::string method;                          // "GET", "POST", ...
+  std::string target;                          // path without the query string
+  std::string query;                           // after '?', may be empty
   std::map<std::string, std::string> headers;  // field names lower-cased
   std::string body;
 
@@ -73,9 +73,9 @@ class HttpServer {
  public:
   // Binds and listens; serving starts with start(). `on_too_large` builds the 413 answer (and
   // `on_bad_request` the 400 for unparsable HTTP), so the route layer owns the error format.
-  static Result<std::unique_ptr<HttpServer>> create(const HttpServerOptions& options,
-                                                    Handler handler,
-                                                    std::function<HttpResponse(int status)> error_response);
+  static Result<std::unique_ptr<HttpServer>> create(
+      const HttpServerOptions& options, Handler handler,
+      std::function<HttpResponse(int status)> error_response);
   virtual ~HttpServer() = default;
 
   virtual uint16_t port() const = 0;  // the bound port

@@ -30,7 +30,8 @@ std::string fmt_double(double v) {
 
 class Writer {
  public:
-  explicit Writer(const std::string& model) : labels_("model_name=\"" + escape_label(model) + "\"") {}
+  explicit Writer(const std::string& model)
+      : labels_("model_name=\"" + escape_label(model) + "\"") {}
 
   void scalar(const char* name, const char* type, const char* help, double value) {
     header(name, type, help);
@@ -72,11 +73,14 @@ std::string render_metrics(const ServingMetrics& m, const std::string& model_nam
            static_cast<double>(m.waiting));
   w.scalar("num_requests_swapped", "gauge", "Number of requests swapped to host memory.",
            static_cast<double>(m.swapped));
-  const double usage =
-      m.kv_blocks_total > 0 ? static_cast<double>(m.kv_blocks_used) / static_cast<double>(m.kv_blocks_total) : 0.0;
+  const double usage = m.kv_blocks_total > 0 ? static_cast<double>(m.kv_blocks_used) /
+                                                   static_cast<double>(m.kv_blocks_total)
+                                             : 0.0;
   w.scalar("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage);
-  w.scalar("kv_cache_blocks_used", "gauge", "KV-cache blocks in use.", static_cast<double>(m.kv_blocks_used));
-  w.scalar("kv_cache_blocks_total", "gauge", "KV-cache blocks in all.", static_cast<double>(m.kv_blocks_total));
+  w.scalar("kv_cache_blocks_used", "gauge", "KV-cache blocks in use.",
+           static_cast<double>(m.kv_blocks_used));
+  w.scalar("kv_cache_blocks_total", "gauge", "KV-cache blocks in all.",
+           static_cast<double>(m.kv_blocks_total));
   w.scalar("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
            static_cast<double>(m.prompt_tokens_total));
   w.scalar("generation_tokens_total", "counter", "Number of generation tokens processed.",

@@ -18,7 +18,9 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string dump(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 // A request error: thrown inside a handler, turned into an error object at the top.
 struct ApiError {
@@ -30,16 +32,26 @@ struct ApiError {
 
 const char* error_type(int status) {
   switch (status) {
-    case 400: case 413: case 422: case 431: return "invalid_request_error";
-    case 401: return "authentication_error";
-    case 404: return "not_found_error";
-    case 405: return "invalid_request_error";
-    case 503: return "service_unavailable";
-    default: return "server_error";
+    case 400:
+    case 413:
+    case 422:
+    case 431:
+      return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 404:
+      return "not_found_error";
+    case 405:
+      return "invalid_request_error";
+    case 503:
+      return "service_unavailable";
+    default:
+      return "server_error";
   }
 }
 
-[[noreturn]] void bad(const std::string& param, const std::string& message, const std::string& code = "invalid_value") {
+[[noreturn]] void bad(const std::string& param, const std::string& message,
+                      const std::string& code = "invalid_value") {
   throw ApiError{400, message, param, code};
 }
 
@@ -49,11 +61,21 @@ bool valid_utf8(const std::string& s) {
     const auto c = static_cast<unsigned char>(s[i]);
     size_t len;
     uint32_t cp;
-    if (c < 0x80) { ++i; continue; }
-    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
-    else return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else
+      return false;
     if (i + len > n) return false;
     for (size_t k = 1; k < len; ++k) {
       const auto cc = static_cast<unsigned char>(s[i + k]);
@@ -70,23 +92,28 @@ bool valid_utf8(const std::string& s) {
 }
 
 Json parse_body(const HttpRequest& req) {
-  if (!valid_utf8(req.body)) throw ApiError{400, "request body is not valid UTF-8", "", "invalid_utf8"};
+  if (!valid_utf8(req.body))
+    throw ApiError{400, "request body is not valid UTF-8", "", "invalid_utf8"};
   Json j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw ApiError{400, "request body is not valid JSON", "", "invalid_json"};
   if (!j.is_object()) throw ApiError{400, "request body must be a JSON object", "", "invalid_json"};
   return j;
 }
 
-bool present(const Json& j, const char* key) { return j.contains(key) && !j.at(key).is_null(); }
+bool present(const Json& j, const char* key) {
+  return j.contains(key) && !j.at(key).is_null();
+}
 
-double get_number(const Json& j, const char* key, double def, double lo, double hi, bool lo_open = false) {
+double get_number(const Json& j, const char* key, double def, double lo, double hi,
+                  bool lo_open = false) {
   if (!present(j, key)) return def;
   const Json& v = j.at(key);
   if (!v.is_number()) bad(key, std::string("'") + key + "' must be a number", "invalid_type");
   const double x = v.get<double>();
   if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
     char buf[160];
-    std::snprintf(buf, sizeof buf, "'%s' must be in %c%g, %g], got %g", key, lo_open ? '(' : '[', lo, hi, x);
+    std::snprintf(buf, sizeof buf, "'%s' must be in %c%g, %g], got %g", key, lo_open ? '(' : '[',
+                  lo, hi, x);
     bad(key, buf);
   }
   return x;
@@ -96,8 +123,8 @@ int64_t get_int(const Json& j, const char* key, int64_t def, int64_t lo, int64_t
   if (!present(j, key)) return def;
   const Json& v = j.at(key);
   if (!v.is_number_integer()) {
-    if (v.is_number_float() && std::isfinite(v.get<double>()) && v.get<double>() == std::floor(v.get<double>()) &&
-        std::fabs(v.get<double>()) < 9e15) {
+    if (v.is_number_float() && std::isfinite(v.get<double>()) &&
+        v.get<double>() == std::floor(v.get<double>()) && std::fabs(v.get<double>()) < 9e15) {
       const auto x = static_cast<int64_t>(v.get<double>());
       if (x >= lo && x <= hi) return x;
     }
@@ -106,7 +133,8 @@ int64_t get_int(const Json& j, const char* key, int64_t def, int64_t lo, int64_t
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
     bad(key, std::string("'") + key + "' is out of range");
   }
-  const int64_t x = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+  const int64_t x =
+      v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
   if (!v.is_number_integer() || x < lo || x > hi) {
     bad(key, std::string("'") + key + "' must be an integer in [" + std::to_string(lo) + ", " +
                  std::to_string(hi) + "], got " + v.dump());
@@ -116,7 +144,8 @@ int64_t get_int(const Json& j, const char* key, int64_t def, int64_t lo, int64_t
 
 bool get_bool(const Json& j, const char* key, bool def) {
   if (!present(j, key)) return def;
-  if (!j.at(key).is_boolean()) bad(key, std::string("'") + key + "' must be a boolean", "invalid_type");
+  if (!j.at(key).is_boolean())
+    bad(key, std::string("'") + key + "' must be a boolean", "invalid_type");
   return j.at(key).get<bool>();
 }
 
@@ -130,7 +159,8 @@ std::string random_id(const char* prefix) {
 }
 
 int64_t now_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -143,17 +173,22 @@ HttpResponse json_response(int status, const Json& body) {
 
 int status_for(const Status& s) {
   switch (s.code()) {
-    case StatusCode::kOk: return 200;
+    case StatusCode::kOk:
+      return 200;
     case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange: return 400;
-    case StatusCode::kNotFound: return 404;
+    case StatusCode::kOutOfRange:
+      return 400;
+    case StatusCode::kNotFound:
+      return 404;
     case StatusCode::kFailedPrecondition:
-    case StatusCode::kCancelled: return 503;
+    case StatusCode::kCancelled:
+      return 503;
     case StatusCode::kUnimplemented:
     case StatusCode::kDataLoss:
     case StatusCode::kIoError:
     case StatusCode::kOutOfMemory:
-    case StatusCode::kInternal: return 500;
+    case StatusCode::kInternal:
+      return 500;
   }
   return 500;
 }
@@ -162,11 +197,12 @@ std::vector<int32_t> token_array(const Json& v, const char* param, int64_t vocab
   std::vector<int32_t> out;
   out.reserve(v.size());
   for (const auto& t : v) {
-    if (!t.is_number_integer()) bad(param, std::string("'") + param + "' must hold integer token ids", "invalid_type");
+    if (!t.is_number_integer())
+      bad(param, std::string("'") + param + "' must hold integer token ids", "invalid_type");
     const int64_t id = t.get<int64_t>();
     if (id < 0 || (vocab > 0 && id >= vocab) || id > INT32_MAX) {
-      bad(param, std::string("token id ") + std::to_string(id) + " in '" + param + "' is out of range [0, " +
-                     std::to_string(vocab) + ")");
+      bad(param, std::string("token id ") + std::to_string(id) + " in '" + param +
+                     "' is out of range [0, " + std::to_string(vocab) + ")");
     }
     out.push_back(static_cast<int32_t>(id));
   }
@@ -182,7 +218,8 @@ struct GenOptions {
 
 // Sampling and stopping fields shared by both endpoints. `chat` changes only the logprobs shape
 // and the default max_tokens.
-void parse_sampling(const Json& j, bool chat, int64_t vocab, CompletionRequest& req, GenOptions& opt) {
+void parse_sampling(const Json& j, bool chat, int64_t vocab, CompletionRequest& req,
+                    GenOptions& opt) {
   auto& s = req.sampling;
   s.temperature = static_cast<float>(get_number(j, "temperature", 1.0, 0.0, 2.0));
   s.top_p = static_cast<float>(get_number(j, "top_p", 1.0, 0.0, 1.0, /*lo_open=*/true));
@@ -191,7 +228,8 @@ void parse_sampling(const Json& j, bool chat, int64_t vocab, CompletionRequest& 
   s.min_p = static_cast<float>(get_number(j, "min_p", 0.0, 0.0, 1.0));
   s.presence_penalty = static_cast<float>(get_number(j, "presence_penalty", 0.0, -2.0, 2.0));
   s.frequency_penalty = static_cast<float>(get_number(j, "frequency_penalty", 0.0, -2.0, 2.0));
-  s.repetition_penalty = static_cast<float>(get_number(j, "repetition_penalty", 1.0, 0.0, 100.0, true));
+  s.repetition_penalty =
+      static_cast<float>(get_number(j, "repetition_penalty", 1.0, 0.0, 100.0, true));
   if (present(j, "seed")) {
     s.seed = static_cast<uint64_t>(get_int(j, "seed", 0, INT64_MIN, INT64_MAX));
   } else {
@@ -199,14 +237,17 @@ void parse_sampling(const Json& j, bool chat, int64_t vocab, CompletionRequest& 
   }
   if (present(j, "logit_bias")) {
     const Json& lb = j.at("logit_bias");
-    if (!lb.is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias", "invalid_type");
+    if (!lb.is_object())
+      bad("logit_bias", "'logit_bias' must be an object of token id -> bias", "invalid_type");
     for (const auto& [key, val] : lb.items()) {
       char* end = nullptr;
       const long long id = std::strtoll(key.c_str(), &end, 10);
       if (key.empty() || *end != '\0' || id < 0 || (vocab > 0 && id >= vocab) || id > INT32_MAX) {
-        bad("logit_bias", "'logit_bias' key '" + key + "' is not a token id in [0, " + std::to_string(vocab) + ")");
+        bad("logit_bias", "'logit_bias' key '" + key + "' is not a token id in [0, " +
+                              std::to_string(vocab) + ")");
       }
-      if (!val.is_number() || !std::isfinite(val.get<double>()) || val.get<double>() < -100 || val.get<double>() > 100) {
+      if (!val.is_number() || !std::isfinite(val.get<double>()) || val.get<double>() < -100 ||
+          val.get<double>() > 100) {
         bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
       }
       s.logit_bias.emplace_back(static_cast<int32_t>(id), val.get<float>());
@@ -224,7 +265,8 @@ void parse_sampling(const Json& j, bool chat, int64_t vocab, CompletionRequest& 
     } else if (st.is_array()) {
       if (st.size() > 16) bad("stop", "at most 16 stop strings are allowed");
       for (const auto& x : st) {
-        if (!x.is_string()) bad("stop", "'stop' must be a string or a list of strings", "invalid_type");
+        if (!x.is_string())
+          bad("stop", "'stop' must be a string or a list of strings", "invalid_type");
         if (!x.get<std::string>().empty()) req.stop.push_back(x.get<std::string>());
       }
     } else {
@@ -232,7 +274,8 @@ void parse_sampling(const Json& j, bool chat, int64_t vocab, CompletionRequest& 
     }
   }
   if (present(j, "stop_token_ids")) {
-    if (!j.at("stop_token_ids").is_array()) bad("stop_token_ids", "'stop_token_ids' must be a list", "invalid_type");
+    if (!j.at("stop_token_ids").is_array())
+      bad("stop_token_ids", "'stop_token_ids' must be a list", "invalid_type");
     req.stop_token_ids = token_array(j.at("stop_token_ids"), "stop_token_ids", vocab);
   }
   req.ignore_eos = get_bool(j, "ignore_eos", false);
@@ -241,11 +284,13 @@ void parse_sampling(const Json& j, bool chat, int64_t vocab, CompletionRequest& 
   if (chat) {
     opt.logprobs = get_bool(j, "logprobs", false);
     const int64_t top = get_int(j, "top_logprobs", 0, 0, 20);
-    if (present(j, "top_logprobs") && !opt.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (present(j, "top_logprobs") && !opt.logprobs)
+      bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     req.top_logprobs = opt.logprobs ? static_cast<int>(top) : -1;
   } else {
     if (present(j, "logprobs")) {
-      if (j.at("logprobs").is_boolean()) bad("logprobs", "'logprobs' must be an integer for completions", "invalid_type");
+      if (j.at("logprobs").is_boolean())
+        bad("logprobs", "'logprobs' must be an integer for completions", "invalid_type");
       req.top_logprobs = static_cast<int>(get_int(j, "logprobs", 0, 0, 20));
       opt.logprobs = true;
     }
@@ -254,19 +299,23 @@ void parse_sampling(const Json& j, bool chat, int64_t vocab, CompletionRequest& 
   opt.stream = get_bool(j, "stream", false);
   if (present(j, "stream_options")) {
     const Json& so = j.at("stream_options");
-    if (!so.is_object()) bad("stream_options", "'stream_options' must be an object", "invalid_type");
-    if (!opt.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if (!so.is_object())
+      bad("stream_options", "'stream_options' must be an object", "invalid_type");
+    if (!opt.stream)
+      bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
     opt.include_usage = get_bool(so, "include_usage", false);
   }
 }
 
 // max_tokens / max_completion_tokens against the context.
-void parse_max_tokens(const Json& j, bool chat, int64_t prompt_len, int64_t max_model_len, CompletionRequest& req) {
+void parse_max_tokens(const Json& j, bool chat, int64_t prompt_len, int64_t max_model_len,
+                      CompletionRequest& req) {
   if (prompt_len == 0) bad(chat ? "messages" : "prompt", "the prompt is empty");
   if (prompt_len >= max_model_len) {
     bad(chat ? "messages" : "prompt",
-        "This model's maximum context length is " + std::to_string(max_model_len) + " tokens. However, your prompt has " +
-            std::to_string(prompt_len) + " tokens; there is no room to generate.",
+        "This model's maximum context length is " + std::to_string(max_model_len) +
+            " tokens. However, your prompt has " + std::to_string(prompt_len) +
+            " tokens; there is no room to generate.",
         "context_length_exceeded");
   }
   const char* key = present(j, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
@@ -275,9 +324,10 @@ void parse_max_tokens(const Json& j, bool chat, int64_t prompt_len, int64_t max_
     req.max_tokens = get_int(j, key, 16, 1, INT32_MAX);
     if (req.max_tokens > room) {
       bad(key,
-          "This model's maximum context length is " + std::to_string(max_model_len) + " tokens. However, you requested " +
-              std::to_string(prompt_len + req.max_tokens) + " tokens (" + std::to_string(prompt_len) +
-              " in the prompt, " + std::to_string(req.max_tokens) + " for the completion).",
+          "This model's maximum context length is " + std::to_string(max_model_len) +
+              " tokens. However, you requested " + std::to_string(prompt_len + req.max_tokens) +
+              " tokens (" + std::to_string(prompt_len) + " in the prompt, " +
+              std::to_string(req.max_tokens) + " for the completion).",
           "context_length_exceeded");
     }
   } else {
@@ -294,10 +344,13 @@ Json normalize_messages(const Json& j) {
   Json out = Json::array();
   for (const auto& m : j.at("messages")) {
     if (!m.is_object()) bad("messages", "each message must be an object", "invalid_type");
-    if (!m.contains("role") || !m.at("role").is_string()) bad("messages", "each message needs a string 'role'");
+    if (!m.contains("role") || !m.at("role").is_string())
+      bad("messages", "each message needs a string 'role'");
     const std::string role = m.at("role").get<std::string>();
-    if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer") {
-      bad("messages", "unknown role '" + role + "' (expected system, developer, user, assistant or tool)");
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
+        role != "developer") {
+      bad("messages",
+          "unknown role '" + role + "' (expected system, developer, user, assistant or tool)");
     }
     Json msg = m;
     if (m.contains("content")) {
@@ -305,16 +358,18 @@ Json normalize_messages(const Json& j) {
       if (c.is_array()) {
         std::string text;
         for (const auto& part : c) {
-          if (!part.is_object() || !part.contains("type") || part.at("type") != "text" || !part.contains("text") ||
-              !part.at("text").is_string()) {
-            bad("messages", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
+          if (!part.is_object() || !part.contains("type") || part.at("type") != "text" ||
+              !part.contains("text") || !part.at("text").is_string()) {
+            bad("messages",
+                "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
           }
           if (!text.empty()) text += "\n";
           text += part.at("text").get<std::string>();
         }
         msg["content"] = text;
       } else if (!c.is_string() && !c.is_null()) {
-        bad("messages", "message 'content' must be a string, a list of text parts or null", "invalid_type");
+        bad("messages", "message 'content' must be a string, a list of text parts or null",
+            "invalid_type");
       }
     } else if (role != "assistant") {
       bad("messages", "a '" + role + "' message needs 'content'");
@@ -342,7 +397,9 @@ Json chat_logprobs(ServingEngine& e, const std::vector<TokenLogprob>& lps) {
     const std::string s = e.detokenize({lp.token});
     Json bytes = Json::array();
     for (unsigned char c : s) bytes.push_back(static_cast<int>(c));
-    content.push_back(Json{{"token", s}, {"logprob", lp.logprob}, {"bytes", bytes},
+    content.push_back(Json{{"token", s},
+                           {"logprob", lp.logprob},
+                           {"bytes", bytes},
                            {"top_logprobs", logprob_top_entries(e, lp)}});
   }
   return Json{{"content", content}};
@@ -361,21 +418,24 @@ Json completion_logprobs(ServingEngine& e, const std::vector<TokenLogprob>& lps,
     offs.push_back(offset);
     offset += static_cast<int64_t>(s.size());
   }
-  return Json{{"tokens", tokens}, {"token_logprobs", vals}, {"top_logprobs", tops}, {"text_offset", offs}};
+  return Json{
+      {"tokens", tokens}, {"token_logprobs", vals}, {"top_logprobs", tops}, {"text_offset", offs}};
 }
 
 Json usage_json(const CompletionEvent& ev) {
   Json u{{"prompt_tokens", ev.prompt_tokens},
          {"completion_tokens", ev.completion_tokens},
          {"total_tokens", ev.prompt_tokens + ev.completion_tokens}};
-  if (ev.cached_prompt_tokens > 0) u["prompt_tokens_details"] = Json{{"cached_tokens", ev.cached_prompt_tokens}};
+  if (ev.cached_prompt_tokens > 0)
+    u["prompt_tokens_details"] = Json{{"cached_tokens", ev.cached_prompt_tokens}};
   return u;
 }
 
 // One generation in flight: turns engine events into a response.
 class Generation : public std::enable_shared_from_this<Generation> {
  public:
-  Generation(std::shared_ptr<ServingEngine> engine, std::shared_ptr<Responder> r, bool chat, GenOptions opt)
+  Generation(std::shared_ptr<ServingEngine> engine, std::shared_ptr<Responder> r, bool chat,
+             GenOptions opt)
       : engine_(std::move(engine)), r_(std::move(r)), chat_(chat), opt_(opt) {
     id_ = random_id(chat ? "chatcmpl-" : "cmpl-");
     created_ = now_seconds();
@@ -411,13 +471,18 @@ class Generation : public std::enable_shared_from_this<Generation> {
       done_ = true;
       const std::string msg = ev.error.ok() ? "the engine failed" : ev.error.message();
       if (opt_.stream) {
-        Json err{{"error", {{"message", msg}, {"type", "server_error"}, {"param", nullptr}, {"code", "engine_error"}}}};
+        Json err{{"error",
+                  {{"message", msg},
+                   {"type", "server_error"},
+                   {"param", nullptr},
+                   {"code", "engine_error"}}}};
         r_->write("data: " + dump(err) + "\n\n");
         r_->write("data: [DONE]\n\n");
         r_->end();
       } else {
-        r_->respond(OpenAIRoutes::error_response(status_for(ev.error.ok() ? Status(StatusCode::kInternal, msg) : ev.error),
-                                                 msg, "server_error", "", "engine_error"));
+        r_->respond(OpenAIRoutes::error_response(
+            status_for(ev.error.ok() ? Status(StatusCode::kInternal, msg) : ev.error), msg,
+            "server_error", "", "engine_error"));
       }
       return;
     }
@@ -455,7 +520,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     if (!ev.text.empty() || !ev.logprobs.empty()) {
       Json lp;
       if (opt_.logprobs && !ev.logprobs.empty()) {
-        lp = chat_ ? chat_logprobs(*engine_, ev.logprobs) : completion_logprobs(*engine_, ev.logprobs, text_offset_);
+        lp = chat_ ? chat_logprobs(*engine_, ev.logprobs)
+                   : completion_logprobs(*engine_, ev.logprobs, text_offset_);
       }
       text_offset_ += static_cast<int64_t>(ev.text.size());
       send(chunk(chat_ ? Json{{"content", ev.text}} : Json(ev.text), Json(), lp));
@@ -481,7 +547,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     done_ = true;
     Json choice{{"index", 0}};
     Json lp;
-    if (opt_.logprobs) lp = chat_ ? chat_logprobs(*engine_, logprobs_) : completion_logprobs(*engine_, logprobs_, 0);
+    if (opt_.logprobs)
+      lp = chat_ ? chat_logprobs(*engine_, logprobs_) : completion_logprobs(*engine_, logprobs_, 0);
     if (chat_) {
       choice["message"] = Json{{"role", "assistant"}, {"content", text_}};
     } else {
@@ -518,8 +585,9 @@ void check_model(const Json& j, ServingEngine& e) {
   if (!j.at("model").is_string()) bad("model", "'model' must be a string", "invalid_type");
   const std::string m = j.at("model").get<std::string>();
   if (m != e.model_name()) {
-    throw ApiError{404, "The model '" + m + "' does not exist; this server serves '" + e.model_name() + "'", "model",
-                   "model_not_found"};
+    throw ApiError{
+        404, "The model '" + m + "' does not exist; this server serves '" + e.model_name() + "'",
+        "model", "model_not_found"};
   }
 }
 
@@ -540,7 +608,8 @@ void generate(const std::shared_ptr<ServingEngine>& engine, const HttpRequest& h
     }
     const bool add_gen = get_bool(j, "add_generation_prompt", true);
     auto rendered = engine->apply_chat_template(dump(messages), add_gen, tools);
-    if (!rendered.ok()) bad("messages", "chat template: " + rendered.status().message(), "chat_template_error");
+    if (!rendered.ok())
+      bad("messages", "chat template: " + rendered.status().message(), "chat_template_error");
     auto toks = engine->tokenize(*rendered, /*add_special=*/false);
     if (!toks.ok()) bad("messages", toks.status().message());
     req.prompt_tokens = std::move(*toks);
@@ -561,13 +630,15 @@ void generate(const std::shared_ptr<ServingEngine>& engine, const HttpRequest& h
     }
   }
   parse_sampling(j, chat, vocab, req, opt);
-  parse_max_tokens(j, chat, static_cast<int64_t>(req.prompt_tokens.size()), engine->max_model_len(), req);
+  parse_max_tokens(j, chat, static_cast<int64_t>(req.prompt_tokens.size()), engine->max_model_len(),
+                   req);
 
   auto gen = std::make_shared<Generation>(engine, r, chat, opt);
   auto id = engine->submit(std::move(req), [gen](const CompletionEvent& ev) { gen->on_event(ev); });
   if (!id.ok()) {
     const int status = status_for(id.status());
-    throw ApiError{status, id.status().message(), "", status == 400 ? "invalid_value" : "engine_error"};
+    throw ApiError{status, id.status().message(), "",
+                   status == 400 ? "invalid_value" : "engine_error"};
   }
   if (opt.stream) gen->start_stream();
   std::weak_ptr<ServingEngine> weak = engine;
@@ -576,19 +647,23 @@ void generate(const std::shared_ptr<ServingEngine>& engine, const HttpRequest& h
   });
 }
 
-void tokenize_route(ServingEngine& e, const HttpRequest& http, const std::shared_ptr<Responder>& r) {
+void tokenize_route(ServingEngine& e, const HttpRequest& http,
+                    const std::shared_ptr<Responder>& r) {
   const Json j = parse_body(http);
   check_model(j, e);
   std::vector<int32_t> tokens;
   if (present(j, "messages")) {
     const Json messages = normalize_messages(j);
-    auto rendered = e.apply_chat_template(dump(messages), get_bool(j, "add_generation_prompt", true), "");
-    if (!rendered.ok()) bad("messages", "chat template: " + rendered.status().message(), "chat_template_error");
+    auto rendered =
+        e.apply_chat_template(dump(messages), get_bool(j, "add_generation_prompt", true), "");
+    if (!rendered.ok())
+      bad("messages", "chat template: " + rendered.status().message(), "chat_template_error");
     auto t = e.tokenize(*rendered, get_bool(j, "add_special_tokens", false));
     if (!t.ok()) bad("messages", t.status().message());
     tokens = std::move(*t);
   } else {
-    if (!present(j, "prompt") || !j.at("prompt").is_string()) bad("prompt", "'prompt' must be a string", "invalid_type");
+    if (!present(j, "prompt") || !j.at("prompt").is_string())
+      bad("prompt", "'prompt' must be a string", "invalid_type");
     auto t = e.tokenize(j.at("prompt").get<std::string>(), get_bool(j, "add_special_tokens", true));
     if (!t.ok()) bad("prompt", t.status().message());
     tokens = std::move(*t);
@@ -602,10 +677,12 @@ void tokenize_route(ServingEngine& e, const HttpRequest& http, const std::shared
   r->respond(json_response(200, body));
 }
 
-void detokenize_route(ServingEngine& e, const HttpRequest& http, const std::shared_ptr<Responder>& r) {
+void detokenize_route(ServingEngine& e, const HttpRequest& http,
+                      const std::shared_ptr<Responder>& r) {
   const Json j = parse_body(http);
   check_model(j, e);
-  if (!present(j, "tokens") || !j.at("tokens").is_array()) bad("tokens", "'tokens' must be a list of token ids", "invalid_type");
+  if (!present(j, "tokens") || !j.at("tokens").is_array())
+    bad("tokens", "'tokens' must be a list of token ids", "invalid_type");
   const auto tokens = token_array(j.at("tokens"), "tokens", e.info().vocab);
   r->respond(json_response(200, Json{{"prompt", e.detokenize(tokens)}}));
 }
@@ -620,8 +697,9 @@ bool key_matches(const std::string& header, const std::string& key) {
 
 }  // namespace
 
-HttpResponse OpenAIRoutes::error_response(int status, const std::string& message, const std::string& type,
-                                          const std::string& param, const std::string& code) {
+HttpResponse OpenAIRoutes::error_response(int status, const std::string& message,
+                                          const std::string& type, const std::string& param,
+                                          const std::string& code) {
   Json err{{"message", message},
            {"type", type},
            {"param", param.empty() ? Json() : Json(param)},
@@ -631,9 +709,15 @@ HttpResponse OpenAIRoutes::error_response(int status, const std::string& message
 
 HttpResponse OpenAIRoutes::transport_error(int status) {
   switch (status) {
-    case 413: return error_response(413, "request body too large", error_type(413), "", "request_too_large");
-    case 431: return error_response(431, "request headers too large", error_type(431), "", "headers_too_large");
-    default: return error_response(status, "malformed HTTP request", error_type(status), "", "bad_request");
+    case 413:
+      return error_response(413, "request body too large", error_type(413), "",
+                            "request_too_large");
+    case 431:
+      return error_response(431, "request headers too large", error_type(431), "",
+                            "headers_too_large");
+    default:
+      return error_response(status, "malformed HTTP request", error_type(status), "",
+                            "bad_request");
   }
 }
 
@@ -652,8 +736,8 @@ void OpenAIRoutes::handle(HttpRequest req, std::shared_ptr<Responder> r) {
   const bool get = req.method == "GET" || req.method == "HEAD";
   const bool post = req.method == "POST";
   auto method_not_allowed = [&] {
-    r->respond(error_response(405, "method " + req.method + " not allowed on " + path, error_type(405), "",
-                              "method_not_allowed"));
+    r->respond(error_response(405, "method " + req.method + " not allowed on " + path,
+                              error_type(405), "", "method_not_allowed"));
   };
   try {
     if (path == "/health" || path == "/ping") {
@@ -678,11 +762,12 @@ void OpenAIRoutes::handle(HttpRequest req, std::shared_ptr<Responder> r) {
       r->respond(std::move(m));
       return;
     }
-    const bool known = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/models" ||
-                       path == "/tokenize" || path == "/detokenize";
+    const bool known = path == "/v1/completions" || path == "/v1/chat/completions" ||
+                       path == "/v1/models" || path == "/tokenize" || path == "/detokenize";
     if (!known) throw ApiError{404, "no route for " + req.method + " " + path, "", "not_found"};
     if (!options_.api_key.empty() && !key_matches(req.header("authorization"), options_.api_key)) {
-      throw ApiError{401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "", "invalid_api_key"};
+      throw ApiError{401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "",
+                     "invalid_api_key"};
     }
     auto e = engine();
     if (!e) throw ApiError{503, "the model is loading", "", "model_loading"};
@@ -705,9 +790,11 @@ void OpenAIRoutes::handle(HttpRequest req, std::shared_ptr<Responder> r) {
     if (path == "/tokenize") return tokenize_route(*e, req, r);
     return detokenize_route(*e, req, r);
   } catch (const ApiError& err) {
-    r->respond(error_response(err.status, err.message, error_type(err.status), err.param, err.code));
+    r->respond(
+        error_response(err.status, err.message, error_type(err.status), err.param, err.code));
   } catch (const std::exception& ex) {
-    r->respond(error_response(500, std::string("internal error: ") + ex.what(), error_type(500), "", "internal_error"));
+    r->respond(error_response(500, std::string("internal error: ") + ex.what(), error_type(500), "",
+                              "internal_error"));
   }
 }
 

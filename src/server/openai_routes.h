@@ -29,8 +29,9 @@ class OpenAIRoutes {
   void handle(HttpRequest request, std::shared_ptr<Responder> responder);
 
   // {"error": {...}} response for a status (used by the HTTP layer for 400/413/431).
-  static HttpResponse error_response(int status, const std::string& message, const std::string& type,
-                                     const std::string& param, const std::string& code);
+  static HttpResponse error_response(int status, const std::string& message,
+                                     const std::string& type, const std::string& param,
+                                     const std::string& code);
   static HttpResponse transport_error(int status);
 
  private:

@@ -21,7 +21,9 @@ struct CliRun {
 
 CliRun run_strata(const std::string& args) {
   static int counter = 0;
-  const std::string err_file = fs::temp_directory_path() / ("strata_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+  const std::string err_file =
+      fs::temp_directory_path() /
+      ("strata_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
   const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
@@ -71,7 +73,8 @@ void expect_clean_error(const CliRun& r, const std::string& must_contain) {
   EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
   // One line.
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_NE(r.err.find(must_contain), std::string::npos) << "'" << must_contain << "' not in: " << r.err;
+  EXPECT_NE(r.err.find(must_contain), std::string::npos)
+      << "'" << must_contain << "' not in: " << r.err;
 }
 
 TEST(Cli, RunGeneratesText) {

@@ -18,8 +18,8 @@ inline std::string fixture_model(const std::string& name) {
 }
 
 struct Reference {
-  std::vector<std::vector<int32_t>> inputs;   // input_ids_0, input_ids_1
-  std::vector<std::vector<float>> logits;     // [len, vocab] each
+  std::vector<std::vector<int32_t>> inputs;  // input_ids_0, input_ids_1
+  std::vector<std::vector<float>> logits;    // [len, vocab] each
   std::vector<int32_t> greedy_prompt, greedy_tokens;
 };
 

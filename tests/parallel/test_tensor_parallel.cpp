@@ -3,11 +3,11 @@
 #include <gtest/gtest.h>
 
 #include "../model/fixture_util.h"
+#include "core/mapped_file.h"
 #include "io/checkpoint.h"
 #include "memory/kv_cache.h"
 #include "model/config.h"
 #include "model/model.h"
-#include "core/mapped_file.h"
 #include "parallel/comm.h"
 #include "runtime/sequence.h"
 

@@ -19,7 +19,9 @@ namespace {
 
 using nlohmann::json;
 
-std::string gemma_path() { return env_config().cache_dir + "/models/gemma-3-270m-q4_k_m.gguf"; }
+std::string gemma_path() {
+  return env_config().cache_dir + "/models/gemma-3-270m-q4_k_m.gguf";
+}
 
 TEST(Gemma3, MatchesTransformers) {
   struct stat st {};

@@ -23,7 +23,9 @@ std::string model_path() {
   return env_config().cache_dir + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-std::string fixture(const std::string& rel) { return std::string(STRATA_FIXTURE_DIR) + "/" + rel; }
+std::string fixture(const std::string& rel) {
+  return std::string(STRATA_FIXTURE_DIR) + "/" + rel;
+}
 
 class SmolLM2 : public ::testing::Test {
  protected:
@@ -46,7 +48,8 @@ class SmolLM2 : public ::testing::Test {
   }
   void SetUp() override {
     struct stat st {};
-    if (::stat(model_path().c_str(), &st) != 0) GTEST_SKIP() << "no SmolLM2 GGUF at " << model_path();
+    if (::stat(model_path().c_str(), &st) != 0)
+      GTEST_SKIP() << "no SmolLM2 GGUF at " << model_path();
     ASSERT_NE(engine_, nullptr);
   }
   static Engine* engine_;
@@ -112,7 +115,8 @@ TEST_F(SmolLM2, GreedyMatchesTransformers) {
     // Identical until the first position where the reference's top two logits are within
     // the numeric noise of two different f32 summation orders.
     size_t same = 0;
-    while (same < want.size() && same < out->tokens.size() && out->tokens[same] == want[same]) ++same;
+    while (same < want.size() && same < out->tokens.size() && out->tokens[same] == want[same])
+      ++same;
     EXPECT_GE(same, 16u) << p["text"] << ": diverged at token " << same;
   }
 }

@@ -61,8 +61,8 @@ class FakeServingEngine : public ServingEngine {
     }
     return s;
   }
-  Result<std::string> apply_chat_template(const std::string& messages_json, bool add_generation_prompt,
-                                          const std::string&) override {
+  Result<std::string> apply_chat_template(const std::string& messages_json,
+                                          bool add_generation_prompt, const std::string&) override {
     // Minimal: the messages JSON text itself is the conversation, plus the generation prompt.
     last_template_input_ = messages_json;
     return messages_json + (add_generation_prompt ? "\nassistant:" : "");
@@ -179,7 +179,8 @@ class FakeServingEngine : public ServingEngine {
             TokenLogprob lp;
             lp.token = ev.tokens[0];
             lp.logprob = -0.5f;
-            for (int k = 0; k < r.request.top_logprobs; ++k) lp.top.emplace_back(ev.tokens[0] + k, -0.5f - k);
+            for (int k = 0; k < r.request.top_logprobs; ++k)
+              lp.top.emplace_back(ev.tokens[0] + k, -0.5f - k);
             ev.logprobs.push_back(lp);
           }
           ++r.produced;

@@ -19,8 +19,8 @@ using testing::FakeServingEngine;
 
 class ServerTest : public ::testing::Test {
  protected:
-  void start(std::chrono::milliseconds delay = std::chrono::milliseconds(1), std::string api_key = "",
-             bool with_engine = true) {
+  void start(std::chrono::milliseconds delay = std::chrono::milliseconds(1),
+             std::string api_key = "", bool with_engine = true) {
     engine_ = std::make_shared<FakeServingEngine>(delay);
     routes_ = std::make_shared<OpenAIRoutes>(OpenAIOptions{api_key});
     if (with_engine) routes_->set_engine(engine_);
@@ -29,7 +29,10 @@ class ServerTest : public ::testing::Test {
     opt.threads = 4;
     opt.max_body_bytes = 1 << 20;
     auto s = HttpServer::create(
-        opt, [r = routes_](HttpRequest req, std::shared_ptr<Responder> resp) { r->handle(std::move(req), std::move(resp)); },
+        opt,
+        [r = routes_](HttpRequest req, std::shared_ptr<Responder> resp) {
+          r->handle(std::move(req), std::move(resp));
+        },
         &OpenAIRoutes::transport_error);
     ASSERT_TRUE(s.ok()) << s.status().message();
     server_ = std::move(*s);
@@ -55,15 +58,16 @@ class ServerTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().message();
     return r.ok() ? *r : ClientResponse{};
   }
-  ClientResponse get(const std::string& path, std::vector<std::pair<std::string, std::string>> headers = {}) {
+  ClientResponse get(const std::string& path,
+                     std::vector<std::pair<std::string, std::string>> headers = {}) {
     auto c = client();
     auto r = c.request("GET", path, "", headers);
     EXPECT_TRUE(r.ok()) << r.status().message();
     return r.ok() ? *r : ClientResponse{};
   }
   // SSE payloads of a streaming POST; `raw` gets the bytes.
-  std::vector<std::string> stream(const std::string& path, const Json& body, std::string* raw = nullptr,
-                                  int* status = nullptr) {
+  std::vector<std::string> stream(const std::string& path, const Json& body,
+                                  std::string* raw = nullptr, int* status = nullptr) {
     auto c = client();
     SseParser sse;
     std::vector<std::string> events;
@@ -111,13 +115,15 @@ TEST_F(ServerTest, HealthModelsMetricsAndRoutes) {
   ASSERT_EQ(metrics.status, 200);
   EXPECT_NE(metrics.headers["content-type"].find("text/plain"), std::string::npos);
   for (const char* name :
-       {"strata:num_requests_running{", "strata:num_requests_waiting{", "strata:kv_cache_usage_perc{",
-        "strata:prompt_tokens_total{", "strata:generation_tokens_total{", "# TYPE strata:time_to_first_token_seconds histogram",
+       {"strata:num_requests_running{", "strata:num_requests_waiting{",
+        "strata:kv_cache_usage_perc{", "strata:prompt_tokens_total{",
+        "strata:generation_tokens_total{", "# TYPE strata:time_to_first_token_seconds histogram",
         "strata:time_per_output_token_seconds_bucket{", "strata:e2e_request_latency_seconds_count{",
         "le=\"+Inf\""}) {
     EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
   }
-  EXPECT_NE(metrics.body.find("strata:generation_tokens_total{model_name=\"fake-model\"} 3"), std::string::npos)
+  EXPECT_NE(metrics.body.find("strata:generation_tokens_total{model_name=\"fake-model\"} 3"),
+            std::string::npos)
       << metrics.body;
 }
 
@@ -131,12 +137,14 @@ TEST_F(ServerTest, LoadingAnswers503) {
 
 TEST_F(ServerTest, CompletionNonStreaming) {
   start();
-  auto r = post("/v1/completions", R"({"model": "fake-model", "prompt": "hello", "max_tokens": 5, "temperature": 0})");
+  auto r = post("/v1/completions",
+                R"({"model": "fake-model", "prompt": "hello", "max_tokens": 5, "temperature": 0})");
   ASSERT_EQ(r.status, 200) << r.body;
   Json j = Json::parse(r.body);
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["model"], "fake-model");
-  EXPECT_EQ(j["choices"][0]["text"], FakeServingEngine::expected_text(FakeServingEngine::encode("hello", true), 5));
+  EXPECT_EQ(j["choices"][0]["text"],
+            FakeServingEngine::expected_text(FakeServingEngine::encode("hello", true), 5));
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(j["usage"]["prompt_tokens"], 6);
   EXPECT_EQ(j["usage"]["completion_tokens"], 5);
@@ -145,7 +153,8 @@ TEST_F(ServerTest, CompletionNonStreaming) {
   // Token-array prompts, and a list of one prompt.
   auto t = post("/v1/completions", R"({"prompt": [10, 20, 30], "max_tokens": 4})");
   ASSERT_EQ(t.status, 200) << t.body;
-  EXPECT_EQ(Json::parse(t.body)["choices"][0]["text"], FakeServingEngine::expected_text({10, 20, 30}, 4));
+  EXPECT_EQ(Json::parse(t.body)["choices"][0]["text"],
+            FakeServingEngine::expected_text({10, 20, 30}, 4));
   auto l = post("/v1/completions", R"({"prompt": ["hello"], "max_tokens": 5})");
   EXPECT_EQ(Json::parse(l.body)["choices"][0]["text"], j["choices"][0]["text"]);
 }
@@ -170,7 +179,9 @@ TEST_F(ServerTest, StreamingCompletionFraming) {
   start();
   std::string raw;
   int status = 0;
-  auto events = stream("/v1/completions", Json{{"prompt", "hello"}, {"max_tokens", 5}, {"stream", true}}, &raw, &status);
+  auto events =
+      stream("/v1/completions", Json{{"prompt", "hello"}, {"max_tokens", 5}, {"stream", true}},
+             &raw, &status);
   EXPECT_EQ(status, 200);
   ASSERT_GE(events.size(), 3u);
   EXPECT_EQ(events.back(), "[DONE]");
@@ -195,11 +206,11 @@ TEST_F(ServerTest, StreamingCompletionFraming) {
 
 TEST_F(ServerTest, StreamingChatRoleFirstAndIncludeUsage) {
   start();
-  auto events = stream("/v1/chat/completions",
-                       Json{{"messages", {{{"role", "user"}, {"content", "hi"}}}},
-                            {"max_tokens", 3},
-                            {"stream", true},
-                            {"stream_options", {{"include_usage", true}}}});
+  auto events =
+      stream("/v1/chat/completions", Json{{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                          {"max_tokens", 3},
+                                          {"stream", true},
+                                          {"stream_options", {{"include_usage", true}}}});
   ASSERT_GE(events.size(), 4u);
   EXPECT_EQ(events.back(), "[DONE]");
   Json first = Json::parse(events[0]);
@@ -216,7 +227,8 @@ TEST_F(ServerTest, StreamingChatRoleFirstAndIncludeUsage) {
   for (size_t i = 0; i + 2 < events.size(); ++i) {
     Json c = Json::parse(events[i]);
     EXPECT_EQ(c["id"], first["id"]);
-    if (c["choices"][0]["delta"].contains("content")) text += c["choices"][0]["delta"]["content"].get<std::string>();
+    if (c["choices"][0]["delta"].contains("content"))
+      text += c["choices"][0]["delta"]["content"].get<std::string>();
   }
   EXPECT_EQ(text.size(), 3u);
 }
@@ -248,7 +260,8 @@ TEST_F(ServerTest, ValidationErrors) {
       {"bad logit_bias key", R"({"prompt": "x", "logit_bias": {"abc": 1}})", 400},
       {"logit_bias out of vocab", R"({"prompt": "x", "logit_bias": {"100000": 1}})", 400},
       {"token id out of vocab", R"({"prompt": [1, 100000]})", 400},
-      {"stream_options without stream", R"({"prompt": "x", "stream_options": {"include_usage": true}})", 400},
+      {"stream_options without stream",
+       R"({"prompt": "x", "stream_options": {"include_usage": true}})", 400},
       {"prompt too long", R"({"prompt": ")" + big_prompt + R"("})", 400},
       {"prompt + max_tokens too long", R"({"prompt": "x", "max_tokens": 255})", 400},
       {"empty prompt", R"({"prompt": [], "max_tokens": 3})", 400},
@@ -264,16 +277,23 @@ TEST_F(ServerTest, ValidationErrors) {
   } chat_cases[] = {
       {"unknown role", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400},
       {"no messages", R"({"messages": []})", 400},
-      {"image part", R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})", 400},
+      {"image part",
+       R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})",
+       400},
       {"content number", R"({"messages": [{"role": "user", "content": 5}]})", 400},
-      {"top_logprobs > 20", R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", 400},
+      {"top_logprobs > 20",
+       R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})",
+       400},
   };
-  for (const auto& c : chat_cases) expect_error(post("/v1/chat/completions", c.body), c.status, c.what);
+  for (const auto& c : chat_cases)
+    expect_error(post("/v1/chat/completions", c.body), c.status, c.what);
 
   // Invalid UTF-8 inside a JSON string.
-  expect_error(post("/v1/completions", std::string("{\"prompt\": \"a\xff\xfe\"}")), 400, "invalid UTF-8");
+  expect_error(post("/v1/completions", std::string("{\"prompt\": \"a\xff\xfe\"}")), 400,
+               "invalid UTF-8");
   // Body over the limit (1 MiB in this fixture).
-  expect_error(post("/v1/completions", R"({"prompt": ")" + std::string(2 << 20, 'x') + R"("})"), 413, "body too large");
+  expect_error(post("/v1/completions", R"({"prompt": ")" + std::string(2 << 20, 'x') + R"("})"),
+               413, "body too large");
   // The server still serves.
   EXPECT_EQ(post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})").status, 200);
   EXPECT_TRUE(engine_->submitted().size() == 1u) << "no invalid request reached the engine";
@@ -283,7 +303,8 @@ TEST_F(ServerTest, ApiKey) {
   start(std::chrono::milliseconds(1), "sekret");
   const std::string body = R"({"prompt": "x", "max_tokens": 2})";
   expect_error(post("/v1/completions", body), 401, "missing key");
-  expect_error(post("/v1/completions", body, {{"Authorization", "Bearer wrong"}}), 401, "wrong key");
+  expect_error(post("/v1/completions", body, {{"Authorization", "Bearer wrong"}}), 401,
+               "wrong key");
   expect_error(get("/v1/models", {{"Authorization", "sekret"}}), 401, "no Bearer");
   EXPECT_EQ(post("/v1/completions", body, {{"Authorization", "Bearer sekret"}}).status, 200);
   EXPECT_EQ(get("/health").status, 200);
@@ -301,8 +322,9 @@ TEST_F(ServerTest, EngineErrors) {
 
 TEST_F(ServerTest, Logprobs) {
   start();
-  auto r = post("/v1/chat/completions",
-                R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logprobs": true, "top_logprobs": 2})");
+  auto r = post(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logprobs": true, "top_logprobs": 2})");
   ASSERT_EQ(r.status, 200) << r.body;
   Json lp = Json::parse(r.body)["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(lp.size(), 2u);
@@ -337,11 +359,12 @@ TEST_F(ServerTest, KeepAliveServesManyRequestsOnOneConnection) {
     ASSERT_TRUE(c.connected());
     SseParser sse;
     int n = 0;
-    auto s = c.request("POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 2, "stream": true})", {},
-                       [&](std::string_view b) {
-                         sse.feed(b, [&](const std::string&) { ++n; });
-                         return true;
-                       });
+    auto s =
+        c.request("POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 2, "stream": true})",
+                  {}, [&](std::string_view b) {
+                    sse.feed(b, [&](const std::string&) { ++n; });
+                    return true;
+                  });
     ASSERT_TRUE(s.ok());
     EXPECT_EQ(n, 4);  // two text chunks, the finish chunk, [DONE]
   }
@@ -354,13 +377,16 @@ TEST_F(ServerTest, ClientDisconnectCancelsTheRequest) {
     const size_t before = engine_->submitted().size();
     if (streaming) {
       int chunks = 0;
-      auto r = c.request("POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 200, "stream": true})", {},
-                         [&](std::string_view) { return ++chunks < 3; });  // go away after a few chunks
+      auto r = c.request(
+          "POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 200, "stream": true})", {},
+          [&](std::string_view) { return ++chunks < 3; });  // go away after a few chunks
       ASSERT_TRUE(r.ok());
     } else {
-      ASSERT_TRUE(c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             "Content-Length: 34\r\n\r\n{\"prompt\": \"x\", \"max_tokens\": 200}")
-                      .ok());
+      ASSERT_TRUE(
+          c.send_raw(
+               "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: 34\r\n\r\n{\"prompt\": \"x\", \"max_tokens\": 200}")
+              .ok());
       // Close only once the server has submitted the request (a loaded machine may take a
       // while to parse it).
       const auto submitted_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -403,7 +429,8 @@ TEST_F(ServerTest, SixtyFourConcurrentStreams) {
       auto c = HttpClient::connect("127.0.0.1", server_->port(), 30);
       if (!c.ok()) return;
       SseParser sse;
-      const Json body{{"prompt", "client " + std::to_string(i)}, {"max_tokens", 20 + i % 7}, {"stream", true}};
+      const Json body{
+          {"prompt", "client " + std::to_string(i)}, {"max_tokens", 20 + i % 7}, {"stream", true}};
       auto r = c->request("POST", "/v1/completions", body.dump(), {}, [&](std::string_view b) {
         sse.feed(b, [&](const std::string& d) {
           if (d == "[DONE]") {
@@ -412,7 +439,8 @@ TEST_F(ServerTest, SixtyFourConcurrentStreams) {
           }
           Json j = Json::parse(d);
           texts[i] += j["choices"][0]["text"].get<std::string>();
-          if (!j["choices"][0]["finish_reason"].is_null()) finish[i] = j["choices"][0]["finish_reason"];
+          if (!j["choices"][0]["finish_reason"].is_null())
+            finish[i] = j["choices"][0]["finish_reason"];
         });
         return true;
       });

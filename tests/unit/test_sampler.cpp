@@ -11,7 +11,9 @@
 namespace strata {
 namespace {
 
-std::vector<float> logits5() { return {2.0f, 1.0f, 0.5f, -1.0f, 3.0f}; }
+std::vector<float> logits5() {
+  return {2.0f, 1.0f, 0.5f, -1.0f, 3.0f};
+}
 
 std::vector<double> softmax(const std::vector<float>& l, double t = 1.0) {
   double mx = -1e30, sum = 0;

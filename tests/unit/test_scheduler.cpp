@@ -36,8 +36,10 @@ const ScheduledSeq* find_in(const ScheduledStep& step, uint64_t id) {
 
 // Plays the engine: computes the step, samples token 7 for every sequence with logits, and
 // finishes sequences that reached their max length. Returns the step's copy.
-ScheduledStep run_step(Scheduler& sched, std::vector<uint64_t>* finished = nullptr) {
-  ScheduledStep step = sched.schedule();
+// Everything of run_step after schedule(). NOTE: sequences finished here are freed, so the
+// step's pointers to them dangle afterwards: read a step before completing it.
+void complete(Scheduler& sched, const ScheduledStep& step,
+              std::vector<uint64_t>* finished = nullptr) {
   sched.complete_step(step);
   for (const ScheduledSeq& s : step.seqs) {
     if (!s.needs_logits) continue;
@@ -49,6 +51,11 @@ ScheduledStep run_step(Scheduler& sched, std::vector<uint64_t>* finished = nullp
       if (finished) finished->push_back(id);
     }
   }
+}
+
+ScheduledStep run_step(Scheduler& sched, std::vector<uint64_t>* finished = nullptr) {
+  ScheduledStep step = sched.schedule();
+  complete(sched, step, finished);
   return step;
 }
 
@@ -181,13 +188,14 @@ TEST(Scheduler, RecomputeReplaysPromptAndGeneratedTokens) {
   ASSERT_TRUE(sched.add(2, prompt_of(4, 50), 8).ok());  // up to 3 blocks
   bool recomputed = false;
   for (int i = 0; i < 50 && sched.has_work(); ++i) {
-    ScheduledStep s = run_step(sched);
+    const ScheduledStep s = sched.schedule();
     const ScheduledSeq* q = find_in(s, 2);
     // A recomputed sequence comes back with begin 0 and more than its prompt.
     if (q && q->begin == 0 && q->seq->n_preemptions > 0) {
       recomputed = true;
       EXPECT_GT(q->seq->tokens.size(), 4u);  // prompt + generated tokens are replayed
     }
+    complete(sched, s);
   }
   EXPECT_TRUE(recomputed);
   EXPECT_EQ(sched.stats().blocks_used, 0);

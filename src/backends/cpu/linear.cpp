@@ -23,9 +23,8 @@
 #include <memory>
 
 #include "backends/cpu/cpu_kernels.h"
-#include "backends/cpu/quant.h"
-#include "core/status.h"
 #include "backends/cpu/linear_impl.h"
+#include "backends/cpu/quant.h"
 #include "core/status.h"
 
 namespace strata::cpu {
@@ -254,17 +253,18 @@ Status linear(const LinearParams& p) {
                     dtype_name(p.w_dtype), p.w_stride, block);
     }
     const bool f32_bias = p.bias && p.bias_dtype == DType::kF32;
-    STRATA_RETURN_IF_ERROR(quant_linear({.x = p.x,
-                                         .weight = p.w,
-                                         .weight_dtype = p.w_dtype,
-                                         .bias = f32_bias ? static_cast<const float*>(p.bias) : nullptr,
-                                         .out = p.out,
-                                         .n_tokens = p.n_tokens,
-                                         .in_features = p.in_features,
-                                         .out_features = p.out_features,
-                                         .x_stride = p.x_stride,
-                                         .out_stride = p.out_stride,
-                                         .weight_row_blocks = p.w_stride / block}));
+    STRATA_RETURN_IF_ERROR(
+        quant_linear({.x = p.x,
+                      .weight = p.w,
+                      .weight_dtype = p.w_dtype,
+                      .bias = f32_bias ? static_cast<const float*>(p.bias) : nullptr,
+                      .out = p.out,
+                      .n_tokens = p.n_tokens,
+                      .in_features = p.in_features,
+                      .out_features = p.out_features,
+                      .x_stride = p.x_stride,
+                      .out_stride = p.out_stride,
+                      .weight_row_blocks = p.w_stride / block}));
     if (p.bias && !f32_bias) {
       return add_bias({.x = p.out,
                        .stride = p.out_stride,

@@ -131,9 +131,12 @@ using RowDotFn = float (*)(const uint8_t*, const float*, const float*, int64_t);
 
 RowDotFn fused_row_dot(DType dt) {
   switch (dt) {
-    case DType::kQ4_1: return row_dot_q4_1;
-    case DType::kQ4_0: return row_dot_q4_0;
-    case DType::kQ8_0: return row_dot_q8_0;
+    case DType::kQ4_1:
+      return row_dot_q4_1;
+    case DType::kQ4_0:
+      return row_dot_q4_0;
+    case DType::kQ8_0:
+      return row_dot_q8_0;
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:
@@ -146,7 +149,8 @@ RowDotFn fused_row_dot(DType dt) {
     case DType::kQ5_1:
     case DType::kQ4_K:
     case DType::kQ5_K:
-    case DType::kQ6_K: break;
+    case DType::kQ6_K:
+      break;
   }
   return nullptr;
 }
@@ -185,15 +189,15 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
   // multiply gets the register-blocked GEMM.
   constexpr int64_t kGemmTokens = 8;
   if (p.n_tokens >= kGemmTokens && !p.force_scalar) {
-    const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(256, (int64_t{1} << 20) / (4 * k)));
+    const int64_t panel =
+        std::max<int64_t>(16, std::min<int64_t>(256, (int64_t{1} << 20) / (4 * k)));
     std::vector<float> buf(static_cast<size_t>(panel * k));
     for (int64_t r0 = 0; r0 < p.out_features; r0 += panel) {
       const int64_t rows = std::min(panel, p.out_features - r0);
       Status st = ok_status();
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
-        Status s = dequantize_row(p.weight_dtype, w + (r0 + r) * row_bytes,
-                                  buf.data() + r * k, k);
+        Status s = dequantize_row(p.weight_dtype, w + (r0 + r) * row_bytes, buf.data() + r * k, k);
         if (!s.ok()) {
 #pragma omp critical
           st = s;

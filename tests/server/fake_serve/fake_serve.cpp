@@ -24,7 +24,10 @@ int main(int argc, char** argv) {
   HttpServerOptions opt;
   opt.port = static_cast<uint16_t>(argc > 1 ? std::atoi(argv[1]) : 0);
   auto server = HttpServer::create(
-      opt, [routes](HttpRequest req, std::shared_ptr<Responder> r) { routes->handle(std::move(req), std::move(r)); },
+      opt,
+      [routes](HttpRequest req, std::shared_ptr<Responder> r) {
+        routes->handle(std::move(req), std::move(r));
+      },
       &OpenAIRoutes::transport_error);
   if (!server.ok()) {
     std::fprintf(stderr, "fake_serve: %s\n", server.status().message().c_str());
