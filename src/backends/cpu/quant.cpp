@@ -8,10 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
+#include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/quant_impl.h"
 #include "core/half.h"
 #include "core/status.h"
@@ -261,13 +258,7 @@ void tile_rows(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8A
 
 bool cpu_has_avx2() {
 #if defined(STRATA_QUANT_HAVE_AVX2)
-  static const bool kHas = [] {
-    // NOTE: clang's __builtin_cpu_supports does not know "f16c"; cpuid leaf 1 says it.
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return kHas;
+  return cpu_supports(CpuIsa::kAvx2);  // avx2 + fma + f16c, detected once (cpu_features.cpp)
 #else
   return false;
 #endif
