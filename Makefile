@@ -1,6 +1,7 @@
 # Shortcuts. `make run` sets up, builds and generates text; `make test` runs every check.
 PROMPT ?= Write a haiku about the sea.
 MODEL ?= smollm2
+TEMP ?= 0
 
 .PHONY: run test build setup fetch
 setup:
@@ -10,6 +11,6 @@ build: setup
 fetch: setup
 	scripts/fetch_model.sh smollm2
 run: build fetch
-	./build/strata run -m $(MODEL) --chat -p "$(PROMPT)" -n 128
+	./build/strata run -m $(MODEL) --chat -p "$(PROMPT)" -n 128 --temp $(TEMP)
 test:
 	scripts/test.sh
