@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "io/gguf.h"
 
 namespace strata::cpu {
@@ -240,6 +241,7 @@ TEST_F(QuantFixture, LinearMatchesReferences) {
           p.x_stride = x_stride;
           p.out_stride = out_stride;
           p.force_scalar = scalar;
+          p.f32_activations = false;
           if (n % 2 == 0) {
             p.scratch = scratch.data();
             p.scratch_bytes = scratch.size();
@@ -287,12 +289,169 @@ TEST_F(QuantFixture, LinearOnColumnSliceWithRowStride) {
     p.in_features = k;
     p.out_features = m;
     p.weight_row_blocks = 512 / info.block_size;
+    p.f32_activations = false;
     ASSERT_TRUE(quant_linear(p).ok());
     for (int64_t tok = 0; tok < 2; ++tok) {
       const Q8Row q = quantize(x.data() + tok * k, k, QuantIsa::kScalar);
       for (int64_t r = 0; r < m; ++r) {
         const Refs ref = reference(wref.data() + r * 512, x.data() + tok * k, q, k);
         EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.q8, ref.tight) << name;
+      }
+    }
+  }
+}
+
+// ---- f32-activation path -----------------------------------------------------------------------
+// Against sum w_i x_i in double over the dequantize_row'd weights: the kernels only round in
+// f32 (block products, per-block scaling, the sum(x) terms, accumulation), so the error is a
+// small multiple of 2^-24 * sum|w||x|; 1e-5 relative to that scale is the bound checked.
+
+struct F32Ref {
+  double dot = 0;
+  double tol = 0;
+};
+F32Ref f32_reference(const float* w, const float* x, int64_t k) {
+  F32Ref r;
+  double scale = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    r.dot += static_cast<double>(w[i]) * x[i];
+    scale += std::fabs(static_cast<double>(w[i]) * x[i]);
+  }
+  r.tol = 1e-5 * scale + 1e-30;
+  return r;
+}
+
+TEST_F(QuantFixture, DotF32MatchesDequantizedReference) {
+  for (const TypeCase& tc : kQuantTypes) {
+    for (const char* tag : {"a", "b"}) {
+      const std::string name = std::string(tc.name) + "." + tag;
+      const Tensor t = tensor(name);
+      const int64_t k = t.cols();
+      std::vector<float> wrow(static_cast<size_t>(k));
+      const std::vector<float> x = random_rows(1, k, 12);
+      for (int64_t r = 0; r < t.rows(); ++r) {
+        const auto* w = static_cast<const uint8_t*>(t.data) + dtype_bytes(t.dtype, r * k);
+        ASSERT_TRUE(dequantize_row(t.dtype, w, wrow.data(), k).ok());
+        const F32Ref ref = f32_reference(wrow.data(), x.data(), k);
+        for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kBest}) {
+          EXPECT_NEAR(vec_dot_f32(t.dtype, w, x.data(), k, isa), ref.dot, ref.tol)
+              << name << " row " << r << " isa " << quant_isa_name(isa);
+        }
+      }
+    }
+  }
+}
+
+// Random blocks of any type with f16 scales of moderate size (so values stay finite).
+std::vector<uint8_t> random_quant_rows(DType dt, int64_t rows, int64_t k, uint32_t seed) {
+  const DTypeInfo& info = dtype_info(dt);
+  const int64_t nb = rows * k / info.block_size;
+  std::vector<uint8_t> w(static_cast<size_t>(nb * info.block_bytes));
+  std::mt19937 rng(seed);
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> ud(0.001f, 0.05f);
+  for (int64_t j = 0; j < nb; ++j) {
+    uint8_t* b = w.data() + j * info.block_bytes;
+    const uint16_t d = f32_to_f16(ud(rng));
+    const uint16_t m = f32_to_f16(-ud(rng));
+    std::memcpy(b + (dt == DType::kQ6_K ? 208 : 0), &d, 2);
+    if (dt == DType::kQ4_1 || dt == DType::kQ5_1 || dt == DType::kQ4_K || dt == DType::kQ5_K) {
+      std::memcpy(b + 2, &m, 2);
+    }
+  }
+  return w;
+}
+
+// quant_linear, f32 path, for every type: 1..9 tokens (4-row tiles with remainders for one
+// token, 4-token tiles with remainders for more), strided x / out, bias, a column slice of a
+// wider weight (weight_row_blocks), scalar and best ISA, with and without caller scratch.
+TEST(Quant, LinearF32MatchesDequantizedReference) {
+  for (const TypeCase& tc : kQuantTypes) {
+    const DTypeInfo& info = dtype_info(tc.dtype);
+    const int64_t k = info.block_size == 32 ? 320 : 512;  // 10 blocks (8 + tail) / 2 super-blocks
+    const int64_t k_full = k + 2 * info.block_size;       // the weight is a column slice
+    const int64_t m = 11;
+    const std::vector<uint8_t> w = random_quant_rows(tc.dtype, m, k_full, 7);
+    std::vector<float> wref(static_cast<size_t>(m * k_full));
+    ASSERT_TRUE(dequantize_row(tc.dtype, w.data(), wref.data(), m * k_full).ok());
+    std::vector<float> bias(static_cast<size_t>(m));
+    for (int64_t r = 0; r < m; ++r)
+      bias[static_cast<size_t>(r)] = 0.5f - 0.1f * static_cast<float>(r);
+    for (int64_t n = 1; n <= 9; ++n) {
+      const int64_t x_stride = k + 40;
+      const int64_t out_stride = m + 5;
+      const std::vector<float> x = random_rows(n, x_stride, static_cast<uint32_t>(200 + n));
+      for (bool scalar : {true, false}) {
+        std::vector<float> out(static_cast<size_t>(n * out_stride), -7.0f);
+        std::vector<uint8_t> scratch(quant_linear_scratch_bytes(n, k));
+        QuantLinearParams p;
+        p.x = x.data();
+        p.weight = w.data();
+        p.weight_dtype = tc.dtype;
+        p.bias = bias.data();
+        p.out = out.data();
+        p.n_tokens = n;
+        p.in_features = k;
+        p.out_features = m;
+        p.x_stride = x_stride;
+        p.out_stride = out_stride;
+        p.weight_row_blocks = k_full / info.block_size;
+        p.force_scalar = scalar;
+        if (n % 2 == 1) {
+          p.scratch = scratch.data();
+          p.scratch_bytes = scratch.size();
+        }
+        ASSERT_TRUE(p.f32_activations);  // the default
+        ASSERT_TRUE(quant_linear(p).ok());
+        for (int64_t tok = 0; tok < n; ++tok) {
+          const float* xt = x.data() + tok * x_stride;
+          for (int64_t r = 0; r < m; ++r) {
+            const F32Ref ref = f32_reference(wref.data() + r * k_full, xt, k);
+            const double b = bias[static_cast<size_t>(r)];
+            EXPECT_NEAR(out[static_cast<size_t>(tok * out_stride + r)], ref.dot + b,
+                        ref.tol + 1e-6 * std::fabs(b))
+                << tc.name << " n " << n << " tok " << tok << " row " << r << " scalar " << scalar;
+          }
+          for (int64_t r = m; r < out_stride; ++r) {
+            EXPECT_EQ(out[static_cast<size_t>(tok * out_stride + r)], -7.0f);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The gguf-py fixture tensors through the f32 path (both ISAs), 1 and 5 tokens.
+TEST_F(QuantFixture, LinearF32OnFixtureTensors) {
+  for (const TypeCase& tc : kQuantTypes) {
+    for (const char* tag : {"a", "b"}) {
+      const std::string name = std::string(tc.name) + "." + tag;
+      const Tensor t = tensor(name);
+      const std::vector<float> wref = read_f32(kDir + name + ".f32");
+      const int64_t k = t.cols();
+      const int64_t m = t.rows();
+      for (int64_t n : {1, 5}) {
+        const std::vector<float> x = random_rows(n, k, static_cast<uint32_t>(300 + n));
+        for (bool scalar : {true, false}) {
+          std::vector<float> out(static_cast<size_t>(n * m));
+          QuantLinearParams p;
+          p.x = x.data();
+          p.weight = t.data;
+          p.weight_dtype = t.dtype;
+          p.out = out.data();
+          p.n_tokens = n;
+          p.in_features = k;
+          p.out_features = m;
+          p.force_scalar = scalar;
+          ASSERT_TRUE(quant_linear(p).ok());
+          for (int64_t tok = 0; tok < n; ++tok) {
+            for (int64_t r = 0; r < m; ++r) {
+              const F32Ref ref = f32_reference(wref.data() + r * k, x.data() + tok * k, k);
+              EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.dot, ref.tol)
+                  << name << " n " << n << " tok " << tok << " row " << r;
+            }
+          }
+        }
       }
     }
   }

@@ -22,6 +22,7 @@ using quant_detail::k_scale_min;
 using quant_detail::kQK;
 using quant_detail::load_u16;
 using quant_detail::load_u32;
+using quant_detail::TileDotF32Fn;
 using quant_detail::TileDotFn;
 
 namespace {
@@ -250,6 +251,115 @@ void row_dot_q6_k(const uint8_t* w, int64_t n, const Q8Act& a, int nt, float* ou
   }
 }
 
+// ---- scalar f32-activation kernels ------------------------------------------------------------
+// Per 32-value block (or K-quant sub-block): d * sum(q x) + c * sum(x), with sum(x) from the
+// precomputed per-32 block sums xs; Q6_K applies d * sc per 16 values and has no c term.
+
+template <DType kT>
+void row_dot_f32_blk32(const uint8_t* w, int64_t n, const float* x, const float* xs, float* out) {
+  constexpr int64_t kBytes = kT == DType::kQ8_0   ? 34
+                             : kT == DType::kQ4_0 ? 18
+                             : kT == DType::kQ4_1 ? 20
+                             : kT == DType::kQ5_0 ? 22
+                                                  : 24;
+  float acc = 0.0f;
+  float cacc = 0.0f;
+  for (int64_t j = 0; j < n / 32; ++j) {
+    const uint8_t* b = w + j * kBytes;
+    const float* xb = x + 32 * j;
+    const float dw = f16(b);
+    float cw = 0.0f;
+    float q[32];
+    if constexpr (kT == DType::kQ8_0) {
+      const auto* qw = reinterpret_cast<const int8_t*>(b + 2);
+      for (int i = 0; i < 32; ++i) q[i] = static_cast<float>(qw[i]);
+    } else {
+      uint8_t u[32];
+      if constexpr (kT == DType::kQ4_0) {
+        unpack_q4(b + 2, u);
+        cw = -8.0f * dw;
+      } else if constexpr (kT == DType::kQ4_1) {
+        unpack_q4(b + 4, u);
+        cw = f16(b + 2);
+      } else if constexpr (kT == DType::kQ5_0) {
+        unpack_q5(b + 6, load_u32(b + 2), u);
+        cw = -16.0f * dw;
+      } else {
+        unpack_q5(b + 8, load_u32(b + 4), u);
+        cw = f16(b + 2);
+      }
+      for (int i = 0; i < 32; ++i) q[i] = static_cast<float>(u[i]);
+    }
+    float s = 0.0f;
+    for (int i = 0; i < 32; ++i) s += q[i] * xb[i];
+    acc += dw * s;
+    cacc += cw * xs[j];
+  }
+  *out = acc + cacc;
+}
+
+template <bool kFiveBit>
+void row_dot_f32_q45_k(const uint8_t* w, int64_t n, const float* x, const float* xs, float* out) {
+  constexpr int64_t kBytes = kFiveBit ? 176 : 144;
+  float acc = 0.0f;
+  float cacc = 0.0f;
+  for (int64_t sb = 0; sb < n / kQK; ++sb) {
+    const uint8_t* b = w + sb * kBytes;
+    const float d = f16(b);
+    const float dmin = f16(b + 2);
+    const uint8_t* qh = b + 16;
+    const uint8_t* qs = kFiveBit ? b + 48 : b + 16;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc = 0;
+      uint8_t m = 0;
+      k_scale_min(b + 4, j, &sc, &m);
+      const uint8_t* q = qs + 32 * (j / 2);
+      const int shift = 4 * (j % 2);
+      const float* xb = x + sb * kQK + 32 * j;
+      float s = 0.0f;
+      for (int l = 0; l < 32; ++l) {
+        int v = (q[l] >> shift) & 0x0F;
+        if (kFiveBit) v |= ((qh[l] >> j) & 1) << 4;
+        s += static_cast<float>(v) * xb[l];
+      }
+      acc += d * static_cast<float>(sc) * s;
+      cacc += dmin * static_cast<float>(m) * xs[sb * 8 + j];
+    }
+  }
+  *out = acc - cacc;
+}
+
+void row_dot_f32_q6_k(const uint8_t* w, int64_t n, const float* x, const float* /*xs*/,
+                      float* out) {
+  float acc = 0.0f;
+  for (int64_t sb = 0; sb < n / kQK; ++sb) {
+    const uint8_t* b = w + sb * 210;
+    const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = f16(b + 208);
+    int8_t q[256];
+    unpack_q6(b, q);
+    const float* xb = x + sb * kQK;
+    for (int g = 0; g < 16; ++g) {
+      float s = 0.0f;
+      for (int l = 16 * g; l < 16 * g + 16; ++l) s += static_cast<float>(q[l]) * xb[l];
+      acc += d * static_cast<float>(scales[g]) * s;
+    }
+  }
+  *out = acc;
+}
+
+using RowF32Fn = void (*)(const uint8_t* w, int64_t n, const float* x, const float* xs, float* out);
+
+template <RowF32Fn kFn>
+void tile_rows_f32(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const float* x,
+                   int64_t x_stride, const float* xsum, int nt, float* out) {
+  for (int r = 0; r < nr; ++r) {
+    for (int t = 0; t < nt; ++t) {
+      kFn(w + r * row_bytes, n, x + t * x_stride, xsum + t * (n / 32), out + r * nt + t);
+    }
+  }
+}
+
 using RowFn = void (*)(const uint8_t* w, int64_t n, const Q8Act& a, int nt, float* out);
 
 // A tile of rows from a one-row kernel.
@@ -283,6 +393,13 @@ TileDotFn tile_dot(DType dt, QuantIsa isa) {
   if (resolve(isa) == QuantIsa::kAvx2) return quant_detail::tile_dot_avx2(dt);
 #endif
   return quant_detail::tile_dot_scalar(dt);
+}
+
+TileDotF32Fn tile_dot_f32(DType dt, QuantIsa isa) {
+#if defined(STRATA_QUANT_HAVE_AVX2)
+  if (resolve(isa) == QuantIsa::kAvx2) return quant_detail::tile_dot_f32_avx2(dt);
+#endif
+  return quant_detail::tile_dot_f32_scalar(dt);
 }
 
 void quantize_rows(const float* x, int64_t n, int8_t* qs, float* d, float* s, QuantIsa isa) {
@@ -322,6 +439,37 @@ TileDotFn tile_dot_scalar(DType dt) {
       return tile_rows<row_dot_q45_k<true>>;
     case DType::kQ6_K:
       return tile_rows<row_dot_q6_k>;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+TileDotF32Fn tile_dot_f32_scalar(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return tile_rows_f32<row_dot_f32_blk32<DType::kQ8_0>>;
+    case DType::kQ4_0:
+      return tile_rows_f32<row_dot_f32_blk32<DType::kQ4_0>>;
+    case DType::kQ4_1:
+      return tile_rows_f32<row_dot_f32_blk32<DType::kQ4_1>>;
+    case DType::kQ5_0:
+      return tile_rows_f32<row_dot_f32_blk32<DType::kQ5_0>>;
+    case DType::kQ5_1:
+      return tile_rows_f32<row_dot_f32_blk32<DType::kQ5_1>>;
+    case DType::kQ4_K:
+      return tile_rows_f32<row_dot_f32_q45_k<false>>;
+    case DType::kQ5_K:
+      return tile_rows_f32<row_dot_f32_q45_k<true>>;
+    case DType::kQ6_K:
+      return tile_rows_f32<row_dot_f32_q6_k>;
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:
@@ -443,6 +591,24 @@ float vec_dot_q8(DType dt, const void* w, const Q8Act& a, int64_t n, QuantIsa is
   return out;
 }
 
+void block_sums32(const float* x, int64_t n, float* xsum) {
+  for (int64_t j = 0; j < n / 32; ++j) {
+    float s = 0.0f;
+    for (int i = 0; i < 32; ++i) s += x[32 * j + i];
+    xsum[j] = s;
+  }
+}
+
+float vec_dot_f32(DType dt, const void* w, const float* x, int64_t n, QuantIsa isa) {
+  TileDotF32Fn fn = tile_dot_f32(dt, isa);
+  if (fn == nullptr || n % 32 != 0) return 0.0f;
+  std::vector<float> xsum(static_cast<size_t>(n / 32));
+  block_sums32(x, n, xsum.data());
+  float out = 0.0f;
+  fn(static_cast<const uint8_t*>(w), 0, 1, n, x, 0, xsum.data(), 1, &out);
+  return out;
+}
+
 size_t quant_linear_scratch_bytes(int64_t n_tokens, int64_t in_features) {
   const auto n = static_cast<size_t>(std::max<int64_t>(n_tokens, 0));
   const auto k = static_cast<size_t>(std::max<int64_t>(in_features, 0));
@@ -487,10 +653,6 @@ Status quant_linear(const QuantLinearParams& p) {
   }
   base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(base)));
   const int64_t nb = k / 32;
-  auto* qs = reinterpret_cast<int8_t*>(base);
-  auto* d = reinterpret_cast<float*>(base + align_up(static_cast<size_t>(p.n_tokens * k)));
-  float* s = d + align_up(static_cast<size_t>(p.n_tokens * nb) * sizeof(float)) / sizeof(float);
-
   const auto* w = static_cast<const uint8_t*>(p.weight);
   const int64_t row_bytes = row_blocks * info.block_bytes;
   // One token (decode): tiles of 4 weight rows share each activation block load. Several
@@ -500,6 +662,41 @@ Status quant_linear(const QuantLinearParams& p) {
   const int64_t tok_tile = p.n_tokens == 1 ? 1 : kTile;
   const int64_t n_row_tiles = (p.out_features + row_tile - 1) / row_tile;
   const int64_t n_tok_tiles = (p.n_tokens + tok_tile - 1) / tok_tile;
+  // Writes a tile's results (res[r * nt + i]) plus bias.
+  auto store = [&](int64_t r0, int nr, int64_t t0, int nt, const float* res) {
+    for (int r = 0; r < nr; ++r) {
+      const float bias = p.bias != nullptr ? p.bias[r0 + r] : 0.0f;
+      for (int i = 0; i < nt; ++i) p.out[(t0 + i) * out_stride + r0 + r] = res[r * nt + i] + bias;
+    }
+  };
+
+  if (p.f32_activations) {
+    TileDotF32Fn f32fn = tile_dot_f32(p.weight_dtype, isa);
+    auto* xsum = reinterpret_cast<float*>(base);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < p.n_tokens; ++t) block_sums32(p.x + t * x_stride, k, xsum + t * nb);
+#pragma omp for schedule(static)
+      for (int64_t rt = 0; rt < n_row_tiles; ++rt) {
+        const int64_t r0 = rt * row_tile;
+        const int nr = static_cast<int>(std::min(row_tile, p.out_features - r0));
+        for (int64_t tt = 0; tt < n_tok_tiles; ++tt) {
+          const int64_t t0 = tt * tok_tile;
+          const int nt = static_cast<int>(std::min(tok_tile, p.n_tokens - t0));
+          float res[kTile * kTile];
+          f32fn(w + r0 * row_bytes, row_bytes, nr, k, p.x + t0 * x_stride, x_stride, xsum + t0 * nb,
+                nt, res);
+          store(r0, nr, t0, nt, res);
+        }
+      }
+    }
+    return ok_status();
+  }
+
+  auto* qs = reinterpret_cast<int8_t*>(base);
+  auto* d = reinterpret_cast<float*>(base + align_up(static_cast<size_t>(p.n_tokens * k)));
+  float* s = d + align_up(static_cast<size_t>(p.n_tokens * nb) * sizeof(float)) / sizeof(float);
 
 #pragma omp parallel
   {
@@ -518,11 +715,7 @@ Status quant_linear(const QuantLinearParams& p) {
         const Q8Act a{qs + t0 * k, d + t0 * nb, s + t0 * nb};
         float res[kTile * kTile];
         fn(w + r0 * row_bytes, row_bytes, nr, k, a, nt, res);
-        for (int r = 0; r < nr; ++r) {
-          const float bias = p.bias != nullptr ? p.bias[r0 + r] : 0.0f;
-          for (int i = 0; i < nt; ++i)
-            p.out[(t0 + i) * out_stride + r0 + r] = res[r * nt + i] + bias;
-        }
+        store(r0, nr, t0, nt, res);
       }
     }
   }

@@ -1,9 +1,20 @@
 // CPU kernels for ggml's block-quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
 // Q6_K): dequantization, and the quantized matrix-vector products a linear layer runs on.
 //
-// How the products work (the scheme fast CPU engines use): the f32 activation row is quantized
-// once per linear call to int8 blocks of 32 (Q8Act: per-block scale d = max|x| / 127 and the
-// scaled block sum s = d * sum(q)); each weight block then meets the matching activation block
+// Two product paths (QuantLinearParams::f32_activations picks one):
+//
+// f32 activations (the default; exact): the activation stays f32 and each weight block is
+// dequantized in registers inside the dot loop (no whole-row expansion), with the block's
+// offset / min folded into precomputed per-32 activation block sums sx (block_sums32, once per
+// activation row, reused by every weight row):
+//   Q8_0: d sum(q x);  Q4_0/Q5_0: d sum(q x) - 8 d sx / - 16 d sx;  Q4_1/Q5_1: d sum(q x) + m sx
+//   Q4_K/Q5_K sub-block j: d sc_j sum(q x) - dmin m_j sx;  Q6_K: d sc per 16 values, q - 32
+// Results equal the dequantized-weight f32 product up to f32 rounding (tests: relative 1e-5 of
+// sum|w||x|), i.e. what a reference that dequantizes the GGUF computes.
+//
+// int8 activations (f32_activations = false; faster, approximate): the f32 activation row is
+// quantized once per linear call to int8 blocks of 32 (Q8Act: per-block scale d = max|x| / 127 and
+// the scaled block sum s = d * sum(q)); each weight block then meets the matching activation block
 // in an integer dot product (u8 x i8 -> i16 pairs -> i32 with AVX2 maddubs/madd), scaled once
 // per block in f32. Offsets and mins fold into the block sums:
 //   Q4_1/Q5_1 block: sum((d_w q_w + m_w) * d_a q_a) = d_w d_a sum(q_w q_a) + m_w s_a
@@ -62,12 +73,22 @@ void quantize_row_q8(const float* x, int64_t n, int8_t* qs, float* d, float* s,
 float vec_dot_q8(DType dt, const void* w, const Q8Act& a, int64_t n,
                  QuantIsa isa = QuantIsa::kBest);
 
-// Scratch quant_linear needs for the quantized activations of x (64-byte aligned inside).
+// xsum[j] = sum of x[32 j, 32 j + 32) for j < n / 32 (n a multiple of 32).
+void block_sums32(const float* x, int64_t n, float* xsum);
+
+// dot(weight row of n values of dtype dt, f32 activation row x), dequantizing block by block;
+// equal to the dequantize_row + f32 dot product up to f32 rounding.
+float vec_dot_f32(DType dt, const void* w, const float* x, int64_t n,
+                  QuantIsa isa = QuantIsa::kBest);
+
+// Scratch quant_linear needs for the prepared activations of x (either path) (64-byte aligned
+// inside).
 size_t quant_linear_scratch_bytes(int64_t n_tokens, int64_t in_features);
 
 // out[n_tokens, out_features] = x[n_tokens, in_features] @ W[out_features, in_features]^T
 // (+ bias) for a block-quantized W; see QuantLinearParams. OpenMP: the activation rows are
-// quantized once (in parallel over tokens), then threads split the weight rows into
+// prepared once (block sums, or the int8 quantization; in parallel over tokens), then threads
+// split the weight rows into
 // contiguous slabs. One token: 4 weight rows per kernel pass share each activation block.
 // Several tokens: each weight block is unpacked once for up to 4 tokens.
 Status quant_linear(const QuantLinearParams& p);
