@@ -186,7 +186,7 @@ struct AddParams {
 
 // x[r, :] += bias[:]
 struct AddBiasParams {
-  float* x = nullptr;  // [rows, cols], row stride `stride`
+  float* x = nullptr;          // [rows, cols], row stride `stride`
   int64_t stride = 0;
   const void* bias = nullptr;  // [cols], dtype bias_dtype
   DType bias_dtype = DType::kF32;
@@ -233,24 +233,25 @@ struct ArgmaxParams {
 // (strata::cpu::quant_linear). Weight rows are `weight_row_blocks` blocks apart (0: contiguous
 // rows of in_features / block_size blocks), so a column slice of a larger matrix works too.
 struct QuantLinearParams {
-  const float* x = nullptr;      // [n_tokens, in_features], row stride x_stride
-  const void* weight = nullptr;  // [out_features, in_features] of weight_dtype, blocks along i
+  const float* x = nullptr;        // [n_tokens, in_features], row stride x_stride
+  const void* weight = nullptr;    // [out_features, in_features] of weight_dtype, blocks along i
   DType weight_dtype = DType::kQ4_1;
-  const float* bias = nullptr;  // [out_features] or null
-  float* out = nullptr;         // [n_tokens, out_features], row stride out_stride; not x
+  const float* bias = nullptr;     // [out_features] or null
+  float* out = nullptr;            // [n_tokens, out_features], row stride out_stride; not x
   int64_t n_tokens = 0;
-  int64_t in_features = 0;  // multiple of the weight type's block size
+  int64_t in_features = 0;         // multiple of the weight type's block size
   int64_t out_features = 0;
-  int64_t x_stride = 0;           // elements; 0 means in_features
-  int64_t out_stride = 0;         // elements; 0 means out_features
-  int64_t weight_row_blocks = 0;  // blocks between weight rows; 0 means in_features / block
-  // quant_linear_scratch_bytes(n_tokens, in_features) bytes for the quantized activations;
+  int64_t x_stride = 0;            // elements; 0 means in_features
+  int64_t out_stride = 0;          // elements; 0 means out_features
+  int64_t weight_row_blocks = 0;   // blocks between weight rows; 0 means in_features / block
+  // quant_linear_scratch_bytes(n_tokens, in_features) bytes for the prepared activations;
   // null (or too small) makes the call allocate its own (for tests; not in a decode step).
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
-  bool force_scalar = false;  // run the scalar kernels even where AVX2 exists (tests)
-  // true: activations stay f32 and each weight block is dequantized in registers (exact to f32
-  // rounding). false: activations are quantized to int8 blocks first (faster, less exact).
+  bool force_scalar = false;       // run the scalar kernels even where AVX2 exists (tests)
+  // true (default): activations stay f32 and each weight block is dequantized in registers inside
+  // the dot loop (equal to the dequantized-f32 product up to f32 rounding). false: activations
+  // are quantized to int8 blocks first (faster, but off by up to max|x_block| / 254 per value).
   bool f32_activations = true;
 };
 

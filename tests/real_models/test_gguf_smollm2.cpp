@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -77,7 +78,8 @@ TEST_F(SmolLM2Gguf, Tensors) {
   EXPECT_EQ(f.tensor("output_norm.weight")->dtype, DType::kF32);
 }
 
-// quant_linear on real weights vs dequantize_row + double, with the bounds of test_quant.cpp.
+// int8-activation quant_linear on real weights vs dequantize_row + double, with the bounds of
+// test_quant.cpp.
 void check_linear(const Tensor& w, int64_t n_tokens) {
   const int64_t k = w.cols();
   const int64_t m = std::min<int64_t>(w.rows(), 512);
@@ -94,6 +96,7 @@ void check_linear(const Tensor& w, int64_t n_tokens) {
   p.n_tokens = n_tokens;
   p.in_features = k;
   p.out_features = m;
+  p.f32_activations = false;
   ASSERT_TRUE(cpu::quant_linear(p).ok());
   std::vector<float> row(static_cast<size_t>(k));
   std::vector<int8_t> qs(static_cast<size_t>(k));
@@ -129,6 +132,49 @@ void check_linear(const Tensor& w, int64_t n_tokens) {
   }
 }
 
+// The default f32-activation quant_linear (scalar and best ISA) on real weights vs the
+// dequantize_row'd weights dotted with x in double: relative error <= 1e-5 of sum|w||x|.
+void check_linear_f32(const Tensor& w, int64_t n_tokens) {
+  const int64_t k = w.cols();
+  const int64_t m = std::min<int64_t>(w.rows(), 512);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(n_tokens * k));
+  for (float& v : x) v = nd(rng);
+  std::vector<float> row(static_cast<size_t>(k));
+  for (bool scalar : {true, false}) {
+    std::vector<float> out(static_cast<size_t>(n_tokens * m));
+    QuantLinearParams p;
+    p.x = x.data();
+    p.weight = w.data;
+    p.weight_dtype = w.dtype;
+    p.out = out.data();
+    p.n_tokens = n_tokens;
+    p.in_features = k;
+    p.out_features = m;
+    p.force_scalar = scalar;
+    ASSERT_TRUE(cpu::quant_linear(p).ok());
+    double worst = 0;
+    for (int64_t r = 0; r < m; ++r) {
+      const auto* src = static_cast<const uint8_t*>(w.data) + dtype_bytes(w.dtype, r * k);
+      ASSERT_TRUE(cpu::dequantize_row(w.dtype, src, row.data(), k).ok());
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        const float* xt = x.data() + t * k;
+        double ref = 0, scale = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          ref += static_cast<double>(row[static_cast<size_t>(i)]) * xt[i];
+          scale += std::fabs(static_cast<double>(row[static_cast<size_t>(i)]) * xt[i]);
+        }
+        const double got = out[static_cast<size_t>(t * m + r)];
+        worst = std::max(worst, std::fabs(got - ref) / scale);
+        ASSERT_NEAR(got, ref, 1e-5 * scale) << "token " << t << " row " << r;
+      }
+    }
+    std::printf("  f32 path %s n %ld: max |err| / sum|w||x| = %.2e\n", scalar ? "scalar" : "best",
+                static_cast<long>(n_tokens), worst);
+  }
+}
+
 TEST_F(SmolLM2Gguf, QuantLinearOnRealWeights) {
   for (const char* name : {"blk.0.ffn_down.weight", "blk.0.ffn_gate.weight", "blk.7.attn_k.weight",
                            "token_embd.weight"}) {
@@ -136,6 +182,7 @@ TEST_F(SmolLM2Gguf, QuantLinearOnRealWeights) {
     auto w = file_->tensor(name);
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     for (int64_t n : {1, 5}) check_linear(w.value(), n);
+    for (int64_t n : {1, 5}) check_linear_f32(w.value(), n);
   }
 }
 
