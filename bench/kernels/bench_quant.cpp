@@ -6,6 +6,9 @@
 //   g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc bench/kernels/bench_quant.cpp \
 //     src/backends/cpu/quant*.cpp src/core/*.cpp -lfmt -o /tmp/bench_quant
 //   OMP_NUM_THREADS=2 /tmp/bench_quant [n_tokens]
+//
+// Each shape runs both quant_linear paths: "f32" (f32 activations, weights dequantized block by
+// block in registers; the default) and "int8" (activations quantized to int8 blocks).
 #include <omp.h>
 
 #include <algorithm>
@@ -52,7 +55,8 @@ double best(const std::vector<double>& v) {
 }
 
 // Seconds per quant_linear call; `copies` weight matrices are used round-robin.
-double time_linear(DType dt, int64_t m, int64_t k, int64_t n, int copies, int iters) {
+double time_linear(DType dt, int64_t m, int64_t k, int64_t n, int copies, int iters,
+                   bool f32_activations) {
   const auto& info = strata::dtype_info(dt);
   const size_t bytes = static_cast<size_t>(m * k / info.block_size * info.block_bytes);
   std::vector<uint8_t> w(bytes * static_cast<size_t>(copies));
@@ -72,6 +76,7 @@ double time_linear(DType dt, int64_t m, int64_t k, int64_t n, int copies, int it
   p.out_features = m;
   p.scratch = scratch.data();
   p.scratch_bytes = scratch.size();
+  p.f32_activations = f32_activations;
   std::vector<double> times;
   for (int it = -copies; it < iters; ++it) {  // first pass over the ring is warm-up
     p.weight = w.data() + static_cast<size_t>((it + copies) % copies) * bytes;
@@ -121,17 +126,21 @@ int main(int argc, char** argv) {
       {DType::kQ5_1, 1536, 576, "q5_1"},      {DType::kQ4_K, 1536, 1024, "q4_k"},
       {DType::kQ6_K, 1536, 1024, "q6_k"},
   };
-  std::printf("%-16s %-6s %6s %6s %10s %9s %10s %9s\n", "what", "type", "m", "k", "hot us",
-              "hot GB/s", "cold us", "cold GB/s");
+  std::printf("%-16s %-6s %6s %6s %-5s %9s %9s %9s %10s %9s\n", "what", "type", "m", "k", "path",
+              "hot us", "ns/block", "hot GB/s", "cold us", "cold GB/s");
   for (const Shape& s : shapes) {
     const auto& info = strata::dtype_info(s.dt);
-    const double bytes = static_cast<double>(s.m * s.k / info.block_size * info.block_bytes);
+    const double blocks = static_cast<double>(s.m * s.k / info.block_size);
+    const double bytes = blocks * static_cast<double>(info.block_bytes);
     const int copies = static_cast<int>(std::max<double>(2.0, kColdBytes / bytes));
-    const double hot = time_linear(s.dt, s.m, s.k, n, 1, 2000);
-    const double cold = time_linear(s.dt, s.m, s.k, n, copies, std::max(4 * copies, 200));
-    std::printf("%-16s %-6s %6ld %6ld %10.1f %9.1f %10.1f %9.1f\n", s.what,
-                std::string(info.name).c_str(), static_cast<long>(s.m), static_cast<long>(s.k),
-                hot * 1e6, bytes / hot / 1e9, cold * 1e6, bytes / cold / 1e9);
+    for (bool f32 : {true, false}) {
+      const double hot = time_linear(s.dt, s.m, s.k, n, 1, 2000, f32);
+      const double cold = time_linear(s.dt, s.m, s.k, n, copies, std::max(4 * copies, 200), f32);
+      std::printf("%-16s %-6s %6ld %6ld %-5s %9.1f %9.2f %9.1f %10.1f %9.1f\n", s.what,
+                  std::string(info.name).c_str(), static_cast<long>(s.m), static_cast<long>(s.k),
+                  f32 ? "f32" : "int8", hot * 1e6, hot * 1e9 / blocks, bytes / hot / 1e9,
+                  cold * 1e6, bytes / cold / 1e9);
+    }
   }
   return 0;
 }
