@@ -483,6 +483,12 @@ STRATA_AVX2 void dot_blk32_f32(const uint8_t* w, int64_t row_bytes, int64_t n, c
     }
     STRATA_UNROLL
     for (int u = 0; u < 8; ++u) {
+      // One token: its 32 activations stay in registers for all rows of the tile.
+      __m256 xv[4];
+      if constexpr (kNt == 1) {
+        STRATA_UNROLL
+        for (int i = 0; i < 4; ++i) xv[i] = _mm256_loadu_ps(x + 32 * (j + u) + 8 * i);
+      }
       STRATA_UNROLL
       for (int r = 0; r < kNr; ++r) {
         __m256 v[4];
@@ -490,8 +496,16 @@ STRATA_AVX2 void dot_blk32_f32(const uint8_t* w, int64_t row_bytes, int64_t n, c
         const __m256 dv = _mm256_broadcast_ss(&dws[r][u]);
         STRATA_UNROLL
         for (int t = 0; t < kNt; ++t) {
+          __m256 prod;
+          if constexpr (kNt == 1) {
+            prod = _mm256_mul_ps(v[0], xv[0]);
+            STRATA_UNROLL
+            for (int i = 1; i < 4; ++i) prod = _mm256_fmadd_ps(v[i], xv[i], prod);
+          } else {
+            prod = mul_sum4(v, x + t * x_stride + 32 * (j + u));
+          }
           __m256& dst = acc[r][t][u % kAcc];
-          dst = _mm256_fmadd_ps(dv, mul_sum4(v, x + t * x_stride + 32 * (j + u)), dst);
+          dst = _mm256_fmadd_ps(dv, prod, dst);
         }
       }
     }
