@@ -25,10 +25,22 @@ class Fields {
   int64_t int_or(const char* key, int64_t fallback) {
     if (!has(key)) return fallback;
     const json& v = obj_.at(key);
+    // NOTE: every integer a config holds is a size or an id; bounding them here keeps the
+    // arithmetic on them (4 * hidden, head_dim * rotary fraction) free of overflow.
+    constexpr int64_t kMaxInt = int64_t{1} << 40;
+    if (v.is_number_integer() && !v.is_number_unsigned() &&
+        (v.get<int64_t>() > kMaxInt || v.get<int64_t>() < -kMaxInt)) {
+      fail(key, "an integer of magnitude at most 2^40");
+      return fallback;
+    }
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(kMaxInt)) {
+      fail(key, "an integer of magnitude at most 2^40");
+      return fallback;
+    }
     if (v.is_number_integer()) return v.get<int64_t>();
     if (v.is_number_float()) {
       const double d = v.get<double>();
-      if (std::floor(d) == d && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
+      if (std::floor(d) == d && std::fabs(d) <= 1099511627776.0) return static_cast<int64_t>(d);
     }
     fail(key, "an integer");
     return fallback;
@@ -44,8 +56,9 @@ class Fields {
   double num_or(const char* key, double fallback) {
     if (!has(key)) return fallback;
     const json& v = obj_.at(key);
-    if (v.is_number()) return v.get<double>();
-    fail(key, "a number");
+    // Bounded so that narrowing to float (theta, eps, scaling factors) stays defined.
+    if (v.is_number() && std::fabs(v.get<double>()) <= 1e30) return v.get<double>();
+    fail(key, "a number of magnitude at most 1e30");
     return fallback;
   }
   bool bool_or(const char* key, bool fallback) {
