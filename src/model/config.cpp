@@ -15,6 +15,20 @@ namespace {
 
 using nlohmann::json;
 
+// A user-supplied string made safe for a one-line message: control bytes become \xNN, long
+// strings are cut.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text.substr(0, 80)) {
+    if (c < 0x20 || c == 0x7f) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return text.size() > 80 ? out + "..." : out;
+}
+
 // Reads typed fields from one JSON object, remembering the first error with the field name.
 class Fields {
  public:
@@ -100,7 +114,8 @@ Result<ops::Activation> parse_activation(const std::string& name, const std::str
   }
   if (name == "gelu" || name == "gelu_python") return ops::Activation::kGeluErf;
   if (name == "relu") return ops::Activation::kRelu;
-  return errorf(StatusCode::kUnimplemented, "{}: unsupported activation '{}'", source, name);
+  return errorf(StatusCode::kUnimplemented, "{}: unsupported activation '{}'", source,
+                printable(name));
 }
 
 // rope_scaling / rope_parameters object -> RopeScaling.
@@ -119,7 +134,7 @@ Status parse_rope_scaling(const json& obj, const std::string& source, RopeScalin
     out->type = RopeScalingType::kLlama3;
   } else {
     return errorf(StatusCode::kUnimplemented, "{}: unsupported rope scaling type '{}'", source,
-                  type);
+                  printable(type));
   }
   out->factor = static_cast<float>(f.num_or("factor", 1.0));
   out->low_freq_factor = static_cast<float>(f.num_or("low_freq_factor", 1.0));
@@ -264,7 +279,7 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
     std::string list;
     for (const auto& s : supported_hf_architectures()) list += (list.empty() ? "" : ", ") + s;
     return errorf(StatusCode::kUnimplemented, "{}: unsupported architecture '{}' (supported: {})",
-                  source, a, list);
+                  source, printable(a), list);
   }
   STRATA_RETURN_IF_ERROR(f.status());
 
@@ -300,7 +315,8 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
   const std::string dtype_name = f.string_or("torch_dtype", f.string_or("dtype", "float32"));
   STRATA_RETURN_IF_ERROR(f.status());
   if (!parse_dtype(dtype_name, &c.weight_dtype)) {
-    return errorf(StatusCode::kUnimplemented, "{}: unsupported dtype '{}'", source, dtype_name);
+    return errorf(StatusCode::kUnimplemented, "{}: unsupported dtype '{}'", source,
+                  printable(dtype_name));
   }
   c.bos_token_id = f.int_or("bos_token_id", -1);
   parse_eos(root, &c);
