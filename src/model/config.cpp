@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "io/safetensors.h"
 
 namespace strata {
 
@@ -15,18 +16,8 @@ namespace {
 
 using nlohmann::json;
 
-// A user-supplied string made safe for a one-line message: control bytes become \xNN, long
-// strings are cut.
 std::string printable(const std::string& text) {
-  std::string out;
-  for (unsigned char c : text.substr(0, 80)) {
-    if (c < 0x20 || c == 0x7f) {
-      out += fmt::format("\\x{:02x}", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return text.size() > 80 ? out + "..." : out;
+  return printable_for_message(text, 80);
 }
 
 // Reads typed fields from one JSON object, remembering the first error with the field name.
