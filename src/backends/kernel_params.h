@@ -256,3 +256,133 @@ struct QuantLinearParams {
 };
 
 }  // namespace strata
+
+// ---- GPU executor kernels (bf16 activations into GEMMs, bf16 paged KV cache) ----------------
+// The CUDA model executor keeps the residual stream in f32 and feeds every GEMM bf16
+// activations; the KV cache is bf16. bf16 values travel as uint16_t bit patterns so this header
+// needs no CUDA types. Each struct has a CPU twin in strata::cpu (a plain loop), which the CUDA
+// tests compare against and which is itself tested against the f32 reference ops above.
+
+// out = x[n, K] @ W[M, K]^T  (* w_scale[m]) (+ bias[m]) (+ out if accumulate), f32 accumulation.
+// W is row-major [out_features, in_features] with row stride w_stride (the HF layout, shared with
+// cuBLASLt): bf16, or int8 / fp8-e4m3 with one f32 scale per output row (weight-only
+// quantization: w[m, k] = w_scale[m] * q[m, k]). out is f32 or bf16.
+// gated_silu: W holds [gate; up] = 2 * out_features rows (gate rows first, up rows starting at
+// row out_features), and out[n, m] = silu(gate[n, m]) * up[n, m] (bias, if any, has 2*M entries
+// and is added to gate/up before the activation). accumulate is for f32 out only (the residual
+// add fused into the o_proj / down_proj epilogue: x += attn @ Wo^T).
+struct GpuLinearParams {
+  const uint16_t* x = nullptr;  // bf16 [n_tokens, in_features], row stride x_stride
+  int64_t x_stride = 0;
+  const void* w = nullptr;  // [out_features (x2 when gated_silu), in_features], w_dtype
+  DType w_dtype = DType::kBF16;  // kBF16, kI8, kFP8E4M3
+  int64_t w_stride = 0;
+  const float* w_scale = nullptr;  // [rows of w] per-row scale; required for kI8 / kFP8E4M3
+  const float* bias = nullptr;     // f32 [rows of w] or null
+  void* out = nullptr;             // [n_tokens, out_features], out_dtype, row stride out_stride
+  DType out_dtype = DType::kF32;   // kF32 or kBF16
+  int64_t out_stride = 0;
+  int64_t n_tokens = 0;
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool accumulate = false;  // out += result (f32 out)
+  bool gated_silu = false;
+};
+
+// out_bf16[r, :] = rms_norm(x[r, :]) * (weight + weight_offset), rounded to bf16 once; with
+// `residual` set, first x[r, :] += residual[r, :] (written back to x, f32), then the norm of the
+// sum (the residual add fused with the next layer's norm).
+struct RmsNormBf16Params {
+  float* x = nullptr;  // f32 [n_tokens, hidden], row stride x_stride
+  int64_t x_stride = 0;
+  const float* residual = nullptr;  // f32 [n_tokens, hidden], row stride residual_stride, or null
+  int64_t residual_stride = 0;
+  const void* weight = nullptr;  // [hidden], weight_dtype (f32, f16, bf16)
+  DType weight_dtype = DType::kF32;
+  uint16_t* out = nullptr;  // bf16 [n_tokens, hidden], row stride out_stride
+  int64_t out_stride = 0;
+  int64_t n_tokens = 0;
+  int64_t hidden = 0;
+  float eps = 1e-6f;
+  float weight_offset = 0.0f;
+};
+
+// out_bf16[r, c] = act(gate[r, c]) * up[r, c] where gate = in[r, 0:ffn], up = in[r, ffn:2ffn]
+// (the fused gate/up GEMM output, f32).
+struct GatedActBf16Params {
+  const float* in = nullptr;  // f32 [n_tokens, 2 * ffn_dim], row stride in_stride
+  int64_t in_stride = 0;
+  uint16_t* out = nullptr;  // bf16 [n_tokens, ffn_dim], row stride out_stride
+  int64_t out_stride = 0;
+  int64_t n_tokens = 0;
+  int64_t ffn_dim = 0;
+  Activation act = Activation::kSilu;
+};
+
+// A bf16 paged KV cache layer: position p of sequence s lives in block
+// block_tables[s * max_blocks_per_seq + p / block_size], slot p % block_size; each slot holds
+// [n_heads_kv, head_dim] for K and for V.
+struct PagedKvBf16Params {
+  uint16_t* k_cache = nullptr;  // bf16 [n_blocks, block_size, n_heads_kv, head_dim]
+  uint16_t* v_cache = nullptr;  // bf16 [n_blocks, block_size, n_heads_kv, head_dim]
+  const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
+  int64_t max_blocks_per_seq = 0;
+  int64_t n_seqs = 0;
+  int64_t n_blocks = 0;
+  int64_t block_size = 0;
+  int64_t n_heads_kv = 0;
+  int64_t head_dim = 0;
+};
+
+// Fused RoPE + KV append: from the fused QKV projection's f32 output row
+// [q (n_heads*head_dim) | k (n_heads_kv*head_dim) | v (n_heads_kv*head_dim)] of token t
+// (sequence token_seq[t], position token_pos[t]): rotate q and k (rotary_dim dims, pair style and
+// inv_freq as RopeKernelParams; rotary_dim 0 = no rotation, e.g. learned positions), write q as
+// bf16 to q_out and k, v as bf16 into the token's cache slot. A token whose sequence, position or
+// block is invalid writes nothing to the cache (its q_out row is still written).
+struct RopeKvAppendParams {
+  const float* qkv = nullptr;  // f32 [n_tokens, (n_heads + 2 n_heads_kv) * head_dim]
+  int64_t qkv_stride = 0;
+  uint16_t* q_out = nullptr;  // bf16 [n_tokens, n_heads, head_dim], token stride q_out_stride
+  int64_t q_out_stride = 0;
+  const int32_t* token_seq = nullptr;  // [n_tokens]
+  const int32_t* token_pos = nullptr;  // [n_tokens]
+  int64_t n_tokens = 0;
+  int64_t n_heads = 0;
+  const float* inv_freq = nullptr;  // [rotary_dim / 2]
+  int64_t rotary_dim = 0;
+  bool neox_style = true;
+  float attention_factor = 1.0f;
+  PagedKvBf16Params cache;
+};
+
+// Causal attention over a bf16 paged cache, variable-length layout (flash-attn "varlen" /
+// flashinfer style): the queries of sequence s are tokens [cu_q[s], cu_q[s+1]) of q, and they
+// are that sequence's LAST (cu_q[s+1] - cu_q[s]) positions of kv_len[s] cached positions (this
+// step's K/V already appended), so query j of s sits at position kv_len[s] - n_q(s) + j and
+// attends to positions [max(0, pos - sliding_window + 1), pos]. One call serves a prefill, a
+// chunk of one, decode steps of many sequences, or a mix. Query head h reads KV head
+// h / (n_heads / n_heads_kv). Scores s = scale * q.k (then softcap * tanh(s / softcap) when
+// logit_softcap > 0), online softmax in f32; out is bf16 (it feeds the o_proj GEMM).
+// max_q_len / max_kv_len are host-side upper bounds over the sequences (grid sizing; fixed while
+// a CUDA graph replays). cu_q, kv_len and block tables are device arrays.
+struct VarlenAttentionParams {
+  const uint16_t* q = nullptr;  // bf16 [n_tokens, n_heads, head_dim], token stride q_stride
+  int64_t q_stride = 0;
+  uint16_t* out = nullptr;  // bf16 [n_tokens, n_heads, head_dim], token stride out_stride
+  int64_t out_stride = 0;
+  const int32_t* cu_q = nullptr;    // [n_seqs + 1], cu_q[0] = 0
+  const int32_t* kv_len = nullptr;  // [n_seqs]
+  int64_t n_seqs = 0;               // must equal cache.n_seqs
+  int64_t n_heads = 0;
+  int64_t max_q_len = 0;
+  int64_t max_kv_len = 0;
+  PagedKvBf16Params cache;  // only read
+  float scale = 1.0f;
+  int64_t sliding_window = 0;
+  float logit_softcap = 0.0f;
+  // Scratch for split-K partial results (decode); varlen_attention_workspace_bytes() says how
+  // much. Null / too small: the decode kernel runs unsplit.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};

@@ -55,4 +55,44 @@ Status softcap(const LaunchCtx& ctx, const SoftcapParams& p);
 Status softmax(const LaunchCtx& ctx, const SoftmaxParams& p);
 Status argmax(const LaunchCtx& ctx, const ArgmaxParams& p);
 
+// ---- GPU executor kernels (backends/kernel_params.h, "GPU executor kernels") ---------------
+
+// kernels/sbi_gemm*.cu + linear.cpp. linear() picks the kernel: SBI-GeMM (tensor-core GEMV
+// reading W once, x in registers) for n_tokens <= sbi_max_tokens(), cuBLASLt above. in_features
+// must be a multiple of 8 and rows 16-byte aligned. sbi_gemm() and cublaslt_linear() run one
+// path unconditionally (tests, benchmarks).
+Status linear(const LaunchCtx& ctx, const GpuLinearParams& p);
+Status sbi_gemm(const LaunchCtx& ctx, const GpuLinearParams& p);
+Status cublaslt_linear(const LaunchCtx& ctx, const GpuLinearParams& p);
+int64_t sbi_max_tokens();
+
+// kernels/norm_bf16.cu
+Status rms_norm_bf16(const LaunchCtx& ctx, const RmsNormBf16Params& p);
+// kernels/gated_act_bf16.cu (or with the other bf16 elementwise kernels)
+Status gated_act_bf16(const LaunchCtx& ctx, const GatedActBf16Params& p);
+// kernels/rope_kv_append.cu
+Status rope_kv_append(const LaunchCtx& ctx, const RopeKvAppendParams& p);
+
+// kernels/flash_prefill.cu (tensor-core tiles, many queries per sequence) and
+// kernels/flash_decode.cu (split-K over the cached positions, then a combine pass).
+// varlen_attention() picks: decode when max_q_len is small (<= 4 here), prefill otherwise.
+// head_dim 64, 128 (and what else each kernel says); n_heads a multiple of cache.n_heads_kv.
+Status varlen_attention(const LaunchCtx& ctx, const VarlenAttentionParams& p);
+Status flash_prefill(const LaunchCtx& ctx, const VarlenAttentionParams& p);
+Status flash_decode(const LaunchCtx& ctx, const VarlenAttentionParams& p);
+size_t varlen_attention_workspace_bytes(int64_t n_seqs, int64_t n_heads, int64_t head_dim,
+                                        int64_t max_kv_len);
+
+// kernels/convert.cu: dst_bf16[i] = bf16(src_f32[i]); dst_f32[i] = f32(src_bf16[i]).
+Status f32_to_bf16(const LaunchCtx& ctx, const float* src, uint16_t* dst, int64_t n);
+Status bf16_to_f32(const LaunchCtx& ctx, const uint16_t* src, float* dst, int64_t n);
+// kernels/convert.cu: fill n bf16 values with uniform(-scale, scale) from a counter-based hash of
+// (seed, index): the same values on every run and device (`--load-format dummy`).
+Status fill_random_bf16(const LaunchCtx& ctx, uint16_t* dst, int64_t n, uint64_t seed, float scale);
+// kernels/quantize.cu: per-row symmetric weight quantization at load: for each row m of a
+// bf16 [rows, cols] matrix, scale[m] = max|w[m, :]| / qmax (127 for kI8, 448 for kFP8E4M3) and
+// q[m, k] = round(w[m, k] / scale[m]) (saturating; fp8 round-to-nearest-even).
+Status quantize_rows(const LaunchCtx& ctx, const uint16_t* w_bf16, int64_t rows, int64_t cols,
+                     DType q_dtype, void* q, float* scale);
+
 }  // namespace strata::cuda
