@@ -1,12 +1,21 @@
-// `strata bench`: llama-bench style throughput table. pp<N>: one prefill of N tokens;
-// tg<N>: N single-token decode steps from an empty context. Each test runs -r times after one
-// warm-up run; the table shows mean ± standard deviation of tokens/s.
+// `strata bench`: two tables.
+//
+// llama-bench style (default): pp<N> = one prefill of N tokens, tg<N> = N single-token decode
+// steps from an empty context; mean ± stddev of tokens/s over -r runs after one warm-up.
+//
+// Serving-engine style (--batch / --prefill / --ctx, the usual form on a GPU): per decode batch
+// size, ms per step at KV length --ctx (greedy, argmax on the device), tokens/s and the weight
+// bandwidth that implies; per prefill BxL, the forward time, TFLOP/s and MFU; per -p N, the time
+// to first token of an N-token prompt (upload, forward, logits back). Medians over -r runs.
 #include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "commands.h"
 #include "strata/engine.h"
@@ -17,15 +26,20 @@ namespace {
 
 struct BenchOptions {
   EngineConfig engine;
-  std::vector<int64_t> n_prompt{512};
-  std::vector<int64_t> n_gen{128};
+  std::vector<int64_t> n_prompt;
+  std::vector<int64_t> n_gen;
+  std::vector<int64_t> batch;
+  std::vector<std::string> prefill;
+  int64_t ctx = 0;
+  int64_t decode_steps = 32;
   int repetitions = 5;
+  double peak_tflops = 0;
+  double peak_gbps = 0;
   std::string json_path;
-  bool json_stdout = false;
 };
 
 struct Stats {
-  double mean = 0, stddev = 0;
+  double mean = 0, stddev = 0, median = 0;
   std::vector<double> samples;
 };
 
@@ -36,6 +50,8 @@ Stats stats(std::vector<double> v) {
   s.mean /= static_cast<double>(v.size());
   for (double x : v) s.stddev += (x - s.mean) * (x - s.mean);
   s.stddev = v.size() > 1 ? std::sqrt(s.stddev / static_cast<double>(v.size() - 1)) : 0.0;
+  std::sort(v.begin(), v.end());
+  s.median = v[v.size() / 2];
   return s;
 }
 
@@ -48,6 +64,250 @@ std::string size_string(double bytes) {
   return buf;
 }
 
+// Dense bf16 tensor-core peak by device name (datasheet, no sparsity), for MFU; 0 if unknown.
+double default_peak_tflops(const std::string& device) {
+  if (device.find("H100") != std::string::npos || device.find("H200") != std::string::npos) {
+    return 989.4;
+  }
+  if (device.find("A100") != std::string::npos) return 312.0;
+  return 0.0;
+}
+
+bool parse_bxl(const std::string& s, int64_t* b, int64_t* l) {
+  const size_t x = s.find('x');
+  if (x == std::string::npos) return false;
+  try {
+    size_t u = 0, v = 0;
+    *b = std::stoll(s.substr(0, x), &u);
+    *l = std::stoll(s.substr(x + 1), &v);
+    return u == x && v == s.size() - x - 1 && *b > 0 && *l > 0;
+  } catch (...) {
+    return false;
+  }
+}
+
+int run_llama_bench(const BenchOptions& opt, Engine& e) {
+  const ModelInfo& info = e.info();
+  const int threads = opt.engine.num_threads > 0 ? opt.engine.num_threads : omp_get_max_threads();
+  const bool to_stdout = opt.json_path == "-";
+  const std::vector<int64_t> n_prompt =
+      opt.n_prompt.empty() ? std::vector<int64_t>{512} : opt.n_prompt;
+  const std::vector<int64_t> n_gen = opt.n_gen.empty() ? std::vector<int64_t>{128} : opt.n_gen;
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  char model_name[96];
+  std::snprintf(model_name, sizeof(model_name), "%s %.0fM %s", info.architecture.c_str(),
+                static_cast<double>(info.n_params) / 1e6, info.dtype.c_str());
+  if (!to_stdout) {
+    std::printf("| %-28s | %12s | %10s | %-7s | %7s | %8s | %20s |\n", "model", "size", "params",
+                "backend", "threads", "test", "t/s");
+    std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: |\n", std::string(28, '-').c_str(),
+                std::string(11, '-').c_str(), std::string(9, '-').c_str(),
+                std::string(7, '-').c_str(), std::string(6, '-').c_str(),
+                std::string(7, '-').c_str(), std::string(19, '-').c_str());
+  }
+  auto run_test = [&](const std::string& name, int64_t n, bool prefill) -> Status {
+    std::vector<double> tps;
+    for (int r = -1; r < opt.repetitions; ++r) {  // r = -1: warm-up
+      auto s = prefill ? e.time_prefill(n, static_cast<uint64_t>(r + 1))
+                       : e.time_decode(0, n, static_cast<uint64_t>(r + 1));
+      if (!s.ok()) return s.status();
+      if (r >= 0) tps.push_back(static_cast<double>(n) / *s);
+    }
+    const Stats st = stats(tps);
+    if (!to_stdout) {
+      char tput[48];
+      std::snprintf(tput, sizeof(tput), "%.2f ± %.2f", st.mean, st.stddev);
+      std::printf("| %-28s | %12s | %9.2f M | %-7s | %7d | %8s | %20s |\n", model_name,
+                  size_string(static_cast<double>(info.weight_bytes)).c_str(),
+                  static_cast<double>(info.n_params) / 1e6, info.backend.c_str(), threads,
+                  name.c_str(), tput);
+      std::fflush(stdout);
+    }
+    results.push_back({{"model", info.path},
+                       {"architecture", info.architecture},
+                       {"dtype", info.dtype},
+                       {"model_bytes", info.weight_bytes},
+                       {"n_params", info.n_params},
+                       {"backend", info.backend},
+                       {"n_threads", threads},
+                       {"test", name},
+                       {"n_prompt", prefill ? n : 0},
+                       {"n_gen", prefill ? 0 : n},
+                       {"avg_ts", st.mean},
+                       {"stddev_ts", st.stddev},
+                       {"samples_ts", st.samples}});
+    return ok_status();
+  };
+  for (int64_t n : n_prompt) {
+    if (n > 0) {
+      Status s = run_test("pp" + std::to_string(n), n, true);
+      if (!s.ok()) return report(s);
+    }
+  }
+  for (int64_t n : n_gen) {
+    if (n > 0) {
+      Status s = run_test("tg" + std::to_string(n), n, false);
+      if (!s.ok()) return report(s);
+    }
+  }
+  if (to_stdout) {
+    std::printf("%s\n", results.dump(2).c_str());
+  } else if (!opt.json_path.empty()) {
+    std::ofstream out(opt.json_path);
+    out << results.dump(2) << "\n";
+    if (!out) return report(Status(StatusCode::kIoError, opt.json_path + ": cannot write"));
+  }
+  return 0;
+}
+
+int run_engine_bench(const BenchOptions& opt, Engine& e) {
+  const ModelInfo& info = e.info();
+  const bool to_stdout = opt.json_path == "-";
+  const double peak_tflops =
+      opt.peak_tflops > 0 ? opt.peak_tflops : default_peak_tflops(info.device_name);
+  // Bytes one decode step streams: every weight but the embedding table (of which only the
+  // batch's rows are read); with tied embeddings the LM head reads the table itself.
+  const bool bf16_emb = info.backend == "CUDA";
+  const double emb_bytes = static_cast<double>(info.vocab * info.hidden) * (bf16_emb ? 2.0 : 4.0);
+  const double weights = info.backend == "CUDA" ? static_cast<double>(info.device_weight_bytes)
+                                                : static_cast<double>(info.weight_bytes);
+  const bool tied = info.tied_embeddings;
+  const double streamed = tied ? weights : weights - emb_bytes;
+  // KV bytes per cached token (all layers, K and V; bf16 on CUDA, f32 on the CPU).
+  const double kv_token = static_cast<double>(2 * info.n_layers * info.n_heads_kv * info.head_dim) *
+                          (info.backend == "CUDA" ? 2.0 : 4.0);
+  // Matmul parameters as the peer counts them: all parameters but the embedding table.
+  const double matmul_params = static_cast<double>(info.n_params - info.vocab * info.hidden);
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  if (!to_stdout) {
+    std::printf("model %s (%s), backend %s%s%s, weights %s (%s on the device)\n", info.path.c_str(),
+                info.architecture.c_str(), info.backend.c_str(),
+                info.device_name.empty() ? "" : " ", info.device_name.c_str(),
+                info.weight_format.empty() ? info.dtype.c_str() : info.weight_format.c_str(),
+                size_string(weights).c_str());
+    std::printf("| %-8s | %5s | %6s | %10s | %10s | %11s | %9s | %8s | %6s |\n", "test", "batch",
+                "tokens", "ms", "tok/s", "weight GB/s", "%peak BW", "TFLOP/s", "MFU");
+    std::printf(
+        "|----------|------:|-------:|-----------:|-----------:|------------:|----------:|---------"
+        ":|-------:|\n");
+  }
+  auto print_row = [&](const char* test, int64_t batch, int64_t tokens, double ms, double tps,
+                       double gbps, double tflops) {
+    if (to_stdout) return;
+    char bw[16] = "-", pct[16] = "-", tf[16] = "-", mfu[16] = "-";
+    if (gbps > 0) std::snprintf(bw, sizeof(bw), "%.0f", gbps);
+    if (gbps > 0 && opt.peak_gbps > 0)
+      std::snprintf(pct, sizeof(pct), "%.1f%%", 100 * gbps / opt.peak_gbps);
+    if (tflops > 0) std::snprintf(tf, sizeof(tf), "%.1f", tflops);
+    if (tflops > 0 && peak_tflops > 0)
+      std::snprintf(mfu, sizeof(mfu), "%.1f%%", 100 * tflops / peak_tflops);
+    std::printf("| %-8s | %5lld | %6lld | %10.3f | %10.1f | %11s | %9s | %8s | %6s |\n", test,
+                static_cast<long long>(batch), static_cast<long long>(tokens), ms, tps, bw, pct, tf,
+                mfu);
+    std::fflush(stdout);
+  };
+  auto base = [&](const char* test) {
+    nlohmann::ordered_json j;
+    j["test"] = test;
+    j["model"] = info.path;
+    j["backend"] = info.backend;
+    j["device"] = info.device_name;
+    j["weights"] = info.weight_format.empty() ? info.dtype : info.weight_format;
+    j["weight_bytes"] = weights;
+    return j;
+  };
+  // Decode: ms per step at KV length ctx (the first step attends to ctx positions).
+  for (int64_t b : opt.batch) {
+    std::vector<double> ms;
+    const int64_t ctx = std::max<int64_t>(opt.ctx, 1);
+    for (int r = -1; r < opt.repetitions; ++r) {
+      auto s = e.time_decode_batch(b, ctx > 1 ? ctx - 1 : 1, opt.decode_steps,
+                                   static_cast<uint64_t>(r + 2));
+      if (!s.ok()) return report(s.status());
+      if (r >= 0) ms.push_back(*s * 1e3);
+    }
+    const Stats st = stats(ms);
+    const double t = st.median / 1e3;
+    const double kv_read =
+        static_cast<double>(b) * static_cast<double>(ctx + opt.decode_steps / 2) * kv_token;
+    const double gbps = streamed / t / 1e9;
+    const double tflops = 2.0 * matmul_params * static_cast<double>(b) / t / 1e12;
+    print_row("decode", b, b, st.median, static_cast<double>(b) / t, gbps, tflops);
+    auto j = base("decode");
+    j["batch"] = b;
+    j["ctx"] = ctx;
+    j["steps"] = opt.decode_steps;
+    j["ms_per_step"] = st.median;
+    j["ms_samples"] = st.samples;
+    j["tok_per_s"] = static_cast<double>(b) / t;
+    j["weight_GBps"] = gbps;
+    j["weight_plus_kv_GBps"] = (streamed + kv_read) / t / 1e9;
+    if (opt.peak_gbps > 0) j["pct_peak_bw"] = 100 * gbps / opt.peak_gbps;
+    rows.push_back(j);
+  }
+  // Prefill: one forward pass over B sequences of L tokens.
+  for (const std::string& spec : opt.prefill) {
+    int64_t b = 0, l = 0;
+    if (!parse_bxl(spec, &b, &l)) {
+      return report(Status(StatusCode::kInvalidArgument,
+                           "--prefill '" + spec + "': expected BxL, e.g. 8x2048"));
+    }
+    std::vector<double> ms;
+    for (int r = -1; r < opt.repetitions; ++r) {
+      auto s = e.time_prefill_batch(b, l, static_cast<uint64_t>(r + 2));
+      if (!s.ok()) return report(s.status());
+      if (r >= 0) ms.push_back(*s * 1e3);
+    }
+    const Stats st = stats(ms);
+    const double t = st.median / 1e3;
+    const double tokens = static_cast<double>(b * l);
+    const double tflops = 2.0 * matmul_params * tokens / t / 1e12;
+    // Strict count: the matmuls actually run (LM head on one row per sequence) + causal attention.
+    const double lm = static_cast<double>(info.vocab * info.hidden);
+    const double attn = 4.0 * static_cast<double>(info.n_layers * info.n_heads * info.head_dim) *
+                        static_cast<double>(b) * static_cast<double>(l) *
+                        static_cast<double>(l + 1) / 2.0;
+    const double strict = (2.0 * (matmul_params - (tied ? 0.0 : lm)) * tokens +
+                           2.0 * lm * static_cast<double>(b) + attn) /
+                          t / 1e12;
+    print_row("prefill", b, b * l, st.median, tokens / t, 0, tflops);
+    auto j = base("prefill");
+    j["batch"] = b;
+    j["tokens"] = l;
+    j["ms"] = st.median;
+    j["ms_samples"] = st.samples;
+    j["tok_per_s"] = tokens / t;
+    j["TFLOPs"] = tflops;
+    j["TFLOPs_strict"] = strict;
+    if (peak_tflops > 0) j["MFU"] = tflops / peak_tflops;
+    rows.push_back(j);
+  }
+  // Time to first token of an N-token prompt (single sequence, logits copied to the host).
+  for (int64_t n : opt.n_prompt) {
+    std::vector<double> ms;
+    for (int r = -1; r < opt.repetitions; ++r) {
+      auto s = e.time_prefill(n, static_cast<uint64_t>(r + 2));
+      if (!s.ok()) return report(s.status());
+      if (r >= 0) ms.push_back(*s * 1e3);
+    }
+    const Stats st = stats(ms);
+    print_row("ttft", 1, n, st.median, static_cast<double>(n) / (st.median / 1e3), 0, 0);
+    auto j = base("ttft");
+    j["tokens"] = n;
+    j["ms"] = st.median;
+    j["ms_samples"] = st.samples;
+    rows.push_back(j);
+  }
+  if (to_stdout) {
+    std::printf("%s\n", rows.dump(2).c_str());
+  } else if (!opt.json_path.empty()) {
+    std::ofstream out(opt.json_path);
+    out << rows.dump(2) << "\n";
+    if (!out) return report(Status(StatusCode::kIoError, opt.json_path + ": cannot write"));
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
@@ -55,94 +315,80 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
   CLI::App* sub =
       app.add_subcommand("bench", "Measure prefill and decode throughput (llama-bench style)");
   sub->add_option("-m,--model", opt->engine.model,
-                  "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias")
-      ->required();
-  sub->add_option("-p,--n-prompt", opt->n_prompt, "Prompt lengths to test, pp<N> (default 512)");
+                  "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias (not "
+                  "needed with --model-config)");
+  sub->add_option("-p,--n-prompt", opt->n_prompt,
+                  "Prompt lengths: pp<N> tests (default 512), or time-to-first-token rows with "
+                  "--batch/--prefill");
   sub->add_option("-n,--n-gen", opt->n_gen, "Generation lengths to test, tg<N> (default 128)");
+  sub->add_option(
+         "-b,--batch", opt->batch,
+         "Decode batch sizes: ms per step of B sequences at KV length --ctx (e.g. 1,16,64)")
+      ->delimiter(',');
+  sub->add_option("--ctx", opt->ctx, "KV length at which decode steps are timed (default 256)");
+  sub->add_option("--decode-steps", opt->decode_steps,
+                  "Decode steps timed per repetition (default 32)");
+  sub->add_option("--prefill", opt->prefill,
+                  "Prefill tests BxL: one forward pass over B sequences of L tokens (e.g. "
+                  "1x2048,8x2048)")
+      ->delimiter(',');
   sub->add_option("-r,--repetitions", opt->repetitions, "Timed runs per test (default 5)");
   sub->add_option("-t,--threads", opt->engine.num_threads, "CPU threads; 0 = all cores");
+  sub->add_option("-c,--max-model-len", opt->engine.max_model_len,
+                  "Context length (default: what the tests need)");
+  sub->add_option("--peak-tflops", opt->peak_tflops,
+                  "Peak dense TFLOP/s for MFU (default: the datasheet's for H100/H200)");
+  sub->add_option("--peak-gbps", opt->peak_gbps,
+                  "Measured memory read bandwidth in GB/s, for % of peak (default: not shown)");
   sub->add_option("--json", opt->json_path,
                   "Also write the results as JSON to this file ('-' = stdout only)");
+  add_engine_device_options(sub, opt->engine, /*with_dummy=*/true);
   commands.push_back(
       {sub, [opt]() -> int {
-         if (opt->repetitions < 1)
+         BenchOptions& o = *opt;
+         if (o.repetitions < 1) {
            return report(Status(StatusCode::kInvalidArgument, "--repetitions must be >= 1"));
-         int64_t longest = 1;
-         for (int64_t n : opt->n_prompt) longest = std::max(longest, n);
-         for (int64_t n : opt->n_gen) longest = std::max(longest, n);
-         opt->engine.max_model_len = longest;
-         auto engine = Engine::create(opt->engine);
+         }
+         if (o.engine.model.empty() && o.engine.model_config.empty()) {
+           return report(
+               Status(StatusCode::kInvalidArgument, "give a model (-m) or --model-config"));
+         }
+         if (!o.engine.model_config.empty()) o.engine.load_format = "dummy";
+         const bool engine_mode = !o.batch.empty() || !o.prefill.empty() || o.ctx > 0;
+         if (engine_mode && o.ctx <= 0) o.ctx = 256;
+         if (o.decode_steps < 1) {
+           return report(Status(StatusCode::kInvalidArgument, "--decode-steps must be >= 1"));
+         }
+         for (int64_t b : o.batch) {
+           if (b < 1) {
+             return report(Status(StatusCode::kInvalidArgument, "--batch sizes must be >= 1"));
+           }
+         }
+         int64_t longest = 1, most_tokens = 1, most_seqs = 1;
+         for (int64_t n : o.n_prompt) longest = std::max(longest, n);
+         for (int64_t n : o.n_gen) longest = std::max(longest, n);
+         if (engine_mode) longest = std::max(longest, o.ctx + o.decode_steps);
+         for (int64_t b : o.batch) most_seqs = std::max(most_seqs, b);
+         for (const std::string& spec : o.prefill) {
+           int64_t b = 0, l = 0;
+           if (!parse_bxl(spec, &b, &l)) {
+             return report(Status(StatusCode::kInvalidArgument,
+                                  "--prefill '" + spec + "': expected BxL, e.g. 8x2048"));
+           }
+           longest = std::max(longest, l);
+           most_tokens = std::max(most_tokens, b * l);
+           most_seqs = std::max(most_seqs, b);
+         }
+         for (int64_t n : o.n_prompt)
+           most_tokens = std::max(most_tokens, std::min<int64_t>(n, 512));
+         if (o.engine.max_model_len <= 0) o.engine.max_model_len = longest;
+         o.engine.max_num_batched_tokens = std::max(o.engine.max_num_batched_tokens, most_tokens);
+         if (engine_mode) {
+           o.engine.max_num_seqs = std::max(o.engine.max_num_seqs, most_seqs);
+         }
+         auto engine = Engine::create(o.engine);
          if (!engine.ok()) return report(engine.status());
-         Engine& e = **engine;
-         const ModelInfo& info = e.info();
-         const int threads =
-             opt->engine.num_threads > 0 ? opt->engine.num_threads : omp_get_max_threads();
-         const bool to_stdout = opt->json_path == "-";
-         nlohmann::ordered_json results = nlohmann::ordered_json::array();
-         char model_name[96];
-         std::snprintf(model_name, sizeof(model_name), "%s %.0fM %s", info.architecture.c_str(),
-                       static_cast<double>(info.n_params) / 1e6, info.dtype.c_str());
-         if (!to_stdout) {
-           std::printf("| %-28s | %12s | %10s | %-7s | %7s | %8s | %20s |\n", "model", "size",
-                       "params", "backend", "threads", "test", "t/s");
-           std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: |\n", std::string(28, '-').c_str(),
-                       std::string(11, '-').c_str(), std::string(9, '-').c_str(),
-                       std::string(7, '-').c_str(), std::string(6, '-').c_str(),
-                       std::string(7, '-').c_str(), std::string(19, '-').c_str());
-         }
-         auto run_test = [&](const std::string& name, int64_t n, bool prefill) -> Status {
-           std::vector<double> tps;
-           for (int r = -1; r < opt->repetitions; ++r) {  // r = -1: warm-up
-             auto s = prefill ? e.time_prefill(n, static_cast<uint64_t>(r + 1))
-                              : e.time_decode(0, n, static_cast<uint64_t>(r + 1));
-             if (!s.ok()) return s.status();
-             if (r >= 0) tps.push_back(static_cast<double>(n) / *s);
-           }
-           const Stats st = stats(tps);
-           if (!to_stdout) {
-             char tput[48];
-             std::snprintf(tput, sizeof(tput), "%.2f ± %.2f", st.mean, st.stddev);
-             std::printf("| %-28s | %12s | %9.2f M | %-7s | %7d | %8s | %20s |\n", model_name,
-                         size_string(static_cast<double>(info.weight_bytes)).c_str(),
-                         static_cast<double>(info.n_params) / 1e6, "CPU", threads, name.c_str(),
-                         tput);
-             std::fflush(stdout);
-           }
-           results.push_back({{"model", info.path},
-                              {"architecture", info.architecture},
-                              {"dtype", info.dtype},
-                              {"model_bytes", info.weight_bytes},
-                              {"n_params", info.n_params},
-                              {"backend", "CPU"},
-                              {"n_threads", threads},
-                              {"test", name},
-                              {"n_prompt", prefill ? n : 0},
-                              {"n_gen", prefill ? 0 : n},
-                              {"avg_ts", st.mean},
-                              {"stddev_ts", st.stddev},
-                              {"samples_ts", st.samples}});
-           return ok_status();
-         };
-         for (int64_t n : opt->n_prompt) {
-           if (n > 0) {
-             Status s = run_test("pp" + std::to_string(n), n, true);
-             if (!s.ok()) return report(s);
-           }
-         }
-         for (int64_t n : opt->n_gen) {
-           if (n > 0) {
-             Status s = run_test("tg" + std::to_string(n), n, false);
-             if (!s.ok()) return report(s);
-           }
-         }
-         if (to_stdout) {
-           std::printf("%s\n", results.dump(2).c_str());
-         } else if (!opt->json_path.empty()) {
-           std::ofstream out(opt->json_path);
-           out << results.dump(2) << "\n";
-           if (!out) return report(Status(StatusCode::kIoError, opt->json_path + ": cannot write"));
-         }
-         return 0;
+         return engine_mode ? run_engine_bench(o, **engine) : run_llama_bench(o, **engine);
        }});
 }
 

@@ -37,6 +37,7 @@ void add_chat_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_option("--min-p", opt->request.sampling.min_p, "Min-p; 0 = off (default 0.05)");
   sub->add_option("--repeat-penalty,--repetition-penalty", opt->request.sampling.repetition_penalty,
                   "Repetition penalty; 1 = off (default 1.1)");
+  add_engine_device_options(sub, opt->engine);
   sub->add_option("-s,--seed", opt->request.sampling.seed, "Random seed (default 0)");
   sub->add_option("-t,--threads", opt->engine.num_threads, "CPU threads; 0 = all cores");
   sub->add_option("-c,--ctx-size,--max-model-len", opt->engine.max_model_len,

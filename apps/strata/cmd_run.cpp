@@ -43,6 +43,7 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
                   "Drop tokens with p < min_p * p_max; 0 = off (default 0.05)");
   sub->add_option("--repeat-penalty,--repetition-penalty", opt->request.sampling.repetition_penalty,
                   "Penalty for tokens already in the context; 1 = off (default 1)");
+  add_engine_device_options(sub, opt->engine);
   sub->add_option("-s,--seed", opt->request.sampling.seed, "Random seed (default 0)");
   sub->add_option("-t,--threads", opt->engine.num_threads,
                   "CPU threads; 0 = all cores (default 0)");

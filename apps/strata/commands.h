@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/engine.h"
 #include "strata/status.h"
 
 namespace strata::app {
@@ -22,6 +23,10 @@ void add_chat_command(CLI::App& app, std::vector<Command>& commands);
 void add_bench_command(CLI::App& app, std::vector<Command>& commands);
 void add_serve_command(CLI::App& app, std::vector<Command>& commands);
 void add_bench_serve_command(CLI::App& app, std::vector<Command>& commands);
+
+// --device, --quantization, --gpu-memory-utilization, --max-num-batched-tokens,
+// --no-cuda-graphs (and --load-format, --model-config when with_dummy) into `e`.
+void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy = false);
 
 // Print "strata: error: <message>" to stderr and return exit code 1.
 int report(const Status& status);

@@ -20,6 +20,24 @@ struct EngineConfig {
   int64_t max_model_len = 0;     // context length; 0 = the model's own
   int num_threads = 0;           // CPU threads; 0 = OpenMP default
   bool show_progress = true;     // progress line while loading large checkpoints
+
+  // Where the forward pass runs: "cpu", "cuda" (device 0) or "cuda:N".
+  std::string device = "cpu";
+  // CUDA weight storage: "" / "none" (bf16), "int8" or "fp8" (weight-only, per-row scales,
+  // quantized at load).
+  std::string quantization;
+  // "auto" reads the checkpoint; "dummy" makes random weights of the shapes of `model_config`
+  // (a preset name such as llama3-8b) or of `model`'s config, on the GPU, without reading weights.
+  std::string load_format = "auto";
+  std::string model_config;
+  // CUDA executor limits: the largest forward batch in tokens (activation workspace), the most
+  // sequences decoded together (CUDA-graph buckets; 0 = 64; on the CPU, 0 = a KV pool for one
+  // sequence, N = for N sequences), the share of device memory to use (weights + KV cache +
+  // workspace) and whether decode steps replay CUDA graphs.
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_num_seqs = 0;
+  double gpu_memory_utilization = 0.9;
+  bool cuda_graphs = true;
 };
 
 // What `strata info` prints; also available without loading the weights.
@@ -35,6 +53,13 @@ struct ModelInfo {
   int64_t kv_bytes_per_token = 0;  // K and V, all layers, f32 cache
   bool has_tokenizer = false;
   bool has_chat_template = false;
+  bool tied_embeddings = false;     // the LM head is the embedding table
+  std::string backend = "CPU";      // "CPU" or "CUDA"
+  std::string device_name;          // e.g. "NVIDIA H100 80GB HBM3" (CUDA)
+  std::string weight_format;        // how the executor holds weights: "bf16", "int8", ... (CUDA)
+  int64_t device_weight_bytes = 0;  // bytes of weights on the device (CUDA)
+  int64_t kv_cache_blocks = 0;      // KV blocks of block_size tokens in the pool
+  int64_t kv_block_size = 0;
 };
 
 Result<ModelInfo> inspect_model(const std::string& model);
@@ -86,6 +111,13 @@ class Engine {
   // for n_gen single-token decode steps after an n_context-token prefill (not timed).
   virtual Result<double> time_prefill(int64_t n_prompt, uint64_t seed) = 0;
   virtual Result<double> time_decode(int64_t n_context, int64_t n_gen, uint64_t seed) = 0;
+  // Batched versions: seconds for one forward pass prefilling `batch` sequences of n_prompt
+  // tokens together (logits of each last token), and mean seconds per decode step of `batch`
+  // sequences (greedy, argmax on the device) over n_gen steps after an n_context-token prefill
+  // of each (not timed).
+  virtual Result<double> time_prefill_batch(int64_t batch, int64_t n_prompt, uint64_t seed) = 0;
+  virtual Result<double> time_decode_batch(int64_t batch, int64_t n_context, int64_t n_gen,
+                                           uint64_t seed) = 0;
 };
 
 }  // namespace strata

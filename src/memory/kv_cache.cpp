@@ -46,6 +46,14 @@ Result<KvCache> KvCache::create(const KvCacheConfig& config) {
   return KvCache(config, std::move(storage));
 }
 
+Result<KvCache> KvCache::create_unbacked(const KvCacheConfig& config) {
+  if (config.n_layers <= 0 || config.n_blocks <= 0 || config.block_size <= 0 ||
+      config.n_heads_kv <= 0 || config.head_dim <= 0) {
+    return errorf(StatusCode::kInvalidArgument, "KV cache: invalid configuration");
+  }
+  return KvCache(config, Buffer());
+}
+
 Tensor KvCache::layer_view(int64_t layer, int which) const {
   const KvCacheConfig& c = config_;
   const int64_t per = c.n_blocks * c.block_size * c.n_heads_kv * c.head_dim;

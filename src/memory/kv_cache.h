@@ -41,6 +41,10 @@ class BlockAllocator {
 class KvCache {
  public:
   static Result<KvCache> create(const KvCacheConfig& config);
+  // Block accounting only: the K/V storage lives elsewhere (a GPU executor's device pool), so
+  // k(), v() and the host copies must not be used; bytes() is 0.
+  static Result<KvCache> create_unbacked(const KvCacheConfig& config);
+  bool backed() const { return storage_.bytes() > 0; }
 
   const KvCacheConfig& config() const { return config_; }
   Tensor k(int64_t layer) const { return layer_view(layer, 0); }

@@ -77,6 +77,13 @@ class Model {
   int64_t vocab_local() const { return vocab_range_.size(); }
   size_t weight_bytes() const { return weight_bytes_; }
 
+  // The weights as loaded (views into the checkpoint or re-laid-out copies), for executors on
+  // other devices (CudaModel uploads them), and the rotary inverse frequencies (global layers,
+  // and Gemma-3's local layers; empty when unused).
+  const ModelWeights& weights() const { return w_; }
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  const std::vector<float>& inv_freq_local() const { return inv_freq_local_; }
+
   // KV cache geometry this rank needs.
   KvCacheConfig kv_config(int64_t n_blocks, int64_t block_size) const;
 

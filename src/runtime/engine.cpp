@@ -19,9 +19,11 @@
 #include "io/tokenizer.h"
 #include "memory/kv_cache.h"
 #include "model/config.h"
+#include "model/cuda_model.h"
 #include "model/gguf_model.h"
 #include "model/model.h"
 #include "parallel/comm.h"
+#include "runtime/executor.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
 #include "runtime/sequence.h"
@@ -42,16 +44,93 @@ class EngineImpl final : public Engine {
   int world_size() const override { return comm_->size(); }
 
   Status init(const EngineConfig& cfg) {
-    STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
-    info_ = std::move(loaded.info);
-    max_len_ = loaded.max_len;
-    comm_ = std::move(loaded.comm);
-    model_ = std::move(loaded.model);
-    tokenizer_ = std::move(loaded.tokenizer);
-    const int64_t n_blocks = (max_len_ + kBlockSize - 1) / kBlockSize;
-    STRATA_ASSIGN_OR_RETURN(KvCache cache,
-                            KvCache::create(model_->kv_config(n_blocks, kBlockSize)));
-    cache_ = std::make_unique<KvCache>(std::move(cache));
+    const bool cuda = cfg.device == "cuda" || cfg.device.rfind("cuda:", 0) == 0;
+    max_batch_tokens_ = std::max<int64_t>(1, cfg.max_num_batched_tokens);
+    if (!cuda && cfg.device != "cpu") {
+      return errorf(StatusCode::kInvalidArgument, "--device '{}': use cpu, cuda or cuda:N",
+                    cfg.device);
+    }
+    if (cfg.load_format != "auto" && cfg.load_format != "dummy") {
+      return errorf(StatusCode::kInvalidArgument, "--load-format '{}': use auto or dummy",
+                    cfg.load_format);
+    }
+    DType wdt = DType::kBF16;
+    if (cfg.quantization == "int8") {
+      wdt = DType::kI8;
+    } else if (cfg.quantization == "fp8") {
+      wdt = DType::kFP8E4M3;
+    } else if (!cfg.quantization.empty() && cfg.quantization != "none") {
+      return errorf(StatusCode::kInvalidArgument, "--quantization '{}': use none, int8 or fp8",
+                    cfg.quantization);
+    }
+    if (!cuda && (wdt != DType::kBF16 || cfg.load_format == "dummy")) {
+      return Status(StatusCode::kInvalidArgument,
+                    "--quantization and --load-format dummy need --device cuda");
+    }
+    if (!cuda) {
+      STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
+      info_ = std::move(loaded.info);
+      max_len_ = loaded.max_len;
+      comm_ = std::move(loaded.comm);
+      tokenizer_ = std::move(loaded.tokenizer);
+      // One sequence's worth of blocks, times max_num_seqs when given (batched benchmarks).
+      const int64_t n_blocks =
+          (max_len_ + kBlockSize - 1) / kBlockSize * std::max<int64_t>(1, cfg.max_num_seqs);
+      STRATA_ASSIGN_OR_RETURN(
+          exec_, make_cpu_executor(std::move(loaded.model), *comm_, n_blocks, kBlockSize));
+      info_.kv_cache_blocks = n_blocks;
+      info_.kv_block_size = kBlockSize;
+      return ok_status();
+    }
+    if (cfg.tensor_parallel_size != 1) {
+      return Status(StatusCode::kUnimplemented,
+                    "--tensor-parallel-size > 1 is not supported with --device cuda yet");
+    }
+    CudaModelOptions o;
+    o.device = cfg.device.size() > 5 ? std::atoi(cfg.device.c_str() + 5) : 0;
+    o.weight_dtype = wdt;
+    o.max_num_tokens = cfg.max_num_batched_tokens;
+    o.max_num_seqs = cfg.max_num_seqs > 0 ? cfg.max_num_seqs : 64;
+    o.max_model_len = cfg.max_model_len;
+    o.block_size = kBlockSize;
+    o.gpu_memory_utilization = cfg.gpu_memory_utilization;
+    o.cuda_graphs = cfg.cuda_graphs;
+    if (cfg.max_model_len < 0) {
+      return errorf(StatusCode::kInvalidArgument, "--max-model-len must be >= 0");
+    }
+    if (cfg.gpu_memory_utilization <= 0.0 || cfg.gpu_memory_utilization > 1.0) {
+      return errorf(StatusCode::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1]");
+    }
+    comm_ = make_single_rank_communicator();
+    std::unique_ptr<CudaModel> model;
+    if (cfg.load_format == "dummy") {
+      ModelConfig config;
+      if (!cfg.model_config.empty()) {
+        STRATA_ASSIGN_OR_RETURN(config, model_config_preset(cfg.model_config));
+        info_ = make_model_info("dummy:" + cfg.model_config, config);
+      } else {
+        STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(cfg.model, /*with_weights=*/false));
+        config = files.config;
+        info_ = std::move(files.info);
+        tokenizer_ = std::move(files.tokenizer);
+      }
+      o.dummy_weights = true;
+      STRATA_ASSIGN_OR_RETURN(model, CudaModel::create(config, nullptr, o));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
+      info_ = std::move(loaded.info);
+      tokenizer_ = std::move(loaded.tokenizer);
+      STRATA_ASSIGN_OR_RETURN(model,
+                              CudaModel::create(loaded.model->config(), loaded.model.get(), o));
+    }
+    max_len_ = model->options().max_model_len;
+    info_.backend = "CUDA";
+    info_.device_name = model->device_name();
+    info_.weight_format = std::string(dtype_name(wdt));
+    info_.device_weight_bytes = static_cast<int64_t>(model->weight_bytes());
+    info_.kv_cache_blocks = model->num_kv_blocks();
+    info_.kv_block_size = kBlockSize;
+    STRATA_ASSIGN_OR_RETURN(exec_, make_cuda_executor(std::move(model)));
     return ok_status();
   }
 
@@ -64,11 +143,11 @@ class EngineImpl final : public Engine {
   }
 
   Result<std::vector<float>> score(const std::vector<int32_t>& tokens) override {
-    const int64_t V = model_->config().vocab;
+    const int64_t V = exec_->config().vocab;
     std::vector<float> logits(tokens.size() * static_cast<size_t>(V));
     SequenceKv seq;
     Status st = run_tokens(seq, tokens, /*all_logits=*/true, logits.data());
-    seq.release(*cache_);
+    seq.release(exec_->cache());
     if (!st.ok()) return st;
     return logits;
   }
@@ -79,12 +158,12 @@ class EngineImpl final : public Engine {
                     max_len_);
     }
     const std::vector<int32_t> tokens = random_tokens(n_prompt, seed);
-    std::vector<float> logits(static_cast<size_t>(model_->config().vocab));
+    std::vector<float> logits(static_cast<size_t>(exec_->config().vocab));
     SequenceKv seq;
     const auto t0 = std::chrono::steady_clock::now();
     Status st = run_tokens(seq, tokens, false, logits.data());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    seq.release(*cache_);
+    seq.release(exec_->cache());
     if (!st.ok()) return st;
     return s;
   }
@@ -96,7 +175,7 @@ class EngineImpl final : public Engine {
                     n_gen, max_len_);
     }
     const std::vector<int32_t> tokens = random_tokens(n_context + n_gen, seed);
-    std::vector<float> logits(static_cast<size_t>(model_->config().vocab));
+    std::vector<float> logits(static_cast<size_t>(exec_->config().vocab));
     SequenceKv seq;
     Status st = ok_status();
     if (n_context > 0) {
@@ -109,9 +188,150 @@ class EngineImpl final : public Engine {
                       logits.data());
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    seq.release(*cache_);
+    seq.release(exec_->cache());
     if (!st.ok()) return st;
     return s;
+  }
+
+  // `batch` fresh sequences of n tokens each, prefilled together in forward passes of at most
+  // kMaxBatchTokens... (the executor's limit decides); returns their states.
+  Status prefill_batch(std::vector<SequenceKv>& seqs, const std::vector<std::vector<int32_t>>& toks,
+                       std::vector<int32_t>* last_ids, double* seconds) {
+    const int64_t batch = static_cast<int64_t>(seqs.size());
+    const int64_t n = static_cast<int64_t>(toks[0].size());
+    for (auto& s : seqs) STRATA_RETURN_IF_ERROR(s.reserve(exec_->cache(), s.length + n));
+    int64_t width = 0;
+    for (auto& s : seqs)
+      width = std::max<int64_t>(width, static_cast<int64_t>(s.block_table.size()));
+    std::vector<int32_t> tables(static_cast<size_t>(batch * width), 0);
+    for (int64_t i = 0; i < batch; ++i) {
+      std::copy(seqs[static_cast<size_t>(i)].block_table.begin(),
+                seqs[static_cast<size_t>(i)].block_table.end(), tables.begin() + i * width);
+    }
+    std::vector<int32_t> tokens, seq_ids, pos, rows;
+    for (int64_t i = 0; i < batch; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        tokens.push_back(toks[static_cast<size_t>(i)][static_cast<size_t>(j)]);
+        seq_ids.push_back(static_cast<int32_t>(i));
+        pos.push_back(static_cast<int32_t>(seqs[static_cast<size_t>(i)].length + j));
+      }
+      rows.push_back(static_cast<int32_t>((i + 1) * n - 1));
+    }
+    ForwardBatch b;
+    b.tokens = tokens;
+    b.token_seq = seq_ids;
+    b.token_pos = pos;
+    b.block_tables = tables.data();
+    b.max_blocks_per_seq = width;
+    b.n_seqs = batch;
+    b.logit_rows = rows;
+    last_ids->resize(static_cast<size_t>(batch));
+    const auto t0 = std::chrono::steady_clock::now();
+    STRATA_RETURN_IF_ERROR(exec_->forward_argmax(b, last_ids->data()));
+    if (seconds) {
+      *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    for (auto& s : seqs) s.length += n;
+    return ok_status();
+  }
+
+  Result<double> time_prefill_batch(int64_t batch, int64_t n_prompt, uint64_t seed) override {
+    if (batch < 1 || n_prompt < 1 || n_prompt > max_len_) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "prefill of {} x {} tokens: batch must be >= 1 and the length in [1, {}]",
+                    batch, n_prompt, max_len_);
+    }
+    std::vector<SequenceKv> seqs(static_cast<size_t>(batch));
+    std::vector<std::vector<int32_t>> toks;
+    for (int64_t i = 0; i < batch; ++i)
+      toks.push_back(random_tokens(n_prompt, seed * 7919 + static_cast<uint64_t>(i)));
+    std::vector<int32_t> ids;
+    double s = 0;
+    Status st = prefill_batch(seqs, toks, &ids, &s);
+    for (auto& q : seqs) q.release(exec_->cache());
+    if (!st.ok()) return st;
+    return s;
+  }
+
+  Result<double> time_decode_batch(int64_t batch, int64_t n_context, int64_t n_gen,
+                                   uint64_t seed) override {
+    if (batch < 1 || n_context < 1 || n_gen < 1 || n_context + n_gen > max_len_) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "decode of batch {}: context {} + generated {} tokens must fit the context "
+                    "length {}",
+                    batch, n_context, n_gen, max_len_);
+    }
+    std::vector<SequenceKv> seqs(static_cast<size_t>(batch));
+    auto release = [&] {
+      for (auto& q : seqs) q.release(exec_->cache());
+    };
+    std::vector<std::vector<int32_t>> toks;
+    for (int64_t i = 0; i < batch; ++i)
+      toks.push_back(random_tokens(n_context, seed * 7919 + static_cast<uint64_t>(i)));
+    std::vector<int32_t> ids;
+    // Prefill the contexts in groups that fit one forward pass.
+    const int64_t per = std::max<int64_t>(1, max_batch_tokens_ / n_context);
+    for (int64_t b0 = 0; b0 < batch; b0 += per) {
+      const int64_t b1 = std::min(batch, b0 + per);
+      std::vector<SequenceKv> part(static_cast<size_t>(b1 - b0));
+      std::vector<std::vector<int32_t>> pt(toks.begin() + b0, toks.begin() + b1);
+      std::vector<int32_t> pid;
+      Status st = prefill_batch(part, pt, &pid, nullptr);
+      if (!st.ok()) {
+        for (auto& q : part) q.release(exec_->cache());
+        release();
+        return st;
+      }
+      for (int64_t i = b0; i < b1; ++i) {
+        seqs[static_cast<size_t>(i)] = std::move(part[static_cast<size_t>(i - b0)]);
+        ids.push_back(pid[static_cast<size_t>(i - b0)]);
+      }
+    }
+    std::vector<int32_t> seq_ids(static_cast<size_t>(batch)), pos(static_cast<size_t>(batch)),
+        rows(static_cast<size_t>(batch)), tables;
+    for (int64_t i = 0; i < batch; ++i) {
+      seq_ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    }
+    double total = 0;
+    for (int64_t g = 0; g < n_gen; ++g) {
+      Status st = ok_status();
+      for (auto& q : seqs) {
+        st = q.reserve(exec_->cache(), q.length + 1);
+        if (!st.ok()) break;
+      }
+      if (!st.ok()) {
+        release();
+        return st;
+      }
+      const int64_t width = static_cast<int64_t>(seqs[0].block_table.size());
+      tables.assign(static_cast<size_t>(batch * width), 0);
+      for (int64_t i = 0; i < batch; ++i) {
+        const auto& bt = seqs[static_cast<size_t>(i)].block_table;
+        std::copy(bt.begin(),
+                  bt.begin() + std::min<int64_t>(width, static_cast<int64_t>(bt.size())),
+                  tables.begin() + i * width);
+        pos[static_cast<size_t>(i)] = static_cast<int32_t>(seqs[static_cast<size_t>(i)].length);
+      }
+      ForwardBatch b;
+      b.tokens = ids;
+      b.token_seq = seq_ids;
+      b.token_pos = pos;
+      b.block_tables = tables.data();
+      b.max_blocks_per_seq = width;
+      b.n_seqs = batch;
+      b.logit_rows = rows;
+      const auto t0 = std::chrono::steady_clock::now();
+      st = exec_->forward_argmax(b, ids.data());
+      total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!st.ok()) {
+        release();
+        return st;
+      }
+      for (auto& q : seqs) q.length += 1;
+    }
+    release();
+    return total / static_cast<double>(n_gen);
   }
 
   Result<GenerateResult> generate(const GenerateRequest& req,
@@ -130,10 +350,10 @@ class EngineImpl final : public Engine {
       STRATA_ASSIGN_OR_RETURN(result.prompt_tokens, tokenize(text, /*add_special=*/false));
     } else if (!req.prompt_tokens.empty()) {
       for (int32_t t : req.prompt_tokens) {
-        if (t < 0 || t >= model_->config().vocab) {
+        if (t < 0 || t >= exec_->config().vocab) {
           return errorf(StatusCode::kInvalidArgument,
                         "prompt token id {} is outside the vocabulary (0..{})", t,
-                        model_->config().vocab - 1);
+                        exec_->config().vocab - 1);
         }
       }
       result.prompt_tokens = req.prompt_tokens;
@@ -148,7 +368,7 @@ class EngineImpl final : public Engine {
                     "least one new token)",
                     n_prompt, max_len_);
     }
-    const ModelConfig& c = model_->config();
+    const ModelConfig& c = exec_->config();
     const int64_t V = c.vocab;
     std::vector<float> logits(static_cast<size_t>(V));
     SequenceKv seq;
@@ -186,7 +406,7 @@ class EngineImpl final : public Engine {
     if (!tail.empty() && on_text) on_text(tail);
     result.decode_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-    seq.release(*cache_);
+    seq.release(exec_->cache());
     if (!st.ok()) return st;
     return result;
   }
@@ -217,7 +437,7 @@ class EngineImpl final : public Engine {
     p.seed = seed;
     Sampler rng(p);
     std::vector<int32_t> t(static_cast<size_t>(n));
-    const int64_t V = model_->config().vocab;
+    const int64_t V = exec_->config().vocab;
     for (auto& x : t)
       x = static_cast<int32_t>(std::min<int64_t>(
           V - 1, static_cast<int64_t>(rng.next_uniform() * static_cast<float>(V))));
@@ -230,16 +450,18 @@ class EngineImpl final : public Engine {
       return errorf(StatusCode::kOutOfRange, "{} tokens exceed the context length {}",
                     seq.length + static_cast<int64_t>(tokens.size()), max_len_);
     }
-    return forward_sequence(*model_, *cache_, *comm_, seq, tokens, all_logits, logits,
-                            kPrefillChunk);
+    Executor& ex = *exec_;
+    const ForwardFn fn = [&ex](const ForwardBatch& b, float* out) { return ex.forward(b, out); };
+    return forward_sequence(fn, max_len_, ex.config().vocab, ex.cache(), seq, tokens, all_logits,
+                            logits, kPrefillChunk);
   }
 
   ModelInfo info_;
   int64_t max_len_ = 0;
   std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Executor> exec_;
+  int64_t max_batch_tokens_ = 2048;  // the most tokens one forward pass takes (CUDA workspace)
 };
 
 }  // namespace

@@ -66,6 +66,7 @@ ModelInfo make_model_info(const std::string& path, const ModelConfig& c) {
   info.ffn_dim = c.ffn_dim;
   info.vocab = c.vocab;
   info.context_length = c.max_position_embeddings;
+  info.tied_embeddings = c.tie_word_embeddings;
   info.weight_bytes = dtype_bytes(c.weight_dtype, info.n_params);
   info.kv_bytes_per_token = 2 * c.n_layers * c.n_heads_kv * c.head_dim * 4;
   return info;

@@ -10,14 +10,24 @@ namespace strata {
 Status forward_sequence(Model& model, KvCache& cache, Communicator& comm, SequenceKv& seq,
                         std::span<const int32_t> tokens, bool all_logits, float* logits,
                         int64_t chunk) {
+  const ForwardFn fn = [&](const ForwardBatch& b, float* out) {
+    return model.forward(b, cache, comm, out);
+  };
+  return forward_sequence(fn, model.config().max_position_embeddings, model.config().vocab, cache,
+                          seq, tokens, all_logits, logits, chunk);
+}
+
+Status forward_sequence(const ForwardFn& forward, int64_t context_length, int64_t vocab,
+                        KvCache& cache, SequenceKv& seq, std::span<const int32_t> tokens,
+                        bool all_logits, float* logits, int64_t chunk) {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t ctx = model.config().max_position_embeddings;
+  const int64_t ctx = context_length;
   if (seq.length + n > ctx) {
     return errorf(StatusCode::kOutOfRange, "{} tokens exceed the context length {}", seq.length + n,
                   ctx);
   }
   STRATA_RETURN_IF_ERROR(seq.reserve(cache, seq.length + n));
-  const int64_t V = model.config().vocab;
+  const int64_t V = vocab;
   std::vector<int32_t> seq_ids, pos, rows;
   for (int64_t begin = 0; begin < n; begin += chunk) {
     const int64_t end = std::min(n, begin + chunk), m = end - begin;
@@ -39,7 +49,7 @@ Status forward_sequence(Model& model, KvCache& cache, Communicator& comm, Sequen
     b.block_tables = seq.block_table.data();
     b.max_blocks_per_seq = static_cast<int64_t>(seq.block_table.size());
     b.logit_rows = rows;
-    STRATA_RETURN_IF_ERROR(model.forward(b, cache, comm, all_logits ? logits + begin * V : logits));
+    STRATA_RETURN_IF_ERROR(forward(b, all_logits ? logits + begin * V : logits));
     seq.length += m;
   }
   return ok_status();

@@ -3,6 +3,7 @@
 // scratch stays bounded.
 #pragma once
 
+#include <functional>
 #include <span>
 
 #include "memory/kv_cache.h"
@@ -16,5 +17,11 @@ namespace strata {
 Status forward_sequence(Model& model, KvCache& cache, Communicator& comm, SequenceKv& seq,
                         std::span<const int32_t> tokens, bool all_logits, float* logits,
                         int64_t chunk = 512);
+
+// The same over any forward function (an Executor's): `cache` only provides the blocks.
+using ForwardFn = std::function<Status(const ForwardBatch&, float*)>;
+Status forward_sequence(const ForwardFn& forward, int64_t context_length, int64_t vocab,
+                        KvCache& cache, SequenceKv& seq, std::span<const int32_t> tokens,
+                        bool all_logits, float* logits, int64_t chunk = 512);
 
 }  // namespace strata

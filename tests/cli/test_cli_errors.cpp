@@ -161,4 +161,35 @@ TEST(Cli, TensorParallelWithoutMpi) {
   EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
 }
 
+TEST(Cli, BenchEngineTable) {
+  CliRun r = run_strata("bench -m " + fixture("llama") +
+                        " --batch 1,3 --ctx 20 --decode-steps 4 --prefill 2x16 -p 8 -r 1 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // JSON rows: two decode batches, one prefill, one ttft.
+  for (const char* key :
+       {"\"decode\"", "\"prefill\"", "\"ttft\"", "\"ms_per_step\"", "\"TFLOPs\""}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
+  }
+}
+
+TEST(Cli, BenchBadPrefillSpec) {
+  expect_clean_error(run_strata("bench -m " + fixture("llama") + " --prefill 2by16"), "2by16");
+}
+
+TEST(Cli, DeviceErrors) {
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --device tpu"), "tpu");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --quantization int4"),
+                     "int4");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --quantization int8"),
+                     "--device cuda");
+  // Without a GPU (CI) or without CUDA in the build: one clear line either way. With a GPU the
+  // unsupported-architecture message is the clean error.
+  CliRun r = run_strata("run -m " + fixture("gpt2") + " -p hi --device cuda");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  expect_clean_error(run_strata("bench --model-config llama9-1t --batch 1 --device cuda"),
+                     "llama9-1t");
+}
+
 }  // namespace

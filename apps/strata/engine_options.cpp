@@ -1,0 +1,29 @@
+// Flags shared by the commands that create an Engine: where it runs and how weights are held.
+#include "commands.h"
+
+namespace strata::app {
+
+void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy) {
+  sub->add_option("--device", e.device, "Where the model runs: cpu (default), cuda or cuda:N");
+  sub->add_option("--quantization", e.quantization,
+                  "CUDA weight format: none (bf16, default), int8 or fp8 (weight-only, per-row "
+                  "scales, quantized at load)");
+  sub->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
+                  "CUDA: share of the device's memory for weights, KV cache and workspace "
+                  "(default 0.9)");
+  sub->add_option("--max-num-batched-tokens", e.max_num_batched_tokens,
+                  "CUDA: most tokens in one forward pass (activation workspace; default 2048)");
+  sub->add_flag(
+      "--no-cuda-graphs", [&e](int64_t) { e.cuda_graphs = false; },
+      "CUDA: launch decode steps kernel by kernel instead of replaying CUDA graphs");
+  if (with_dummy) {
+    sub->add_option("--load-format", e.load_format,
+                    "auto (read the checkpoint, default) or dummy (random weights on the GPU, no "
+                    "files read; shapes from --model-config or the model's config)");
+    sub->add_option("--model-config", e.model_config,
+                    "Shape preset for --load-format dummy: llama3-8b, llama2-7b, qwen2.5-7b, "
+                    "llama3-70b, llama3.2-1b");
+  }
+}
+
+}  // namespace strata::app
