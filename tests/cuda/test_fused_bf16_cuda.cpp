@@ -550,7 +550,7 @@ TEST(FusedBf16CudaHost, RandomHashGoldenValues) {
 // ---- CUDA graph capture ----------------------------------------------------------------------
 
 // The fused kernels launched inside a stream capture (no allocation, no sync, no host reads of
-// device data), then replayed once: same results as the twins.
+// device data), then replayed once: same results as the twins (and as an eager launch).
 TEST_F(FusedBf16CudaTest, GraphCaptureAndReplay) {
   const cudaStream_t st = ctx().stream;
   std::mt19937 rng(77);
@@ -619,14 +619,12 @@ TEST_F(FusedBf16CudaTest, GraphCaptureAndReplay) {
   ASSERT_TRUE(cpu::gated_act_bf16(act).ok());
   ASSERT_TRUE(cpu::rope_kv_append(rope).ok());
 
-  // Device buffers, filled before the capture.
-  DeviceArray<float> dx(x0, st), dres(res, st), dgu(gu, st), dqkv(qkv, st), dfreq(inv_freq, st);
+  // Device buffers, allocated before the capture.
+  DeviceArray<float> dx(x0.size()), dres(res, st), dgu(gu, st), dqkv(qkv, st), dfreq(inv_freq, st);
   DeviceArray<uint8_t> dw(w, st);
   DeviceArray<int32_t> dseq(l.token_seq, st), dpos(l.token_pos, st), dtables(l.block_tables, st);
   DeviceArray<uint16_t> dnorm(norm_out.size()), dact(act_out.size()), dq(q.size()), dkc(cache_n),
       dvc(cache_n);
-  for (DeviceArray<uint16_t>* a : {&dnorm, &dact, &dq, &dkc, &dvc}) a->poison(st);
-  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
   norm.x = dx.get();
   norm.residual = dres.get();
   norm.weight = dw.get();
@@ -641,7 +639,32 @@ TEST_F(FusedBf16CudaTest, GraphCaptureAndReplay) {
   rope.cache.k_cache = dkc.get();
   rope.cache.v_cache = dvc.get();
   rope.cache.block_tables = dtables.get();
+  // x back to its input (the norm adds the residual into it) and every output poisoned.
+  const auto reset = [&] {
+    dx.upload(x0, st);
+    for (DeviceArray<uint16_t>* a : {&dnorm, &dact, &dq, &dkc, &dvc}) a->poison(st);
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  };
+  const auto check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    size_t inexact = 0;
+    EXPECT_TRUE(bits_equal(dx.download(st), x));
+    EXPECT_TRUE(bf16_match(dnorm.download(st), norm_out, 1, &inexact));
+    EXPECT_TRUE(bf16_match(dact.download(st), act_out, 1, &inexact));
+    EXPECT_TRUE(bf16_match(dq.download(st), q, 1, &inexact));
+    EXPECT_TRUE(bf16_match(dkc.download(st), kc, 1, &inexact));
+    EXPECT_TRUE(bf16_match(dvc.download(st), vc, 0, &inexact));
+  };
 
+  // Once eagerly: the reference for the replay, and it loads the kernels (lazy module loading)
+  // outside the capture.
+  reset();
+  ASSERT_TRUE(rms_norm_bf16(ctx(), norm).ok());
+  ASSERT_TRUE(gated_act_bf16(ctx(), act).ok());
+  ASSERT_TRUE(rope_kv_append(ctx(), rope).ok());
+  check("eager");
+
+  reset();
   ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   const Status s1 = rms_norm_bf16(ctx(), norm);
   const Status s2 = gated_act_bf16(ctx(), act);
@@ -655,13 +678,7 @@ TEST_F(FusedBf16CudaTest, GraphCaptureAndReplay) {
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-  size_t inexact = 0;
-  EXPECT_TRUE(bits_equal(dx.download(st), x));
-  EXPECT_TRUE(bf16_match(dnorm.download(st), norm_out, 1, &inexact));
-  EXPECT_TRUE(bf16_match(dact.download(st), act_out, 1, &inexact));
-  EXPECT_TRUE(bf16_match(dq.download(st), q, 1, &inexact));
-  EXPECT_TRUE(bf16_match(dkc.download(st), kc, 1, &inexact));
-  EXPECT_TRUE(bf16_match(dvc.download(st), vc, 0, &inexact));
+  check("graph replay");
   EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 }
