@@ -1,0 +1,144 @@
+// RMSNorm into bf16 with the residual add fused in (Deep-Fusion, DeepSpeed-Inference III-B):
+//   x[r, :] += residual[r, :]            (optional; f32, written back: the residual stream)
+//   out[r, :] = bf16(x[r, :] * 1/sqrt(mean(x[r, :]^2) + eps) * (weight[:] + weight_offset))
+// so the o_proj/down_proj output joins the residual stream and the next norm reads it in one
+// pass, and the next GEMM gets its bf16 input without a separate conversion.
+// CPU twin: src/backends/cpu/fused_bf16.cpp (same RmsNormBf16Params).
+//
+// Layout: x, residual f32 [n_tokens, hidden] and out bf16 [n_tokens, hidden], each with its own
+// row stride (elements); weight [hidden] contiguous in f32, f16 or bf16. out must not overlap x.
+// Every element of x is read, updated and read again by the same thread, and the block-wide
+// reduction's barrier separates the two passes, so the in-place update of x needs no extra sync.
+//
+// One block per row; each thread strides over the row twice (sum of squares after the add, then
+// scale and round), the second pass reading x back from L1/L2. The sum is f32 per thread, then a
+// warp-shuffle and cross-warp reduction; the twin sums in double. The difference (a few f32 ulp
+// of the final value) moves a bf16 result by at most one ulp, and only when the f32 value lies
+// that close to a bf16 rounding midpoint.
+//
+// Variants (template parameters):
+//   W    - weight element type (float, __half, __nv_bfloat16), as rms_norm.cu.
+//   kVec - 16-byte accesses of x and residual (4 floats), 8-byte stores of 4 bf16, one packed load
+//          of 4 weights, for the first hidden / 4 * 4 columns; the last hidden % 4 columns go
+//          scalar. Used when every row starts aligned (strides multiples of 4, pointers aligned);
+//          the scalar variant handles any view.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/bf16.cuh"
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr const char* kOp = "rms_norm_bf16";
+constexpr int kVecWidth = 4;
+constexpr int kMaxThreads = 1024;
+
+template <class W, bool kVec>
+__global__ void __launch_bounds__(kMaxThreads) rms_norm_bf16_kernel(const RmsNormBf16Params p) {
+  const int64_t row = blockIdx.x;
+  float* x = p.x + row * p.x_stride;  // [hidden], updated in place with the residual
+  const float* res = p.residual == nullptr ? nullptr : p.residual + row * p.residual_stride;
+  uint16_t* out = p.out + row * p.out_stride;  // [hidden]
+  const W* weight = static_cast<const W*>(p.weight);
+  const int hidden = static_cast<int>(p.hidden);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int n_threads = static_cast<int>(blockDim.x);
+  const int vec_end = kVec ? hidden / kVecWidth * kVecWidth : 0;  // columns done 4 at a time
+
+  float sum_sq = 0.0f;
+  for (int i = tid * kVecWidth; i < vec_end; i += n_threads * kVecWidth) {
+    Packed<float, kVecWidth> v = load_packed<float, kVecWidth>(x + i);
+    if (res != nullptr) {
+      const Packed<float, kVecWidth> r = load_packed<float, kVecWidth>(res + i);
+#pragma unroll
+      for (int k = 0; k < kVecWidth; ++k) v.v[k] += r.v[k];
+      store_packed(x + i, v);
+    }
+#pragma unroll
+    for (int k = 0; k < kVecWidth; ++k) sum_sq += v.v[k] * v.v[k];
+  }
+  for (int i = vec_end + tid; i < hidden; i += n_threads) {
+    float v = x[i];
+    if (res != nullptr) {
+      v += res[i];
+      x[i] = v;
+    }
+    sum_sq += v * v;
+  }
+  const float mean_sq = block_reduce_sum(sum_sq) / static_cast<float>(hidden);
+  // NOTE: 1/sqrtf rather than rsqrtf: IEEE-rounded like the CPU twin, and it runs once per row.
+  const float inv = 1.0f / sqrtf(mean_sq + p.eps);
+
+  for (int i = tid * kVecWidth; i < vec_end; i += n_threads * kVecWidth) {
+    float v[kVecWidth];
+    float w[kVecWidth];
+    load_f32<kVecWidth>(x + i, v);
+    load_f32<kVecWidth>(weight + i, w);
+#pragma unroll
+    for (int k = 0; k < kVecWidth; ++k) v[k] = v[k] * inv * (w[k] + p.weight_offset);
+    store_bf16<kVecWidth>(out + i, v);
+  }
+  for (int i = vec_end + tid; i < hidden; i += n_threads) {
+    out[i] = bf16_bits(x[i] * inv * (to_f32(weight[i]) + p.weight_offset));
+  }
+}
+
+// Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) overlap.
+bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  const auto a0 = reinterpret_cast<uintptr_t>(a);
+  const auto b0 = reinterpret_cast<uintptr_t>(b);
+  return a0 < b0 + static_cast<uintptr_t>(b_bytes) && b0 < a0 + static_cast<uintptr_t>(a_bytes);
+}
+
+Status check_params(const RmsNormBf16Params& p) {
+  if (p.n_tokens < 0 || p.n_tokens > INT32_MAX) {
+    return invalid_argument(kOp, "n_tokens " + std::to_string(p.n_tokens) + " outside [0, 2^31)");
+  }
+  if (p.hidden <= 0 || p.hidden > INT32_MAX) {
+    return invalid_argument(kOp, "hidden " + std::to_string(p.hidden) + " outside [1, 2^31)");
+  }
+  STRATA_RETURN_IF_ERROR(check_matrix(kOp, "x", p.x, p.n_tokens, p.hidden, p.x_stride));
+  STRATA_RETURN_IF_ERROR(check_matrix(kOp, "out", p.out, p.n_tokens, p.hidden, p.out_stride));
+  if (p.residual != nullptr) {
+    STRATA_RETURN_IF_ERROR(
+        check_matrix(kOp, "residual", p.residual, p.n_tokens, p.hidden, p.residual_stride));
+  }
+  if (p.n_tokens > 0 && p.weight == nullptr) return invalid_argument(kOp, "null weight");
+  if (p.n_tokens > 0 &&
+      overlaps(p.x, ((p.n_tokens - 1) * p.x_stride + p.hidden) * int64_t{sizeof(float)}, p.out,
+               ((p.n_tokens - 1) * p.out_stride + p.hidden) * int64_t{sizeof(uint16_t)})) {
+    return invalid_argument(kOp, "out overlaps x");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status rms_norm_bf16(const LaunchCtx& ctx, const RmsNormBf16Params& p) {
+  STRATA_RETURN_IF_ERROR(check_params(p));
+  return dispatch_float_dtype(p.weight_dtype, "rms_norm_bf16 weight", [&]<class W>(TypeTag<W>) {
+    if (p.n_tokens == 0) return ok_status();
+    const bool res_vec =
+        p.residual == nullptr || (p.residual_stride % kVecWidth == 0 && is_aligned(p.residual, 16));
+    const bool vec = p.x_stride % kVecWidth == 0 && p.out_stride % kVecWidth == 0 &&
+                     is_aligned(p.x, 16) && is_aligned(p.out, 8) && res_vec &&
+                     is_aligned(p.weight, sizeof(W) * kVecWidth);
+    const int64_t per_thread = vec ? kVecWidth : 1;
+    const int threads = static_cast<int>(std::min<int64_t>(
+        kMaxThreads, round_up<int64_t>(ceil_div(p.hidden, per_thread), kWarpSize)));
+    const dim3 grid(static_cast<unsigned>(p.n_tokens));
+    if (vec) {
+      rms_norm_bf16_kernel<W, true><<<grid, threads, 0, ctx.stream>>>(p);
+    } else {
+      rms_norm_bf16_kernel<W, false><<<grid, threads, 0, ctx.stream>>>(p);
+    }
+    return kernel_launch_status("rms_norm_bf16_kernel");
+  });
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,236 @@
+// Fused RoPE + KV-cache append (Deep-Fusion, DeepSpeed-Inference III-B): reads token t's row of
+// the fused QKV GEMM's f32 output [q (n_heads heads) | k (n_heads_kv) | v (n_heads_kv)], rotates
+// the first rotary_dim dims of every q and k head by position token_pos[t], and writes q as bf16
+// to q_out (the attention kernel's input) and k, v as bf16 into the token's slot of the paged
+// cache. One pass over the row instead of rope + convert + kv_append.
+// CPU twin: src/backends/cpu/fused_bf16.cpp (same RopeKvAppendParams).
+//
+// Layout: qkv f32 [n_tokens, (n_heads + 2 n_heads_kv) * head_dim] with token stride qkv_stride
+// (heads contiguous); q_out bf16 [n_tokens, n_heads, head_dim] with token stride q_out_stride;
+// caches bf16 [n_blocks, block_size, n_heads_kv, head_dim]; token_seq, token_pos, block_tables
+// int32 and inv_freq f32 are device arrays. Pairs are (i, i + rotary_dim/2) in neox style and
+// (2i, 2i + 1) otherwise; dims past rotary_dim (and all of v) are only rounded.
+//
+// NOTE: the slot of a token (block table lookup) is device data, so it is checked here and not
+// on the host (that would need a sync, which a CUDA graph forbids): a token whose sequence,
+// position or block is invalid writes nothing to the cache, as in the twin; its q row is still
+// written. No allocation or sync anywhere: the launch can be captured in a CUDA graph.
+//
+// Angles: as rope.cu, the cos/sin table of the token's position is built in double (position *
+// inv_freq is exact in double and reaches 1e5 radians, where an f32 angle is off by ~1e-2) and
+// rounded to f32, which gives the twin's table except when the double sincos (2 ulp) and the
+// host's straddle an f32 rounding midpoint, a ~1e-8 chance per entry. The cost is rotary_dim/2
+// double sincos per token (64 for head_dim 128), spread over the block's threads: negligible in
+// decode and a small part of a 16k-token prefill step, so no f32 range-reduced variant.
+// The rotation uses __fmul_rn/__fsub_rn (no FMA contraction), so it rounds exactly as the twin.
+//
+// One block per token: its threads fill a shared cos/sin table, then (1) rotate every (head,
+// pair group) of q and k, (2) round the pass-through dims [rotary_dim, head_dim) of each head,
+// (3) round v into the cache.
+// Variants (template parameters):
+//   kNeox - the pair layout.
+//   kVec  - 16-byte loads / 8-byte bf16 stores: 4 pairs per item in neox style (x[i..i+3] and
+//           x[i+half..i+half+3]), 2 in GPT-J style (x[2i..2i+3]), 4 dims per pass-through and v
+//           item. Used when head_dim % 4 == 0, rotary_dim % 8 (neox) or % 4 (GPT-J) == 0, the
+//           strides are multiples of 4 and the pointers aligned; the scalar variant takes any
+//           shape (e.g. head_dim 12 with rotary_dim 6).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/bf16.cuh"
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr const char* kOp = "rope_kv_append";
+constexpr int64_t kMaxRotaryDim = 1024;  // as rope.cu and the CPU twin
+constexpr int kMaxThreads = 256;
+constexpr int kVecWidth = 4;
+
+__device__ __forceinline__ void rotate(float& a, float& b, float c, float s) {
+  const float a0 = a;
+  a = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b, s));
+  b = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a0, s));
+}
+
+// Cache slot of position `pos` of sequence `seq`, or -1 when the sequence, position or block is
+// invalid (the twin's kv_slot).
+__device__ __forceinline__ int64_t kv_slot(const PagedKvBf16Params& c, int64_t seq, int64_t pos) {
+  if (seq < 0 || seq >= c.n_seqs || pos < 0 || pos / c.block_size >= c.max_blocks_per_seq) {
+    return -1;
+  }
+  const int64_t block = c.block_tables[seq * c.max_blocks_per_seq + pos / c.block_size];
+  if (block < 0 || block >= c.n_blocks) return -1;
+  return block * c.block_size + pos % c.block_size;
+}
+
+template <bool kNeox, bool kVec>
+__global__ void __launch_bounds__(kMaxThreads) rope_kv_append_kernel(const RopeKvAppendParams p) {
+  extern __shared__ float table[];  // cos [half], then sin [half]
+  const PagedKvBf16Params& c = p.cache;
+  const int half = static_cast<int>(p.rotary_dim / 2);
+  float* cos_t = table;
+  float* sin_t = table + half;
+  const int64_t t = blockIdx.x;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int n_threads = static_cast<int>(blockDim.x);
+  const int d = static_cast<int>(c.head_dim);
+  const int n_q = static_cast<int>(p.n_heads);
+  const int n_kv = static_cast<int>(c.n_heads_kv);
+
+  const int64_t pos = p.token_pos[t];
+  const int64_t slot = kv_slot(c, p.token_seq[t], pos);
+  // Heads written: all of q, then k's when the slot is valid. Head h reads qkv row offset h * d.
+  const int n_rot_heads = slot >= 0 ? n_q + n_kv : n_q;
+  const float* row = p.qkv + t * p.qkv_stride;
+  uint16_t* q_dst = p.q_out + t * p.q_out_stride;
+  uint16_t* k_dst = c.k_cache + (slot >= 0 ? slot : 0) * n_kv * d;
+  uint16_t* v_dst = c.v_cache + (slot >= 0 ? slot : 0) * n_kv * d;
+
+  if (half > 0) {
+    const double pos_d = static_cast<double>(pos);
+    for (int i = tid; i < half; i += n_threads) {
+      double s;
+      double co;
+      sincos(pos_d * static_cast<double>(p.inv_freq[i]), &s, &co);
+      cos_t[i] = __fmul_rn(static_cast<float>(co), p.attention_factor);
+      sin_t[i] = __fmul_rn(static_cast<float>(s), p.attention_factor);
+    }
+    __syncthreads();
+  }
+
+  // (1) rotated dims: items of kPairs pairs.
+  constexpr int kPairs = kVec ? (kNeox ? 4 : 2) : 1;
+  const int items_per_head = half / kPairs;
+  for (int item = tid; item < n_rot_heads * items_per_head; item += n_threads) {
+    const int h = item / items_per_head;
+    const int i = (item % items_per_head) * kPairs;  // first pair of this item
+    const float* x = row + h * d;
+    uint16_t* dst = h < n_q ? q_dst + h * d : k_dst + (h - n_q) * d;
+    if constexpr (kNeox) {
+      Packed<float, kPairs> a = load_packed<float, kPairs>(x + i);
+      Packed<float, kPairs> b = load_packed<float, kPairs>(x + i + half);
+#pragma unroll
+      for (int k = 0; k < kPairs; ++k) rotate(a.v[k], b.v[k], cos_t[i + k], sin_t[i + k]);
+      store_bf16<kPairs>(dst + i, a.v);
+      store_bf16<kPairs>(dst + i + half, b.v);
+    } else if constexpr (kVec) {
+      Packed<float, 2 * kPairs> v = load_packed<float, 2 * kPairs>(x + 2 * i);
+#pragma unroll
+      for (int k = 0; k < kPairs; ++k) {
+        rotate(v.v[2 * k], v.v[2 * k + 1], cos_t[i + k], sin_t[i + k]);
+      }
+      store_bf16<2 * kPairs>(dst + 2 * i, v.v);
+    } else {  // odd strides: no 8-byte access
+      float a = x[2 * i];
+      float b = x[2 * i + 1];
+      rotate(a, b, cos_t[i], sin_t[i]);
+      dst[2 * i] = bf16_bits(a);
+      dst[2 * i + 1] = bf16_bits(b);
+    }
+  }
+
+  // (2) pass-through dims [rotary_dim, d) of each written head, and (3) v.
+  constexpr int kW = kVec ? kVecWidth : 1;
+  const int rot = 2 * half;
+  const int pass_per_head = (d - rot) / kW;
+  for (int item = tid; item < n_rot_heads * pass_per_head; item += n_threads) {
+    const int h = item / pass_per_head;
+    const int j = rot + (item % pass_per_head) * kW;
+    uint16_t* dst = h < n_q ? q_dst + h * d : k_dst + (h - n_q) * d;
+    store_bf16<kW>(dst + j, load_packed<float, kW>(row + h * d + j).v);
+  }
+  if (slot >= 0) {
+    const float* v = row + (n_q + n_kv) * d;
+    for (int j = tid * kW; j < n_kv * d; j += n_threads * kW) {
+      store_bf16<kW>(v_dst + j, load_packed<float, kW>(v + j).v);
+    }
+  }
+}
+
+Status check_params(const RopeKvAppendParams& p) {
+  const PagedKvBf16Params& c = p.cache;
+  if (c.n_seqs <= 0 || c.n_blocks <= 0 || c.block_size <= 0 || c.max_blocks_per_seq <= 0 ||
+      c.n_heads_kv <= 0 || c.head_dim <= 0) {
+    return invalid_argument(kOp, "cache sizes (n_seqs " + std::to_string(c.n_seqs) + ", n_blocks " +
+                                     std::to_string(c.n_blocks) + ", block_size " +
+                                     std::to_string(c.block_size) + ", max_blocks_per_seq " +
+                                     std::to_string(c.max_blocks_per_seq) + ", n_heads_kv " +
+                                     std::to_string(c.n_heads_kv) + ", head_dim " +
+                                     std::to_string(c.head_dim) + ") must be positive");
+  }
+  if (c.k_cache == nullptr || c.v_cache == nullptr || c.block_tables == nullptr) {
+    return invalid_argument(kOp, "null k_cache, v_cache or block_tables");
+  }
+  // The kernel indexes a token's row with int: all heads of q, k and v must fit.
+  if (p.n_heads <= 0 || (p.n_heads + 2 * c.n_heads_kv) * c.head_dim > INT32_MAX) {
+    return invalid_argument(kOp, "n_heads " + std::to_string(p.n_heads) + " out of range");
+  }
+  if (p.rotary_dim < 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > c.head_dim ||
+      p.rotary_dim > kMaxRotaryDim) {
+    return invalid_argument(
+        kOp, "rotary_dim " + std::to_string(p.rotary_dim) + " must be even, in [0, head_dim " +
+                 std::to_string(c.head_dim) + "] and <= " + std::to_string(kMaxRotaryDim));
+  }
+  if (p.n_tokens < 0 || p.n_tokens > INT32_MAX) {
+    return invalid_argument(kOp, "n_tokens " + std::to_string(p.n_tokens) + " outside [0, 2^31)");
+  }
+  const int64_t row = (p.n_heads + 2 * c.n_heads_kv) * c.head_dim;
+  if (p.qkv_stride < row) {
+    return invalid_argument(kOp, "qkv_stride " + std::to_string(p.qkv_stride) +
+                                     " smaller than the q, k and v heads (" + std::to_string(row) +
+                                     ")");
+  }
+  if (p.q_out_stride < p.n_heads * c.head_dim) {
+    return invalid_argument(kOp, "q_out_stride " + std::to_string(p.q_out_stride) +
+                                     " smaller than n_heads * head_dim (" +
+                                     std::to_string(p.n_heads * c.head_dim) + ")");
+  }
+  if (p.n_tokens > 0 && (p.qkv == nullptr || p.q_out == nullptr || p.token_seq == nullptr ||
+                         p.token_pos == nullptr)) {
+    return invalid_argument(kOp, "null qkv, q_out, token_seq or token_pos");
+  }
+  if (p.n_tokens > 0 && p.rotary_dim > 0 && p.inv_freq == nullptr) {
+    return invalid_argument(kOp, "null inv_freq with rotary_dim " + std::to_string(p.rotary_dim));
+  }
+  return ok_status();
+}
+
+template <bool kNeox>
+Status launch(const LaunchCtx& ctx, const RopeKvAppendParams& p) {
+  const PagedKvBf16Params& c = p.cache;
+  const int64_t half = p.rotary_dim / 2;
+  const int64_t pairs = kNeox ? 4 : 2;  // pairs per vector item
+  const bool vec = c.head_dim % kVecWidth == 0 && half % pairs == 0 &&
+                   p.qkv_stride % kVecWidth == 0 && p.q_out_stride % kVecWidth == 0 &&
+                   is_aligned(p.qkv, 16) && is_aligned(p.q_out, 8) && is_aligned(c.k_cache, 8) &&
+                   is_aligned(c.v_cache, 8);
+  // Enough threads for the larger of the rotation items and the v items, in whole warps.
+  const int64_t heads = p.n_heads + c.n_heads_kv;
+  const int64_t rot_items = heads * (vec ? half / pairs : half);
+  const int64_t v_items = c.n_heads_kv * c.head_dim / (vec ? kVecWidth : 1);
+  const int threads = static_cast<int>(std::min<int64_t>(
+      kMaxThreads, round_up<int64_t>(std::max({rot_items, v_items, half}), kWarpSize)));
+  const size_t smem = static_cast<size_t>(p.rotary_dim) * sizeof(float);
+  const dim3 grid(static_cast<unsigned>(p.n_tokens));
+  if (vec) {
+    rope_kv_append_kernel<kNeox, true><<<grid, threads, smem, ctx.stream>>>(p);
+  } else {
+    rope_kv_append_kernel<kNeox, false><<<grid, threads, smem, ctx.stream>>>(p);
+  }
+  return kernel_launch_status("rope_kv_append_kernel");
+}
+
+}  // namespace
+
+Status rope_kv_append(const LaunchCtx& ctx, const RopeKvAppendParams& p) {
+  STRATA_RETURN_IF_ERROR(check_params(p));
+  if (p.n_tokens == 0) return ok_status();
+  return p.neox_style ? launch<true>(ctx, p) : launch<false>(ctx, p);
+}
+
+}  // namespace strata::cuda
