@@ -136,6 +136,8 @@ void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
                   "CPU threads; 0 = all cores (default 0)");
   sub->add_option("--tp,--tensor-parallel-size", opt->serving.engine.tensor_parallel_size,
                   "Tensor-parallel ranks; launch with mpirun -np N (default 1)");
+  add_engine_device_options(sub, opt->serving.engine, /*with_dummy=*/true,
+                            /*with_batch_tokens=*/false);
   sub->add_option("--http-threads", opt->http.threads, "HTTP I/O threads (default 4)");
   sub->add_option("--max-body-bytes", opt->http.max_body_bytes,
                   "Largest request body; larger gets 413 (default 8 MiB)");

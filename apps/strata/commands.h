@@ -26,7 +26,8 @@ void add_bench_serve_command(CLI::App& app, std::vector<Command>& commands);
 
 // --device, --quantization, --gpu-memory-utilization, --max-num-batched-tokens,
 // --no-cuda-graphs (and --load-format, --model-config when with_dummy) into `e`.
-void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy = false);
+void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy = false,
+                               bool with_batch_tokens = true);
 
 // Print "strata: error: <message>" to stderr and return exit code 1.
 int report(const Status& status);

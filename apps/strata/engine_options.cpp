@@ -3,7 +3,8 @@
 
 namespace strata::app {
 
-void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy) {
+void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
+                               bool with_batch_tokens) {
   sub->add_option("--device", e.device, "Where the model runs: cpu (default), cuda or cuda:N");
   sub->add_option("--quantization", e.quantization,
                   "CUDA weight format: none (bf16, default), int8 or fp8 (weight-only, per-row "
@@ -11,8 +12,10 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy) 
   sub->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
                   "CUDA: share of the device's memory for weights, KV cache and workspace "
                   "(default 0.9)");
-  sub->add_option("--max-num-batched-tokens", e.max_num_batched_tokens,
-                  "CUDA: most tokens in one forward pass (activation workspace; default 2048)");
+  if (with_batch_tokens) {
+    sub->add_option("--max-num-batched-tokens", e.max_num_batched_tokens,
+                    "CUDA: most tokens in one forward pass (activation workspace; default 2048)");
+  }
   sub->add_flag(
       "--no-cuda-graphs", [&e](int64_t) { e.cuda_graphs = false; },
       "CUDA: launch decode steps kernel by kernel instead of replaying CUDA graphs");

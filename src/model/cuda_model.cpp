@@ -43,6 +43,15 @@ Status CudaModel::forward_argmax(const ForwardBatch&, int32_t*) {
 Status CudaModel::synchronize() {
   return ok_status();
 }
+size_t CudaModel::kv_block_bytes() const {
+  return 0;
+}
+Status CudaModel::copy_block_to_host(int32_t, void*) {
+  return Status(StatusCode::kUnimplemented, "built without CUDA");
+}
+Status CudaModel::copy_block_from_host(int32_t, const void*) {
+  return Status(StatusCode::kUnimplemented, "built without CUDA");
+}
 int64_t CudaModel::graph_captures() const {
   return 0;
 }
@@ -531,6 +540,33 @@ struct CudaModel::Impl {
     return k_pool(l) + static_cast<size_t>((n_blocks + 1) * opt.block_size * hkv * D);
   }
 
+  size_t block_bytes() const {
+    return static_cast<size_t>(2 * cfg.n_layers * opt.block_size * hkv * D) * 2;
+  }
+
+  Status copy_block(int32_t block, void* host, bool to_host) {
+    if (block < 0 || block >= n_blocks) {
+      return errorf(StatusCode::kOutOfRange, "cuda: KV block {} outside the pool of {}", block,
+                    n_blocks);
+    }
+    STRATA_RETURN_IF_ERROR(dev->make_current());
+    const size_t per = static_cast<size_t>(opt.block_size * hkv * D);  // elements of one block
+    char* h = static_cast<char*>(host);
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      for (int which = 0; which < 2; ++which) {
+        uint16_t* dev_block =
+            (which == 0 ? k_pool(l) : v_pool(l)) + static_cast<size_t>(block) * per;
+        char* slot = h + (static_cast<size_t>(2 * l + which) * per) * 2;
+        STRATA_CUDA_RETURN_IF_ERROR(
+            to_host
+                ? cudaMemcpyAsync(slot, dev_block, per * 2, cudaMemcpyDeviceToHost, ctx.stream)
+                : cudaMemcpyAsync(dev_block, slot, per * 2, cudaMemcpyHostToDevice, ctx.stream));
+      }
+    }
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    return ok_status();
+  }
+
   // ---- the forward pass ---------------------------------------------------------------------
 
   struct Step {
@@ -980,6 +1016,15 @@ Status CudaModel::forward_argmax(const ForwardBatch& batch, int32_t* ids) {
 }
 Status CudaModel::synchronize() {
   return impl_->dev->synchronize();
+}
+size_t CudaModel::kv_block_bytes() const {
+  return impl_->block_bytes();
+}
+Status CudaModel::copy_block_to_host(int32_t block, void* host) {
+  return impl_->copy_block(block, host, /*to_host=*/true);
+}
+Status CudaModel::copy_block_from_host(int32_t block, const void* host) {
+  return impl_->copy_block(block, const_cast<void*>(host), /*to_host=*/false);
 }
 int64_t CudaModel::graph_captures() const {
   return impl_->captures;

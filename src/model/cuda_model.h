@@ -72,6 +72,11 @@ class CudaModel {
   Status forward(const ForwardBatch& batch, float* logits);
   // Greedy: ids[i] = argmax of logit row i, computed on the device (only the ids are copied).
   Status forward_argmax(const ForwardBatch& batch, int32_t* ids);
+  // Swap support: one block of every layer's K and V (bf16) to or from host memory laid out
+  // [n_layers, 2, block_size, n_heads_kv, head_dim]; kv_block_bytes() bytes.
+  size_t kv_block_bytes() const;
+  Status copy_block_to_host(int32_t block, void* host);
+  Status copy_block_from_host(int32_t block, const void* host);
   // Waits for queued work (the forward calls return after their results are on the host).
   Status synchronize();
 

@@ -44,93 +44,18 @@ class EngineImpl final : public Engine {
   int world_size() const override { return comm_->size(); }
 
   Status init(const EngineConfig& cfg) {
-    const bool cuda = cfg.device == "cuda" || cfg.device.rfind("cuda:", 0) == 0;
     max_batch_tokens_ = std::max<int64_t>(1, cfg.max_num_batched_tokens);
-    if (!cuda && cfg.device != "cpu") {
-      return errorf(StatusCode::kInvalidArgument, "--device '{}': use cpu, cuda or cuda:N",
-                    cfg.device);
-    }
-    if (cfg.load_format != "auto" && cfg.load_format != "dummy") {
-      return errorf(StatusCode::kInvalidArgument, "--load-format '{}': use auto or dummy",
-                    cfg.load_format);
-    }
-    DType wdt = DType::kBF16;
-    if (cfg.quantization == "int8") {
-      wdt = DType::kI8;
-    } else if (cfg.quantization == "fp8") {
-      wdt = DType::kFP8E4M3;
-    } else if (!cfg.quantization.empty() && cfg.quantization != "none") {
-      return errorf(StatusCode::kInvalidArgument, "--quantization '{}': use none, int8 or fp8",
-                    cfg.quantization);
-    }
-    if (!cuda && (wdt != DType::kBF16 || cfg.load_format == "dummy")) {
-      return Status(StatusCode::kInvalidArgument,
-                    "--quantization and --load-format dummy need --device cuda");
-    }
-    if (!cuda) {
-      STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
-      info_ = std::move(loaded.info);
-      max_len_ = loaded.max_len;
-      comm_ = std::move(loaded.comm);
-      tokenizer_ = std::move(loaded.tokenizer);
-      // One sequence's worth of blocks, times max_num_seqs when given (batched benchmarks).
-      const int64_t n_blocks =
-          (max_len_ + kBlockSize - 1) / kBlockSize * std::max<int64_t>(1, cfg.max_num_seqs);
-      STRATA_ASSIGN_OR_RETURN(
-          exec_, make_cpu_executor(std::move(loaded.model), *comm_, n_blocks, kBlockSize));
-      info_.kv_cache_blocks = n_blocks;
-      info_.kv_block_size = kBlockSize;
-      return ok_status();
-    }
-    if (cfg.tensor_parallel_size != 1) {
-      return Status(StatusCode::kUnimplemented,
-                    "--tensor-parallel-size > 1 is not supported with --device cuda yet");
-    }
-    CudaModelOptions o;
-    o.device = cfg.device.size() > 5 ? std::atoi(cfg.device.c_str() + 5) : 0;
-    o.weight_dtype = wdt;
-    o.max_num_tokens = cfg.max_num_batched_tokens;
-    o.max_num_seqs = cfg.max_num_seqs > 0 ? cfg.max_num_seqs : 64;
-    o.max_model_len = cfg.max_model_len;
-    o.block_size = kBlockSize;
-    o.gpu_memory_utilization = cfg.gpu_memory_utilization;
-    o.cuda_graphs = cfg.cuda_graphs;
-    if (cfg.max_model_len < 0) {
-      return errorf(StatusCode::kInvalidArgument, "--max-model-len must be >= 0");
-    }
-    if (cfg.gpu_memory_utilization <= 0.0 || cfg.gpu_memory_utilization > 1.0) {
-      return errorf(StatusCode::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1]");
-    }
-    comm_ = make_single_rank_communicator();
-    std::unique_ptr<CudaModel> model;
-    if (cfg.load_format == "dummy") {
-      ModelConfig config;
-      if (!cfg.model_config.empty()) {
-        STRATA_ASSIGN_OR_RETURN(config, model_config_preset(cfg.model_config));
-        info_ = make_model_info("dummy:" + cfg.model_config, config);
-      } else {
-        STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(cfg.model, /*with_weights=*/false));
-        config = files.config;
-        info_ = std::move(files.info);
-        tokenizer_ = std::move(files.tokenizer);
-      }
-      o.dummy_weights = true;
-      STRATA_ASSIGN_OR_RETURN(model, CudaModel::create(config, nullptr, o));
-    } else {
-      STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
-      info_ = std::move(loaded.info);
-      tokenizer_ = std::move(loaded.tokenizer);
-      STRATA_ASSIGN_OR_RETURN(model,
-                              CudaModel::create(loaded.model->config(), loaded.model.get(), o));
-    }
-    max_len_ = model->options().max_model_len;
-    info_.backend = "CUDA";
-    info_.device_name = model->device_name();
-    info_.weight_format = std::string(dtype_name(wdt));
-    info_.device_weight_bytes = static_cast<int64_t>(model->weight_bytes());
-    info_.kv_cache_blocks = model->num_kv_blocks();
-    info_.kv_block_size = kBlockSize;
-    STRATA_ASSIGN_OR_RETURN(exec_, make_cuda_executor(std::move(model)));
+    // The CPU pool holds one sequence's blocks (times max_num_seqs when given: batched
+    // benchmarks); the CUDA pool fills --gpu-memory-utilization.
+    ExecutorOptions eo;
+    eo.block_size = kBlockSize;
+    eo.cpu_seqs = std::max<int64_t>(1, cfg.max_num_seqs);
+    STRATA_ASSIGN_OR_RETURN(LoadedExecutor loaded, load_executor(cfg, eo));
+    info_ = std::move(loaded.info);
+    max_len_ = loaded.max_len;
+    comm_ = std::move(loaded.comm);
+    tokenizer_ = std::move(loaded.tokenizer);
+    exec_ = std::move(loaded.exec);
     return ok_status();
   }
 

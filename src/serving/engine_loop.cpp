@@ -5,8 +5,9 @@
 // scheduler, the request states, the KV cache) belongs to the loop thread. metrics() reads a
 // snapshot the loop publishes under metrics_mu_ after every step.
 //
-// NOTE: the KvCache's own BlockAllocator is unused here: the Scheduler's BlockManager decides
-// which blocks each sequence owns, and the block tables it builds go straight to the model.
+// NOTE: the executor's KvCache BlockAllocator is unused here: the Scheduler's BlockManager
+// decides which blocks each sequence owns, and the block tables it builds go straight to the
+// executor (CPU Model or CudaModel).
 #include "serving/engine_loop.h"
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "memory/kv_cache.h"
+#include "runtime/executor.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
 #include "serving/scheduler.h"
@@ -90,6 +92,10 @@ class ServingEngineImpl final : public ServingEngine {
   void fail_step(const ScheduledStep& step, const Status& st);
   // Sample from `row` (raw logits, modified) and emit the event; may finish the request.
   void on_logits(RequestState& r, float* row);
+  // The sampled token `tok` of r (lse: log-sum-exp of the raw logits, for logprobs).
+  void emit_token(RequestState& r, int32_t tok, float lse, CompletionEvent ev);
+  // True when r's next token is the plain argmax of the logits (the device can pick it).
+  bool plain_greedy(const RequestState& r) const;
   void finish(RequestState& r, CompletionEvent ev, const char* reason);
   void publish_metrics();
 
@@ -100,13 +106,14 @@ class ServingEngineImpl final : public ServingEngine {
   int64_t block_size_ = 16;
   int64_t num_blocks_ = 0;
   std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Executor> exec_;
+  size_t block_bytes_ = 0;  // one KV block, all layers, as a swap slot holds it
 
   // Loop thread only.
   std::unique_ptr<Scheduler> sched_;
-  std::vector<float> swap_;  // [num_swap_blocks, block_floats]
+  std::vector<uint8_t> swap_;  // [num_swap_blocks, block_bytes_]
+  std::vector<int32_t> greedy_ids_;
   std::unordered_map<uint64_t, std::unique_ptr<RequestState>> requests_;
   std::vector<std::unique_ptr<RequestState>> incoming_local_;
   std::vector<uint64_t> cancels_local_;
@@ -145,31 +152,32 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
     return errorf(StatusCode::kInvalidArgument,
                   "serving: num_kv_blocks, kv_cache_bytes and swap_space_bytes must be >= 0");
   }
-  STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg.engine));
+  ExecutorOptions eo;
+  eo.block_size = cfg.block_size;
+  eo.cpu_blocks = cfg.num_kv_blocks;
+  eo.cpu_kv_bytes = cfg.kv_cache_bytes;
+  eo.cuda_blocks = cfg.num_kv_blocks;
+  EngineConfig ecfg = cfg.engine;
+  if (ecfg.max_num_seqs <= 0) ecfg.max_num_seqs = cfg.max_num_seqs;
+  ecfg.max_num_batched_tokens = std::max(ecfg.max_num_batched_tokens, cfg.max_num_batched_tokens);
+  STRATA_ASSIGN_OR_RETURN(LoadedExecutor loaded, load_executor(ecfg, eo));
   info_ = std::move(loaded.info);
   max_len_ = loaded.max_len;
   comm_ = std::move(loaded.comm);
-  model_ = std::move(loaded.model);
   tokenizer_ = std::move(loaded.tokenizer);
+  exec_ = std::move(loaded.exec);
   model_name_ = cfg.served_model_name;
   if (model_name_.empty()) {
     std::filesystem::path p(cfg.engine.model);
     model_name_ = p.has_filename() ? p.filename().string() : p.parent_path().filename().string();
+    if (model_name_.empty()) model_name_ = info_.path;
   }
   block_size_ = cfg.block_size;
-  const KvCacheConfig one = model_->kv_config(1, block_size_);
-  const int64_t block_bytes = static_cast<int64_t>(KvCache::bytes_needed(one));
-  num_blocks_ = cfg.num_kv_blocks > 0 ? cfg.num_kv_blocks : cfg.kv_cache_bytes / block_bytes;
-  if (num_blocks_ < 1) {
-    return errorf(StatusCode::kOutOfMemory,
-                  "serving: kv_cache_bytes {} holds no KV block ({} bytes each)",
-                  cfg.kv_cache_bytes, block_bytes);
-  }
-  STRATA_ASSIGN_OR_RETURN(KvCache cache,
-                          KvCache::create(model_->kv_config(num_blocks_, block_size_)));
-  cache_ = std::make_unique<KvCache>(std::move(cache));
+  block_bytes_ = exec_->block_bytes();
+  const auto block_bytes = static_cast<int64_t>(block_bytes_);
+  num_blocks_ = exec_->cache().config().n_blocks;
   const int64_t num_swap = cfg.swap_space_bytes / block_bytes;
-  swap_.assign(static_cast<size_t>(num_swap * cache_->block_floats()), 0.0f);
+  swap_.assign(static_cast<size_t>(num_swap) * block_bytes_, 0);
 
   SchedulerConfig sc;
   sc.num_blocks = num_blocks_;
@@ -330,12 +338,22 @@ void ServingEngineImpl::loop() {
 
 void ServingEngineImpl::run_step() {
   const ScheduledStep& step = sched_->schedule();
-  const int64_t bf = cache_->block_floats();
+  Status swap_st = ok_status();
   for (const BlockCopy& c : step.swap_out) {
-    cache_->copy_block_to_host(c.device_block, swap_.data() + c.host_slot * bf);
+    if (swap_st.ok()) {
+      swap_st =
+          exec_->copy_block_to_host(c.device_block, swap_.data() + c.host_slot * block_bytes_);
+    }
   }
   for (const BlockCopy& c : step.swap_in) {
-    cache_->copy_block_from_host(c.device_block, swap_.data() + c.host_slot * bf);
+    if (swap_st.ok()) {
+      swap_st =
+          exec_->copy_block_from_host(c.device_block, swap_.data() + c.host_slot * block_bytes_);
+    }
+  }
+  if (!swap_st.ok()) {
+    fail_step(step, swap_st);
+    return;
   }
   if (step.empty()) return;
 
@@ -370,7 +388,6 @@ void ServingEngineImpl::run_step() {
     }
   }
   const int64_t V = info_.vocab;
-  logits_.resize(logit_rows_.size() * static_cast<size_t>(V));
   ForwardBatch batch;
   batch.tokens = tokens_;
   batch.token_seq = token_seq_;
@@ -379,14 +396,32 @@ void ServingEngineImpl::run_step() {
   batch.max_blocks_per_seq = max_blocks;
   batch.n_seqs = n_seqs;
   batch.logit_rows = logit_rows_;
-  Status st = model_->forward(batch, *cache_, *comm_, logits_.data());
+  // When every request wanting a token this step is plain greedy, the executor picks the tokens
+  // (on the GPU: only the ids come back, not [rows, vocab] logits).
+  bool greedy = !with_logits_.empty();
+  for (auto& [r, row] : with_logits_) {
+    if (r != nullptr && !plain_greedy(*r)) greedy = false;
+  }
+  if (!greedy) logits_.resize(logit_rows_.size() * static_cast<size_t>(V));
+  Status st = ok_status();
+  if (greedy) {
+    greedy_ids_.resize(logit_rows_.size());
+    st = exec_->forward_argmax(batch, greedy_ids_.data());
+  } else {
+    st = exec_->forward(batch, logits_.data());
+  }
   if (!st.ok()) {
     fail_step(step, st);
     return;
   }
   sched_->complete_step(step);
   for (auto& [r, row] : with_logits_) {
-    if (r != nullptr) on_logits(*r, logits_.data() + row * V);
+    if (r == nullptr) continue;
+    if (greedy) {
+      emit_token(*r, greedy_ids_[static_cast<size_t>(row)], 0.0f, CompletionEvent{});
+    } else {
+      on_logits(*r, logits_.data() + row * V);
+    }
   }
 }
 
@@ -430,6 +465,21 @@ void ServingEngineImpl::on_logits(RequestState& r, float* row) {
     }
   }
   const int32_t tok = r.sampler->sample(row, V, q.prompt_tokens, r.generated);
+  emit_token(r, tok, lse, std::move(ev));
+}
+
+bool ServingEngineImpl::plain_greedy(const RequestState& r) const {
+  const CompletionRequest& q = r.req;
+  const SamplingParams& p = q.sampling;
+  return p.temperature <= 0.0f && q.top_logprobs < 0 && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.logit_bias.empty() &&
+         static_cast<int64_t>(r.generated.size()) >= q.min_tokens;
+}
+
+void ServingEngineImpl::emit_token(RequestState& r, int32_t tok, float lse, CompletionEvent ev) {
+  const CompletionRequest& q = r.req;
+  const auto n_gen = static_cast<int64_t>(r.generated.size());
+  const int64_t V = info_.vocab;
   const Clock::time_point now = Clock::now();
   if (n_gen == 0) {
     r.first_token = now;
