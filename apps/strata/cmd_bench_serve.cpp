@@ -162,9 +162,11 @@ RequestResult run_one(const BenchOptions& o, const Prompt& p) {
             r.output_tokens = j["usage"].value("completion_tokens", int64_t{0});
           }
           if (!j.contains("choices") || j["choices"].empty()) return;
-          const std::string text = j["choices"][0].value("text", std::string());
-          if (text.empty() && j["choices"][0]["finish_reason"].is_null()) return;
-          if (text.empty()) return;
+          // A token chunk: text, or (from a server streaming a model without a tokenizer)
+          // empty text before the finish chunk.
+          const Json& choice = j["choices"][0];
+          const std::string text = choice.value("text", std::string());
+          if (text.empty() && !choice["finish_reason"].is_null()) return;
           const auto now = Clock::now();
           if (first) {
             r.ttft = std::chrono::duration<double>(now - t0).count();

@@ -517,7 +517,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void send(const Json& j) { r_->write("data: " + dump(j) + "\n\n"); }
 
   void stream_event(const CompletionEvent& ev) {
-    if (!ev.text.empty() || !ev.logprobs.empty()) {
+    // A chunk per event that carries text or tokens (a model without a tokenizer, e.g. random
+    // weights for benchmarks, still streams one chunk per token, with empty text).
+    if (!ev.text.empty() || !ev.logprobs.empty() || (!ev.finished && !ev.tokens.empty())) {
       Json lp;
       if (opt_.logprobs && !ev.logprobs.empty()) {
         lp = chat_ ? chat_logprobs(*engine_, ev.logprobs)
