@@ -82,7 +82,7 @@ inline std::vector<uint8_t> random_typed(DType dt, int64_t n, std::mt19937& rng,
     } else if (dt == DType::kF16) {
       reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_f16(f[i]);
     } else {
-      reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_bf16(f[i]);
+      reinterpret_cast<uint16_t*>(bytes.data())[i] = ::strata::f32_to_bf16(f[i]);
     }
   }
   return bytes;
