@@ -53,7 +53,7 @@ std::vector<uint8_t> make_weight(DType dt, int64_t hidden, std::mt19937& rng) {
     } else if (dt == DType::kF16) {
       reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_f16(v);
     } else {
-      reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_bf16(v);
+      reinterpret_cast<uint16_t*>(bytes.data())[i] = ::strata::f32_to_bf16(v);
     }
   }
   return bytes;
