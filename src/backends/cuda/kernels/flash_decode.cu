@@ -342,10 +342,10 @@ __global__ void __launch_bounds__(kThreads)
 // out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M) over the splits with l_s > 0; a NaN
 // partial (invalid data) makes the row NaN. One warp per (query, head), lanes over head_dim.
 template <int D>
-__global__ void __launch_bounds__(kThreads)
-    flash_decode_combine_kernel(const __grid_constant__ VarlenAttentionParams p, const int n_splits,
-                                const int64_t n_slots, const float* __restrict__ ws_ml,
-                                const float* __restrict__ ws_acc) {
+__global__ void flash_decode_combine_kernel(const __grid_constant__ VarlenAttentionParams p,
+                                            const int n_splits, const int64_t n_slots,
+                                            const float* __restrict__ ws_ml,
+                                            const float* __restrict__ ws_acc) {
   constexpr int kPer = D / kWarpSize;  // dims per lane: 2 or 4
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int64_t pair = int64_t{blockIdx.x} * kWarps + threadIdx.x / kWarpSize;
