@@ -11,12 +11,13 @@
 // Also: a block outside the pool gives NaN rows for its sequence only, a CUDA graph captured
 // once replays correctly with other kv_len values, and argument checks (no GPU needed).
 //
-// Tolerance: |gpu - cpu| <= 1e-2 * max|cpu| over the same (token, head) row. The twin keeps the
-// softmax weights in f32; the GPU rounds them to bf16 for the tensor-core P.V product (relative
-// error <= 2^-9 each, independent, so the output moves by ~2^-9 of the row's scale), both round
-// the output to bf16 (a 1-ulp disagreement is 2^-8 relative), and ex2.approx / summation order
-// add ~1e-6. Rows have magnitudes from ~1 (kv_len 1: out = v) down to ~0.02 (2049 keys averaged),
-// so the scale is taken per row, not over the whole output.
+// Tolerance: |gpu - cpu| <= 2^-7 |cpu| + 1e-2 * max|cpu| over the same (token, head) row. Both
+// sides round the output to bf16 once, so values straddling a rounding boundary may differ by
+// one bf16 ulp (<= 2^-7 relative). Before that, the twin keeps the softmax weights in f32 while
+// the GPU rounds them to bf16 for the tensor-core P.V product: relative errors <= 2^-9 each,
+// independent, so the output moves by ~2^-9 of the row's scale (bounded by 2^-9 max|v|);
+// ex2.approx and summation order add ~1e-6. Rows have magnitudes from ~1 (kv_len 1: out = v)
+// down to ~0.02 (2049 keys averaged), so the scale is taken per row, not over the whole output.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -185,7 +186,7 @@ struct DeviceBatch {
 };
 
 // Per (token, head) row: NaN where the reference has NaN (and only there), else within
-// 1e-2 * max|ref| of the row; the padding after each token's heads still kPoison.
+// 2^-7 |ref| + 1e-2 * max|ref| of the row; the padding after each token's heads still kPoison.
 ::testing::AssertionResult matches(const std::vector<uint16_t>& got,
                                    const std::vector<uint16_t>& ref, int64_t n_tokens,
                                    int64_t n_heads, int64_t hd, int64_t stride) {
@@ -201,7 +202,9 @@ struct DeviceBatch {
       for (int64_t d = 0; d < hd; ++d) {
         const double g = ::strata::bf16_to_f32(got[at + d]);
         const double r = ::strata::bf16_to_f32(ref[at + d]);
-        const bool ok = std::isnan(r) ? std::isnan(g) : std::fabs(g - r) <= 1e-2 * scale;
+        const bool ok = std::isnan(r)
+                            ? std::isnan(g)
+                            : std::fabs(g - r) <= std::ldexp(std::fabs(r), -7) + 1e-2 * scale;
         if (!ok && bad++ == 0) {
           first = "token " + std::to_string(t) + " head " + std::to_string(h) + " dim " +
                   std::to_string(d) + ": gpu " + std::to_string(g) + " cpu " + std::to_string(r) +
