@@ -442,12 +442,20 @@ Status launch(const LaunchCtx& ctx, const VarlenAttentionParams& p) {
 
 }  // namespace
 
+// Enough for every batch of at most n_seqs sequences (callers size it once, for their largest
+// batch): the largest need of any n <= n_seqs at its split cap. Since splits * n <=
+// kSplitSeqBudget, the size stops growing beyond a few sequences.
 size_t varlen_attention_workspace_bytes(int64_t n_seqs, int64_t n_heads, int64_t head_dim,
                                         int64_t max_kv_len) {
   if (n_seqs <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
-  const int64_t splits = max_splits(n_seqs, std::max<int64_t>(max_kv_len, 1));
-  if (splits <= 1) return 0;
-  return ws_layout(splits, n_seqs, kWorkspaceQ, n_heads, head_dim).bytes;
+  const int64_t kv = std::max<int64_t>(max_kv_len, 1);
+  size_t bytes = 0;
+  for (int64_t n = 1; n <= std::min(n_seqs, kSplitSeqBudget); ++n) {
+    const int64_t splits = max_splits(n, kv);
+    if (splits > 1)
+      bytes = std::max(bytes, ws_layout(splits, n, kWorkspaceQ, n_heads, head_dim).bytes);
+  }
+  return bytes;
 }
 
 Status flash_decode(const LaunchCtx& ctx, const VarlenAttentionParams& p) {
