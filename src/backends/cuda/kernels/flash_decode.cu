@@ -145,7 +145,9 @@ __global__ void __launch_bounds__(kThreads)
   const int my_row = tid / 8;
   const int my_d0 = (tid % 8) * kPart;
 
-  if (sv.bad) {
+  // NaN rows for bad device data, and should the shared memory not be 1024-byte aligned as
+  // requested (the ldmatrix addressing relies on it, see flash_prefill.cu).
+  if (sv.bad || smem_u32(smem) % 1024 != 0) {
     if (row_valid(my_row)) write_row(my_row, 0.0f, 0.0f, nullptr, my_d0, kPart, true);
     return;
   }

@@ -86,7 +86,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize)
   const int warp = tid / kWarpSize;
   const int n_rows = min(kBlockM, sv.n_q - r0);
   uint16_t* out = p.out + int64_t{sv.q0 + r0} * p.out_stride + int64_t{h} * D;
-  if (sv.bad) {
+  // The ldmatrix addressing below XORs absolute shared addresses, which needs the tiles 1024-byte
+  // aligned (extern __align__(1024) asks for it); should a toolchain ever not honour it, the
+  // output is NaN rather than silently wrong.
+  if (sv.bad || smem_u32(smem) % 1024 != 0) {
     write_nan_rows<D>(out, p.out_stride, n_rows);
     return;
   }
