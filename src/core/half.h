@@ -2,6 +2,7 @@
 // bf16 rounds to nearest even; f16 conversion handles subnormals, inf and NaN.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -89,6 +90,37 @@ inline float fp8e4m3_to_f32(uint8_t v) {
     std::memcpy(&f, &u, 4);
   }
   return sign ? -f : f;
+}
+
+// f32 -> FP8 E4M3 ("fn"), round to nearest even, saturating: finite values beyond +-448 and
+// +-inf give +-448 (0x7e / 0xfe), NaN gives 0x7f. Bit-identical to the GPU's
+// cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)), so weights
+// quantized on the host and on the device are the same bytes.
+inline uint8_t f32_to_fp8e4m3(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return 0x7f;         // NaN
+  if (abs > 0x43e00000u) return sign | 0x7e;  // > 448 (incl. inf): saturate
+  float a;
+  std::memcpy(&a, &abs, 4);
+  // Subnormal e4m3 (< 2^-6): multiples of 2^-9. m == 8 is the smallest normal, whose encoding
+  // (exponent 1, mantissa 0) is also 8, so no special case.
+  if (abs < 0x3c800000u) {
+    const uint32_t m = static_cast<uint32_t>(std::nearbyint(a * 512.0f));  // exact scaling
+    return static_cast<uint8_t>(sign | m);
+  }
+  // Normal: 3 mantissa bits below the leading one, i.e. multiples of 2^(e-3) in [2^e, 2^(e+1)).
+  const int e = static_cast<int>(abs >> 23) - 127;                           // -6 .. 8
+  uint32_t q = static_cast<uint32_t>(std::nearbyint(std::ldexp(a, 3 - e)));  // 8 .. 16
+  int biased = e + 7;
+  if (q == 16) {  // rounded up into the next binade
+    q = 8;
+    ++biased;
+  }
+  // <= 448 rounds to at most 448 (biased 15, q 14), so the NaN code 0x7f is never produced here.
+  return static_cast<uint8_t>(sign | biased << 3 | (q - 8));
 }
 
 }  // namespace strata
