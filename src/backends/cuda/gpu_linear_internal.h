@@ -1,0 +1,100 @@
+// Internal plumbing of the GPU linear layer (cuda::linear, sbi_gemm, cublaslt_linear), shared by
+// kernels/sbi_gemm*.cu, kernels/linear_epilogue.cu, linear.cpp, the CUDA tests and the
+// benchmark. Not part of the backend's API (cuda_kernels.h is).
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/launch_ctx.h"
+#include "backends/kernel_params.h"
+#include "strata/status.h"
+
+namespace strata::cuda {
+
+// The argument checks every GPU linear entry point runs before touching the GPU: dtypes
+// (kUnimplemented), sizes, strides, null pointers, in_features a multiple of 8, x and weight
+// rows 16-byte aligned, w_scale present exactly for int8/fp8, accumulate only into f32 out
+// (kInvalidArgument naming `op` and the argument).
+Status check_gpu_linear(const char* op, const GpuLinearParams& p);
+
+namespace sbi {
+
+// SBI-GeMM crossover: linear() runs SBI-GeMM up to this many tokens, cuBLASLt above.
+// Retune from bench_gpu_linear (the n where cublaslt_linear's time drops below sbi_gemm's).
+constexpr int64_t kMaxTokensDefault = 16;
+// Tokens one SBI launch handles (8 n-tiles of 8); sbi_gemm runs larger batches in slices.
+constexpr int kMaxLaunchTokens = 64;
+// m-tiles per block shrink until the grid has at least this many blocks per SM (so that every
+// SM streams weights); more m-tiles per block means fewer re-reads of x.
+constexpr int kMinBlocksPerSm = 2;
+
+// One launch, after the checks: at most kMaxLaunchTokens tokens, byte strides for the weights.
+struct Args {
+  const uint16_t* x = nullptr;  // bf16 [n_tokens, k], row stride x_stride elements
+  int64_t x_stride = 0;
+  const uint8_t* w = nullptr;  // [rows, k] weights, row stride w_stride_bytes
+  int64_t w_stride_bytes = 0;
+  const float* w_scale = nullptr;  // per weight row, or null (bf16)
+  const float* bias = nullptr;     // per weight row, or null
+  void* out = nullptr;             // [n_tokens, m] f32 or bf16, row stride out_stride elements
+  int64_t out_stride = 0;
+  bool out_bf16 = false;
+  bool accumulate = false;
+  bool gated = false;  // weight rows [0, m) gate, [m, 2m) up
+  int n_tokens = 0;
+  int k = 0;
+  int m = 0;  // output features
+};
+
+// Block shape: `tiles` 16-row weight tiles (gate and up tiles both count when gated) and
+// `n_tiles` 8-token tiles per block.
+struct Config {
+  int tiles = 1;
+  int n_tiles = 1;
+};
+
+// Per weight format (kernels/sbi_gemm_{bf16,i8,fp8}.cu). kInvalidArgument for a Config without
+// a compiled kernel.
+Status launch_bf16(const LaunchCtx& ctx, const Args& a, Config c);
+Status launch_i8(const LaunchCtx& ctx, const Args& a, Config c);
+Status launch_fp8(const LaunchCtx& ctx, const Args& a, Config c);
+
+// sbi_gemm with the m-tiles per block forced to m_tiles (1, 2 or 4; 0 = automatic), for the
+// benchmark's sweep. kInvalidArgument when no kernel of that shape exists for the token count.
+Status sbi_gemm_with_m_tiles(const LaunchCtx& ctx, const GpuLinearParams& p, int m_tiles);
+
+}  // namespace sbi
+
+// linear.cpp: which path cublaslt_linear takes for these params (cuBLASLt writing out directly,
+// cuBLASLt into the f32 scratch + linear_epilogue, or SBI-GeMM slices for int8 weights and shapes
+// cuBLASLt has no algorithm for), without launching anything; for tests and the benchmark.
+enum class LtRoute { kDirect, kScratch, kSbi };
+Status cublaslt_route(const LaunchCtx& ctx, const GpuLinearParams& p, LtRoute* route);
+
+// kernels/linear_epilogue.cu, for cublaslt_linear's paths that let cuBLASLt write an f32
+// scratch D[n_tokens, out_features] (row stride d_stride) first:
+//   out[t, m] = D[t, m] * (x_scale ? x_scale[t] : 1) * (w_scale ? w_scale[m] : 1)
+//               (+ bias[m]) (+ out[t, m] if accumulate), stored as f32 or bf16.
+struct LinearEpilogueArgs {
+  const float* d = nullptr;
+  int64_t d_stride = 0;
+  const float* x_scale = nullptr;  // per token, or null
+  const float* w_scale = nullptr;  // per output feature, or null
+  const float* bias = nullptr;     // per output feature, or null
+  void* out = nullptr;
+  int64_t out_stride = 0;
+  bool out_bf16 = false;
+  bool accumulate = false;
+  int64_t n_tokens = 0;
+  int64_t m = 0;
+};
+Status linear_epilogue(const LaunchCtx& ctx, const LinearEpilogueArgs& a);
+
+// kernels/linear_epilogue.cu: per-token fp8 e4m3 quantization of bf16 activations for the fp8
+// cuBLASLt GEMM: x_scale[t] = max|x[t, :]| / 448 (1 for an all-zero row),
+// q[t, i] = fp8(x[t, i] / x_scale[t]) (round to nearest even, saturating), row stride q_stride.
+Status quantize_activations_fp8(const LaunchCtx& ctx, const uint16_t* x, int64_t x_stride,
+                                int64_t n_tokens, int64_t k, uint8_t* q, int64_t q_stride,
+                                float* x_scale);
+
+}  // namespace strata::cuda
