@@ -1,0 +1,362 @@
+// The GPU linear layer's dispatch (linear) and its cuBLASLt path (cublaslt_linear), for batches
+// above the SBI-GeMM crossover.
+//
+// Layout: our row-major W [M, K] is cuBLASLt's column-major [K, M], x [n, K] is column-major
+// [K, n] and out [n, M] is column-major [M, n], so out^T = op_T(W) * x^T: a TN GEMM, the layout
+// fp8 GEMMs require on Hopper. Compute in f32 (CUBLAS_COMPUTE_32F).
+//
+// Paths:
+//   bf16, direct  - cuBLASLt writes out itself: bias through the BIAS epilogue (f32 out only:
+//                   cuBLASLt wants the bias in the output type), accumulate as beta = 1 with C = D.
+//   scratch       - cuBLASLt writes an f32 D into the workspace, then linear_epilogue applies
+//                   scales, bias, accumulate and the one bf16 rounding: bf16 weights with bf16
+//                   out and a bias (or when no direct algorithm exists), and fp8 weights: x is
+//                   quantized to fp8 per token (quantize_activations_fp8), the GEMM runs fp8 x
+//                   fp8 on the tensor cores, and the epilogue applies x_scale[t] * w_scale[m].
+//                   NOTE: fp8 activations cost accuracy (3 mantissa bits: ~2-4% error relative to
+//                   the largest output on random data); the SBI path keeps x in bf16.
+//                   NOTE: cuBLASLt's outer-vector scaling
+//                   (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) could apply both scales inside the
+//                   GEMM and skip the f32 round trip; not used until measured on Hopper.
+//   int8          - no int8 x bf16 GEMM in cuBLASLt: sbi_gemm in 64-token slices (correct, but it
+//                   re-reads W per slice: slow for prefill; dequantizing to a bf16 scratch copy
+//                   per call would be the faster fallback if int8 prefill ever matters).
+// Workspace (ctx.workspace): the direct path gives all of it to cuBLASLt; the scratch paths give
+// cuBLASLt a quarter and use the rest for [x_q fp8 | x_scale | D f32], processing the tokens in
+// slices that fit (an error if not even one token fits).
+//
+// Algorithms come from cublasLtMatmulAlgoGetHeuristic once per shape (M, K, n, strides,
+// alignments, path) and are cached in a process-wide map; descriptors are built on the stack
+// with the *Init functions. So a call allocates no device memory and never synchronizes: it can
+// be captured into a CUDA graph.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/gpu_linear_internal.h"
+#include "core/status.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr const char* kOp = "cublaslt_linear";
+constexpr size_t kAlign = 256;
+
+enum class LtPath : uint8_t { kBf16Direct, kBf16Scratch, kFp8Scratch };
+
+struct PlanKey {
+  cublasLtHandle_t handle;
+  LtPath path;
+  cudaDataType_t d_type;
+  bool bias;
+  bool beta;
+  int64_t m, k, n;
+  int64_t lda, ldb, ldd;
+  uint32_t align_a, align_b, align_d, align_bias;
+  uint64_t workspace;
+  bool operator==(const PlanKey&) const = default;
+};
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const {
+    size_t h = std::hash<const void*>()(key.handle);
+    const auto mix = [&h](uint64_t v) {
+      h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    };
+    mix(static_cast<uint64_t>(key.path));
+    mix(static_cast<uint64_t>(key.d_type));
+    mix(key.bias);
+    mix(key.beta);
+    mix(static_cast<uint64_t>(key.m));
+    mix(static_cast<uint64_t>(key.k));
+    mix(static_cast<uint64_t>(key.n));
+    mix(static_cast<uint64_t>(key.lda));
+    mix(static_cast<uint64_t>(key.ldb));
+    mix(static_cast<uint64_t>(key.ldd));
+    mix(key.align_a);
+    mix(uint64_t{key.align_b} << 32 | key.align_d);
+    mix(key.align_bias);
+    mix(key.workspace);
+    return h;
+  }
+};
+
+struct Plan {
+  bool ok = false;  // false: cuBLASLt has no algorithm for this shape (cached too)
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// Descriptors on the stack: no allocation per call.
+struct Descs {
+  cublasLtMatmulDescOpaque_t op;
+  cublasLtMatrixLayoutOpaque_t a, b, d;
+};
+
+size_t lowbit(uint64_t v) {
+  return v == 0 ? kAlign : std::min<size_t>(kAlign, static_cast<size_t>(v & (~v + 1)));
+}
+
+// The alignment every row start of a strided matrix has (what cuBLASLt may assume).
+uint32_t row_align(const void* p, int64_t ld_bytes) {
+  return static_cast<uint32_t>(
+      std::min(lowbit(reinterpret_cast<uintptr_t>(p)), lowbit(static_cast<uint64_t>(ld_bytes))));
+}
+
+Status build(const PlanKey& key, const float* bias, Descs* s) {
+  const cudaDataType_t ab = key.path == LtPath::kFp8Scratch ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescInit(&s->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t trans_a = CUBLAS_OP_T;
+  const cublasOperation_t trans_b = CUBLAS_OP_N;
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(&s->op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                               &trans_a, sizeof(trans_a)));
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(&s->op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                               &trans_b, sizeof(trans_b)));
+  if (key.bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    STRATA_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(&s->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        &s->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&s->a, ab, static_cast<uint64_t>(key.k),
+                                                         static_cast<uint64_t>(key.m), key.lda));
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&s->b, ab, static_cast<uint64_t>(key.k),
+                                                         static_cast<uint64_t>(key.n), key.ldb));
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(
+      &s->d, key.d_type, static_cast<uint64_t>(key.m), static_cast<uint64_t>(key.n), key.ldd));
+  return ok_status();
+}
+
+// The cached plan of a shape, asking the heuristic the first time.
+Status get_plan(const PlanKey& key, const float* bias, Plan* plan) {
+  static std::mutex mu;
+  static std::unordered_map<PlanKey, Plan, PlanKeyHash> plans;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = plans.find(key);
+    if (it != plans.end()) {
+      *plan = it->second;
+      return ok_status();
+    }
+  }
+  Descs s;
+  STRATA_RETURN_IF_ERROR(build(key, bias, &s));
+  cublasLtMatmulPreferenceOpaque_t pref;
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceInit(&pref));
+  const uint64_t ws = key.workspace;
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      &pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+  for (const auto& [attr, value] : aligns) {
+    STRATA_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulPreferenceSetAttribute(&pref, attr, &value, sizeof(value)));
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(key.handle, &s.op, &s.a, &s.b, &s.d,
+                                                           &s.d, &pref, 1, &result, &count);
+  Plan found;
+  found.ok = st == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+  if (found.ok) found.algo = result.algo;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    plans.emplace(key, found);
+  }
+  *plan = found;
+  return ok_status();
+}
+
+Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, const Plan& plan, const float* bias,
+                  const void* a, const void* b, void* d, void* workspace) {
+  Descs s;
+  STRATA_RETURN_IF_ERROR(build(key, bias, &s));
+  const float alpha = 1.0f;
+  const float beta = key.beta ? 1.0f : 0.0f;
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(key.handle, &s.op, &alpha, a, &s.a, b, &s.b, &beta,
+                                               d, &s.d, d, &s.d, &plan.algo, workspace,
+                                               key.workspace, ctx.stream));
+  return ok_status();
+}
+
+// bf16 weights, cuBLASLt writes out directly. *done = false when cuBLASLt has no algorithm.
+// With launch = false only the plan is looked up.
+Status bf16_direct(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, bool* done) {
+  const bool f32_out = p.out_dtype == DType::kF32;
+  const int64_t out_elem = f32_out ? 4 : 2;
+  const PlanKey key{.handle = ctx.cublaslt,
+                    .path = LtPath::kBf16Direct,
+                    .d_type = f32_out ? CUDA_R_32F : CUDA_R_16BF,
+                    .bias = p.bias != nullptr,
+                    .beta = p.accumulate,
+                    .m = p.out_features,
+                    .k = p.in_features,
+                    .n = p.n_tokens,
+                    .lda = p.w_stride,
+                    .ldb = p.x_stride,
+                    .ldd = p.out_stride,
+                    .align_a = row_align(p.w, p.w_stride * 2),
+                    .align_b = row_align(p.x, p.x_stride * 2),
+                    .align_d = row_align(p.out, p.out_stride * out_elem),
+                    .align_bias = p.bias ? row_align(p.bias, 0) : 0,
+                    .workspace = ctx.workspace_bytes};
+  Plan plan;
+  STRATA_RETURN_IF_ERROR(get_plan(key, p.bias, &plan));
+  *done = plan.ok;
+  if (!plan.ok || !launch) return ok_status();
+  return run_matmul(ctx, key, plan, p.bias, p.w, p.x, p.out, ctx.workspace);
+}
+
+// The scratch paths (see the file comment). *done = false when cuBLASLt has no algorithm; then
+// nothing was launched. With launch = false only the plans are looked up.
+Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, bool* done) {
+  *done = false;
+  const bool fp8 = p.w_dtype == DType::kFP8E4M3;
+  const int64_t m = p.out_features;
+  const int64_t k = p.in_features;
+  const int64_t n = p.n_tokens;
+  const size_t lt_bytes = ctx.workspace_bytes / 4 / kAlign * kAlign;
+  const int64_t ldq = (k + 15) / 16 * 16;  // fp8 x rows: 16-byte aligned
+  const int64_t ldd = (m + 3) / 4 * 4;     // f32 D rows: 16-byte aligned
+  const int64_t per_token = ldd * 4 + (fp8 ? ldq + 4 : 0);
+  const int64_t avail = static_cast<int64_t>(ctx.workspace_bytes - lt_bytes) - 3 * kAlign;
+  const int64_t slice = std::min<int64_t>(n, avail / per_token);
+  if (ctx.workspace == nullptr || slice < 1) {
+    return errorf(StatusCode::kFailedPrecondition,
+                  "{}: workspace of {} bytes holds no token of the f32 scratch for out_features {} "
+                  "(needs {} bytes per token beyond cuBLASLt's quarter)",
+                  kOp, ctx.workspace_bytes, m, per_token);
+  }
+  char* base = static_cast<char*>(ctx.workspace);
+  char* scratch = base + lt_bytes;
+  float* d = reinterpret_cast<float*>(scratch);
+  char* after_d = scratch + (slice * ldd * 4 + kAlign - 1) / kAlign * kAlign;
+  uint8_t* xq = reinterpret_cast<uint8_t*>(after_d);
+  float* xs = reinterpret_cast<float*>(after_d + (slice * ldq + kAlign - 1) / kAlign * kAlign);
+
+  const auto key_for = [&](int64_t ns) {
+    return PlanKey{.handle = ctx.cublaslt,
+                   .path = fp8 ? LtPath::kFp8Scratch : LtPath::kBf16Scratch,
+                   .d_type = CUDA_R_32F,
+                   .bias = false,
+                   .beta = false,
+                   .m = m,
+                   .k = k,
+                   .n = ns,
+                   .lda = p.w_stride,
+                   .ldb = fp8 ? ldq : p.x_stride,
+                   .ldd = ldd,
+                   .align_a = row_align(p.w, p.w_stride * (fp8 ? 1 : 2)),
+                   .align_b = fp8 ? row_align(xq, ldq) : row_align(p.x, p.x_stride * 2),
+                   .align_d = row_align(d, ldd * 4),
+                   .align_bias = 0,
+                   .workspace = lt_bytes};
+  };
+  // Both slice sizes' plans before launching anything, so a missing algorithm leaves out intact.
+  const PlanKey full_key = key_for(slice);
+  Plan full_plan;
+  STRATA_RETURN_IF_ERROR(get_plan(full_key, nullptr, &full_plan));
+  if (!full_plan.ok) return ok_status();
+  const int64_t rest = n % slice;
+  const PlanKey rest_key = key_for(rest > 0 ? rest : slice);
+  Plan rest_plan = full_plan;
+  if (rest > 0) {
+    STRATA_RETURN_IF_ERROR(get_plan(rest_key, nullptr, &rest_plan));
+    if (!rest_plan.ok) return ok_status();
+  }
+  if (!launch) {
+    *done = true;
+    return ok_status();
+  }
+
+  const int64_t out_elem = p.out_dtype == DType::kF32 ? 4 : 2;
+  for (int64_t t0 = 0; t0 < n; t0 += slice) {
+    const int64_t ns = std::min(slice, n - t0);
+    const uint16_t* x = p.x + t0 * p.x_stride;
+    if (fp8) {
+      STRATA_RETURN_IF_ERROR(quantize_activations_fp8(ctx, x, p.x_stride, ns, k, xq, ldq, xs));
+    }
+    const bool full = ns == slice;
+    STRATA_RETURN_IF_ERROR(run_matmul(ctx, full ? full_key : rest_key, full ? full_plan : rest_plan,
+                                      nullptr, p.w, fp8 ? static_cast<const void*>(xq) : x, d,
+                                      base));
+    LinearEpilogueArgs e;
+    e.d = d;
+    e.d_stride = ldd;
+    e.x_scale = fp8 ? xs : nullptr;
+    e.w_scale = p.w_scale;
+    e.bias = p.bias;
+    e.out = static_cast<char*>(p.out) + t0 * p.out_stride * out_elem;
+    e.out_stride = p.out_stride;
+    e.out_bf16 = p.out_dtype == DType::kBF16;
+    e.accumulate = p.accumulate;
+    e.n_tokens = ns;
+    e.m = m;
+    STRATA_RETURN_IF_ERROR(linear_epilogue(ctx, e));
+  }
+  *done = true;
+  return ok_status();
+}
+
+// cublaslt_linear's choice among its paths; with launch = false nothing runs (cublaslt_route).
+Status cublaslt_dispatch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch,
+                         LtRoute* route) {
+  STRATA_RETURN_IF_ERROR(check_gpu_linear(kOp, p));
+  if (p.gated_silu) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: gated_silu is SBI-only (sbi_gemm / linear up to 64 tokens)", kOp);
+  }
+  *route = LtRoute::kSbi;
+  if (p.n_tokens == 0) return ok_status();
+  if (p.w_dtype == DType::kI8) return launch ? sbi_gemm(ctx, p) : ok_status();  // slow: see top
+  if (ctx.cublaslt == nullptr) {
+    return errorf(StatusCode::kInvalidArgument, "{}: no cuBLASLt handle in the LaunchCtx", kOp);
+  }
+  bool done = false;
+  if (p.w_dtype == DType::kBF16 && (p.out_dtype == DType::kF32 || p.bias == nullptr)) {
+    *route = LtRoute::kDirect;
+    STRATA_RETURN_IF_ERROR(bf16_direct(ctx, p, launch, &done));
+    if (done) return ok_status();
+  }
+  *route = LtRoute::kScratch;
+  STRATA_RETURN_IF_ERROR(via_scratch(ctx, p, launch, &done));
+  if (done) return ok_status();
+  // No cuBLASLt algorithm for this shape (e.g. fp8 with k not a multiple of 16): SBI slices.
+  *route = LtRoute::kSbi;
+  return launch ? sbi_gemm(ctx, p) : ok_status();
+}
+
+}  // namespace
+
+Status cublaslt_route(const LaunchCtx& ctx, const GpuLinearParams& p, LtRoute* route) {
+  return cublaslt_dispatch(ctx, p, false, route);
+}
+
+Status cublaslt_linear(const LaunchCtx& ctx, const GpuLinearParams& p) {
+  LtRoute route;
+  return cublaslt_dispatch(ctx, p, true, &route);
+}
+
+Status linear(const LaunchCtx& ctx, const GpuLinearParams& p) {
+  if (p.gated_silu && p.n_tokens > sbi::kMaxLaunchTokens) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "linear: gated_silu with {} tokens (at most {}; run the GEMM and "
+                  "gated_act_bf16 instead)",
+                  p.n_tokens, sbi::kMaxLaunchTokens);
+  }
+  if (p.gated_silu || p.n_tokens <= sbi_max_tokens()) return sbi_gemm(ctx, p);
+  return cublaslt_linear(ctx, p);
+}
+
+}  // namespace strata::cuda
