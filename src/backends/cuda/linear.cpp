@@ -231,7 +231,8 @@ Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
   const int64_t ldq = (k + 15) / 16 * 16;  // fp8 x rows: 16-byte aligned
   // f32 out that is overwritten holds D itself (the epilogue then runs in place): no D scratch,
   // so the token slices are only limited by the fp8 copy of x.
-  const bool d_in_out = p.out_dtype == DType::kF32 && !p.accumulate;
+  const bool d_in_out =
+      p.out_dtype == DType::kF32 && !p.accumulate && row_align(p.out, p.out_stride * 4) >= 16;
   const int64_t ldd = d_in_out ? p.out_stride : (m + 3) / 4 * 4;  // scratch rows 16-byte aligned
   const int64_t per_token = (d_in_out ? 0 : ldd * 4) + (fp8 ? ldq + 4 : 0);
   const int64_t avail = static_cast<int64_t>(ctx.workspace_bytes - lt_bytes) - 3 * kAlign;
