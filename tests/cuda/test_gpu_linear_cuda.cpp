@@ -14,8 +14,9 @@
 // included: an element the GPU failed to write, or wrote past the view, fails.
 // Tolerances, relative to max |reference|: f32 out 1e-5 (same values, f32 accumulation in another
 // order); bf16 out additionally one bf16 ulp of the element (both sides round their f32 result
-// once; they can land on the two sides of a rounding boundary); the fp8 cuBLASLt path 1e-4 (fp8
-// tensor-core accumulation).
+// once; they can land on the two sides of a rounding boundary); the fp8 cuBLASLt path 1e-3
+// against the same per-token fp8 activations (Hopper's fp8 tensor cores accumulate with ~14
+// mantissa bits between cuBLASLt's f32 promotions; wrong scales or indices give O(1) errors).
 // Argument checks run without a GPU.
 #include <gtest/gtest.h>
 
@@ -283,7 +284,7 @@ TEST_P(GpuLinearCudaTest, MatchesCpuTwin) {
         ref[i] = std::isnan(ref[i]) ? ref[i] : strata::bf16_to_f32(strata::f32_to_bf16(ref[i]));
     }
     want = ref;
-    tol = 1e-4;
+    tol = 1e-3;
   }
   ASSERT_EQ(testutil::nan_in_view(want, c.n, c.m, pr.out_stride), 0u) << "reference has NaN";
   const double scale = max_abs_in_view(want, c.n, c.m, pr.out_stride);
