@@ -1,7 +1,11 @@
 // The CUDA executor (CudaModel behind Engine --device cuda) against two references: the CPU
 // backend (the executable specification, f32 throughout) and Hugging Face transformers' logits
 // stored with each fixture. The GPU holds bf16 weights and bf16 GEMM inputs and KV, so the
-// tolerances are bf16-sized; every comparison also checks that the outputs are finite.
+// tolerances are bf16-sized: on these fixtures (hidden 64-72, max|logit| ~6-8) transformers
+// itself run in bf16 lands 3.2e-2 (qwen2), 3.6e-2 (mistral), 5.1e-2 (llama_bf16) and 8.4e-2
+// (llama, f32 weights) from its f32 logits (max abs error / max |logit|, 37 random tokens,
+// torch_dtype=bfloat16 vs float32); strata keeps the residual stream in f32 and measured
+// 1.4e-2 .. 3.1e-2 on the H100. Every comparison also checks that the outputs are finite.
 //
 // Also: a mixed batch (a prefill, a chunk continuing a cached sequence and decode steps in one
 // forward) against the CPU Model with the same block tables; CUDA-graph replays against eager
@@ -174,7 +178,7 @@ TEST(CudaModel, MixedBatchMatchesCpu) {
   std::vector<float> lc(r1.size() * V), lg(r1.size() * V);
   ASSERT_TRUE((*model)->forward(b1, *cache, *comm, lc.data()).ok());
   ASSERT_TRUE((*gm)->forward(b1, lg.data()).ok());
-  EXPECT_LE(testing::relative_error(lg, lc), 2e-2);
+  EXPECT_LE(testing::relative_error(lg, lc), 4e-2);
   // Step 2: seq 0 prefill 9, seq 1 chunk of 5 at 7..11, seqs 2 and 3 one decode step each.
   std::vector<int32_t> t2, s2, p2;
   for (int32_t p = 0; p < 9; ++p) t2.push_back(tok(rng)), s2.push_back(0), p2.push_back(p);
@@ -193,7 +197,7 @@ TEST(CudaModel, MixedBatchMatchesCpu) {
   ASSERT_TRUE((*model)->forward(b2, *cache, *comm, lc.data()).ok());
   ASSERT_TRUE((*gm)->forward(b2, lg.data()).ok());
   ASSERT_TRUE(all_finite(lg));
-  EXPECT_LE(testing::relative_error(lg, lc), 2e-2);
+  EXPECT_LE(testing::relative_error(lg, lc), 4e-2);
   // Step 3: decode steps of all four through the graph path, then the same eagerly.
   for (int step = 0; step < 6; ++step) {
     std::vector<int32_t> t3, s3, p3, r3;
@@ -214,7 +218,7 @@ TEST(CudaModel, MixedBatchMatchesCpu) {
     ASSERT_TRUE((*model)->forward(b3, *cache, *comm, lc.data()).ok());
     ASSERT_TRUE((*gm)->forward(b3, lg.data()).ok());
     ASSERT_TRUE(all_finite(lg));
-    EXPECT_LE(testing::relative_error(lg, lc), 2e-2) << "decode step " << step;
+    EXPECT_LE(testing::relative_error(lg, lc), 4e-2) << "decode step " << step;
     std::vector<int32_t> greedy(4);
     // forward_argmax rewrites the same positions' KV with the same values: idempotent.
     ASSERT_TRUE((*gm)->forward_argmax(b3, greedy.data()).ok());
@@ -234,8 +238,13 @@ TEST(CudaModel, GraphReplayEqualsEagerLaunches) {
   const std::string dir = testing::fixture_model("llama_bf16");
   EngineConfig a = cuda_config(dir), b = cuda_config(dir);
   b.cuda_graphs = false;
-  auto ea = Engine::create(a), eb = Engine::create(b);
-  ASSERT_TRUE(ea.ok() && eb.ok());
+  // Two engines in one process: the second one's share is counted over what the first holds.
+  a.gpu_memory_utilization = 0.1;
+  b.gpu_memory_utilization = 0.3;
+  auto ea = Engine::create(a);
+  ASSERT_TRUE(ea.ok()) << ea.status().to_string();
+  auto eb = Engine::create(b);
+  ASSERT_TRUE(eb.ok()) << eb.status().to_string();
   GenerateRequest req;
   req.prompt_tokens = {1, 5, 9, 200, 17, 3};
   req.max_tokens = 24;
@@ -264,7 +273,8 @@ TEST(CudaModel, QuantizedWeightsStayClose) {
     const double err = testing::relative_error(*g, ref->logits[0]);
     std::printf("[ info ] %s weights: max err vs transformers %.2e\n", q, err);
     // Per-row int8 keeps ~2 significant digits per weight, e4m3 ~1; errors average over k.
-    EXPECT_LE(err, std::string(q) == "int8" ? 5e-2 : 1.5e-1) << q;
+    // bf16 alone costs 2.5e-2 on this fixture (f32 weights); int8 measured 6.1e-2, fp8 1.4e-1.
+    EXPECT_LE(err, std::string(q) == "int8" ? 8e-2 : 2e-1) << q;
   }
 }
 
