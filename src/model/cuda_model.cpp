@@ -67,6 +67,8 @@ int64_t CudaModel::graph_replays() const {
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -212,12 +214,80 @@ struct CudaModel::Impl {
   float* host_logits = nullptr;  // pinned [R, V]
   int32_t* host_ids = nullptr;   // pinned [R]
 
+  // ---- profiling (STRATA_CUDA_PROFILE=1): events around each section of eager launches ----
+  bool profile = false;
+  struct ProfEvent {
+    const char* name;
+    cudaEvent_t begin, end;
+  };
+  std::vector<ProfEvent> prof_pending;
+  std::vector<cudaEvent_t> prof_pool;
+  std::map<std::string, std::pair<int64_t, double>> prof_totals;  // name -> (calls, ms)
+  std::vector<std::string> prof_order;
+
+  cudaEvent_t prof_event() {
+    if (!prof_pool.empty()) {
+      cudaEvent_t e = prof_pool.back();
+      prof_pool.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    (void)cudaEventCreate(&e);
+    return e;
+  }
+  // Marks the start of section `name`; the next mark (or prof_flush) ends it.
+  void prof_mark(const char* name) {
+    if (!profile) return;
+    if (!prof_pending.empty() && prof_pending.back().end == nullptr) {
+      cudaEvent_t e = prof_event();
+      (void)cudaEventRecord(e, ctx.stream);
+      prof_pending.back().end = e;
+    }
+    if (name != nullptr) {
+      cudaEvent_t b = prof_event();
+      (void)cudaEventRecord(b, ctx.stream);
+      prof_pending.push_back({name, b, nullptr});
+    }
+  }
+  // After a synchronize: add the finished sections to the totals.
+  void prof_collect() {
+    for (ProfEvent& ev : prof_pending) {
+      float ms = 0.0f;
+      if (ev.end != nullptr && cudaEventElapsedTime(&ms, ev.begin, ev.end) == cudaSuccess) {
+        auto [it, fresh] = prof_totals.try_emplace(ev.name, 0, 0.0);
+        if (fresh) prof_order.push_back(ev.name);
+        it->second.first++;
+        it->second.second += ms;
+      }
+      prof_pool.push_back(ev.begin);
+      if (ev.end != nullptr) prof_pool.push_back(ev.end);
+    }
+    prof_pending.clear();
+  }
+  void prof_report() {
+    if (!profile || prof_totals.empty()) return;
+    double total = 0;
+    for (auto& [k, v] : prof_totals) total += v.second;
+    std::fprintf(stderr, "strata: CUDA profile (eager launches, event-timed sections)\n");
+    std::fprintf(stderr, "  %-12s %8s %12s %7s\n", "section", "calls", "total ms", "share");
+    for (const std::string& k : prof_order) {
+      const auto& v = prof_totals[k];
+      std::fprintf(stderr, "  %-12s %8lld %12.3f %6.1f%%\n", k.c_str(),
+                   static_cast<long long>(v.first), v.second, 100.0 * v.second / total);
+    }
+  }
+
   // ---- graphs: (batch bucket, kv bucket) -> executable graph ----
   std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs;
   int64_t captures = 0, replays = 0;
 
   ~Impl() {
     if (dev) (void)dev->make_current();
+    prof_report();
+    for (ProfEvent& ev : prof_pending) prof_pool.push_back(ev.begin);
+    for (cudaEvent_t e : prof_pool) {
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    }
     for (auto& [k, g] : graphs) (void)cudaGraphExecDestroy(g);
     if (step_host != nullptr) (void)cudaFreeHost(step_host);
     if (host_logits != nullptr) (void)cudaFreeHost(host_logits);
@@ -620,6 +690,7 @@ struct CudaModel::Impl {
   Status launch(const Step& st) {
     const ModelConfig& c = cfg;
     const int64_t n = st.n;
+    prof_mark("embedding");
     {
       EmbeddingParams p;
       p.table = tok_emb;
@@ -654,8 +725,11 @@ struct CudaModel::Impl {
       const DevLayer& L = layers[static_cast<size_t>(l)];
       cache.k_cache = k_pool(l);
       cache.v_cache = v_pool(l);
+      prof_mark("attn_norm");
       STRATA_RETURN_IF_ERROR(rms_norm(L.attn_norm, n));
+      prof_mark("qkv");
       STRATA_RETURN_IF_ERROR(linear(L.qkv, h, H, qkv, DType::kF32, qkv_dim, n, false, false));
+      prof_mark("rope_kv");
       {
         RopeKvAppendParams p;
         p.qkv = qkv;
@@ -672,6 +746,7 @@ struct CudaModel::Impl {
         p.cache = cache;
         STRATA_RETURN_IF_ERROR(cuda::rope_kv_append(ctx, p));
       }
+      prof_mark("attention");
       {
         VarlenAttentionParams p;
         p.q = q;
@@ -692,8 +767,11 @@ struct CudaModel::Impl {
         p.workspace_bytes = attn_ws_bytes;
         STRATA_RETURN_IF_ERROR(cuda::varlen_attention(ctx, p));
       }
+      prof_mark("o_proj");
       STRATA_RETURN_IF_ERROR(linear(L.o, attn, hq * D, x, DType::kF32, H, n, true, false));
+      prof_mark("ffn_norm");
       STRATA_RETURN_IF_ERROR(rms_norm(L.ffn_norm, n));
+      prof_mark("gate_up_act");
       if (sbi && c.activation == Activation::kSilu) {
         STRATA_RETURN_IF_ERROR(linear(L.gate_up, h, H, act, DType::kBF16, F, n, false, true));
       } else {
@@ -708,8 +786,10 @@ struct CudaModel::Impl {
         p.act = c.activation;
         STRATA_RETURN_IF_ERROR(cuda::gated_act_bf16(ctx, p));
       }
+      prof_mark("down");
       STRATA_RETURN_IF_ERROR(linear(L.down, act, F, x, DType::kF32, H, n, true, false));
     }
+    prof_mark(st.n_out == 0 ? nullptr : "lm_head");
     if (st.n_out == 0) return ok_status();
     // Final norm and LM head on the logit rows only.
     const float* rows = x;
@@ -743,7 +823,9 @@ struct CudaModel::Impl {
       STRATA_RETURN_IF_ERROR(cuda::softcap(ctx, p));
     }
     ArgmaxParams p{logits, V, st.n_out, V, ids};
-    return cuda::argmax(ctx, p);
+    STRATA_RETURN_IF_ERROR(cuda::argmax(ctx, p));
+    prof_mark(nullptr);
+    return ok_status();
   }
 
   // Validates the batch and packs the step inputs into pinned staging; fills `st`. Graph-
@@ -935,6 +1017,7 @@ struct CudaModel::Impl {
                                                   cudaMemcpyDeviceToHost, ctx.stream));
     }
     STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    prof_collect();
     if (n_out > 0 && out_logits != nullptr) {
       std::memcpy(out_logits, host_logits, static_cast<size_t>(n_out * V) * 4);
     }
@@ -985,6 +1068,10 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& config, 
   impl->F = c.ffn_dim;
   impl->V = c.vocab;
   impl->qkv_dim = (c.n_heads + 2 * c.n_heads_kv) * c.head_dim;
+  if (const char* p = std::getenv("STRATA_CUDA_PROFILE"); p != nullptr && p[0] == '1') {
+    impl->profile = true;
+    o.cuda_graphs = false;  // sections are timed on eager launches
+  }
   STRATA_RETURN_IF_ERROR(impl->load_weights(host));
   STRATA_RETURN_IF_ERROR(impl->allocate_runtime());
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));

@@ -393,12 +393,13 @@ Status launch_tile(const LaunchCtx& ctx, const VarlenAttentionParams& p, FlashPr
   }
   // 128-row tiles when they alone give every SM two CTAs; 64-row tiles (twice the CTAs) for
   // short chunks and small batches. With 128 rows, 32 rows per warp halve the shared-memory
-  // reads per MMA; at head_dim 128 that only fits 255 registers with 32-key tiles.
+  // reads per MMA. Measured on H100 (bench_attention, 2026-11-22, d 128, 32/8 heads): 4 warps x
+  // 128 rows x 64 keys was fastest at 1x2048 (254 vs 241 TFLOP/s for 32-key tiles) and 8x2048
+  // (289 vs 266), although it spills 76 bytes at head_dim 128.
   const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
   const int64_t big_ctas = ceil_div<int64_t>(p.max_q_len, 128) * p.n_heads * p.n_seqs;
   if (big_ctas < 2 * sms) return launch<D, 4, 1, 64>(ctx, p);
-  if constexpr (D == 64) return launch<D, 4, 2, 64>(ctx, p);
-  return launch<D, 4, 2, 32>(ctx, p);
+  return launch<D, 4, 2, 64>(ctx, p);
 }
 
 }  // namespace
