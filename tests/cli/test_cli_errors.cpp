@@ -192,4 +192,18 @@ TEST(Cli, DeviceErrors) {
                      "llama9-1t");
 }
 
+TEST(Cli, BenchThroughputRunsAllRequests) {
+  const std::string json =
+      (fs::temp_directory_path() / ("strata_tput_" + std::to_string(getpid()) + ".json")).string();
+  CliRun r = run_strata(
+      "bench-throughput -m " + fixture("llama") +
+      " --num-prompts 40 --input-len 12 --output-len 5 --max-num-seqs 8 --warmup 3 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(json);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  fs::remove(json);
+  EXPECT_NE(text.find("\"output_tokens\": 200"), std::string::npos) << text;  // 40 x 5
+  EXPECT_NE(r.out.find("output tokens/s"), std::string::npos) << r.out;
+}
+
 }  // namespace
