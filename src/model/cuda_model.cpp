@@ -236,8 +236,13 @@ struct CudaModel::Impl {
     return e;
   }
   // Marks the start of section `name`; the next mark (or prof_flush) ends it.
+  // Sections of decode steps (one token per sequence) and of other passes are kept apart.
+  bool prof_decode = false;
   void prof_mark(const char* name) {
     if (!profile) return;
+    if (name != nullptr) {
+      name = prof_name(name);
+    }
     if (!prof_pending.empty() && prof_pending.back().end == nullptr) {
       cudaEvent_t e = prof_event();
       (void)cudaEventRecord(e, ctx.stream);
@@ -248,6 +253,11 @@ struct CudaModel::Impl {
       (void)cudaEventRecord(b, ctx.stream);
       prof_pending.push_back({name, b, nullptr});
     }
+  }
+  const char* prof_name(const char* name) {
+    static std::map<std::string, std::string> names;  // stable storage for "decode/<name>"
+    const std::string key = std::string(prof_decode ? "decode/" : "prefill/") + name;
+    return names.try_emplace(key, key).first->second.c_str();
   }
   // After a synchronize: add the finished sections to the totals.
   void prof_collect() {
@@ -269,11 +279,14 @@ struct CudaModel::Impl {
     double total = 0;
     for (auto& [k, v] : prof_totals) total += v.second;
     std::fprintf(stderr, "strata: CUDA profile (eager launches, event-timed sections)\n");
-    std::fprintf(stderr, "  %-12s %8s %12s %7s\n", "section", "calls", "total ms", "share");
+    std::fprintf(stderr, "  %-22s %8s %12s %10s %7s\n", "section", "calls", "total ms",
+                 "us/call", "share");
     for (const std::string& k : prof_order) {
       const auto& v = prof_totals[k];
-      std::fprintf(stderr, "  %-12s %8lld %12.3f %6.1f%%\n", k.c_str(),
-                   static_cast<long long>(v.first), v.second, 100.0 * v.second / total);
+      std::fprintf(stderr, "  %-22s %8lld %12.3f %10.1f %6.1f%%\n", k.c_str(),
+                   static_cast<long long>(v.first), v.second,
+                   1e3 * v.second / static_cast<double>(std::max<int64_t>(1, v.first)),
+                   100.0 * v.second / total);
     }
   }
 
@@ -690,6 +703,7 @@ struct CudaModel::Impl {
   Status launch(const Step& st) {
     const ModelConfig& c = cfg;
     const int64_t n = st.n;
+    prof_decode = st.max_q == 1;
     prof_mark("embedding");
     {
       EmbeddingParams p;
