@@ -255,8 +255,6 @@ struct QuantLinearParams {
   bool f32_activations = true;
 };
 
-}  // namespace strata
-
 // ---- GPU executor kernels (bf16 activations into GEMMs, bf16 paged KV cache) ----------------
 // The CUDA model executor keeps the residual stream in f32 and feeds every GEMM bf16
 // activations; the KV cache is bf16. bf16 values travel as uint16_t bit patterns so this header
@@ -386,3 +384,5 @@ struct VarlenAttentionParams {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
+
+}  // namespace strata
