@@ -1,6 +1,7 @@
 // AVX2 + FMA + F16C kernels for quantized dot products: the int8-activation path (its dot
 // kernels and activation quantizer, below) and the f32-activation path's decode kernels
-// (tile_dot_f32_avx2, used by quant_f32.cpp for n_tokens < 8; see that section).
+// (row_dot_f32_avx2 / row_dot_f32_tokens_avx2, used by quant_f32.cpp for n_tokens < 8; see
+// that section).
 //
 // Each function carries __attribute__((target(...))), so this file builds without -mavx2 and
 // quant.cpp calls into it only after __builtin_cpu_supports says the CPU has the features.
@@ -450,13 +451,14 @@ STRATA_AVX2 inline __m256 block_sum_f32(const uint8_t* b, const float* x) {
   return _mm256_fmadd_ps(widen8_f32<B::kQ8>(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), s);
 }
 
-// One token, one row of nb 32-value blocks: dot(row, x), with xsum[j] = sum of x over block j
+// One token, one row of n / 32 blocks: dot(row, x), with xsum[j] = sum of x over block j
 // for the offset / min terms (a scalar sum). Blocks go in pairs into two accumulators so the
 // FMA latency of d * sum never limits the short per-block work.
 template <DType kT>
 STRATA_AVX2 float row_dot_blk32_f32(const uint8_t* w, const float* x, const float* xsum,
-                                    int64_t nb) {
+                                    int64_t n) {
   using B = Blk32<kT>;
+  const int64_t nb = n / 32;
   constexpr bool kHasC = B::kHasMin || B::kOffset != 0.0f;
   __m256 acc0 = _mm256_setzero_ps();
   __m256 acc1 = _mm256_setzero_ps();
@@ -729,45 +731,40 @@ STRATA_AVX2 void dot_q6_k_f32(const uint8_t* w, int64_t n, const float* x, int64
 
 using RowF32Fn = void (*)(const uint8_t* w, int64_t n, const float* x, int64_t x_stride,
                           const float* xsum, float* out);
-using RowDot1Fn = float (*)(const uint8_t* w, const float* x, const float* xsum, int64_t nb);
 
-// A one-token row kernel in RowF32Fn form.
-template <RowDot1Fn kFn>
-STRATA_AVX2 void one_token(const uint8_t* w, int64_t n, const float* x, int64_t /*x_stride*/,
-                           const float* xsum, float* out) {
-  *out = kFn(w, x, xsum, n / 32);
+// The one-token K-quant kernels in RowDotF32Fn form.
+template <bool kFiveBit>
+STRATA_AVX2 float row_dot_q45_k_f32(const uint8_t* w, const float* x, const float* xsum,
+                                    int64_t n) {
+  float out = 0.0f;
+  dot_q45_k_f32<kFiveBit, 1>(w, n, x, 0, xsum, &out);
+  return out;
+}
+STRATA_AVX2 float row_dot_q6_k_f32(const uint8_t* w, const float* x, const float* xsum, int64_t n) {
+  float out = 0.0f;
+  dot_q6_k_f32<1>(w, n, x, 0, xsum, &out);
+  return out;
 }
 
-// The rows of a tile one after another (a sequential stream), each with the kernel for nt
-// tokens.
-template <RowF32Fn kFn1, RowF32Fn kFn2, RowF32Fn kFn3, RowF32Fn kFn4>
-STRATA_AVX2 void tile_dot_rows_f32(const uint8_t* w, int64_t row_bytes, int nr, int64_t n,
-                                   const float* x, int64_t x_stride, const float* xsum, int nt,
-                                   float* out) {
-  for (int r = 0; r < nr; ++r) {
-    const uint8_t* wr = w + r * row_bytes;
-    float* o = out + r * nt;
-    switch (nt) {
-      case 1:
-        kFn1(wr, n, x, x_stride, xsum, o);
-        break;
-      case 2:
-        kFn2(wr, n, x, x_stride, xsum, o);
-        break;
-      case 3:
-        kFn3(wr, n, x, x_stride, xsum, o);
-        break;
-      default:
-        kFn4(wr, n, x, x_stride, xsum, o);
-        break;
-    }
+// RowDotF32TokensFn: the kernel for nt tokens.
+template <RowDotF32Fn kOne, RowF32Fn kFn2, RowF32Fn kFn3, RowF32Fn kFn4>
+STRATA_AVX2 void row_dot_tokens(const uint8_t* w, int64_t n, const float* x, int64_t x_stride,
+                                const float* xsum, int nt, float* out) {
+  switch (nt) {
+    case 1:
+      *out = kOne(w, x, xsum, n);
+      break;
+    case 2:
+      kFn2(w, n, x, x_stride, xsum, out);
+      break;
+    case 3:
+      kFn3(w, n, x, x_stride, xsum, out);
+      break;
+    default:
+      kFn4(w, n, x, x_stride, xsum, out);
+      break;
   }
 }
-
-template <DType kT>
-constexpr TileDotF32Fn kTileBlk32F32 =
-    tile_dot_rows_f32<one_token<row_dot_blk32_f32<kT>>, dot_blk32_f32<kT, 2>, dot_blk32_f32<kT, 3>,
-                      dot_blk32_f32<kT, 4>>;
 
 }  // namespace
 
@@ -804,26 +801,62 @@ TileDotFn tile_dot_avx2(DType dt) {
   return nullptr;
 }
 
-TileDotF32Fn tile_dot_f32_avx2(DType dt) {
+RowDotF32Fn row_dot_f32_avx2(DType dt) {
   switch (dt) {
     case DType::kQ8_0:
-      return kTileBlk32F32<DType::kQ8_0>;
+      return row_dot_blk32_f32<DType::kQ8_0>;
     case DType::kQ4_0:
-      return kTileBlk32F32<DType::kQ4_0>;
+      return row_dot_blk32_f32<DType::kQ4_0>;
     case DType::kQ4_1:
-      return kTileBlk32F32<DType::kQ4_1>;
+      return row_dot_blk32_f32<DType::kQ4_1>;
     case DType::kQ5_0:
-      return kTileBlk32F32<DType::kQ5_0>;
+      return row_dot_blk32_f32<DType::kQ5_0>;
     case DType::kQ5_1:
-      return kTileBlk32F32<DType::kQ5_1>;
+      return row_dot_blk32_f32<DType::kQ5_1>;
     case DType::kQ4_K:
-      return tile_dot_rows_f32<dot_q45_k_f32<false, 1>, dot_q45_k_f32<false, 2>,
-                               dot_q45_k_f32<false, 3>, dot_q45_k_f32<false, 4>>;
+      return row_dot_q45_k_f32<false>;
     case DType::kQ5_K:
-      return tile_dot_rows_f32<dot_q45_k_f32<true, 1>, dot_q45_k_f32<true, 2>,
-                               dot_q45_k_f32<true, 3>, dot_q45_k_f32<true, 4>>;
+      return row_dot_q45_k_f32<true>;
     case DType::kQ6_K:
-      return tile_dot_rows_f32<dot_q6_k_f32<1>, dot_q6_k_f32<2>, dot_q6_k_f32<3>, dot_q6_k_f32<4>>;
+      return row_dot_q6_k_f32;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+RowDotF32TokensFn row_dot_f32_tokens_avx2(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return row_dot_tokens<row_dot_blk32_f32<DType::kQ8_0>, dot_blk32_f32<DType::kQ8_0, 2>,
+                            dot_blk32_f32<DType::kQ8_0, 3>, dot_blk32_f32<DType::kQ8_0, 4>>;
+    case DType::kQ4_0:
+      return row_dot_tokens<row_dot_blk32_f32<DType::kQ4_0>, dot_blk32_f32<DType::kQ4_0, 2>,
+                            dot_blk32_f32<DType::kQ4_0, 3>, dot_blk32_f32<DType::kQ4_0, 4>>;
+    case DType::kQ4_1:
+      return row_dot_tokens<row_dot_blk32_f32<DType::kQ4_1>, dot_blk32_f32<DType::kQ4_1, 2>,
+                            dot_blk32_f32<DType::kQ4_1, 3>, dot_blk32_f32<DType::kQ4_1, 4>>;
+    case DType::kQ5_0:
+      return row_dot_tokens<row_dot_blk32_f32<DType::kQ5_0>, dot_blk32_f32<DType::kQ5_0, 2>,
+                            dot_blk32_f32<DType::kQ5_0, 3>, dot_blk32_f32<DType::kQ5_0, 4>>;
+    case DType::kQ5_1:
+      return row_dot_tokens<row_dot_blk32_f32<DType::kQ5_1>, dot_blk32_f32<DType::kQ5_1, 2>,
+                            dot_blk32_f32<DType::kQ5_1, 3>, dot_blk32_f32<DType::kQ5_1, 4>>;
+    case DType::kQ4_K:
+      return row_dot_tokens<row_dot_q45_k_f32<false>, dot_q45_k_f32<false, 2>,
+                            dot_q45_k_f32<false, 3>, dot_q45_k_f32<false, 4>>;
+    case DType::kQ5_K:
+      return row_dot_tokens<row_dot_q45_k_f32<true>, dot_q45_k_f32<true, 2>, dot_q45_k_f32<true, 3>,
+                            dot_q45_k_f32<true, 4>>;
+    case DType::kQ6_K:
+      return row_dot_tokens<row_dot_q6_k_f32, dot_q6_k_f32<2>, dot_q6_k_f32<3>, dot_q6_k_f32<4>>;
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:

@@ -5,10 +5,10 @@
 //
 // Variants:
 //   n_tokens < 8 (decode), AVX2: the fused unpack-and-FMA kernels of quant_avx2.cpp
-//     (tile_dot_f32_avx2) for all eight block types, with the activation's per-32 block sums
-//     computed once per call for the offset / min terms. One token: threads take tiles of 4
-//     rows, each a sequential stream. 2..7 tokens: each weight row is unpacked once per group
-//     of up to 4 tokens.
+//     (row_dot_f32_avx2, row_dot_f32_tokens_avx2) for all eight block types, with the
+//     activation's per-32 block sums computed once per call for the offset / min terms.
+//     Threads split the rows into contiguous slabs and read them row after row; with 2..7
+//     tokens each row is unpacked once per group of up to 4 tokens.
 //   n_tokens >= 8 (prefill): panels of rows are dequantized to f32 and run through the f32
 //     GEMM of linear.cpp.
 //   force_scalar, or no AVX2: dequantize_row + dot per row (the reference the AVX2 kernels
@@ -69,36 +69,36 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
   const auto* w = static_cast<const uint8_t*>(p.weight);
   constexpr int64_t kGemmTokens = 8;
 
-  const quant_detail::TileDotF32Fn tile =
-      avx2 && p.n_tokens < kGemmTokens ? quant_detail::tile_dot_f32_avx2(p.weight_dtype) : nullptr;
-  if (tile != nullptr) {
+  if (avx2 && p.n_tokens < kGemmTokens) {
     const int64_t n = p.n_tokens;
     const int64_t nb32 = k / 32;
     std::vector<float> xsum(static_cast<size_t>(n * nb32));
     for (int64_t t = 0; t < n; ++t) {
       block_sums32_avx2(p.x + t * x_stride, nb32, xsum.data() + t * nb32);
     }
-    // One token: 4 rows per tile (fewer calls; the kernels still read row after row).
-    // Several: one row per tile and the tokens in groups of <= 4, split evenly (5 = 3 + 2,
-    // 6 = 3 + 3, 7 = 4 + 3), so each row is unpacked at most twice.
-    const int64_t row_tile = n == 1 ? 16 : 1;
-    const int64_t tok_group = n <= 4 ? n : (n + 1) / 2;
-    const int64_t n_row_tiles = (p.out_features + row_tile - 1) / row_tile;
+    if (n == 1) {
+      // Each thread streams its contiguous slab of rows, one row per kernel call.
+      const quant_detail::RowDotF32Fn row = quant_detail::row_dot_f32_avx2(p.weight_dtype);
 #pragma omp parallel for schedule(static)
-    for (int64_t rt = 0; rt < n_row_tiles; ++rt) {
-      const int64_t r0 = rt * row_tile;
-      const int nr = static_cast<int>(std::min(row_tile, p.out_features - r0));
-      for (int64_t t0 = 0; t0 < n; t0 += tok_group) {
-        const int nt = static_cast<int>(std::min(tok_group, n - t0));
-        float res[16];
-        tile(w + r0 * row_bytes, row_bytes, nr, k, p.x + t0 * x_stride, x_stride,
-             xsum.data() + t0 * nb32, nt, res);
-        for (int r = 0; r < nr; ++r) {
-          const float bias = p.bias != nullptr ? p.bias[r0 + r] : 0.0f;
-          for (int i = 0; i < nt; ++i) {
-            p.out[(t0 + i) * out_stride + r0 + r] = res[r * nt + i] + bias;
-          }
-        }
+      for (int64_t r = 0; r < p.out_features; ++r) {
+        const float bias = p.bias != nullptr ? p.bias[r] : 0.0f;
+        p.out[r] = row(w + r * row_bytes, p.x, xsum.data(), k) + bias;
+      }
+      return ok_status();
+    }
+    // 2..7 tokens: each row is unpacked once per group of <= 4 tokens; the groups split the
+    // tokens evenly (5 = 3 + 2, 6 = 3 + 3, 7 = 4 + 3), so a row is unpacked at most twice.
+    const quant_detail::RowDotF32TokensFn rows =
+        quant_detail::row_dot_f32_tokens_avx2(p.weight_dtype);
+    const int64_t group = n <= 4 ? n : (n + 1) / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < p.out_features; ++r) {
+      const float bias = p.bias != nullptr ? p.bias[r] : 0.0f;
+      for (int64_t t0 = 0; t0 < n; t0 += group) {
+        const int nt = static_cast<int>(std::min(group, n - t0));
+        float res[4];
+        rows(w + r * row_bytes, k, p.x + t0 * x_stride, x_stride, xsum.data() + t0 * nb32, nt, res);
+        for (int i = 0; i < nt; ++i) p.out[(t0 + i) * out_stride + r] = res[i] + bias;
       }
     }
     return ok_status();
