@@ -584,6 +584,24 @@ STRATA_AVX2 void dot_blk32_f32(const uint8_t* w, int64_t n, const float* x, int6
   for (int t = 0; t < kNt; ++t) out[t] = hsum(_mm256_add_ps(acc[t], macc[t]));
 }
 
+// The 6-bit scales and mins of a Q4_K / Q5_K super-block (its 12 scale bytes at p) as bytes:
+// out[0..1] = sc_0..7, out[2..3] = m_0..7 (k_scale_min for all j, on 32-bit words).
+inline void k_scales_mins(const uint8_t* p, uint32_t out[4]) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  uint32_t v[3];
+  std::memcpy(v, p, 12);
+  out[3] = ((v[2] >> 4) & kLow4) | (((v[1] >> 6) & kLow2) << 4);
+  out[2] = v[1] & kLow6;
+  out[1] = (v[2] & kLow4) | (((v[0] >> 6) & kLow2) << 4);
+  out[0] = v[0] & kLow6;
+}
+
+// Eight bytes (two words) as 8 f32.
+STRATA_AVX2 inline __m256 u8x8_f32(const uint32_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 // Q4_K / Q5_K, one row, kNt (1..4) tokens: per sub-block pair i the 32 bytes qs[32 i, 32 i + 32)
 // hold sub-block 2 i (low nibbles) and 2 i + 1 (high); the dmin * m_j * sx terms go 8 at a time
 // into macc.
@@ -605,14 +623,12 @@ STRATA_AVX2 void dot_q45_k_f32(const uint8_t* w, int64_t n, const float* x, int6
   }
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* b = w + sb * kBytes;
-    const float d = f16_avx(b);
-    const float dmin = f16_avx(b + 2);
-    alignas(16) uint8_t sc[8];
-    alignas(16) uint8_t mn[8];
-    for (int j = 0; j < 8; ++j) k_scale_min(b + 4, j, &sc[j], &mn[j]);
-    const __m256 mv = _mm256_mul_ps(
-        _mm256_set1_ps(dmin),
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<__m128i*>(mn)))));
+    // d * sc_j and dmin * m_j for the 8 sub-blocks, as vectors (scales unpacked 4 at a time).
+    uint32_t scm[4];
+    k_scales_mins(b + 4, scm);
+    alignas(32) float ds[8];
+    _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(f16_avx(b)), u8x8_f32(scm)));
+    const __m256 mv = _mm256_mul_ps(_mm256_set1_ps(f16_avx(b + 2)), u8x8_f32(scm + 2));
     STRATA_UNROLL
     for (int t = 0; t < kNt; ++t)
       macc[t] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xsum + t * nb + sb * 8), macc[t]);
@@ -650,8 +666,8 @@ STRATA_AVX2 void dot_q45_k_f32(const uint8_t* w, int64_t n, const float* x, int6
           v1[k] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
         }
       }
-      const __m256 ds0 = _mm256_set1_ps(d * static_cast<float>(sc[2 * i]));
-      const __m256 ds1 = _mm256_set1_ps(d * static_cast<float>(sc[2 * i + 1]));
+      const __m256 ds0 = _mm256_broadcast_ss(&ds[2 * i]);
+      const __m256 ds1 = _mm256_broadcast_ss(&ds[2 * i + 1]);
       STRATA_UNROLL
       for (int t = 0; t < kNt; ++t) {
         const float* xt = x + t * x_stride + sb * kQK + 64 * i;
@@ -682,8 +698,13 @@ STRATA_AVX2 void dot_q6_k_f32(const uint8_t* w, int64_t n, const float* x, int64
   for (int t = 0; t < kNt; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* b = w + sb * 210;
-    const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
-    const float d = f16_avx(b + 208);
+    // d * sc for the 16 groups of 16 values.
+    const __m256 d = _mm256_set1_ps(f16_avx(b + 208));
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    alignas(32) float ds[16];
+    _mm256_store_ps(ds, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_store_ps(
+        ds + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
     STRATA_UNROLL
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
@@ -710,8 +731,8 @@ STRATA_AVX2 void dot_q6_k_f32(const uint8_t* w, int64_t n, const float* x, int64
           f[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 32 * t4 + 8 * k))));
         }
-        const __m256 s0 = _mm256_set1_ps(d * static_cast<float>(scales[2 * g]));
-        const __m256 s1 = _mm256_set1_ps(d * static_cast<float>(scales[2 * g + 1]));
+        const __m256 s0 = _mm256_broadcast_ss(&ds[2 * g]);
+        const __m256 s1 = _mm256_broadcast_ss(&ds[2 * g + 1]);
         STRATA_UNROLL
         for (int t = 0; t < kNt; ++t) {
           const float* xt = x + t * x_stride + sb * kQK + 32 * g;
