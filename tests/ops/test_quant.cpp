@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "io/gguf.h"
 
 namespace strata::cpu {
@@ -311,6 +312,121 @@ TEST_F(QuantFixture, LinearOnColumnSliceWithRowStride) {
             EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.f32, 1e-5 * mag) << name;
           } else {
             EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.q8, ref.tight) << name;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Random rows of block-quantized weights: random bytes, with the f16 scales set to sane values
+// (d in [0.002, 0.05]; Q4_1/Q5_1 m = -d * [0, 2^bits - 1] so blocks straddle 0, as a quantizer's
+// min would; K-quant dmin in [0.001, 0.02]) so every value stays finite.
+std::vector<uint8_t> random_quant_rows(DType dt, int64_t rows, int64_t row_blocks, uint32_t seed) {
+  const DTypeInfo& info = dtype_info(dt);
+  std::vector<uint8_t> w(static_cast<size_t>(rows * row_blocks * info.block_bytes));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
+  auto put_f16 = [](uint8_t* p, float v) {
+    const uint16_t h = f32_to_f16(v);
+    std::memcpy(p, &h, 2);
+  };
+  for (int64_t j = 0; j < rows * row_blocks; ++j) {
+    uint8_t* b = w.data() + j * info.block_bytes;
+    const float d = 0.002f + 0.048f * ud(rng);
+    switch (dt) {
+      case DType::kQ6_K:
+        put_f16(b + 208, d);
+        break;
+      case DType::kQ4_K:
+      case DType::kQ5_K:
+        put_f16(b, d);
+        put_f16(b + 2, 0.001f + 0.019f * ud(rng));
+        break;
+      case DType::kQ4_1:
+      case DType::kQ5_1:
+        put_f16(b, d);
+        put_f16(b + 2, -d * ud(rng) * (dt == DType::kQ4_1 ? 15.0f : 31.0f));
+        break;
+      default:
+        put_f16(b, d);
+        break;
+    }
+  }
+  return w;
+}
+
+// The AVX2 f32-activation kernels (decode path, n_tokens < 8) against the scalar f32 path
+// (force_scalar: dequantize_row + scalar dot) for every block type: n_tokens 1..7, row counts
+// that are not multiples of the 4-row tile, rows with a block count that leaves a tail after
+// groups of 8, weight rows farther apart than their length (weight_row_blocks), strided x and
+// out, and a bias. Both compute the f32 product over the dequantized weights, so they may
+// differ only by f32 summation order: within 1e-5 of sum |w_i x_i| + |bias|.
+TEST(Quant, F32ActivationAvx2MatchesScalar) {
+  if (quant_best_isa() != QuantIsa::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (const TypeCase& tc : kQuantTypes) {
+    const DTypeInfo& info = dtype_info(tc.dtype);
+    const bool kq = info.block_size == 256;
+    // 32-value types: 1 block, 9 (a group of 8 + 1), 19 (2 groups + 3); K-quants: 1 and 3
+    // super-blocks.
+    const std::vector<int64_t> ks =
+        kq ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 288, 608};
+    for (const int64_t k : ks) {
+      for (const int64_t m : {1, 6, 13}) {
+        for (const int64_t pad_blocks : {0, 3}) {
+          const int64_t row_blocks = k / info.block_size + pad_blocks;
+          const std::vector<uint8_t> w = random_quant_rows(
+              tc.dtype, m, row_blocks, static_cast<uint32_t>(k * 31 + m * 7 + pad_blocks));
+          std::vector<float> wf(static_cast<size_t>(m * k));
+          for (int64_t r = 0; r < m; ++r) {
+            ASSERT_TRUE(dequantize_row(tc.dtype, w.data() + r * row_blocks * info.block_bytes,
+                                       wf.data() + r * k, k)
+                            .ok());
+          }
+          std::vector<float> bias(static_cast<size_t>(m));
+          for (int64_t r = 0; r < m; ++r)
+            bias[static_cast<size_t>(r)] = 0.1f * static_cast<float>(r % 5) - 0.2f;
+          for (int64_t n = 1; n <= 7; ++n) {
+            const int64_t x_stride = k + 8;
+            const int64_t out_stride = m + 2;
+            const std::vector<float> x =
+                random_rows(n, x_stride, static_cast<uint32_t>(1000 + n + k + m));
+            std::vector<float> got(static_cast<size_t>(n * out_stride), -7.0f);
+            std::vector<float> want(got.size(), -7.0f);
+            QuantLinearParams p;
+            p.x = x.data();
+            p.weight = w.data();
+            p.weight_dtype = tc.dtype;
+            p.bias = bias.data();
+            p.n_tokens = n;
+            p.in_features = k;
+            p.out_features = m;
+            p.x_stride = x_stride;
+            p.out_stride = out_stride;
+            p.weight_row_blocks = pad_blocks != 0 ? row_blocks : 0;
+            p.f32_activations = true;
+            p.out = got.data();
+            ASSERT_TRUE(quant_linear(p).ok());
+            p.force_scalar = true;
+            p.out = want.data();
+            ASSERT_TRUE(quant_linear(p).ok());
+            for (int64_t t = 0; t < n; ++t) {
+              const float* xt = x.data() + t * x_stride;
+              for (int64_t r = 0; r < m; ++r) {
+                double mag = std::fabs(bias[static_cast<size_t>(r)]);
+                for (int64_t i = 0; i < k; ++i) {
+                  mag += std::fabs(static_cast<double>(wf[static_cast<size_t>(r * k + i)]) * xt[i]);
+                }
+                const size_t o = static_cast<size_t>(t * out_stride + r);
+                EXPECT_NEAR(got[o], want[o], 1e-5 * mag)
+                    << tc.name << " k " << k << " m " << m << " pad " << pad_blocks << " n " << n
+                    << " tok " << t << " row " << r;
+              }
+              for (int64_t r = m; r < out_stride; ++r) {
+                EXPECT_EQ(got[static_cast<size_t>(t * out_stride + r)], -7.0f);
+              }
+            }
           }
         }
       }

@@ -1,8 +1,12 @@
-// AVX2 + FMA + F16C kernels for quantized dot products and the int8 activation quantizer.
+// AVX2 + FMA + F16C kernels for quantized dot products: the int8-activation path (its dot
+// kernels and activation quantizer, below) and the f32-activation path's decode kernels
+// (row_dot_f32_avx2 / row_dot_f32_tokens_avx2, used by quant_f32.cpp for n_tokens < 8; see
+// that section).
 //
 // Each function carries __attribute__((target(...))), so this file builds without -mavx2 and
 // quant.cpp calls into it only after __builtin_cpu_supports says the CPU has the features.
-// The math is the scalar kernels' (quant.cpp) with a different summation order:
+// int8 activations: the math is the scalar kernels' (quant.cpp) with a different summation
+// order:
 //   per 32 values: u8 weights x i8 activations -> maddubs (i16 pairs) -> madd with ones (i32)
 //   -> f32 -> fused multiply-add with the block's d_w * d_a into a vector accumulator; the
 //   min / offset terms c_w * s_a go to a second accumulator. maddubs cannot saturate here:
@@ -395,6 +399,394 @@ void tile_dot_rows(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const
   }
 }
 
+// ---- f32-activation kernels (quant_f32.cpp's small-n path) ------------------------------------
+// The activation stays f32: the weight's integer values are widened to i32, converted to f32
+// and multiplied with x; a block's (K-quants: a 16- or 32-value group's) product sum is scaled
+// by its d with one FMA, and offsets / mins use the activation's per-32 block sums sx:
+//   Q8_0: d sum(q x);  Q4_0/Q5_0: d sum(q x) - 8 d sx / - 16 d sx;  Q4_1/Q5_1: d sum(q x) + m sx
+//   Q4_K/Q5_K sub-block j: d sc_j sum(q x) - dmin m_j sx;  Q6_K: d sc per 16 values of q - 32
+// so results equal the f32 dot with the dequantized row up to f32 summation order.
+//
+// Every kernel reads its weight rows one after another, so a thread's share of W is one
+// sequential stream. NOTE: tiles of 4 rows interleaved block by block (one token's 32
+// activations held in registers for all 4 rows) were ~5% faster with W in cache but reached
+// only 9-13 GB/s per thread streaming W from DRAM against ~22 GB/s for one row at a time
+// (Q8_0, 1 thread, software prefetch tried), and a decode step streams the whole model from
+// DRAM. One token: one row per call. Several tokens: each weight block is unpacked once for up
+// to 4 tokens.
+
+// The low 8 bytes of v as 8 f32 (signed or unsigned bytes).
+template <bool kSigned>
+STRATA_AVX2 inline __m256 widen8_f32(__m128i v) {
+  return _mm256_cvtepi32_ps(kSigned ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+}
+
+// One token, one 32-value block at b: sum over its values of q * x as 8 lanes (q unsigned,
+// Q8_0 signed; offsets and mins are left to the caller). The values are unpacked in the byte
+// domain (Q5: the fifth bit of value j, bit j of qh, ORed in as 0x10) and widened from two
+// 128-bit halves, so each block needs no stores.
+template <DType kT>
+STRATA_AVX2 inline __m256 block_sum_f32(const uint8_t* b, const float* x) {
+  using B = Blk32<kT>;
+  __m128i lo, hi;  // values 0..15 and 16..31 as bytes
+  if constexpr (B::kQ8) {
+    lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+    hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18));
+  } else {
+    constexpr int64_t kQh = B::kHasMin ? 4 : 2;
+    constexpr int64_t kQs = kQh + (B::kFive ? 4 : 0);
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQs));
+    lo = _mm_and_si128(q, mask);
+    hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    if constexpr (B::kFive) {
+      const __m256i fifth = fifth_bits(load_u32(b + kQh));
+      lo = _mm_or_si128(lo, _mm256_castsi256_si128(fifth));
+      hi = _mm_or_si128(hi, _mm256_extracti128_si256(fifth, 1));
+    }
+  }
+  __m256 s = _mm256_mul_ps(widen8_f32<B::kQ8>(lo), _mm256_loadu_ps(x));
+  s = _mm256_fmadd_ps(widen8_f32<B::kQ8>(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), s);
+  s = _mm256_fmadd_ps(widen8_f32<B::kQ8>(hi), _mm256_loadu_ps(x + 16), s);
+  return _mm256_fmadd_ps(widen8_f32<B::kQ8>(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), s);
+}
+
+// One token, one row of n / 32 blocks: dot(row, x), with xsum[j] = sum of x over block j
+// for the offset / min terms (a scalar sum). Blocks go in pairs into two accumulators so the
+// FMA latency of d * sum never limits the short per-block work.
+template <DType kT>
+STRATA_AVX2 float row_dot_blk32_f32(const uint8_t* w, const float* x, const float* xsum,
+                                    int64_t n) {
+  using B = Blk32<kT>;
+  const int64_t nb = n / 32;
+  constexpr bool kHasC = B::kHasMin || B::kOffset != 0.0f;
+  __m256 acc0 = _mm256_setzero_ps();
+  __m256 acc1 = _mm256_setzero_ps();
+  float macc = 0.0f;
+  int64_t j = 0;
+  for (; j + 2 <= nb; j += 2) {
+    const uint8_t* b0 = w + j * B::kBytes;
+    const uint8_t* b1 = b0 + B::kBytes;
+    const float d0 = f16_avx(b0);
+    const float d1 = f16_avx(b1);
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), block_sum_f32<kT>(b0, x + 32 * j), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), block_sum_f32<kT>(b1, x + 32 * j + 32), acc1);
+    if constexpr (kHasC) {
+      macc += (B::kHasMin ? f16_avx(b0 + 2) : -B::kOffset * d0) * xsum[j];
+      macc += (B::kHasMin ? f16_avx(b1 + 2) : -B::kOffset * d1) * xsum[j + 1];
+    }
+  }
+  if (j < nb) {
+    const uint8_t* b0 = w + j * B::kBytes;
+    const float d0 = f16_avx(b0);
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), block_sum_f32<kT>(b0, x + 32 * j), acc0);
+    if constexpr (kHasC) macc += (B::kHasMin ? f16_avx(b0 + 2) : -B::kOffset * d0) * xsum[j];
+  }
+  return hsum(_mm256_add_ps(acc0, acc1)) + macc;
+}
+
+// 32 weight values of a 32-value block as 4 x 8 f32, in value order (unsigned; Q8_0 signed).
+template <DType kT>
+STRATA_AVX2 inline void values_f32(const uint8_t* b, __m256 v[4]) {
+  using B = Blk32<kT>;
+  if constexpr (B::kQ8) {
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * i));
+      v[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    }
+  } else if constexpr (!B::kFive) {
+    // Bytes 0..7 hold values 0..7 (low nibbles) and 16..23 (high); bytes 8..15 the rest.
+    const uint8_t* qs = b + (B::kHasMin ? 4 : 2);
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+    const __m256i hi =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
+    const __m256i m4 = _mm256_set1_epi32(0x0F);
+    v[0] = _mm256_cvtepi32_ps(_mm256_and_si256(lo, m4));
+    v[1] = _mm256_cvtepi32_ps(_mm256_and_si256(hi, m4));
+    v[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(lo, 4));
+    v[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(hi, 4));
+  } else {
+    alignas(32) uint8_t buf[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(buf), B::values(b));
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 8 * i));
+      v[i] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+    }
+  }
+}
+
+// sum over 32 values of v * x as 8 lanes.
+STRATA_AVX2 inline __m256 mul_sum4(const __m256 v[4], const float* x) {
+  __m256 s = _mm256_mul_ps(v[0], _mm256_loadu_ps(x));
+  s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x + 8), s);
+  s = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x + 16), s);
+  return _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x + 24), s);
+}
+
+// One row, kNt (2..4) tokens: out[t] = dot(row, x + t * x_stride). Blocks are taken eight at
+// a time: their d_w (and m_w) are converted together and the c_w * sx terms go to a vector
+// accumulator; each block is unpacked once for all tokens.
+template <DType kT, int kNt>
+STRATA_AVX2 void dot_blk32_f32(const uint8_t* w, int64_t n, const float* x, int64_t x_stride,
+                               const float* xsum, float* out) {
+  using B = Blk32<kT>;
+  constexpr bool kHasC = B::kHasMin || B::kOffset != 0.0f;
+  const int64_t nb = n / 32;
+  __m256 acc[kNt];
+  __m256 macc[kNt];
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) acc[t] = macc[t] = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= nb; j += 8) {
+    const uint8_t* wb = w + j * B::kBytes;
+    alignas(32) float dws[8];
+    const __m256 dw = load_f16x8(wb, B::kBytes);
+    _mm256_store_ps(dws, dw);
+    if constexpr (kHasC) {
+      __m256 cw;
+      if constexpr (B::kHasMin) {
+        cw = load_f16x8(wb + 2, B::kBytes);
+      } else {
+        cw = _mm256_mul_ps(dw, _mm256_set1_ps(-B::kOffset));
+      }
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t)
+        macc[t] = _mm256_fmadd_ps(cw, _mm256_loadu_ps(xsum + t * nb + j), macc[t]);
+    }
+    STRATA_UNROLL
+    for (int u = 0; u < 8; ++u) {
+      __m256 v[4];
+      values_f32<kT>(wb + u * B::kBytes, v);
+      const __m256 dv = _mm256_broadcast_ss(&dws[u]);
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t)
+        acc[t] = _mm256_fmadd_ps(dv, mul_sum4(v, x + t * x_stride + 32 * (j + u)), acc[t]);
+    }
+  }
+  for (; j < nb; ++j) {
+    const uint8_t* wb = w + j * B::kBytes;
+    const float dw = f16_avx(wb);
+    const float cw = B::kHasMin ? f16_avx(wb + 2) : -B::kOffset * dw;
+    __m256 v[4];
+    values_f32<kT>(wb, v);
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw), mul_sum4(v, x + t * x_stride + 32 * j), acc[t]);
+      if constexpr (kHasC) {
+        macc[t] =
+            _mm256_add_ps(macc[t], _mm256_setr_ps(cw * xsum[t * nb + j], 0, 0, 0, 0, 0, 0, 0));
+      }
+    }
+  }
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) out[t] = hsum(_mm256_add_ps(acc[t], macc[t]));
+}
+
+// The 6-bit scales and mins of a Q4_K / Q5_K super-block (its 12 scale bytes at p) as bytes:
+// out[0..1] = sc_0..7, out[2..3] = m_0..7 (k_scale_min for all j, on 32-bit words).
+inline void k_scales_mins(const uint8_t* p, uint32_t out[4]) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  uint32_t v[3];
+  std::memcpy(v, p, 12);
+  out[3] = ((v[2] >> 4) & kLow4) | (((v[1] >> 6) & kLow2) << 4);
+  out[2] = v[1] & kLow6;
+  out[1] = (v[2] & kLow4) | (((v[0] >> 6) & kLow2) << 4);
+  out[0] = v[0] & kLow6;
+}
+
+// Eight bytes (two words) as 8 f32.
+STRATA_AVX2 inline __m256 u8x8_f32(const uint32_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Q4_K / Q5_K, one row, kNt (1..4) tokens: per sub-block pair i the 32 bytes qs[32 i, 32 i + 32)
+// hold sub-block 2 i (low nibbles) and 2 i + 1 (high); the dmin * m_j * sx terms go 8 at a time
+// into macc.
+template <bool kFiveBit, int kNt>
+STRATA_AVX2 void dot_q45_k_f32(const uint8_t* w, int64_t n, const float* x, int64_t x_stride,
+                               const float* xsum, float* out) {
+  constexpr int64_t kBytes = kFiveBit ? 176 : 144;
+  const int64_t nsb = n / kQK;
+  const int64_t nb = n / 32;
+  const __m256i m4 = _mm256_set1_epi32(0x0F);
+  constexpr int kAcc = kNt <= 2 ? 2 : 1;  // independent FMA chains per token
+  __m256 acc[kNt][kAcc];
+  __m256 macc[kNt];
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) {
+    macc[t] = _mm256_setzero_ps();
+    STRATA_UNROLL
+    for (int u = 0; u < kAcc; ++u) acc[t][u] = _mm256_setzero_ps();
+  }
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* b = w + sb * kBytes;
+    // d * sc_j and dmin * m_j for the 8 sub-blocks, as vectors (scales unpacked 4 at a time).
+    uint32_t scm[4];
+    k_scales_mins(b + 4, scm);
+    alignas(32) float ds[8];
+    _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(f16_avx(b)), u8x8_f32(scm)));
+    const __m256 mv = _mm256_mul_ps(_mm256_set1_ps(f16_avx(b + 2)), u8x8_f32(scm + 2));
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t)
+      macc[t] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xsum + t * nb + sb * 8), macc[t]);
+    const uint8_t* qs = kFiveBit ? b + 48 : b + 16;
+    alignas(32) uint8_t buf[64];  // Q5_K: one sub-block pair's 5-bit values
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t* src = qs + 32 * i;
+      if constexpr (kFiveBit) {
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+        const __m256i one = _mm256_set1_epi8(1);
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+        const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), one);
+        const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * i + 1), one);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(buf),
+                           _mm256_or_si256(_mm256_and_si256(q, low4), _mm256_slli_epi16(h0, 4)));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(buf + 32),
+                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
+                                           _mm256_slli_epi16(h1, 4)));
+      }
+      __m256 v0[4];
+      __m256 v1[4];
+      STRATA_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        if constexpr (kFiveBit) {
+          v0[k] = _mm256_cvtepi32_ps(
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 8 * k))));
+          v1[k] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 32 + 8 * k))));
+        } else {
+          const __m256i a =
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 8 * k)));
+          v0[k] = _mm256_cvtepi32_ps(_mm256_and_si256(a, m4));
+          v1[k] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+        }
+      }
+      const __m256 ds0 = _mm256_broadcast_ss(&ds[2 * i]);
+      const __m256 ds1 = _mm256_broadcast_ss(&ds[2 * i + 1]);
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t) {
+        const float* xt = x + t * x_stride + sb * kQK + 64 * i;
+        acc[t][0] = _mm256_fmadd_ps(ds0, mul_sum4(v0, xt), acc[t][0]);
+        acc[t][kAcc - 1] = _mm256_fmadd_ps(ds1, mul_sum4(v1, xt + 32), acc[t][kAcc - 1]);
+      }
+    }
+  }
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) {
+    __m256 v = acc[t][0];
+    if constexpr (kAcc == 2) v = _mm256_add_ps(v, acc[t][1]);
+    out[t] = hsum(v) - hsum(macc[t]);
+  }
+}
+
+// Q6_K, one row, kNt (1..4) tokens: per half h the values q - 32 of 128 elements are rebuilt as i8
+// into buf, then each 16-value group is widened, multiplied with x and scaled by d * sc.
+template <int kNt>
+STRATA_AVX2 void dot_q6_k_f32(const uint8_t* w, int64_t n, const float* x, int64_t x_stride,
+                              const float* /*xsum*/, float* out) {
+  const int64_t nsb = n / kQK;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i three = _mm256_set1_epi8(3);
+  const __m256i k32 = _mm256_set1_epi8(32);
+  __m256 acc[kNt][2];
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* b = w + sb * 210;
+    // d * sc for the 16 groups of 16 values.
+    const __m256 d = _mm256_set1_ps(f16_avx(b + 208));
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    alignas(32) float ds[16];
+    _mm256_store_ps(ds, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_store_ps(
+        ds + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+    STRATA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      __m256i v[4];
+      v[0] = _mm256_and_si256(ql0, low4);
+      v[1] = _mm256_and_si256(ql1, low4);
+      v[2] = _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4);
+      v[3] = _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4);
+      alignas(32) int8_t buf[128];
+      STRATA_UNROLL
+      for (int t4 = 0; t4 < 4; ++t4) {
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t4), three);
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(v[t4], _mm256_slli_epi16(hi, 4)), k32);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(buf + 32 * t4), q);
+      }
+      STRATA_UNROLL
+      for (int t4 = 0; t4 < 4; ++t4) {
+        const int g = 4 * h + t4;
+        __m256 f[4];
+        STRATA_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          f[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 32 * t4 + 8 * k))));
+        }
+        const __m256 s0 = _mm256_broadcast_ss(&ds[2 * g]);
+        const __m256 s1 = _mm256_broadcast_ss(&ds[2 * g + 1]);
+        STRATA_UNROLL
+        for (int t = 0; t < kNt; ++t) {
+          const float* xt = x + t * x_stride + sb * kQK + 32 * g;
+          const __m256 p0 = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xt + 8),
+                                            _mm256_mul_ps(f[0], _mm256_loadu_ps(xt)));
+          const __m256 p1 = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xt + 24),
+                                            _mm256_mul_ps(f[2], _mm256_loadu_ps(xt + 16)));
+          acc[t][0] = _mm256_fmadd_ps(s0, p0, acc[t][0]);
+          acc[t][1] = _mm256_fmadd_ps(s1, p1, acc[t][1]);
+        }
+      }
+    }
+  }
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) out[t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+}
+
+using RowF32Fn = void (*)(const uint8_t* w, int64_t n, const float* x, int64_t x_stride,
+                          const float* xsum, float* out);
+
+// The one-token K-quant kernels in RowDotF32Fn form.
+template <bool kFiveBit>
+STRATA_AVX2 float row_dot_q45_k_f32(const uint8_t* w, const float* x, const float* xsum,
+                                    int64_t n) {
+  float out = 0.0f;
+  dot_q45_k_f32<kFiveBit, 1>(w, n, x, 0, xsum, &out);
+  return out;
+}
+STRATA_AVX2 float row_dot_q6_k_f32(const uint8_t* w, const float* x, const float* xsum, int64_t n) {
+  float out = 0.0f;
+  dot_q6_k_f32<1>(w, n, x, 0, xsum, &out);
+  return out;
+}
+
+// RowDotF32TokensFn: the kernel for nt tokens.
+template <RowDotF32Fn kOne, RowF32Fn kFn2, RowF32Fn kFn3, RowF32Fn kFn4>
+STRATA_AVX2 void row_dot_tokens(const uint8_t* w, int64_t n, const float* x, int64_t x_stride,
+                                const float* xsum, int nt, float* out) {
+  switch (nt) {
+    case 1:
+      *out = kOne(w, x, xsum, n);
+      break;
+    case 2:
+      kFn2(w, n, x, x_stride, xsum, out);
+      break;
+    case 3:
+      kFn3(w, n, x, x_stride, xsum, out);
+      break;
+    default:
+      kFn4(w, n, x, x_stride, xsum, out);
+      break;
+  }
+}
+
 }  // namespace
 
 TileDotFn tile_dot_avx2(DType dt) {
@@ -417,6 +809,75 @@ TileDotFn tile_dot_avx2(DType dt) {
                            dot_q45_k<true, 4>>;
     case DType::kQ6_K:
       return tile_dot_rows<dot_q6_k<1>, dot_q6_k<2>, dot_q6_k<3>, dot_q6_k<4>>;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+RowDotF32Fn row_dot_f32_avx2(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return row_dot_blk32_f32<DType::kQ8_0>;
+    case DType::kQ4_0:
+      return row_dot_blk32_f32<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return row_dot_blk32_f32<DType::kQ4_1>;
+    case DType::kQ5_0:
+      return row_dot_blk32_f32<DType::kQ5_0>;
+    case DType::kQ5_1:
+      return row_dot_blk32_f32<DType::kQ5_1>;
+    case DType::kQ4_K:
+      return row_dot_q45_k_f32<false>;
+    case DType::kQ5_K:
+      return row_dot_q45_k_f32<true>;
+    case DType::kQ6_K:
+      return row_dot_q6_k_f32;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+RowDotF32TokensFn row_dot_f32_tokens_avx2(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return row_dot_tokens<row_dot_blk32_f32<DType::kQ8_0>, dot_blk32_f32<DType::kQ8_0, 2>,
+                            dot_blk32_f32<DType::kQ8_0, 3>, dot_blk32_f32<DType::kQ8_0, 4>>;
+    case DType::kQ4_0:
+      return row_dot_tokens<row_dot_blk32_f32<DType::kQ4_0>, dot_blk32_f32<DType::kQ4_0, 2>,
+                            dot_blk32_f32<DType::kQ4_0, 3>, dot_blk32_f32<DType::kQ4_0, 4>>;
+    case DType::kQ4_1:
+      return row_dot_tokens<row_dot_blk32_f32<DType::kQ4_1>, dot_blk32_f32<DType::kQ4_1, 2>,
+                            dot_blk32_f32<DType::kQ4_1, 3>, dot_blk32_f32<DType::kQ4_1, 4>>;
+    case DType::kQ5_0:
+      return row_dot_tokens<row_dot_blk32_f32<DType::kQ5_0>, dot_blk32_f32<DType::kQ5_0, 2>,
+                            dot_blk32_f32<DType::kQ5_0, 3>, dot_blk32_f32<DType::kQ5_0, 4>>;
+    case DType::kQ5_1:
+      return row_dot_tokens<row_dot_blk32_f32<DType::kQ5_1>, dot_blk32_f32<DType::kQ5_1, 2>,
+                            dot_blk32_f32<DType::kQ5_1, 3>, dot_blk32_f32<DType::kQ5_1, 4>>;
+    case DType::kQ4_K:
+      return row_dot_tokens<row_dot_q45_k_f32<false>, dot_q45_k_f32<false, 2>,
+                            dot_q45_k_f32<false, 3>, dot_q45_k_f32<false, 4>>;
+    case DType::kQ5_K:
+      return row_dot_tokens<row_dot_q45_k_f32<true>, dot_q45_k_f32<true, 2>, dot_q45_k_f32<true, 3>,
+                            dot_q45_k_f32<true, 4>>;
+    case DType::kQ6_K:
+      return row_dot_tokens<row_dot_q6_k_f32, dot_q6_k_f32<2>, dot_q6_k_f32<3>, dot_q6_k_f32<4>>;
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:
