@@ -990,6 +990,10 @@ struct CudaModel::Impl {
     const auto key = std::make_pair(st.n, st.max_kv);
     auto it = graphs.find(key);
     if (it == graphs.end()) {
+      // One eager pass first: it loads the kernels' modules and lets cuBLASLt time its
+      // algorithms for these shapes (neither can happen during capture). It writes the same K/V
+      // values the replay will write, so running it is harmless.
+      STRATA_RETURN_IF_ERROR(launch(st));
       cudaGraph_t graph = nullptr;
       STRATA_CUDA_RETURN_IF_ERROR(
           cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));

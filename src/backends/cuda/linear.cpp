@@ -34,11 +34,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
@@ -93,7 +95,17 @@ struct PlanKeyHash {
 struct Plan {
   bool ok = false;  // false: cuBLASLt has no algorithm for this shape (cached too)
   cublasLtMatmulAlgo_t algo{};
+  // Autotuning: the heuristic's candidates are timed on the first call of the shape that is not
+  // being captured into a graph; until then (or with one candidate) the heuristic's first pick.
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  bool tuned = false;
 };
+
+// The process-wide plan cache (references to elements stay valid as it grows).
+std::mutex& plans_mutex() {
+  static std::mutex mu;
+  return mu;
+}
 
 // Descriptors on the stack: no allocation per call.
 struct Descs {
@@ -136,15 +148,17 @@ Status build(const PlanKey& key, const float* bias, Descs* s) {
   return ok_status();
 }
 
-// The cached plan of a shape, asking the heuristic the first time.
-Status get_plan(const PlanKey& key, const float* bias, Plan* plan) {
-  static std::mutex mu;
+// The cached plan of a shape, asking the heuristic the first time (up to kCandidates algorithms,
+// best first).
+constexpr int kCandidates = 8;
+
+Status get_plan(const PlanKey& key, const float* bias, Plan** plan) {
   static std::unordered_map<PlanKey, Plan, PlanKeyHash> plans;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    std::lock_guard<std::mutex> lock(plans_mutex());
     const auto it = plans.find(key);
     if (it != plans.end()) {
-      *plan = it->second;
+      *plan = &it->second;
       return ok_status();
     }
   }
@@ -164,25 +178,98 @@ Status get_plan(const PlanKey& key, const float* bias, Plan* plan) {
     STRATA_CUBLAS_RETURN_IF_ERROR(
         cublasLtMatmulPreferenceSetAttribute(&pref, attr, &value, sizeof(value)));
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kCandidates]{};
   int count = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(key.handle, &s.op, &s.a, &s.b, &s.d,
-                                                           &s.d, &pref, 1, &result, &count);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      key.handle, &s.op, &s.a, &s.b, &s.d, &s.d, &pref, kCandidates, results, &count);
   Plan found;
-  found.ok = st == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-  if (found.ok) found.algo = result.algo;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    plans.emplace(key, found);
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    for (int i = 0; i < count; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) found.candidates.push_back(results[i].algo);
+    }
   }
-  *plan = found;
+  found.ok = !found.candidates.empty();
+  if (found.ok) found.algo = found.candidates[0];
+  found.tuned = found.candidates.size() <= 1;
+  std::lock_guard<std::mutex> lock(plans_mutex());
+  *plan = &plans.emplace(key, std::move(found)).first->second;
   return ok_status();
 }
 
-Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, const Plan& plan, const float* bias,
+// Times every candidate of `plan` on the real operands (the first call of a shape outside graph
+// capture; STRATA_NO_AUTOTUNE=1 keeps the heuristic's pick) and keeps the fastest. With beta = 1
+// the timing runs would add into d, so d is saved first and restored after.
+Status autotune(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, Descs& s, const void* a,
+                const void* b, void* d, void* workspace) {
+  static const bool disabled = [] {
+    const char* v = std::getenv("STRATA_NO_AUTOTUNE");
+    return v != nullptr && v[0] == '1';
+  }();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ctx.stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return ok_status();
+  if (disabled) {
+    plan.tuned = true;
+    return ok_status();
+  }
+  const size_t d_bytes = static_cast<size_t>(key.ldd) * static_cast<size_t>(key.n - 1) *
+                             (key.d_type == CUDA_R_32F ? 4 : 2) +
+                         static_cast<size_t>(key.m) * (key.d_type == CUDA_R_32F ? 4 : 2);
+  void* saved = nullptr;
+  if (key.beta) {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(&saved, d_bytes));
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(saved, d, d_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+  }
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  (void)cudaEventCreate(&e0);
+  (void)cudaEventCreate(&e1);
+  const float alpha = 1.0f;
+  const float beta = key.beta ? 1.0f : 0.0f;
+  float best = 1e30f;
+  size_t best_i = 0;
+  for (size_t i = 0; i < plan.candidates.size(); ++i) {
+    const cublasLtMatmulAlgo_t& algo = plan.candidates[i];
+    auto once = [&] {
+      return cublasLtMatmul(key.handle, &s.op, &alpha, a, &s.a, b, &s.b, &beta, d, &s.d, d, &s.d,
+                            &algo, workspace, key.workspace, ctx.stream);
+    };
+    if (once() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm that fails is skipped
+    (void)cudaEventRecord(e0, ctx.stream);
+    constexpr int kReps = 3;
+    bool ok = true;
+    for (int r = 0; r < kReps && ok; ++r) ok = once() == CUBLAS_STATUS_SUCCESS;
+    (void)cudaEventRecord(e1, ctx.stream);
+    float ms = 0.0f;
+    if (!ok || cudaEventSynchronize(e1) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+      continue;
+    }
+    if (ms < best) {
+      best = ms;
+      best_i = i;
+    }
+  }
+  (void)cudaEventDestroy(e0);
+  (void)cudaEventDestroy(e1);
+  (void)cudaGetLastError();
+  if (saved != nullptr) {
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(d, saved, d_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaFree(saved));
+  }
+  std::lock_guard<std::mutex> lock(plans_mutex());
+  plan.algo = plan.candidates[best_i];
+  plan.tuned = true;
+  return ok_status();
+}
+
+Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, const float* bias,
                   const void* a, const void* b, void* d, void* workspace) {
   Descs s;
   STRATA_RETURN_IF_ERROR(build(key, bias, &s));
+  if (!plan.tuned) STRATA_RETURN_IF_ERROR(autotune(ctx, key, plan, s, a, b, d, workspace));
   const float alpha = 1.0f;
   const float beta = key.beta ? 1.0f : 0.0f;
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(key.handle, &s.op, &alpha, a, &s.a, b, &s.b, &beta,
@@ -212,11 +299,11 @@ Status bf16_direct(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
                     .align_d = row_align(p.out, p.out_stride * out_elem),
                     .align_bias = p.bias ? row_align(p.bias, 0) : 0,
                     .workspace = ctx.workspace_bytes};
-  Plan plan;
+  Plan* plan = nullptr;
   STRATA_RETURN_IF_ERROR(get_plan(key, p.bias, &plan));
-  *done = plan.ok;
-  if (!plan.ok || !launch) return ok_status();
-  return run_matmul(ctx, key, plan, p.bias, p.w, p.x, p.out, ctx.workspace);
+  *done = plan->ok;
+  if (!plan->ok || !launch) return ok_status();
+  return run_matmul(ctx, key, *plan, p.bias, p.w, p.x, p.out, ctx.workspace);
 }
 
 // The scratch paths (see the file comment). *done = false when cuBLASLt has no algorithm; then
@@ -270,15 +357,15 @@ Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
   };
   // Both slice sizes' plans before launching anything, so a missing algorithm leaves out intact.
   const PlanKey full_key = key_for(slice);
-  Plan full_plan;
+  Plan* full_plan = nullptr;
   STRATA_RETURN_IF_ERROR(get_plan(full_key, nullptr, &full_plan));
-  if (!full_plan.ok) return ok_status();
+  if (!full_plan->ok) return ok_status();
   const int64_t rest = n % slice;
   const PlanKey rest_key = key_for(rest > 0 ? rest : slice);
-  Plan rest_plan = full_plan;
+  Plan* rest_plan = full_plan;
   if (rest > 0) {
     STRATA_RETURN_IF_ERROR(get_plan(rest_key, nullptr, &rest_plan));
-    if (!rest_plan.ok) return ok_status();
+    if (!rest_plan->ok) return ok_status();
   }
   if (!launch) {
     *done = true;
@@ -294,9 +381,9 @@ Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
     }
     const bool full = ns == slice;
     float* d_slice = d_in_out ? d + t0 * ldd : d;
-    STRATA_RETURN_IF_ERROR(run_matmul(ctx, full ? full_key : rest_key, full ? full_plan : rest_plan,
-                                      nullptr, p.w, fp8 ? static_cast<const void*>(xq) : x, d_slice,
-                                      base));
+    STRATA_RETURN_IF_ERROR(run_matmul(ctx, full ? full_key : rest_key,
+                                      full ? *full_plan : *rest_plan, nullptr, p.w,
+                                      fp8 ? static_cast<const void*>(xq) : x, d_slice, base));
     LinearEpilogueArgs e;
     e.d = d_slice;
     e.d_stride = ldd;
