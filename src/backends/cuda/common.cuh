@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backends/cuda/launch_ctx.h"
 #include "strata/status.h"
 #include "strata/types.h"
 
@@ -230,5 +231,27 @@ Status dispatch_float_dtype(DType dt, const char* what, F&& f) {
                                                 std::string(dtype_name(dt)) +
                                                 " is not supported by the CUDA backend");
 }
+
+// ---- programmatic dependent launch (PDL, sm_90) ---------------------------------------------
+// A kernel launched with the programmatic-serialization attribute (pdl_launch) may start while
+// the kernel before it on the stream is still running; it must call pdl_wait() before reading
+// anything that kernel (or an earlier one) wrote, and may do independent work (prefetching
+// weights) before. pdl_trigger() lets the next PDL-launched kernel start: kernels call it once
+// their blocks no longer hold back the SMs (at the start for small single-wave kernels, after
+// the main loop for weight-streaming ones). Both are no-ops for kernels launched normally.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// False when STRATA_NO_PDL=1 (A/B timing) or the device is older than sm_90.
+bool pdl_enabled(const LaunchCtx& ctx);
 
 }  // namespace strata::cuda

@@ -1,5 +1,9 @@
 #include "backends/cuda/cuda_check.h"
 
+#include <cstdlib>
+
+#include "backends/cuda/launch_ctx.h"
+
 #include <string>
 
 namespace strata::cuda {
@@ -32,6 +36,14 @@ Status kernel_launch_status(const char* kernel_name) {
   return Status(StatusCode::kInternal, std::string(kernel_name) +
                                            " launch failed: " + cudaGetErrorString(err) + " (" +
                                            cudaGetErrorName(err) + ")");
+}
+
+bool pdl_enabled(const LaunchCtx& ctx) {
+  static const bool disabled = [] {
+    const char* v = std::getenv("STRATA_NO_PDL");
+    return v != nullptr && v[0] == '1';
+  }();
+  return !disabled && ctx.cc_major >= 9;
 }
 
 }  // namespace strata::cuda

@@ -54,6 +54,7 @@ __device__ __forceinline__ float apply(float x) {
 
 template <Activation A, bool kVec>
 __global__ void gated_act_bf16_kernel(const GatedActBf16Params p) {
+  pdl_trigger();  // single-wave kernel: let the next (PDL) kernel prefetch its weights
   constexpr int kW = kVec ? kVecWidth : 1;
   const int64_t i = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kW;
   if (i >= p.ffn_dim) return;

@@ -31,6 +31,7 @@ constexpr int kMaxThreads = 512;
 
 template <class T, bool kVec>
 __global__ void __launch_bounds__(kMaxThreads) embedding_kernel(const EmbeddingParams p) {
+  pdl_trigger();  // single-wave kernel: let the next (PDL) kernel prefetch its weights
   constexpr int kW = kVec ? kVecWidth : 1;
   const int64_t t = blockIdx.x;
   float* out = p.out + t * p.out_stride;  // [hidden]

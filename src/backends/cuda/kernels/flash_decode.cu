@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_decode_kernel(const __grid_constant__ VarlenAttentionParams p, const int chunk,
                         const int64_t n_slots, float* __restrict__ ws_ml,
                         float* __restrict__ ws_acc) {
+  pdl_trigger();  // the (PDL-launched) o_proj GEMM may start prefetching its weights
   using Cfg = DecodeCfg<D>;
   constexpr int kChunks = D / 8;                    // 16-byte chunks per row
   constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of the CTA copies
@@ -348,6 +349,7 @@ __global__ void flash_decode_combine_kernel(const __grid_constant__ VarlenAttent
                                             const int n_splits, const int64_t n_slots,
                                             const float* __restrict__ ws_ml,
                                             const float* __restrict__ ws_acc) {
+  pdl_trigger();
   constexpr int kPer = D / kWarpSize;  // dims per lane: 2 or 4
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int64_t pair = int64_t{blockIdx.x} * kWarps + threadIdx.x / kWarpSize;

@@ -40,6 +40,7 @@ constexpr int kMaxThreads = 1024;
 
 template <class W, bool kVec>
 __global__ void __launch_bounds__(kMaxThreads) rms_norm_bf16_kernel(const RmsNormBf16Params p) {
+  pdl_trigger();  // single-wave kernel: let the next (PDL) kernel prefetch its weights
   const int64_t row = blockIdx.x;
   float* x = p.x + row * p.x_stride;  // [hidden], updated in place with the residual
   const float* res = p.residual == nullptr ? nullptr : p.residual + row * p.residual_stride;

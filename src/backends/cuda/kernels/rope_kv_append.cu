@@ -70,6 +70,7 @@ __device__ __forceinline__ int64_t kv_slot(const PagedKvBf16Params& c, int64_t s
 
 template <bool kNeox, bool kVec>
 __global__ void __launch_bounds__(kMaxThreads) rope_kv_append_kernel(const RopeKvAppendParams p) {
+  pdl_trigger();  // single-wave kernel: let the next (PDL) kernel prefetch its weights
   extern __shared__ float table[];  // cos [half], then sin [half]
   const PagedKvBf16Params& c = p.cache;
   const int half = static_cast<int>(p.rotary_dim / 2);

@@ -274,6 +274,36 @@ __global__ void __launch_bounds__(kThreads, Shape<F, T, NT>::kMinBlocks)
   const int n_chunks = (a.k + G::kChunk - 1) / G::kChunk;
   const int n_full = a.k / G::kChunk;
   const bool rows_full = row0 + 16 * out_tiles <= a.m;  // every block but maybe the last
+
+  // PDL: the weights never depend on the kernel before this one, so while it finishes, this
+  // block pulls its first kPrefetch loop iterations of weights into L2; only then it waits for
+  // the upstream results (x, and out when accumulating). Launched without PDL, the wait returns
+  // at once and the prefetches only warm L2 for the loop below.
+  constexpr int kPrefetch = 4;
+  if (rows_full) {
+#pragma unroll
+    for (int it = 0; it < kPrefetch; ++it) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = warp + kWarps * (U * it + u);
+        if (c >= n_full) continue;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int kp = c * G::kChunk + piece_k<F>(j, 0);
+#pragma unroll
+          for (int i = 0; i < T; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint8_t* q = r.row(i, h, a.gated) + static_cast<int64_t>(kp) * G::kElemBytes;
+              asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
+            }
+          }
+        }
+      }
+    }
+  }
+  pdl_wait();
+
   for (int c0 = warp; c0 < n_chunks; c0 += kWarps * U) {
     if (rows_full && c0 + kWarps * (U - 1) < n_full) {
       sbi_step<F, T, NT, U, false>(a, c0, t, r, acc);
@@ -281,6 +311,9 @@ __global__ void __launch_bounds__(kThreads, Shape<F, T, NT>::kMinBlocks)
       sbi_step<F, T, NT, U, true>(a, c0, t, r, acc);
     }
   }
+
+  // This block's weights are read: the next PDL-launched kernel may start prefetching its own.
+  pdl_trigger();
 
   // Cross-warp sum in a fixed order: warps 4..7 park their sums, warps 0..3 add them and park
   // the result; then every thread adds the 4 parked partials of the outputs it stores.
@@ -345,7 +378,27 @@ template <WFormat F, int T, int NT>
 Status sbi_run(const LaunchCtx& ctx, const Args& a) {
   const int out_tiles = a.gated ? T / 2 : T;
   const unsigned blocks = static_cast<unsigned>(ceil_div(a.m, 16 * out_tiles));
-  sbi_gemm_kernel<F, T, NT><<<blocks, kThreads, 0, ctx.stream>>>(a);
+  if (!pdl_enabled(ctx)) {
+    sbi_gemm_kernel<F, T, NT><<<blocks, kThreads, 0, ctx.stream>>>(a);
+    return kernel_launch_status("sbi_gemm_kernel");
+  }
+  // Programmatic dependent launch: may overlap the tail of the previous kernel on the stream
+  // (the kernel waits for its results with pdl_wait()).
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = ctx.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, sbi_gemm_kernel<F, T, NT>, a);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda_error_status(err, "cudaLaunchKernelEx(sbi_gemm_kernel)", __FILE__, __LINE__);
+  }
   return kernel_launch_status("sbi_gemm_kernel");
 }
 

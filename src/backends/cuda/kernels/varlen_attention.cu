@@ -30,6 +30,7 @@ constexpr int64_t kDecodeMaxQ = 4;  // most queries per sequence that varlen_att
 
 __global__ void __launch_bounds__(kGenericWarps* kWarpSize)
     varlen_generic_kernel(const __grid_constant__ VarlenAttentionParams p) {
+  pdl_trigger();
   const PagedKvBf16Params& c = p.cache;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int h =
