@@ -29,6 +29,9 @@ constexpr int kMaxLaunchTokens = 64;
 constexpr int kMinBlocksPerSm = 2;
 
 // One launch, after the checks: at most kMaxLaunchTokens tokens, byte strides for the weights.
+// Loop iterations of weights an SBI block prefetches into L2 before its PDL wait.
+constexpr int kDefaultPrefetch = 2;
+
 struct Args {
   const uint16_t* x = nullptr;  // bf16 [n_tokens, k], row stride x_stride elements
   int64_t x_stride = 0;
@@ -44,6 +47,9 @@ struct Args {
   int n_tokens = 0;
   int k = 0;
   int m = 0;  // output features
+  // Loop iterations of weights each block prefetches into L2 before waiting for the upstream
+  // kernel (PDL); 0 = none. STRATA_SBI_PREFETCH overrides the default (sbi_gemm.cu).
+  int prefetch = 0;
 };
 
 // Block shape: `tiles` 16-row weight tiles (gate and up tiles both count when gated) and

@@ -9,6 +9,7 @@
 // tiles (2 MT tiles per block) and start at MT = 1.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/common.cuh"
@@ -107,6 +108,11 @@ Status sbi_gemm_with_m_tiles(const LaunchCtx& ctx, const GpuLinearParams& p, int
   a.gated = p.gated_silu;
   a.k = static_cast<int>(p.in_features);
   a.m = m;
+  static const int prefetch = [] {
+    const char* v = std::getenv("STRATA_SBI_PREFETCH");
+    return v != nullptr ? std::max(0, std::min(8, std::atoi(v))) : kDefaultPrefetch;
+  }();
+  a.prefetch = prefetch;
   for (int64_t t0 = 0; t0 < p.n_tokens; t0 += kMaxLaunchTokens) {
     const int n = static_cast<int>(std::min<int64_t>(kMaxLaunchTokens, p.n_tokens - t0));
     a.x = p.x + t0 * p.x_stride;

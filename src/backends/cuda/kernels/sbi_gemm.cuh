@@ -279,24 +279,21 @@ __global__ void __launch_bounds__(kThreads, Shape<F, T, NT>::kMinBlocks)
   // block pulls its first kPrefetch loop iterations of weights into L2; only then it waits for
   // the upstream results (x, and out when accumulating). Launched without PDL, the wait returns
   // at once and the prefetches only warm L2 for the loop below.
-  constexpr int kPrefetch = 4;
-  if (rows_full) {
-#pragma unroll
-    for (int it = 0; it < kPrefetch; ++it) {
+  if (rows_full && a.prefetch > 0 && t == 0) {
+    // One prefetch per row and chunk (a chunk of a row is 128 bytes: the 4 lanes of a row
+    // group share it), for the first a.prefetch iterations of this warp.
+    for (int it = 0; it < a.prefetch; ++it) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = warp + kWarps * (U * it + u);
         if (c >= n_full) continue;
+        const int kp = c * G::kChunk + piece_k<F>(0, 0);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int kp = c * G::kChunk + piece_k<F>(j, 0);
+        for (int i = 0; i < T; ++i) {
 #pragma unroll
-          for (int i = 0; i < T; ++i) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint8_t* q = r.row(i, h, a.gated) + static_cast<int64_t>(kp) * G::kElemBytes;
-              asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
-            }
+          for (int h = 0; h < 2; ++h) {
+            const uint8_t* q = r.row(i, h, a.gated) + static_cast<int64_t>(kp) * G::kElemBytes;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
           }
         }
       }
