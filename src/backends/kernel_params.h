@@ -272,7 +272,7 @@ struct QuantLinearParams {
 struct GpuLinearParams {
   const uint16_t* x = nullptr;  // bf16 [n_tokens, in_features], row stride x_stride
   int64_t x_stride = 0;
-  const void* w = nullptr;  // [out_features (x2 when gated_silu), in_features], w_dtype
+  const void* w = nullptr;       // [out_features (x2 when gated_silu), in_features], w_dtype
   DType w_dtype = DType::kBF16;  // kBF16, kI8, kFP8E4M3
   int64_t w_stride = 0;
   const float* w_scale = nullptr;  // [rows of w] per-row scale; required for kI8 / kFP8E4M3
@@ -310,6 +310,9 @@ struct RmsNormBf16Params {
 struct GatedActBf16Params {
   const float* in = nullptr;  // f32 [n_tokens, 2 * ffn_dim], row stride in_stride
   int64_t in_stride = 0;
+  // Instead of `in` when set: the gate/up GEMM output in bf16 (same shape and stride), half the
+  // traffic of f32 for prefill-sized batches.
+  const uint16_t* in_bf16 = nullptr;
   uint16_t* out = nullptr;  // bf16 [n_tokens, ffn_dim], row stride out_stride
   int64_t out_stride = 0;
   int64_t n_tokens = 0;
@@ -321,8 +324,8 @@ struct GatedActBf16Params {
 // block_tables[s * max_blocks_per_seq + p / block_size], slot p % block_size; each slot holds
 // [n_heads_kv, head_dim] for K and for V.
 struct PagedKvBf16Params {
-  uint16_t* k_cache = nullptr;  // bf16 [n_blocks, block_size, n_heads_kv, head_dim]
-  uint16_t* v_cache = nullptr;  // bf16 [n_blocks, block_size, n_heads_kv, head_dim]
+  uint16_t* k_cache = nullptr;            // bf16 [n_blocks, block_size, n_heads_kv, head_dim]
+  uint16_t* v_cache = nullptr;            // bf16 [n_blocks, block_size, n_heads_kv, head_dim]
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
   int64_t n_seqs = 0;

@@ -279,8 +279,8 @@ struct CudaModel::Impl {
     double total = 0;
     for (auto& [k, v] : prof_totals) total += v.second;
     std::fprintf(stderr, "strata: CUDA profile (eager launches, event-timed sections)\n");
-    std::fprintf(stderr, "  %-22s %8s %12s %10s %7s\n", "section", "calls", "total ms",
-                 "us/call", "share");
+    std::fprintf(stderr, "  %-22s %8s %12s %10s %7s\n", "section", "calls", "total ms", "us/call",
+                 "share");
     for (const std::string& k : prof_order) {
       const auto& v = prof_totals[k];
       std::fprintf(stderr, "  %-22s %8lld %12.3f %10.1f %6.1f%%\n", k.c_str(),
@@ -789,9 +789,11 @@ struct CudaModel::Impl {
       if (sbi && c.activation == Activation::kSilu) {
         STRATA_RETURN_IF_ERROR(linear(L.gate_up, h, H, act, DType::kBF16, F, n, false, true));
       } else {
-        STRATA_RETURN_IF_ERROR(linear(L.gate_up, h, H, ff, DType::kF32, 2 * F, n, false, false));
+        // gate/up in bf16 (half the bytes of f32 through memory), then silu(gate) * up.
+        uint16_t* ff16 = reinterpret_cast<uint16_t*>(ff);
+        STRATA_RETURN_IF_ERROR(linear(L.gate_up, h, H, ff16, DType::kBF16, 2 * F, n, false, false));
         GatedActBf16Params p;
-        p.in = ff;
+        p.in_bf16 = ff16;
         p.in_stride = 2 * F;
         p.out = act;
         p.out_stride = F;

@@ -255,6 +255,46 @@ TEST_F(FusedBf16CudaTest, GatedActBf16MatchesCpuTwin) {
   }
 }
 
+// The bf16-input variant (the gate/up GEMM's bf16 output), against the same twin.
+TEST_F(FusedBf16CudaTest, GatedActBf16InputMatchesCpuTwin) {
+  const cudaStream_t st = ctx().stream;
+  for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+    size_t inexact = 0;
+    size_t total = 0;
+    for (int64_t ffn : {1, 7, 576, 5125}) {
+      for (const auto& [n, pad] : {std::pair<int64_t, int64_t>{1, 0}, {3, 4}, {17, 3}, {200, 0}}) {
+        SCOPED_TRACE("ffn " + std::to_string(ffn) + " n " + std::to_string(n));
+        std::mt19937 rng(static_cast<uint32_t>(ffn * 17 + n));
+        const int64_t in_stride = 2 * ffn + pad;
+        const int64_t out_stride = ffn + pad;
+        const std::vector<float> f = random_floats(static_cast<size_t>(n * in_stride), rng, -3, 3);
+        std::vector<uint16_t> in(f.size());
+        for (size_t i = 0; i < f.size(); ++i) in[i] = ::strata::f32_to_bf16(f[i]);
+        std::vector<uint16_t> out = poisoned(static_cast<size_t>(n * out_stride));
+        GatedActBf16Params p{.in = nullptr,
+                             .in_stride = in_stride,
+                             .in_bf16 = in.data(),
+                             .out = out.data(),
+                             .out_stride = out_stride,
+                             .n_tokens = n,
+                             .ffn_dim = ffn,
+                             .act = act};
+        ASSERT_TRUE(cpu::gated_act_bf16(p).ok());
+        DeviceArray<uint16_t> din(in, st);
+        DeviceArray<uint16_t> dout(out.size());
+        dout.poison(st);
+        p.in_bf16 = din.get();
+        p.out = dout.get();
+        const Status status = gated_act_bf16(ctx(), p);
+        ASSERT_TRUE(status.ok()) << status.to_string();
+        EXPECT_TRUE(bf16_match(dout.download(st), out, 1, &inexact));
+        total += out.size();
+      }
+    }
+    report_inexact("gated_act_bf16 (bf16 in)", inexact, total);
+  }
+}
+
 // ---- rope_kv_append --------------------------------------------------------------------------
 
 // The paged layout of tests/ops/test_fused_bf16_twin.cpp: token t belongs to sequence t % 3 at

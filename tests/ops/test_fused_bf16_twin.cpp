@@ -176,6 +176,38 @@ TEST(GatedActBf16Twin, MatchesGatedActRounded) {
   }
 }
 
+// bf16 input gives what the f32 input of the same (bf16-exact) values gives.
+TEST(GatedActBf16Twin, Bf16InputEqualsWidenedF32Input) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  const int64_t n = 5, ffn = 37, stride = 2 * ffn + 3;
+  std::vector<uint16_t> in(static_cast<size_t>(n * stride));
+  std::vector<float> wide(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    in[i] = f32_to_bf16(dist(rng));
+    wide[i] = bf16_to_f32(in[i]);
+  }
+  std::vector<uint16_t> a(static_cast<size_t>(n * ffn)), b(a.size());
+  ASSERT_TRUE(cpu::gated_act_bf16({.in = wide.data(),
+                                   .in_stride = stride,
+                                   .out = a.data(),
+                                   .out_stride = ffn,
+                                   .n_tokens = n,
+                                   .ffn_dim = ffn,
+                                   .act = Activation::kSilu})
+                  .ok());
+  ASSERT_TRUE(cpu::gated_act_bf16({.in = nullptr,
+                                   .in_stride = stride,
+                                   .in_bf16 = in.data(),
+                                   .out = b.data(),
+                                   .out_stride = ffn,
+                                   .n_tokens = n,
+                                   .ffn_dim = ffn,
+                                   .act = Activation::kSilu})
+                  .ok());
+  EXPECT_EQ(a, b);
+}
+
 TEST(GatedActBf16Twin, RejectsUnknownActivation) {
   float in[2] = {1.0f, 2.0f};
   uint16_t out[1];

@@ -40,9 +40,17 @@ template <Activation A>
 void gated_rows(const GatedActBf16Params& p) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < p.n_tokens; ++r) {
+    uint16_t* out = p.out + r * p.out_stride;
+    if (p.in_bf16 != nullptr) {
+      const uint16_t* gate = p.in_bf16 + r * p.in_stride;
+      const uint16_t* up = gate + p.ffn_dim;
+      for (int64_t i = 0; i < p.ffn_dim; ++i) {
+        out[i] = f32_to_bf16(apply<A>(bf16_to_f32(gate[i])) * bf16_to_f32(up[i]));
+      }
+      continue;
+    }
     const float* gate = p.in + r * p.in_stride;
     const float* up = gate + p.ffn_dim;
-    uint16_t* out = p.out + r * p.out_stride;
     for (int64_t i = 0; i < p.ffn_dim; ++i) out[i] = f32_to_bf16(apply<A>(gate[i]) * up[i]);
   }
 }
