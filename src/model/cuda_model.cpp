@@ -197,7 +197,7 @@ struct CudaModel::Impl {
   float* qkv = nullptr;      // f32 [T, qkv_dim]
   uint16_t* q = nullptr;     // bf16 [T, hq D]
   uint16_t* attn = nullptr;  // bf16 [T, hq D]
-  float* ff = nullptr;       // f32 [T, 2F] (cuBLASLt gate/up output)
+  float* ff = nullptr;       // [T, 2F] cuBLASLt gate/up output, bf16 (sized for f32)
   uint16_t* act = nullptr;   // bf16 [T, F]
   float* sel = nullptr;      // f32 [R, H]
   float* logits = nullptr;   // f32 [R, V]
