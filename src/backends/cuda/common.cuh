@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "backends/cuda/launch_ctx.h"
 #include "strata/status.h"
@@ -253,5 +254,29 @@ __device__ __forceinline__ void pdl_trigger() {
 
 // False when STRATA_NO_PDL=1 (A/B timing) or the device is older than sm_90.
 bool pdl_enabled(const LaunchCtx& ctx);
+
+// kernel<<<grid, block, smem, ctx.stream>>>(args...), launched with programmatic stream
+// serialization when pdl_enabled(ctx): the kernel MUST call pdl_wait() before it reads anything
+// an earlier kernel wrote. Returns the launch error.
+// `use` lets the caller keep PDL to where it was measured to help (see its callers).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_pdl(const LaunchCtx& ctx, bool use, void (*kernel)(KArgs...), dim3 grid,
+                       dim3 block, size_t smem, Args&&... args) {
+  if (!use || !pdl_enabled(ctx)) {
+    kernel<<<grid, block, smem, ctx.stream>>>(std::forward<Args>(args)...);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = ctx.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 }  // namespace strata::cuda
