@@ -25,11 +25,11 @@ Status argmax(const ArgmaxParams& p);
 
 // Twins of the GPU executor kernels: plain loops with the same rounding points as the CUDA
 // kernels (bf16 in, f32 accumulate, bf16/f32 out).
-Status gpu_linear(const GpuLinearParams& p);                // gpu_linear.cpp
-Status rms_norm_bf16(const RmsNormBf16Params& p);           // fused_bf16.cpp
-Status gated_act_bf16(const GatedActBf16Params& p);         // fused_bf16.cpp
-Status rope_kv_append(const RopeKvAppendParams& p);         // fused_bf16.cpp
-Status varlen_attention(const VarlenAttentionParams& p);    // varlen_attention.cpp
+Status gpu_linear(const GpuLinearParams& p);              // gpu_linear.cpp
+Status rms_norm_bf16(const RmsNormBf16Params& p);         // fused_bf16.cpp
+Status gated_act_bf16(const GatedActBf16Params& p);       // fused_bf16.cpp
+Status rope_kv_append(const RopeKvAppendParams& p);       // fused_bf16.cpp
+Status varlen_attention(const VarlenAttentionParams& p);  // varlen_attention.cpp
 // gpu_linear.cpp: the twin of cuda::quantize_rows (same scale and rounding rule).
 Status quantize_rows(const uint16_t* w_bf16, int64_t rows, int64_t cols, DType q_dtype, void* q,
                      float* scale);

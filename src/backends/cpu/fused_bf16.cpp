@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backends/cpu/activation_impl.h"
 #include "backends/cpu/cpu_kernels.h"
 #include "core/half.h"
 #include "core/status.h"
@@ -19,21 +20,9 @@ namespace strata::cpu {
 namespace {
 
 constexpr int64_t kMaxRotaryDim = 1024;  // as cpu::rope and cuda::rope_kv_append
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kInvSqrt2 = 0.7071067811865476f;
-
-// The formulas of activation.cpp, operation for operation.
 template <Activation A>
 inline float apply(float x) {
-  if constexpr (A == Activation::kSilu) {
-    return x / (1.0f + std::exp(-x));
-  } else if constexpr (A == Activation::kGeluTanh) {
-    return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-  } else if constexpr (A == Activation::kGeluErf) {
-    return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
-  } else {
-    return x > 0.0f ? x : 0.0f;
-  }
+  return apply_activation<A>(x);
 }
 
 template <Activation A>

@@ -257,14 +257,15 @@ bool pdl_enabled(const LaunchCtx& ctx);
 
 // kernel<<<grid, block, smem, ctx.stream>>>(args...), launched with programmatic stream
 // serialization when pdl_enabled(ctx): the kernel MUST call pdl_wait() before it reads anything
-// an earlier kernel wrote. Returns the launch error.
+// an earlier kernel wrote. Returns the launch error and leaves it pending, so the caller's
+// kernel_launch_status() reports it either way.
 // `use` lets the caller keep PDL to where it was measured to help (see its callers).
 template <typename... KArgs, typename... Args>
 cudaError_t launch_pdl(const LaunchCtx& ctx, bool use, void (*kernel)(KArgs...), dim3 grid,
                        dim3 block, size_t smem, Args&&... args) {
   if (!use || !pdl_enabled(ctx)) {
     kernel<<<grid, block, smem, ctx.stream>>>(std::forward<Args>(args)...);
-    return cudaGetLastError();
+    return cudaPeekAtLastError();
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;

@@ -375,27 +375,9 @@ template <WFormat F, int T, int NT>
 Status sbi_run(const LaunchCtx& ctx, const Args& a) {
   const int out_tiles = a.gated ? T / 2 : T;
   const unsigned blocks = static_cast<unsigned>(ceil_div(a.m, 16 * out_tiles));
-  if (!pdl_enabled(ctx)) {
-    sbi_gemm_kernel<F, T, NT><<<blocks, kThreads, 0, ctx.stream>>>(a);
-    return kernel_launch_status("sbi_gemm_kernel");
-  }
   // Programmatic dependent launch: may overlap the tail of the previous kernel on the stream
   // (the kernel waits for its results with pdl_wait()).
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = ctx.stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, sbi_gemm_kernel<F, T, NT>, a);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return cuda_error_status(err, "cudaLaunchKernelEx(sbi_gemm_kernel)", __FILE__, __LINE__);
-  }
+  (void)launch_pdl(ctx, true, sbi_gemm_kernel<F, T, NT>, dim3(blocks), dim3(kThreads), 0, a);
   return kernel_launch_status("sbi_gemm_kernel");
 }
 
