@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate src/io/unicode_tables.cpp: the Unicode data the tokenizer needs.
+"""Generate src/text/unicode_tables.cpp: the Unicode data the tokenizer needs.
 
   * category ranges: letter (\\p{L}), number (\\p{N}), whitespace (\\s = White_Space),
     "word" (an approximation of the Rust regex crate's \\w, used by added tokens' single_word);
@@ -12,7 +12,7 @@ Oniguruma built on Unicode 16.0, so the script uses the `unicodedata2` backport 
 interpreter's own `unicodedata` (Unicode 14.0 on Python 3.11) otherwise; the version used is
 written into the output. The committed file was generated with Unicode 16.0.0.
 
-Usage: python3 scripts/gen_unicode_tables.py > src/io/unicode_tables.cpp
+Usage: python3 scripts/gen_unicode_tables.py > src/text/unicode_tables.cpp
 """
 import sys
 
@@ -100,7 +100,7 @@ def main():
                ud.unidata_version)
     out.append("// Category ranges for the tokenizer's pre-tokenizers and NFC normalization data.")
     out.append("// clang-format off")
-    out.append('#include "io/unicode.h"')
+    out.append('#include "text/unicode.h"')
     out.append("")
     out.append("namespace strata::unicode_data {")
     out.append("")

@@ -14,6 +14,12 @@
 
 namespace strata {
 
+// Which normalization a norm kernel computes (model configs name theirs with the same enum).
+enum class NormKind {
+  kRms,    // x * rsqrt(mean(x^2) + eps) * (weight + weight_offset)
+  kLayer,  // (x - mean) * rsqrt(var + eps) * weight + bias   (biased variance)
+};
+
 // Element-wise activation functions. Declared here (not in ops) because kernels take it as a
 // parameter; strata::ops re-exports it as ops::Activation.
 enum class Activation {
@@ -37,6 +43,8 @@ struct EmbeddingParams {
   int64_t vocab_offset = 0;  // first vocab id this shard holds
   int64_t vocab_shard = 0;   // rows in this shard
   int64_t vocab = 0;         // full vocabulary size
+  float scale = 1.0f;        // out = scale * row (Gemma's sqrt(hidden) embedding scale)
+  bool accumulate = false;   // out += scale * row (learned position embeddings added to x)
 };
 
 // out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (weight[:] + weight_offset)
@@ -287,16 +295,21 @@ struct GpuLinearParams {
   bool gated_silu = false;
 };
 
-// out_bf16[r, :] = rms_norm(x[r, :]) * (weight + weight_offset), rounded to bf16 once; with
-// `residual` set, first x[r, :] += residual[r, :] (written back to x, f32), then the norm of the
-// sum (the residual add fused with the next layer's norm).
-struct RmsNormBf16Params {
+// out_bf16[r, :] = norm(x[r, :]) rounded to bf16 once, where norm is RMSNorm
+// (x * rsqrt(mean(x^2) + eps) * (weight + weight_offset)) or LayerNorm
+// ((x - mean) * rsqrt(var + eps) * weight + bias, biased variance; weight_offset unused) per
+// `kind`; with `residual` set, first x[r, :] += residual[r, :] (written back to x, f32), then the
+// norm of the sum (the residual add fused with the next layer's norm).
+struct NormBf16Params {
+  NormKind kind = NormKind::kRms;
   float* x = nullptr;  // f32 [n_tokens, hidden], row stride x_stride
   int64_t x_stride = 0;
   const float* residual = nullptr;  // f32 [n_tokens, hidden], row stride residual_stride, or null
   int64_t residual_stride = 0;
   const void* weight = nullptr;  // [hidden], weight_dtype (f32, f16, bf16)
   DType weight_dtype = DType::kF32;
+  const void* bias = nullptr;  // [hidden], bias_dtype; LayerNorm only, null = no bias
+  DType bias_dtype = DType::kF32;
   uint16_t* out = nullptr;  // bf16 [n_tokens, hidden], row stride out_stride
   int64_t out_stride = 0;
   int64_t n_tokens = 0;
@@ -306,8 +319,10 @@ struct RmsNormBf16Params {
 };
 
 // out_bf16[r, c] = act(gate[r, c]) * up[r, c] where gate = in[r, 0:ffn], up = in[r, ffn:2ffn]
-// (the fused gate/up GEMM output, f32).
+// (the fused gate/up GEMM output, f32). With gated = false (plain MLPs: GPT-2, NeoX), in is
+// [n_tokens, ffn_dim] and out_bf16[r, c] = act(in[r, c]).
 struct GatedActBf16Params {
+  bool gated = true;
   const float* in = nullptr;  // f32 [n_tokens, 2 * ffn_dim], row stride in_stride
   int64_t in_stride = 0;
   // Instead of `in` when set: the gate/up GEMM output in bf16 (same shape and stride), half the
@@ -354,6 +369,13 @@ struct RopeKvAppendParams {
   int64_t rotary_dim = 0;
   bool neox_style = true;
   float attention_factor = 1.0f;
+  // Optional per-head RMSNorm of q and k before the rotation (Gemma-3, Qwen3, OLMoE-style q/k
+  // norms): q_head = q_head * rsqrt(mean(q_head^2) + norm_eps) * (q_norm + norm_weight_offset),
+  // in f32; likewise k with k_norm. Either may be null (no norm).
+  const float* q_norm = nullptr;  // f32 [head_dim]
+  const float* k_norm = nullptr;  // f32 [head_dim]
+  float norm_eps = 1e-6f;
+  float norm_weight_offset = 0.0f;
   PagedKvBf16Params cache;
 };
 

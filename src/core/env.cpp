@@ -1,5 +1,6 @@
 #include "core/env.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace strata {
@@ -37,6 +38,16 @@ EnvConfig read_env() {
   }
   c.launcher_rank = get_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}, -1);
   c.launcher_size = get_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, -1);
+  auto flag = [](const char* name) {
+    const char* v = get(name);
+    return v != nullptr && v[0] == '1';
+  };
+  c.cuda_profile = flag("STRATA_CUDA_PROFILE");
+  c.no_autotune = flag("STRATA_NO_AUTOTUNE");
+  c.no_pdl = flag("STRATA_NO_PDL");
+  if (get("STRATA_SBI_PREFETCH") != nullptr) {
+    c.sbi_prefetch = std::min(8, get_int({"STRATA_SBI_PREFETCH"}, 0));
+  }
   return c;
 }
 

@@ -13,6 +13,11 @@ struct EnvConfig {
   // MPI launcher rank discovery (OpenMPI, PMI, Slurm), -1 when absent.
   int launcher_rank = -1;
   int launcher_size = -1;
+  // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
+  bool cuda_profile = false;   // STRATA_CUDA_PROFILE=1: event-timed sections, eager launches
+  bool no_autotune = false;    // STRATA_NO_AUTOTUNE=1: cuBLASLt keeps its heuristic's first pick
+  bool no_pdl = false;         // STRATA_NO_PDL=1: no programmatic dependent launch
+  int sbi_prefetch = -1;       // STRATA_SBI_PREFETCH=N (0..8): SBI-GeMM L2 prefetch depth; -1 default
 };
 
 const EnvConfig& env_config();

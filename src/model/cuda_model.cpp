@@ -80,6 +80,7 @@ int64_t CudaModel::graph_replays() const {
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "core/env.h"
 #include "core/half.h"
 #include "core/status.h"
 
@@ -684,7 +685,7 @@ struct CudaModel::Impl {
   }
 
   Status rms_norm(const float* w, int64_t n) {
-    RmsNormBf16Params p;
+    NormBf16Params p;
     p.x = x;
     p.x_stride = H;
     p.weight = w;
@@ -695,7 +696,7 @@ struct CudaModel::Impl {
     p.hidden = H;
     p.eps = cfg.norm_eps;
     p.weight_offset = cfg.norm_weight_offset;
-    return cuda::rms_norm_bf16(ctx, p);
+    return cuda::norm_bf16(ctx, p);
   }
 
   // Everything from the embedding to the logits (and argmax) of the rows in `st`; only device
@@ -820,7 +821,7 @@ struct CudaModel::Impl {
       rows = sel;
     }
     {
-      RmsNormBf16Params p;
+      NormBf16Params p;
       p.x = const_cast<float*>(rows);
       p.x_stride = H;
       p.weight = final_norm;
@@ -831,7 +832,7 @@ struct CudaModel::Impl {
       p.hidden = H;
       p.eps = c.norm_eps;
       p.weight_offset = c.norm_weight_offset;
-      STRATA_RETURN_IF_ERROR(cuda::rms_norm_bf16(ctx, p));
+      STRATA_RETURN_IF_ERROR(cuda::norm_bf16(ctx, p));
     }
     STRATA_RETURN_IF_ERROR(linear(lm_head, h, H, logits, DType::kF32, V, st.n_out, false, false));
     if (c.final_logit_softcap > 0.0f) {
@@ -1088,7 +1089,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& config, 
   impl->F = c.ffn_dim;
   impl->V = c.vocab;
   impl->qkv_dim = (c.n_heads + 2 * c.n_heads_kv) * c.head_dim;
-  if (const char* p = std::getenv("STRATA_CUDA_PROFILE"); p != nullptr && p[0] == '1') {
+  if (env_config().cuda_profile) {
     impl->profile = true;
     o.cuda_graphs = false;  // sections are timed on eager launches
   }

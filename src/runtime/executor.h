@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "io/tokenizer.h"
+#include "text/tokenizer.h"
 #include "memory/kv_cache.h"
 #include "model/config.h"
 #include "model/cuda_model.h"

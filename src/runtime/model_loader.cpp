@@ -11,7 +11,7 @@
 #include "core/status.h"
 #include "io/checkpoint.h"
 #include "io/gguf.h"
-#include "io/gguf_tokenizer.h"
+#include "text/gguf_tokenizer.h"
 #include "model/gguf_model.h"
 
 namespace strata {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "io/tensor_source.h"
-#include "io/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "parallel/comm.h"

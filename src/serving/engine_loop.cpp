@@ -21,8 +21,8 @@
 #include <unordered_map>
 
 #include "core/status.h"
-#include "io/chat_template.h"
-#include "io/tokenizer.h"
+#include "chat/chat_template.h"
+#include "text/tokenizer.h"
 #include "memory/kv_cache.h"
 #include "runtime/executor.h"
 #include "runtime/model_loader.h"

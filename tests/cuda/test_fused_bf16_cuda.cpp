@@ -1,6 +1,6 @@
 // The GPU executor's fused bf16 kernels against their CPU twins (src/backends/cpu/fused_bf16.cpp,
 // themselves tested against the f32 reference ops in tests/ops/test_fused_bf16_twin.cpp):
-//   rms_norm_bf16   hidden 1, 7, 576, 4096, 5125 x tokens 1, 3, 17, 200 x weight f32/f16/bf16 x
+//   norm_bf16   hidden 1, 7, 576, 4096, 5125 x tokens 1, 3, 17, 200 x weight f32/f16/bf16 x
 //                   residual on/off; padded strides (vector body + scalar tail, odd strides),
 //                   weight_offset 1, a misaligned x (scalar path).
 //   gated_act_bf16  every activation x ffn 1, 7, 576, 4096, 5125 x tokens 1, 3, 17, 200, padded
@@ -15,7 +15,7 @@
 // included, so an element written that should not be, or not written that should, fails.
 //
 // Bound: bf16 outputs equal the twin's or are 1 bf16 ulp apart. Both sides compute the same f32
-// value up to a few f32 ulp (rms_norm_bf16: f32 block reduction vs the twin's double sum;
+// value up to a few f32 ulp (norm_bf16: f32 block reduction vs the twin's double sum;
 // gated_act_bf16: CUDA expf/tanhf/erff within 2 ulp of the host's, gate inputs kept in [-3, 3]
 // where 1 + tanh / 1 + erf cancel by less than 2^-9; rope_kv_append: bit-equal f32 arithmetic,
 // only a double sincos that straddles an f32 midpoint differs), and two reals less than one bf16
@@ -114,7 +114,7 @@ std::vector<uint16_t> poisoned(size_t n) {
   return std::vector<uint16_t>(n, kPoison);
 }
 
-// ---- rms_norm_bf16 ---------------------------------------------------------------------------
+// ---- norm_bf16 ---------------------------------------------------------------------------
 
 struct NormCase {
   int64_t n;
@@ -171,7 +171,7 @@ TEST_F(FusedBf16CudaTest, RmsNormBf16MatchesCpuTwin) {
 
     std::vector<float> x = x0;
     std::vector<uint16_t> out = poisoned(off + static_cast<size_t>(c.n * os));
-    RmsNormBf16Params p{.x = x.data() + off,
+    NormBf16Params p{.x = x.data() + off,
                         .x_stride = xs,
                         .residual = c.residual ? res.data() + off : nullptr,
                         .residual_stride = rs,
@@ -183,7 +183,7 @@ TEST_F(FusedBf16CudaTest, RmsNormBf16MatchesCpuTwin) {
                         .hidden = c.hidden,
                         .eps = 1e-6f,
                         .weight_offset = c.offset};
-    ASSERT_TRUE(cpu::rms_norm_bf16(p).ok());
+    ASSERT_TRUE(cpu::norm_bf16(p).ok());
 
     DeviceArray<float> dx(x0, st), dres(res, st);
     DeviceArray<uint8_t> dw(w, st);
@@ -193,13 +193,13 @@ TEST_F(FusedBf16CudaTest, RmsNormBf16MatchesCpuTwin) {
     p.residual = c.residual ? dres.get() + off : nullptr;
     p.weight = dw.get();
     p.out = dout.get() + off;
-    const Status status = rms_norm_bf16(ctx(), p);
+    const Status status = norm_bf16(ctx(), p);
     ASSERT_TRUE(status.ok()) << status.to_string();
     EXPECT_TRUE(bits_equal(dx.download(st), x)) << "x (residual stream)";
     EXPECT_TRUE(bf16_match(dout.download(st), out, 1, &inexact)) << "out";
     total += out.size();
   }
-  report_inexact("rms_norm_bf16", inexact, total);
+  report_inexact("norm_bf16", inexact, total);
 }
 
 // ---- gated_act_bf16 --------------------------------------------------------------------------
@@ -616,7 +616,7 @@ TEST_F(FusedBf16CudaTest, GraphCaptureAndReplay) {
   // CPU twins.
   std::vector<float> x = x0;
   std::vector<uint16_t> norm_out = poisoned(x0.size());
-  RmsNormBf16Params norm{.x = x.data(),
+  NormBf16Params norm{.x = x.data(),
                          .x_stride = hidden,
                          .residual = res.data(),
                          .residual_stride = hidden,
@@ -655,7 +655,7 @@ TEST_F(FusedBf16CudaTest, GraphCaptureAndReplay) {
                                     .block_size = l.block_size,
                                     .n_heads_kv = n_kv,
                                     .head_dim = d}};
-  ASSERT_TRUE(cpu::rms_norm_bf16(norm).ok());
+  ASSERT_TRUE(cpu::norm_bf16(norm).ok());
   ASSERT_TRUE(cpu::gated_act_bf16(act).ok());
   ASSERT_TRUE(cpu::rope_kv_append(rope).ok());
 
@@ -699,14 +699,14 @@ TEST_F(FusedBf16CudaTest, GraphCaptureAndReplay) {
   // Once eagerly: the reference for the replay, and it loads the kernels (lazy module loading)
   // outside the capture.
   reset();
-  ASSERT_TRUE(rms_norm_bf16(ctx(), norm).ok());
+  ASSERT_TRUE(norm_bf16(ctx(), norm).ok());
   ASSERT_TRUE(gated_act_bf16(ctx(), act).ok());
   ASSERT_TRUE(rope_kv_append(ctx(), rope).ok());
   check("eager");
 
   reset();
   ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const Status s1 = rms_norm_bf16(ctx(), norm);
+  const Status s1 = norm_bf16(ctx(), norm);
   const Status s2 = gated_act_bf16(ctx(), act);
   const Status s3 = rope_kv_append(ctx(), rope);
   cudaGraph_t graph = nullptr;
@@ -736,7 +736,7 @@ void expect_invalid(const Status& st, const std::string& op, const std::string& 
   EXPECT_NE(st.message().find(word), std::string::npos) << st.message();
 }
 
-RmsNormBf16Params norm_args() {
+NormBf16Params norm_args() {
   return {.x = g_fake_f32,
           .x_stride = 8,
           .residual = g_fake_f32 + 1024,
@@ -749,41 +749,41 @@ RmsNormBf16Params norm_args() {
 }
 
 TEST(FusedBf16CudaArgs, RmsNormBf16) {
-  RmsNormBf16Params p = norm_args();
+  NormBf16Params p = norm_args();
   p.hidden = 0;
-  expect_invalid(rms_norm_bf16(LaunchCtx{}, p), "rms_norm_bf16", "hidden");
+  expect_invalid(norm_bf16(LaunchCtx{}, p), "norm_bf16", "hidden");
   p = norm_args();
   p.n_tokens = -1;
-  expect_invalid(rms_norm_bf16(LaunchCtx{}, p), "rms_norm_bf16", "n_tokens");
+  expect_invalid(norm_bf16(LaunchCtx{}, p), "norm_bf16", "n_tokens");
   p = norm_args();
   p.x_stride = 7;
-  expect_invalid(rms_norm_bf16(LaunchCtx{}, p), "rms_norm_bf16", "x row stride");
+  expect_invalid(norm_bf16(LaunchCtx{}, p), "norm_bf16", "x row stride");
   p = norm_args();
   p.residual_stride = 7;
-  expect_invalid(rms_norm_bf16(LaunchCtx{}, p), "rms_norm_bf16", "residual row stride");
+  expect_invalid(norm_bf16(LaunchCtx{}, p), "norm_bf16", "residual row stride");
   p = norm_args();
   p.out_stride = 7;
-  expect_invalid(rms_norm_bf16(LaunchCtx{}, p), "rms_norm_bf16", "out row stride");
+  expect_invalid(norm_bf16(LaunchCtx{}, p), "norm_bf16", "out row stride");
   p = norm_args();
   p.weight = nullptr;
-  expect_invalid(rms_norm_bf16(LaunchCtx{}, p), "rms_norm_bf16", "weight");
+  expect_invalid(norm_bf16(LaunchCtx{}, p), "norm_bf16", "weight");
   p = norm_args();
   p.x = nullptr;
-  expect_invalid(rms_norm_bf16(LaunchCtx{}, p), "rms_norm_bf16", "null x");
+  expect_invalid(norm_bf16(LaunchCtx{}, p), "norm_bf16", "null x");
   p = norm_args();
   p.out = reinterpret_cast<uint16_t*>(g_fake_f32 + 4);  // inside x's rows
-  expect_invalid(rms_norm_bf16(LaunchCtx{}, p), "rms_norm_bf16", "overlaps");
+  expect_invalid(norm_bf16(LaunchCtx{}, p), "norm_bf16", "overlaps");
   p = norm_args();
   p.weight_dtype = DType::kFP8E4M3;
-  const Status st = rms_norm_bf16(LaunchCtx{}, p);
+  const Status st = norm_bf16(LaunchCtx{}, p);
   EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(st.message().find("rms_norm_bf16 weight"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("norm_bf16 weight"), std::string::npos) << st.message();
   p = norm_args();
   p.n_tokens = 0;
   p.x = nullptr;
   p.out = nullptr;
   p.weight = nullptr;
-  EXPECT_TRUE(rms_norm_bf16(LaunchCtx{}, p).ok());
+  EXPECT_TRUE(norm_bf16(LaunchCtx{}, p).ok());
 }
 
 GatedActBf16Params act_args() {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "io/chat_template.h"
+#include "chat/chat_template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > 64 * 1024) return 0;

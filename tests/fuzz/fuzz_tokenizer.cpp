@@ -12,8 +12,8 @@
 #include <string_view>
 #include <vector>
 
-#include "io/tokenizer.h"
-#include "io/unicode.h"
+#include "text/tokenizer.h"
+#include "text/unicode.h"
 
 namespace {
 

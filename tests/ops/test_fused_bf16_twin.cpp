@@ -1,6 +1,6 @@
 // The CPU twins of the fused bf16 GPU kernels (src/backends/cpu/fused_bf16.cpp) against a
 // composition of the f32 reference kernels followed by one bf16 rounding:
-//   rms_norm_bf16  = cpu::add (x += residual) + cpu::rms_norm, rounded
+//   norm_bf16  = cpu::add (x += residual) + cpu::rms_norm, rounded
 //   gated_act_bf16 = cpu::gated_act on the two halves of the fused gate/up row, rounded
 //   rope_kv_append = cpu::rope on the q and k heads of the fused qkv row + cpu::kv_append into an
 //                    f32 cache, both rounded
@@ -48,7 +48,7 @@ int64_t first_diff(const std::vector<uint16_t>& a, const std::vector<uint16_t>& 
   return -1;
 }
 
-// ---- rms_norm_bf16 ---------------------------------------------------------------------------
+// ---- norm_bf16 ---------------------------------------------------------------------------
 
 struct NormCase {
   int64_t n;
@@ -99,7 +99,7 @@ TEST_P(RmsNormBf16TwinTest, MatchesAddThenRmsNormRounded) {
 
   std::vector<float> x = x0;
   std::vector<uint16_t> out(rows, kPoison);
-  ASSERT_TRUE(cpu::rms_norm_bf16({.x = x.data(),
+  ASSERT_TRUE(cpu::norm_bf16({.x = x.data(),
                                   .x_stride = stride,
                                   .residual = c.residual ? res.data() : nullptr,
                                   .residual_stride = stride,

@@ -26,7 +26,7 @@ Status argmax(const ArgmaxParams& p);
 // Twins of the GPU executor kernels: plain loops with the same rounding points as the CUDA
 // kernels (bf16 in, f32 accumulate, bf16/f32 out).
 Status gpu_linear(const GpuLinearParams& p);              // gpu_linear.cpp
-Status rms_norm_bf16(const RmsNormBf16Params& p);         // fused_bf16.cpp
+Status norm_bf16(const NormBf16Params& p);         // fused_bf16.cpp
 Status gated_act_bf16(const GatedActBf16Params& p);       // fused_bf16.cpp
 Status rope_kv_append(const RopeKvAppendParams& p);       // fused_bf16.cpp
 Status varlen_attention(const VarlenAttentionParams& p);  // varlen_attention.cpp

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "backends/cuda/launch_ctx.h"
+#include "core/env.h"
 
 #include <string>
 
@@ -39,11 +40,7 @@ Status kernel_launch_status(const char* kernel_name) {
 }
 
 bool pdl_enabled(const LaunchCtx& ctx) {
-  static const bool disabled = [] {
-    const char* v = std::getenv("STRATA_NO_PDL");
-    return v != nullptr && v[0] == '1';
-  }();
-  return !disabled && ctx.cc_major >= 9;
+  return !env_config().no_pdl && ctx.cc_major >= 9;
 }
 
 }  // namespace strata::cuda

@@ -50,6 +50,8 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::create(int index,
   // capture on it is not disturbed by other libraries' default-stream work).
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&ctx.cublaslt));
+  dev->lt_plans_ = make_cublaslt_plan_cache();
+  ctx.lt_plans = dev->lt_plans_.get();
   if (options.workspace_bytes > 0) {
     STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(&ctx.workspace, options.workspace_bytes));
     ctx.workspace_bytes = options.workspace_bytes;

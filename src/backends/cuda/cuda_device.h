@@ -51,6 +51,7 @@ class CudaDevice final : public DeviceBackend {
   CudaDevice() = default;
 
   LaunchCtx ctx_;
+  std::shared_ptr<CublasLtPlanCache> lt_plans_;
   std::string name_;
 };
 

@@ -67,7 +67,7 @@ Status cublaslt_linear(const LaunchCtx& ctx, const GpuLinearParams& p);
 int64_t sbi_max_tokens();
 
 // kernels/norm_bf16.cu
-Status rms_norm_bf16(const LaunchCtx& ctx, const RmsNormBf16Params& p);
+Status norm_bf16(const LaunchCtx& ctx, const NormBf16Params& p);
 // kernels/gated_act_bf16.cu (or with the other bf16 elementwise kernels)
 Status gated_act_bf16(const LaunchCtx& ctx, const GatedActBf16Params& p);
 // kernels/rope_kv_append.cu

@@ -8,14 +8,21 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <memory>
 
 namespace strata::cuda {
+
+// cuBLASLt's chosen algorithms per GEMM shape (backends/cuda/linear.cpp). One per CudaDevice: the
+// plans belong to the context that tuned them, not to the process.
+struct CublasLtPlanCache;
+std::shared_ptr<CublasLtPlanCache> make_cublaslt_plan_cache();
 
 struct LaunchCtx {
   cudaStream_t stream = nullptr;        // every launch and async copy goes on this stream
   cublasLtHandle_t cublaslt = nullptr;  // for GEMMs; usable on any stream of this device
   void* workspace = nullptr;            // device scratch for cuBLASLt (and split-K style kernels)
   size_t workspace_bytes = 0;
+  CublasLtPlanCache* lt_plans = nullptr;  // owned by the CudaDevice; required by cuBLASLt GEMMs
   int device_index = 0;  // the CUDA ordinal the stream belongs to
   // Device properties launchers size grids and shared memory from.
   int sm_count = 0;  // multiprocessors (persistent grids)

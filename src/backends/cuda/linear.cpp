@@ -42,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/env.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/gpu_linear_internal.h"
@@ -101,11 +102,20 @@ struct Plan {
   bool tuned = false;
 };
 
-// The process-wide plan cache (references to elements stay valid as it grows).
-std::mutex& plans_mutex() {
-  static std::mutex mu;
-  return mu;
+
+}  // namespace
+
+// A context's plan cache (references to elements stay valid as it grows).
+struct CublasLtPlanCache {
+  std::mutex mu;
+  std::unordered_map<PlanKey, Plan, PlanKeyHash> plans;
+};
+
+std::shared_ptr<CublasLtPlanCache> make_cublaslt_plan_cache() {
+  return std::make_shared<CublasLtPlanCache>();
 }
+
+namespace {
 
 // Descriptors on the stack: no allocation per call.
 struct Descs {
@@ -152,10 +162,15 @@ Status build(const PlanKey& key, const float* bias, Descs* s) {
 // best first).
 constexpr int kCandidates = 8;
 
-Status get_plan(const PlanKey& key, const float* bias, Plan** plan) {
-  static std::unordered_map<PlanKey, Plan, PlanKeyHash> plans;
+Status get_plan(const LaunchCtx& ctx, const PlanKey& key, const float* bias, Plan** plan) {
+  if (ctx.lt_plans == nullptr) {
+    return Status(StatusCode::kInvalidArgument,
+                  "cublaslt_linear: the launch context has no cuBLASLt plan cache (make the "
+                  "context with CudaDevice)");
+  }
+  auto& plans = ctx.lt_plans->plans;
   {
-    std::lock_guard<std::mutex> lock(plans_mutex());
+    std::lock_guard<std::mutex> lock(ctx.lt_plans->mu);
     const auto it = plans.find(key);
     if (it != plans.end()) {
       *plan = &it->second;
@@ -191,7 +206,7 @@ Status get_plan(const PlanKey& key, const float* bias, Plan** plan) {
   found.ok = !found.candidates.empty();
   if (found.ok) found.algo = found.candidates[0];
   found.tuned = found.candidates.size() <= 1;
-  std::lock_guard<std::mutex> lock(plans_mutex());
+  std::lock_guard<std::mutex> lock(ctx.lt_plans->mu);
   *plan = &plans.emplace(key, std::move(found)).first->second;
   return ok_status();
 }
@@ -201,10 +216,7 @@ Status get_plan(const PlanKey& key, const float* bias, Plan** plan) {
 // the timing runs would add into d, so d is saved first and restored after.
 Status autotune(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, Descs& s, const void* a,
                 const void* b, void* d, void* workspace) {
-  static const bool disabled = [] {
-    const char* v = std::getenv("STRATA_NO_AUTOTUNE");
-    return v != nullptr && v[0] == '1';
-  }();
+  const bool disabled = env_config().no_autotune;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ctx.stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return ok_status();
@@ -264,7 +276,7 @@ Status autotune(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, Descs& s, 
     STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
     STRATA_CUDA_RETURN_IF_ERROR(cudaFree(saved));
   }
-  std::lock_guard<std::mutex> lock(plans_mutex());
+  std::lock_guard<std::mutex> lock(ctx.lt_plans->mu);
   plan.algo = plan.candidates[best_i];
   plan.tuned = true;
   return ok_status();
@@ -305,7 +317,7 @@ Status bf16_direct(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
                     .align_bias = p.bias ? row_align(p.bias, 0) : 0,
                     .workspace = ctx.workspace_bytes};
   Plan* plan = nullptr;
-  STRATA_RETURN_IF_ERROR(get_plan(key, p.bias, &plan));
+  STRATA_RETURN_IF_ERROR(get_plan(ctx, key, p.bias, &plan));
   *done = plan->ok;
   if (!plan->ok || !launch) return ok_status();
   return run_matmul(ctx, key, *plan, p.bias, p.w, p.x, p.out, ctx.workspace);
@@ -363,13 +375,13 @@ Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
   // Both slice sizes' plans before launching anything, so a missing algorithm leaves out intact.
   const PlanKey full_key = key_for(slice);
   Plan* full_plan = nullptr;
-  STRATA_RETURN_IF_ERROR(get_plan(full_key, nullptr, &full_plan));
+  STRATA_RETURN_IF_ERROR(get_plan(ctx, full_key, nullptr, &full_plan));
   if (!full_plan->ok) return ok_status();
   const int64_t rest = n % slice;
   const PlanKey rest_key = key_for(rest > 0 ? rest : slice);
   Plan* rest_plan = full_plan;
   if (rest > 0) {
-    STRATA_RETURN_IF_ERROR(get_plan(rest_key, nullptr, &rest_plan));
+    STRATA_RETURN_IF_ERROR(get_plan(ctx, rest_key, nullptr, &rest_plan));
     if (!rest_plan->ok) return ok_status();
   }
   if (!launch) {

@@ -137,6 +137,9 @@ Status check_params(const GatedActBf16Params& p) {
 
 Status gated_act_bf16(const LaunchCtx& ctx, const GatedActBf16Params& p) {
   STRATA_RETURN_IF_ERROR(check_params(p));
+  if (!p.gated) {
+    return Status(StatusCode::kUnimplemented, "gated_act_bf16: gated = false is not implemented on CUDA yet");
+  }
   switch (p.act) {
     case Activation::kSilu:
       return p.n_tokens == 0 ? ok_status() : launch<Activation::kSilu>(ctx, p);

@@ -85,6 +85,9 @@ Status check_params(const EmbeddingParams& p) {
 
 Status embedding(const LaunchCtx& ctx, const EmbeddingParams& p) {
   STRATA_RETURN_IF_ERROR(check_params(p));
+  if (p.accumulate || p.scale != 1.0f) {
+    return Status(StatusCode::kUnimplemented, "embedding: scale / accumulate are not implemented on CUDA yet");
+  }
   return dispatch_float_dtype(p.table_dtype, "embedding table", [&]<class T>(TypeTag<T>) {
     if (p.n_tokens == 0) return ok_status();
     const bool vec = p.hidden % kVecWidth == 0 && p.table_stride % kVecWidth == 0 &&

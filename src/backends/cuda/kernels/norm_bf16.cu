@@ -3,7 +3,7 @@
 //   out[r, :] = bf16(x[r, :] * 1/sqrt(mean(x[r, :]^2) + eps) * (weight[:] + weight_offset))
 // so the o_proj/down_proj output joins the residual stream and the next norm reads it in one
 // pass, and the next GEMM gets its bf16 input without a separate conversion.
-// CPU twin: src/backends/cpu/fused_bf16.cpp (same RmsNormBf16Params).
+// CPU twin: src/backends/cpu/fused_bf16.cpp (same NormBf16Params).
 //
 // Layout: x, residual f32 [n_tokens, hidden] and out bf16 [n_tokens, hidden], each with its own
 // row stride (elements); weight [hidden] contiguous in f32, f16 or bf16. out must not overlap x.
@@ -39,12 +39,12 @@ namespace {
 // steps PDL on the small kernels made a step slower (5.81 -> 6.63 ms at batch 1).
 constexpr int64_t kPdlMinTokens = 16;
 
-constexpr const char* kOp = "rms_norm_bf16";
+constexpr const char* kOp = "norm_bf16";
 constexpr int kVecWidth = 4;
 constexpr int kMaxThreads = 1024;
 
 template <class W, bool kVec>
-__global__ void __launch_bounds__(kMaxThreads) rms_norm_bf16_kernel(const RmsNormBf16Params p) {
+__global__ void __launch_bounds__(kMaxThreads) norm_bf16_kernel(const NormBf16Params p) {
   pdl_trigger();  // single-wave kernel: let the next (PDL) kernel start
   pdl_wait();     // launched with PDL: x comes from the kernel before
   const int64_t row = blockIdx.x;
@@ -102,7 +102,7 @@ bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
   return a0 < b0 + static_cast<uintptr_t>(b_bytes) && b0 < a0 + static_cast<uintptr_t>(a_bytes);
 }
 
-Status check_params(const RmsNormBf16Params& p) {
+Status check_params(const NormBf16Params& p) {
   if (p.n_tokens < 0 || p.n_tokens > INT32_MAX) {
     return invalid_argument(kOp, "n_tokens " + std::to_string(p.n_tokens) + " outside [0, 2^31)");
   }
@@ -126,9 +126,12 @@ Status check_params(const RmsNormBf16Params& p) {
 
 }  // namespace
 
-Status rms_norm_bf16(const LaunchCtx& ctx, const RmsNormBf16Params& p) {
+Status norm_bf16(const LaunchCtx& ctx, const NormBf16Params& p) {
   STRATA_RETURN_IF_ERROR(check_params(p));
-  return dispatch_float_dtype(p.weight_dtype, "rms_norm_bf16 weight", [&]<class W>(TypeTag<W>) {
+  if (p.kind != NormKind::kRms) {
+    return Status(StatusCode::kUnimplemented, "norm_bf16: LayerNorm is not implemented on CUDA yet");
+  }
+  return dispatch_float_dtype(p.weight_dtype, "norm_bf16 weight", [&]<class W>(TypeTag<W>) {
     if (p.n_tokens == 0) return ok_status();
     const bool res_vec =
         p.residual == nullptr || (p.residual_stride % kVecWidth == 0 && is_aligned(p.residual, 16));
@@ -140,13 +143,13 @@ Status rms_norm_bf16(const LaunchCtx& ctx, const RmsNormBf16Params& p) {
         kMaxThreads, round_up<int64_t>(ceil_div(p.hidden, per_thread), kWarpSize)));
     const dim3 grid(static_cast<unsigned>(p.n_tokens));
     if (vec) {
-      (void)launch_pdl(ctx, p.n_tokens > kPdlMinTokens, rms_norm_bf16_kernel<W, true>, grid,
+      (void)launch_pdl(ctx, p.n_tokens > kPdlMinTokens, norm_bf16_kernel<W, true>, grid,
                        dim3(threads), 0, p);
     } else {
-      (void)launch_pdl(ctx, p.n_tokens > kPdlMinTokens, rms_norm_bf16_kernel<W, false>, grid,
+      (void)launch_pdl(ctx, p.n_tokens > kPdlMinTokens, norm_bf16_kernel<W, false>, grid,
                        dim3(threads), 0, p);
     }
-    return kernel_launch_status("rms_norm_bf16_kernel");
+    return kernel_launch_status("norm_bf16_kernel");
   });
 }
 

@@ -238,6 +238,9 @@ Status launch(const LaunchCtx& ctx, const RopeKvAppendParams& p) {
 
 Status rope_kv_append(const LaunchCtx& ctx, const RopeKvAppendParams& p) {
   STRATA_RETURN_IF_ERROR(check_params(p));
+  if (p.q_norm != nullptr || p.k_norm != nullptr) {
+    return Status(StatusCode::kUnimplemented, "rope_kv_append: q/k norms are not implemented on CUDA yet");
+  }
   if (p.n_tokens == 0) return ok_status();
   return p.neox_style ? launch<true>(ctx, p) : launch<false>(ctx, p);
 }

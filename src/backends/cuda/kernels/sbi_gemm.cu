@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/env.h"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/gpu_linear_internal.h"
@@ -108,10 +109,8 @@ Status sbi_gemm_with_m_tiles(const LaunchCtx& ctx, const GpuLinearParams& p, int
   a.gated = p.gated_silu;
   a.k = static_cast<int>(p.in_features);
   a.m = m;
-  static const int prefetch = [] {
-    const char* v = std::getenv("STRATA_SBI_PREFETCH");
-    return v != nullptr ? std::max(0, std::min(8, std::atoi(v))) : kDefaultPrefetch;
-  }();
+  const int prefetch =
+      env_config().sbi_prefetch >= 0 ? env_config().sbi_prefetch : kDefaultPrefetch;
   a.prefetch = prefetch;
   for (int64_t t0 = 0; t0 < p.n_tokens; t0 += kMaxLaunchTokens) {
     const int n = static_cast<int>(std::min<int64_t>(kMaxLaunchTokens, p.n_tokens - t0));

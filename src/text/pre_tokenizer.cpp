@@ -1,9 +1,9 @@
 // Hand-written matchers for the GPT-2, Llama-3 and Qwen2 pre-tokenizer regexes, and the PCRE2
 // wrapper for other regexes. See pre_tokenizer.h for the patterns.
-#include "io/pre_tokenizer.h"
+#include "text/pre_tokenizer.h"
 
 #include "core/status.h"
-#include "io/unicode.h"
+#include "text/unicode.h"
 
 #ifdef STRATA_HAS_PCRE2
 #define PCRE2_CODE_UNIT_WIDTH 8

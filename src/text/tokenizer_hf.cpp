@@ -13,8 +13,8 @@
 
 #include "core/mapped_file.h"
 #include "core/status.h"
-#include "io/pre_tokenizer.h"
-#include "io/tokenizer.h"
+#include "text/pre_tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace strata {
 

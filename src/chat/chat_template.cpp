@@ -1,12 +1,12 @@
-#include "io/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
 #include "core/status.h"
-#include "io/jinja_parse.h"
-#include "io/jinja_value.h"
+#include "chat/jinja_parse.h"
+#include "chat/jinja_value.h"
 
 namespace strata {
 

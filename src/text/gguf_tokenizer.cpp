@@ -1,4 +1,4 @@
-#include "io/gguf_tokenizer.h"
+#include "text/gguf_tokenizer.h"
 
 #include "core/status.h"
 

@@ -1,4 +1,4 @@
-// Values of the chat-template interpreter (src/io/chat_template.cpp): Python's object model cut
+// Values of the chat-template interpreter (src/chat/chat_template.cpp): Python's object model cut
 // down to what Jinja templates see (None, bool, int, float, str, list/tuple, dict, namespace,
 // callables) plus jinja2's Undefined, and the Python-compatible formatting (str(), repr(),
 // json.dumps) that decides the bytes a template renders.

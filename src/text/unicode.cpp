@@ -1,5 +1,5 @@
 // UTF-8 decoding, category lookup and NFC normalization over the generated tables.
-#include "io/unicode.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 #include <unordered_map>

@@ -1,4 +1,4 @@
-#include "io/jinja_parse.h"
+#include "chat/jinja_parse.h"
 
 #include <algorithm>
 #include <cstring>

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "io/gguf.h"
-#include "io/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace strata {
 

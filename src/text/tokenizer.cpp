@@ -1,7 +1,7 @@
 // Tokenizer core: added-token extraction, normalization, pre-tokenization, BPE, decoding.
-// Behaviour follows Hugging Face `tokenizers` (see tokenizer.h); tests/io/tokenizer_test.cpp
+// Behaviour follows Hugging Face `tokenizers` (see tokenizer.h); tests/text/tokenizer_test.cpp
 // compares every step's result with ids the HF library produced.
-#include "io/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <algorithm>
 #include <array>
@@ -10,8 +10,8 @@
 #include <unordered_map>
 
 #include "core/status.h"
-#include "io/pre_tokenizer.h"
-#include "io/unicode.h"
+#include "text/pre_tokenizer.h"
+#include "text/unicode.h"
 
 namespace strata {
 

@@ -2,7 +2,7 @@
 // (tests/fixtures/chat_templates/cases.json, made by scripts/make_chat_template_fixtures.py),
 // plus the error paths: syntax errors with line numbers, unknown filters, raise_exception,
 // and runaway templates stopped by the work/size/depth caps.
-#include "io/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <gtest/gtest.h>
 

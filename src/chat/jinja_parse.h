@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "io/jinja_value.h"
+#include "chat/jinja_value.h"
 #include "strata/status.h"
 
 namespace strata::jinja {

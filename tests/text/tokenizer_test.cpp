@@ -1,6 +1,6 @@
 // Tokenizer tests against ids produced by Hugging Face `tokenizers`
 // (scripts/make_tokenizer_fixtures.py wrote tests/fixtures/tokenizers/).
-#include "io/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -13,8 +13,8 @@
 
 #include <unistd.h>
 
-#include "io/pre_tokenizer.h"
-#include "io/unicode.h"
+#include "text/pre_tokenizer.h"
+#include "text/unicode.h"
 
 namespace strata {
 namespace {
