@@ -237,6 +237,16 @@ struct ArgmaxParams {
   int32_t* out = nullptr;  // [rows]
 };
 
+// dst[r, 0:row_bytes] = src[r, 0:row_bytes] for r < rows (strided row copy on one device).
+struct CopyRowsParams {
+  const void* src = nullptr;  // [rows, row_bytes], rows src_stride bytes apart
+  int64_t src_stride = 0;
+  void* dst = nullptr;  // [rows, row_bytes], rows dst_stride bytes apart; not overlapping src
+  int64_t dst_stride = 0;
+  int64_t row_bytes = 0;
+  int64_t rows = 0;
+};
+
 // out[t, r] = sum_i x[t, i] * W[r, i] (+ bias[r]) for a block-quantized weight W
 // (strata::cpu::quant_linear). Weight rows are `weight_row_blocks` blocks apart (0: contiguous
 // rows of in_features / block_size blocks), so a column slice of a larger matrix works too.

@@ -45,25 +45,11 @@ Result<Tensor> fetch(const TensorSource& src, const std::string& name,
 
 }  // namespace
 
-KvCacheConfig Model::kv_config(int64_t n_blocks, int64_t block_size) const {
-  KvCacheConfig c;
-  c.n_layers = config_.n_layers;
-  c.n_blocks = n_blocks;
-  c.block_size = block_size;
-  c.n_heads_kv = n_kv_local_;
-  c.head_dim = config_.head_dim;
-  return c;
-}
-
-Result<std::unique_ptr<Model>> Model::load(const ModelConfig& config, const ParallelConfig& par,
-                                           std::shared_ptr<TensorSource> source) {
-  std::unique_ptr<Model> m(new Model());
-  m->config_ = config;
-  m->par_ = par;
-  m->source_ = std::move(source);
-  const ModelConfig& c = m->config_;
+Status Model::init_shapes() {
+  const ModelConfig& c = config_;
+  const ParallelConfig& par = par_;
   const int tp = par.tp_size;
-  const std::string& where = m->source_->describe();
+  const std::string where = store_.source() ? store_.source()->describe() : c.architecture;
   if (tp < 1 || par.tp_rank < 0 || par.tp_rank >= tp) {
     return errorf(StatusCode::kInvalidArgument, "invalid tensor-parallel rank {} of {}",
                   par.tp_rank, tp);
@@ -83,14 +69,36 @@ Result<std::unique_ptr<Model>> Model::load(const ModelConfig& config, const Para
                   "{}: intermediate size {} cannot be split over tensor-parallel size {}", where,
                   c.ffn_dim, tp);
   }
-  m->n_heads_local_ = c.n_heads / tp;
-  m->n_kv_local_ = c.n_heads_kv >= tp ? c.n_heads_kv / tp : 1;
-  m->ffn_local_ = c.ffn_dim / tp;
-  m->vocab_range_ = par.padded_shard(c.vocab);
-  if (c.pos_embedding == PosEmbedding::kRope) {
-    m->inv_freq_ = rope_inv_freq(c.rotary_dim, c.rope_theta, c.rope_scaling);
+  n_heads_local_ = c.n_heads / tp;
+  n_kv_local_ = c.n_heads_kv >= tp ? c.n_heads_kv / tp : 1;
+  ffn_local_ = c.ffn_dim / tp;
+  vocab_range_ = par.padded_shard(c.vocab);
+  return ok_status();
+}
+
+Result<std::unique_ptr<Model>> Model::load(const ModelConfig& config, const ParallelConfig& par,
+                                           std::shared_ptr<TensorSource> source) {
+  std::unique_ptr<Model> m(new Model());
+  m->config_ = config;
+  m->par_ = par;
+  m->store_ = WeightStore(std::move(source));
+  m->device_ = Device::cpu();
+  STRATA_RETURN_IF_ERROR(m->init_shapes());
+  const ModelConfig& c = m->config_;
+  auto host_f32 = [&](const std::vector<float>& v) -> Result<Tensor> {
+    STRATA_ASSIGN_OR_RETURN(Buffer b, allocate_host(v.size() * sizeof(float)));
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+    Tensor t = Tensor::make(m->store_.keep(std::move(b)), DType::kF32,
+                            {static_cast<int64_t>(v.size())});
+    return t;
+  };
+  if (c.pos_embedding == PosEmbedding::kRope && c.rotary_dim > 0) {
+    STRATA_ASSIGN_OR_RETURN(m->w_.inv_freq,
+                            host_f32(rope_inv_freq(c.rotary_dim, c.rope_theta, c.rope_scaling)));
     if (c.family == ArchFamily::kGemma3) {
-      m->inv_freq_local_ = rope_inv_freq(c.rotary_dim, c.rope_theta_local, RopeScaling{});
+      STRATA_ASSIGN_OR_RETURN(m->w_.inv_freq_local,
+                              host_f32(rope_inv_freq(c.rotary_dim, c.rope_theta_local,
+                                                     RopeScaling{})));
     }
   }
   STRATA_RETURN_IF_ERROR(m->load_weights());
@@ -99,7 +107,7 @@ Result<std::unique_ptr<Model>> Model::load(const ModelConfig& config, const Para
 
 Status Model::load_weights() {
   const ModelConfig& c = config_;
-  const TensorSource& src = *source_;
+  const TensorSource& src = *store_.source();
   const int64_t H = c.hidden, D = c.head_dim;
   const ShardRange heads = par_.even_shard(c.n_heads);
   const ShardRange ffn = par_.even_shard(c.ffn_dim);
@@ -117,9 +125,7 @@ Status Model::load_weights() {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     STRATA_ASSIGN_OR_RETURN(Buffer b, allocate_host(static_cast<size_t>(dtype_bytes(dt, n))));
-    Tensor t = Tensor::make(b.data(), dt, shape);
-    owned_.push_back(std::move(b));
-    return t;
+    return Tensor::make(store_.keep(std::move(b)), dt, shape);
   };
   // Copy rows [r0, r1) of a contiguous plain-typed tensor into `dst` starting at row dst_row.
   auto copy_rows = [](const Tensor& from, int64_t r0, int64_t r1, Tensor& dst, int64_t dst_row) {
@@ -165,19 +171,20 @@ Status Model::load_weights() {
         STRATA_ASSIGN_OR_RETURN(Tensor k, fetch(src, p + "self_attn.k_proj.weight", {KV, H}));
         STRATA_ASSIGN_OR_RETURN(Tensor v, fetch(src, p + "self_attn.v_proj.weight", {KV, H}));
         STRATA_ASSIGN_OR_RETURN(Tensor o, fetch(src, p + "self_attn.o_proj.weight", {H, Q}));
-        L.q.w = q.slice_rows(q_rows.begin, q_rows.end);
-        L.k.w = k.slice_rows(kv_rows.begin, kv_rows.end);
-        L.v.w = v.slice_rows(kv_rows.begin, kv_rows.end);
-        L.o.w = par_.tp_size == 1 ? o : o.slice_cols(q_rows.begin, q_rows.end);
+        Tensor qb, kb, vb;
         if (c.qkv_bias) {
-          STRATA_ASSIGN_OR_RETURN(Tensor qb, fetch(src, p + "self_attn.q_proj.bias", {Q}));
-          STRATA_ASSIGN_OR_RETURN(Tensor kb, fetch(src, p + "self_attn.k_proj.bias", {KV}));
-          STRATA_ASSIGN_OR_RETURN(Tensor vb, fetch(src, p + "self_attn.v_proj.bias", {KV}));
-          L.q.b = qb.slice_rows(q_rows.begin, q_rows.end);
-          L.k.b = kb.slice_rows(kv_rows.begin, kv_rows.end);
-          L.v.b = vb.slice_rows(kv_rows.begin, kv_rows.end);
+          STRATA_ASSIGN_OR_RETURN(qb, fetch(src, p + "self_attn.q_proj.bias", {Q}));
+          STRATA_ASSIGN_OR_RETURN(kb, fetch(src, p + "self_attn.k_proj.bias", {KV}));
+          STRATA_ASSIGN_OR_RETURN(vb, fetch(src, p + "self_attn.v_proj.bias", {KV}));
+          qb = qb.slice_rows(q_rows.begin, q_rows.end);
+          kb = kb.slice_rows(kv_rows.begin, kv_rows.end);
+          vb = vb.slice_rows(kv_rows.begin, kv_rows.end);
         }
-        STRATA_ASSIGN_OR_RETURN(L.o.b, opt(p + "self_attn.o_proj.bias", {H}, c.o_bias));
+        L.qkv.add(q.slice_rows(q_rows.begin, q_rows.end), qb);
+        L.qkv.add(k.slice_rows(kv_rows.begin, kv_rows.end), kb);
+        L.qkv.add(v.slice_rows(kv_rows.begin, kv_rows.end), vb);
+        STRATA_ASSIGN_OR_RETURN(Tensor ob, opt(p + "self_attn.o_proj.bias", {H}, c.o_bias));
+        L.o.add(par_.tp_size == 1 ? o : o.slice_cols(q_rows.begin, q_rows.end), ob);
         if (c.family == ArchFamily::kGemma3) {
           STRATA_ASSIGN_OR_RETURN(L.q_norm.w, fetch(src, p + "self_attn.q_norm.weight", {D}));
           STRATA_ASSIGN_OR_RETURN(L.k_norm.w, fetch(src, p + "self_attn.k_norm.weight", {D}));
@@ -194,16 +201,17 @@ Status Model::load_weights() {
         STRATA_ASSIGN_OR_RETURN(Tensor g, fetch(src, p + "mlp.gate_proj.weight", {c.ffn_dim, H}));
         STRATA_ASSIGN_OR_RETURN(Tensor u, fetch(src, p + "mlp.up_proj.weight", {c.ffn_dim, H}));
         STRATA_ASSIGN_OR_RETURN(Tensor d, fetch(src, p + "mlp.down_proj.weight", {H, c.ffn_dim}));
-        L.gate.w = g.slice_rows(ffn.begin, ffn.end);
-        L.up.w = u.slice_rows(ffn.begin, ffn.end);
-        L.down.w = par_.tp_size == 1 ? d : d.slice_cols(ffn.begin, ffn.end);
+        Tensor gb, ub, db;
         if (c.mlp_bias) {
-          STRATA_ASSIGN_OR_RETURN(Tensor gb, fetch(src, p + "mlp.gate_proj.bias", {c.ffn_dim}));
-          STRATA_ASSIGN_OR_RETURN(Tensor ub, fetch(src, p + "mlp.up_proj.bias", {c.ffn_dim}));
-          STRATA_ASSIGN_OR_RETURN(L.down.b, fetch(src, p + "mlp.down_proj.bias", {H}));
-          L.gate.b = gb.slice_rows(ffn.begin, ffn.end);
-          L.up.b = ub.slice_rows(ffn.begin, ffn.end);
+          STRATA_ASSIGN_OR_RETURN(gb, fetch(src, p + "mlp.gate_proj.bias", {c.ffn_dim}));
+          STRATA_ASSIGN_OR_RETURN(ub, fetch(src, p + "mlp.up_proj.bias", {c.ffn_dim}));
+          STRATA_ASSIGN_OR_RETURN(db, fetch(src, p + "mlp.down_proj.bias", {H}));
+          gb = gb.slice_rows(ffn.begin, ffn.end);
+          ub = ub.slice_rows(ffn.begin, ffn.end);
         }
+        L.gate_up.add(g.slice_rows(ffn.begin, ffn.end), gb);
+        L.gate_up.add(u.slice_rows(ffn.begin, ffn.end), ub);
+        L.down.add(par_.tp_size == 1 ? d : d.slice_cols(ffn.begin, ffn.end), db);
       }
       STRATA_ASSIGN_OR_RETURN(w_.final_norm.w, fetch(src, "model.norm.weight", {H}));
       if (c.tie_word_embeddings || !src.has("lm_head.weight")) {
@@ -211,10 +219,10 @@ Status Model::load_weights() {
           return errorf(StatusCode::kNotFound, "{}: tensor 'lm_head.weight' not found",
                         src.describe());
         }
-        w_.lm_head.w = w_.tok_embeddings;
+        w_.lm_head.add(w_.tok_embeddings);
       } else {
         STRATA_ASSIGN_OR_RETURN(Tensor head, fetch(src, "lm_head.weight", {c.vocab, H}));
-        w_.lm_head.w = head.slice_rows(vocab_range_.begin, vocab_range_.end);
+        w_.lm_head.add(head.slice_rows(vocab_range_.begin, vocab_range_.end));
       }
       break;
     }
@@ -232,31 +240,32 @@ Status Model::load_weights() {
         STRATA_ASSIGN_OR_RETURN(L.attn_norm.b, fetch(src, p + "ln_1.bias", {H}));
         STRATA_ASSIGN_OR_RETURN(Tensor qkv, fetch(src, p + "attn.c_attn.weight", {H, 3 * H}));
         STRATA_ASSIGN_OR_RETURN(Tensor qkv_b, fetch(src, p + "attn.c_attn.bias", {3 * H}));
-        STRATA_ASSIGN_OR_RETURN(L.q.w, transpose_cols(qkv, q_rows.begin, q_rows.end));
-        STRATA_ASSIGN_OR_RETURN(L.k.w, transpose_cols(qkv, H + q_rows.begin, H + q_rows.end));
-        STRATA_ASSIGN_OR_RETURN(L.v.w,
-                                transpose_cols(qkv, 2 * H + q_rows.begin, 2 * H + q_rows.end));
-        L.q.b = qkv_b.slice_rows(q_rows.begin, q_rows.end);
-        L.k.b = qkv_b.slice_rows(H + q_rows.begin, H + q_rows.end);
-        L.v.b = qkv_b.slice_rows(2 * H + q_rows.begin, 2 * H + q_rows.end);
+        for (int64_t j = 0; j < 3; ++j) {
+          STRATA_ASSIGN_OR_RETURN(
+              Tensor part, transpose_cols(qkv, j * H + q_rows.begin, j * H + q_rows.end));
+          L.qkv.add(part, qkv_b.slice_rows(j * H + q_rows.begin, j * H + q_rows.end));
+        }
         STRATA_ASSIGN_OR_RETURN(Tensor proj, fetch(src, p + "attn.c_proj.weight", {H, H}));
         // Row-parallel o: rows q_rows of the Conv1D [in, out] weight, transposed to [H, q_local].
-        STRATA_ASSIGN_OR_RETURN(L.o.w,
+        STRATA_ASSIGN_OR_RETURN(Tensor o,
                                 transpose_cols(proj.slice_rows(q_rows.begin, q_rows.end), 0, H));
-        STRATA_ASSIGN_OR_RETURN(L.o.b, fetch(src, p + "attn.c_proj.bias", {H}));
+        STRATA_ASSIGN_OR_RETURN(Tensor ob, fetch(src, p + "attn.c_proj.bias", {H}));
+        L.o.add(o, ob);
         STRATA_ASSIGN_OR_RETURN(L.ffn_norm.w, fetch(src, p + "ln_2.weight", {H}));
         STRATA_ASSIGN_OR_RETURN(L.ffn_norm.b, fetch(src, p + "ln_2.bias", {H}));
         STRATA_ASSIGN_OR_RETURN(Tensor fc, fetch(src, p + "mlp.c_fc.weight", {H, F}));
         STRATA_ASSIGN_OR_RETURN(Tensor fc_b, fetch(src, p + "mlp.c_fc.bias", {F}));
-        STRATA_ASSIGN_OR_RETURN(L.up.w, transpose_cols(fc, ffn.begin, ffn.end));
-        L.up.b = fc_b.slice_rows(ffn.begin, ffn.end);
+        STRATA_ASSIGN_OR_RETURN(Tensor up, transpose_cols(fc, ffn.begin, ffn.end));
+        L.gate_up.add(up, fc_b.slice_rows(ffn.begin, ffn.end));
         STRATA_ASSIGN_OR_RETURN(Tensor fc2, fetch(src, p + "mlp.c_proj.weight", {F, H}));
-        STRATA_ASSIGN_OR_RETURN(L.down.w, transpose_cols(fc2.slice_rows(ffn.begin, ffn.end), 0, H));
-        STRATA_ASSIGN_OR_RETURN(L.down.b, fetch(src, p + "mlp.c_proj.bias", {H}));
+        STRATA_ASSIGN_OR_RETURN(Tensor down,
+                                transpose_cols(fc2.slice_rows(ffn.begin, ffn.end), 0, H));
+        STRATA_ASSIGN_OR_RETURN(Tensor down_b, fetch(src, p + "mlp.c_proj.bias", {H}));
+        L.down.add(down, down_b);
       }
       STRATA_ASSIGN_OR_RETURN(w_.final_norm.w, fetch(src, root + "ln_f.weight", {H}));
       STRATA_ASSIGN_OR_RETURN(w_.final_norm.b, fetch(src, root + "ln_f.bias", {H}));
-      w_.lm_head.w = w_.tok_embeddings;
+      w_.lm_head.add(w_.tok_embeddings);
       break;
     }
     case ArchFamily::kGptNeoX: {
@@ -275,66 +284,79 @@ Status Model::load_weights() {
           return errorf(StatusCode::kUnimplemented, "quantized GPT-NeoX QKV is not supported");
         }
         // Rows are laid out [n_heads, 3 (q,k,v), head_dim]: gather each part per head.
-        Tensor* parts[3] = {&L.q.w, &L.k.w, &L.v.w};
+        Tensor parts[3], bparts[3];
         for (int j = 0; j < 3; ++j) {
-          STRATA_ASSIGN_OR_RETURN(*parts[j], own(qkv.dtype, {hl * D, H}));
+          STRATA_ASSIGN_OR_RETURN(parts[j], own(qkv.dtype, {hl * D, H}));
           for (int64_t h = 0; h < hl; ++h) {
             const int64_t r0 = ((heads.begin + h) * 3 + j) * D;
-            copy_rows(qkv, r0, r0 + D, *parts[j], h * D);
+            copy_rows(qkv, r0, r0 + D, parts[j], h * D);
           }
         }
         if (c.qkv_bias) {
           STRATA_ASSIGN_OR_RETURN(Tensor qkv_b,
                                   fetch(src, p + "attention.query_key_value.bias", {3 * H}));
-          Tensor* bparts[3] = {&L.q.b, &L.k.b, &L.v.b};
           for (int j = 0; j < 3; ++j) {
-            STRATA_ASSIGN_OR_RETURN(*bparts[j], own(qkv_b.dtype, {hl * D}));
+            STRATA_ASSIGN_OR_RETURN(bparts[j], own(qkv_b.dtype, {hl * D}));
             const int64_t eb = elem_bytes(qkv_b.dtype);
             for (int64_t h = 0; h < hl; ++h) {
               const int64_t r0 = ((heads.begin + h) * 3 + j) * D;
-              std::memcpy(static_cast<char*>(bparts[j]->data) + h * D * eb,
+              std::memcpy(static_cast<char*>(bparts[j].data) + h * D * eb,
                           static_cast<const char*>(qkv_b.data) + r0 * eb,
                           static_cast<size_t>(D * eb));
             }
           }
         }
+        for (int j = 0; j < 3; ++j) L.qkv.add(parts[j], bparts[j]);
         STRATA_ASSIGN_OR_RETURN(Tensor dense, fetch(src, p + "attention.dense.weight", {H, H}));
-        L.o.w = par_.tp_size == 1 ? dense : dense.slice_cols(q_rows.begin, q_rows.end);
-        STRATA_ASSIGN_OR_RETURN(L.o.b, opt(p + "attention.dense.bias", {H}, c.o_bias));
+        STRATA_ASSIGN_OR_RETURN(Tensor dense_b, opt(p + "attention.dense.bias", {H}, c.o_bias));
+        L.o.add(par_.tp_size == 1 ? dense : dense.slice_cols(q_rows.begin, q_rows.end), dense_b);
         STRATA_ASSIGN_OR_RETURN(L.ffn_norm.w,
                                 fetch(src, p + "post_attention_layernorm.weight", {H}));
         STRATA_ASSIGN_OR_RETURN(L.ffn_norm.b, fetch(src, p + "post_attention_layernorm.bias", {H}));
         STRATA_ASSIGN_OR_RETURN(Tensor up, fetch(src, p + "mlp.dense_h_to_4h.weight", {F, H}));
         STRATA_ASSIGN_OR_RETURN(Tensor up_b, fetch(src, p + "mlp.dense_h_to_4h.bias", {F}));
-        L.up.w = up.slice_rows(ffn.begin, ffn.end);
-        L.up.b = up_b.slice_rows(ffn.begin, ffn.end);
+        L.gate_up.add(up.slice_rows(ffn.begin, ffn.end), up_b.slice_rows(ffn.begin, ffn.end));
         STRATA_ASSIGN_OR_RETURN(Tensor down, fetch(src, p + "mlp.dense_4h_to_h.weight", {H, F}));
-        L.down.w = par_.tp_size == 1 ? down : down.slice_cols(ffn.begin, ffn.end);
-        STRATA_ASSIGN_OR_RETURN(L.down.b, fetch(src, p + "mlp.dense_4h_to_h.bias", {H}));
+        STRATA_ASSIGN_OR_RETURN(Tensor down_b, fetch(src, p + "mlp.dense_4h_to_h.bias", {H}));
+        L.down.add(par_.tp_size == 1 ? down : down.slice_cols(ffn.begin, ffn.end), down_b);
       }
       STRATA_ASSIGN_OR_RETURN(w_.final_norm.w, fetch(src, "gpt_neox.final_layer_norm.weight", {H}));
       STRATA_ASSIGN_OR_RETURN(w_.final_norm.b, fetch(src, "gpt_neox.final_layer_norm.bias", {H}));
       if (c.tie_word_embeddings) {
-        w_.lm_head.w = w_.tok_embeddings;
+        w_.lm_head.add(w_.tok_embeddings);
       } else {
         STRATA_ASSIGN_OR_RETURN(Tensor head, fetch(src, "embed_out.weight", {c.vocab, H}));
-        w_.lm_head.w = head.slice_rows(vocab_range_.begin, vocab_range_.end);
+        w_.lm_head.add(head.slice_rows(vocab_range_.begin, vocab_range_.end));
       }
       break;
     }
   }
 
-  // Bytes this rank reads per token: every weight it holds once.
+  count_weight_bytes();
+  return ok_status();
+}
+
+void Model::count_weight_bytes() {
+  // Bytes this rank reads per token: every weight it holds once (scales count; the tied
+  // embedding once).
+  weight_bytes_ = 0;
   auto add = [&](const Tensor& t) {
     if (t.defined()) weight_bytes_ += static_cast<size_t>(dtype_bytes(t.dtype, t.numel()));
   };
   add(w_.tok_embeddings);
   add(w_.pos_embeddings);
+  auto add_linear = [&](const ops::LinearWeight& lw) {
+    for (int i = 0; i < lw.n_parts; ++i) {
+      add(lw.parts[static_cast<size_t>(i)].w);
+      add(lw.parts[static_cast<size_t>(i)].scale);
+    }
+  };
   for (const LayerWeights& L : w_.layers) {
-    for (const Tensor* t : {&L.q.w, &L.k.w, &L.v.w, &L.o.w, &L.gate.w, &L.up.w, &L.down.w}) add(*t);
+    for (const ops::LinearWeight* lw : {&L.qkv, &L.o, &L.gate_up, &L.down}) add_linear(*lw);
   }
-  if (w_.lm_head.w.data != w_.tok_embeddings.data) add(w_.lm_head.w);
-  return ok_status();
+  if (w_.lm_head.defined() && w_.lm_head.parts[0].w.data != w_.tok_embeddings.data) {
+    add_linear(w_.lm_head);
+  }
 }
 
 }  // namespace strata

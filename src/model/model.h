@@ -1,55 +1,30 @@
-// Model: the weights of one decoder-only transformer as this rank holds them (after tensor-
-// parallel sharding), and its forward pass over a batch of tokens from any number of
-// sequences (prefill chunks and decode steps mixed), reading and writing the paged KV cache.
+// Model: one decoder-only transformer as this rank holds it — its config, its rank in the
+// parallel world, its weights (model/weights.h, owned by a WeightStore) in one of two layouts
+// (as stored on the CPU, or the device layout of the GPU kernels), and its forward pass: the
+// family's layer program (model/program.h) run over a layer range on whichever backend holds the
+// weights.
 //
 // Tensor parallelism follows Megatron: QKV and gate/up are column-parallel (each rank owns a
 // slice of heads / ffn columns), o_proj and down_proj are row-parallel (partial sums, then an
 // explicit all-reduce), embedding and LM head are vocab-parallel.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "core/buffer.h"
-#include "core/tensor.h"
 #include "io/tensor_source.h"
-#include "memory/kv_cache.h"
+#include "memory/weight_store.h"
 #include "model/config.h"
-#include "parallel/comm.h"
+#include "model/weights.h"
+#include "ops/ops.h"
 #include "parallel/parallel_config.h"
 
 namespace strata {
 
-struct LinearWeights {
-  Tensor w;  // [out_local, in_local], rows possibly strided
-  Tensor b;  // [out_local] or undefined
-};
-
-struct NormWeights {
-  Tensor w;  // [dim]
-  Tensor b;  // [dim] (LayerNorm) or undefined
-};
-
-struct LayerWeights {
-  NormWeights attn_norm;       // input_layernorm / ln_1
-  LinearWeights q, k, v;       // column-parallel: [heads_local * head_dim, hidden]
-  LinearWeights o;             // row-parallel: [hidden, heads_local * head_dim]
-  NormWeights q_norm, k_norm;  // per-head [head_dim] (Gemma-3), else undefined
-  NormWeights post_attn_norm;  // Gemma-3, else undefined
-  NormWeights ffn_norm;        // post_attention_layernorm / ln_2
-  LinearWeights gate, up;      // column-parallel: [ffn_local, hidden]; gate undefined if ungated
-  LinearWeights down;          // row-parallel: [hidden, ffn_local]
-  NormWeights post_ffn_norm;   // Gemma-3, else undefined
-};
-
-struct ModelWeights {
-  Tensor tok_embeddings;  // [vocab_local, hidden], rows [vocab_offset, +vocab_local)
-  Tensor pos_embeddings;  // [max_positions, hidden] (learned positions) or undefined
-  std::vector<LayerWeights> layers;
-  NormWeights final_norm;
-  LinearWeights lm_head;  // [vocab_local, hidden] (the embedding when tied)
-};
+class Communicator;
 
 // One forward call's inputs. Token i belongs to sequence token_seq[i] at position
 // token_pos[i]; its K/V are written to that sequence's blocks before attention reads them.
@@ -63,52 +38,133 @@ struct ForwardBatch {
   std::span<const int32_t> logit_rows;  // token indices whose logits are wanted
 };
 
+// How Model::to_device / Model::random lay the weights out on a device.
+struct DeviceLayout {
+  DType weight_dtype = DType::kBF16;  // linear weights: kBF16, kI8 or kFP8E4M3 (per-row scales)
+  size_t free_bytes = 0;              // device memory free, for the "does not fit" check (0: skip)
+  std::string device_name;            // for messages
+  uint64_t seed = 0;                  // random(): the weights' seed
+};
+
+// The activation buffers of one forward pass, sized for the largest batch (runtime allocates
+// them once; a graph replays over the same addresses). act = the activation dtype: f32 for the
+// CPU reference, bf16 for the device layout.
+struct Workspace {
+  Tensor x;             // f32 [T, hidden]: the residual stream
+  Tensor y;             // f32 [T, hidden]: partial sums (all-reduce, post norms, parallel block)
+  Tensor h;             // act [T, hidden]: norm output, the next GEMM's input
+  Tensor qkv;           // f32 [T, (hq + 2 hkv) head_dim]: fused QKV projection
+  Tensor q;             // act [T, hq, head_dim]: rotated queries
+  Tensor attn;          // act [T, hq head_dim]: attention output
+  Tensor ff;            // act [T, 2 ffn]: MLP GEMM output before its activation (scratch)
+  Tensor act;           // act [T, ffn]: MLP activation, the down GEMM's input
+  Tensor sel;           // f32 [R, hidden]: rows that want logits
+  Tensor logits;        // f32 [R, vocab]
+  Tensor logits_local;  // f32 [R, vocab chunk]: this rank's vocab shard (tensor parallel)
+  Tensor gathered;      // f32 [tp, R, vocab chunk]: every rank's shard (tensor parallel)
+  Tensor ids;           // i32 [R]: argmax of each logit row
+  Tensor attn_ws;       // u8: split-K attention scratch (may be empty)
+};
+
+struct WorkspaceLimits {
+  int64_t max_tokens = 0;      // T
+  int64_t max_logit_rows = 0;  // R
+  DType act = DType::kF32;
+  size_t attn_workspace_bytes = 0;
+};
+
+// What the last layer range computes after the layers (the pipeline's last stage).
+struct HeadArgs {
+  int64_t n_out = 0;    // logit rows
+  bool all_rows = false;  // logit rows are tokens [0, n_out) in order (no gather)
+  const std::vector<std::pair<int64_t, int64_t>>* out_runs = nullptr;  // (first token, count)
+  bool argmax = false;    // also ids = argmax(logits)
+};
+
+// Everything a forward pass reads and writes besides the weights.
+struct ForwardArgs {
+  ops::Context& ctx;
+  const ops::StepArgs& step;
+  Workspace& ws;
+  std::span<ops::KvLayer> kv;  // one per layer of the model
+  Communicator& comm;
+  int64_t first_layer = 0;
+  int64_t last_layer = -1;  // -1: n_layers
+  HeadArgs head;
+};
+
+class Model;
+// Model::to_device / Model::random (model/device_layout.cpp).
+Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
+                                                  const ParallelConfig& par, const Model* host,
+                                                  const DeviceLayout& layout, ops::Context& ctx,
+                                                  Allocator& alloc);
+
 class Model {
  public:
-  // Load (and shard for par) the weights named per the config's family from `source`.
+  // Load (and shard for par) the weights named per the config's family from `source`, as stored
+  // (views into the checkpoint where the layout allows): the CPU reference layout.
   static Result<std::unique_ptr<Model>> load(const ModelConfig& config, const ParallelConfig& par,
                                              std::shared_ptr<TensorSource> source);
+  // `host`'s weights in the device layout on ctx's device (CUDA, or the CPU for the bf16 twins):
+  // Q/K/V and gate/up concatenated, linear weights bf16 or quantized per row, the rest f32; GGUF
+  // blocks are dequantized. Memory comes from `alloc`.
+  static Result<std::unique_ptr<Model>> to_device(const Model& host, const DeviceLayout& layout,
+                                                  ops::Context& ctx, Allocator& alloc);
+  // Random weights of `config`'s shapes in the device layout (`--load-format dummy`): linear
+  // weights and embeddings uniform with the std of N(0, 0.02), norms 1, biases 0.
+  static Result<std::unique_ptr<Model>> random(const ModelConfig& config,
+                                               const ParallelConfig& par,
+                                               const DeviceLayout& layout, ops::Context& ctx,
+                                               Allocator& alloc);
 
   const ModelConfig& config() const { return config_; }
   const ParallelConfig& parallel() const { return par_; }
+  const ModelWeights& weights() const { return w_; }
+  Device device() const { return device_; }
+  bool device_layout() const { return device_layout_; }
+  DType weight_dtype() const { return weight_dtype_; }  // device layout's linear weights
   int64_t n_heads_local() const { return n_heads_local_; }
   int64_t n_heads_kv_local() const { return n_kv_local_; }
   int64_t ffn_local() const { return ffn_local_; }
+  ShardRange vocab_range() const { return vocab_range_; }
   int64_t vocab_local() const { return vocab_range_.size(); }
+  int64_t qkv_dim() const { return (n_heads_local_ + 2 * n_kv_local_) * config_.head_dim; }
+  // Bytes one forward pass reads: every weight once (the tied embedding once).
   size_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of memory the store holds beyond the mapped checkpoint (device weights, copies).
+  size_t owned_bytes() const { return store_.owned_bytes(); }
 
-  // The weights as loaded (views into the checkpoint or re-laid-out copies), for executors on
-  // other devices (CudaModel uploads them), and the rotary inverse frequencies (global layers,
-  // and Gemma-3's local layers; empty when unused).
-  const ModelWeights& weights() const { return w_; }
-  const std::vector<float>& inv_freq() const { return inv_freq_; }
-  const std::vector<float>& inv_freq_local() const { return inv_freq_local_; }
+  // The workspace for `limits`: its size in bytes, and its tensors carved from `base` on `device`.
+  size_t workspace_bytes(const WorkspaceLimits& limits) const;
+  Workspace bind_workspace(const WorkspaceLimits& limits, void* base, Device device) const;
 
-  // KV cache geometry this rank needs.
-  KvCacheConfig kv_config(int64_t n_blocks, int64_t block_size) const;
-
-  // logits: [batch.logit_rows.size(), vocab] f32, the full vocabulary on every rank.
-  Status forward(const ForwardBatch& batch, KvCache& cache, Communicator& comm, float* logits);
+  // Layers [first_layer, last_layer) of the forward pass over args.step, with the embedding
+  // when first_layer is 0 and the head (final norm, LM head, logits of args.head's rows) when
+  // last_layer is n_layers. Only device work on args.ctx's stream: no host sync, no allocation
+  // (the body of a CUDA graph capture).
+  Status forward(ForwardArgs& args) const;
 
  private:
+  friend Result<std::unique_ptr<Model>> build_device_model(const ModelConfig&,
+                                                           const ParallelConfig&, const Model*,
+                                                           const DeviceLayout&, ops::Context&,
+                                                           Allocator&);
   Model() = default;
   Status load_weights();
-  Status ensure_workspace(int64_t n_tokens, int64_t n_logits);
+  Status init_shapes();
+  void count_weight_bytes();
 
   ModelConfig config_;
   ParallelConfig par_;
-  std::shared_ptr<TensorSource> source_;
   ModelWeights w_;
-  std::vector<Buffer> owned_;  // re-laid-out copies made at load
-  std::vector<float> inv_freq_, inv_freq_local_;
+  WeightStore store_;
+  Device device_;
+  bool device_layout_ = false;
+  DType weight_dtype_ = DType::kF32;
   int64_t n_heads_local_ = 0, n_kv_local_ = 0, ffn_local_ = 0;
   ShardRange vocab_range_;
   size_t weight_bytes_ = 0;
-
-  // Scratch, sized for the largest batch seen (no allocation for same-or-smaller batches).
-  int64_t ws_tokens_ = 0, ws_logits_ = 0;
-  Buffer ws_;
-  Tensor x_, h_, q_, k_, v_, attn_, o_, ffn_, ffn2_, mlp_, sel_, logits_local_, gathered_;
 };
 
 }  // namespace strata

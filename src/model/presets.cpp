@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "model/cuda_model.h"
+#include "model/presets.h"
 
 namespace strata {
 

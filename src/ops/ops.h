@@ -1,103 +1,224 @@
-// Every op the models may call, declared once. Each op checks shapes and dtypes (returning a
-// Status that names the op and the mismatch), then dispatches on the tensors' device to the
-// backend kernel: strata::cpu::<op> today, strata::cuda::<op> when the tensors live on a GPU.
-// Ops contain no math themselves.
+// The op set the layer programs (src/model/<family>.cpp) are written in: the FUSED ops that make
+// a GPU fast — a norm that writes the next GEMM's input (with the residual add folded in), a
+// linear layer with epilogues (bias, residual accumulate, gated activation), RoPE + KV append
+// (with optional q/k norms) from the fused QKV output, paged variable-length attention, and the
+// explicit collectives. Each op checks its arguments (a Status naming the op and the tensors),
+// then runs on the device of its Context:
 //
-// Conventions: activations are f32 on the CPU backend, row-major, [n_tokens, ...]. Weights may
-// be f32, f16, bf16 (and block-quantized types where the op says so). A linear weight is
-// [out_features, in_features] (the HF nn.Linear layout); its rows may be strided (a column
-// slice of a row-parallel shard is a strided view into the mmap'd checkpoint).
+//   CPU, f32 activations  - the reference: unfused f32 kernels (ops/reference.h, cpu::<op>), the
+//                           checkpoint's weights as stored (f32/f16/bf16/GGUF blocks), f32 KV
+//   CPU, bf16 activations - the bf16 twins of the GPU kernels (cpu::norm_bf16, cpu::gpu_linear,
+//                           ...): the same rounding points as CUDA, for tests of the GPU path
+//   CUDA                  - the kernels of src/backends/cuda (SBI-GeMM, cuBLASLt, flash attention)
+//
+// The activation dtype is a property of the tensors the caller passes (the runtime's workspace),
+// so one program serves every backend. The residual stream x is f32 everywhere.
+//
+// Conventions: activations row-major [n_tokens, ...] with a row stride; a linear weight is
+// [out_features, in_features] (the HF layout), possibly stored as several row blocks (parts)
+// that act as one matrix.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "backends/kernel_params.h"
 #include "core/tensor.h"
 #include "strata/status.h"
 
+namespace strata::cuda {
+struct LaunchCtx;
+}
+
+namespace strata {
+class Communicator;
+}
+
 namespace strata::ops {
 
-// The activation enum lives with the kernel parameters (backends/kernel_params.h), so model
-// code may say Activation or ops::Activation.
 using ::strata::Activation;
+using ::strata::NormKind;
 
-// out[i, :] = table[ids[i] - vocab_offset, :] when the id falls inside this shard's rows
-// [vocab_offset, vocab_offset + table.rows()), else zeros (vocab-parallel embedding: the
-// shards are summed by an all-reduce afterwards). Ids outside [0, vocab) are an error.
-// table: [vocab_shard, hidden] any float dtype; out: [n, hidden] f32.
-Status embedding(const Tensor& table, const int32_t* ids, int64_t n, int64_t vocab_offset,
-                 int64_t vocab, Tensor& out);
-
-// out = x / rms(x) * (weight + weight_offset); x, out: [n, hidden] f32 (may alias);
-// weight: [hidden] any float dtype. weight_offset is 1 for Gemma ("(1 + w)"), else 0.
-Status rms_norm(const Tensor& x, const Tensor& weight, float eps, float weight_offset, Tensor& out);
-
-// out = (x - mean) / sqrt(var + eps) * weight + bias; bias may be undefined.
-Status layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
-                  Tensor& out);
-
-// out[n, m] = x[n, k] @ w[m, k]^T (+ bias[m]). x, out f32; w f32/f16/bf16 (rows may be
-// strided); bias any float dtype or undefined. out must not alias x. Block-quantized w passes
-// the checks here; the CPU backend answers kUnimplemented until its GGUF kernels are wired in.
-Status linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
-
-// Rotary position embedding applied in place to x: [n_tokens, n_heads, head_dim] f32, for the
-// first `rotary_dim` dims of each head. neox_style rotates (i, i + rotary_dim/2) pairs
-// (Llama/HF "rotate_half"); otherwise interleaved (2i, 2i+1) pairs (GPT-J / GGUF llama).
-// inv_freq: [rotary_dim / 2] f32, already including any rope_scaling (see model/rope.h).
-struct RopeParams {
-  int64_t rotary_dim = 0;
-  bool neox_style = true;
-  const float* inv_freq = nullptr;  // [rotary_dim / 2]
-  float attention_factor = 1.0f;    // cos/sin multiplier (yarn); 1 otherwise
+// Named sections of a forward pass, timed by the backend (CUDA: events on the stream).
+class Profiler {
+ public:
+  virtual ~Profiler() = default;
+  // Ends the running section (if any) and starts `name` (nullptr: just end it).
+  virtual void section(const char* name) = 0;
 };
-Status rope(Tensor& x, const int32_t* positions, const RopeParams& params);
 
-// Paged KV cache of one layer: k and v are [n_blocks, block_size, n_heads_kv, head_dim] f32.
-// A sequence's tokens live in the blocks its block table lists, position p in block
-// table[p / block_size], slot p % block_size.
-struct PagedKv {
-  Tensor k;
-  Tensor v;
+// Where ops run: the device, and for CUDA the stream, cuBLASLt handle and properties.
+struct Context {
+  Device device;
+  const cuda::LaunchCtx* cuda = nullptr;  // set iff device.is_cuda()
+  Profiler* profiler = nullptr;           // null: no profiling
+};
+
+inline void section(Context& ctx, const char* name) {
+  if (ctx.profiler != nullptr) ctx.profiler->section(name);
+}
+
+// ---- weights --------------------------------------------------------------------------------
+
+// One linear layer, out = x W^T (+ b), W [rows, cols]. W may be stored as up to 3 row blocks
+// (parts) that act as one matrix (Q/K/V or gate/up as the checkpoint holds them: views, no copy);
+// device layouts concatenate them into one part at upload. int8 / fp8 parts carry one f32 scale
+// per row (w = scale[r] * q[r, :]).
+struct LinearWeight {
+  struct Part {
+    Tensor w;      // [rows_i, cols], float, GGUF blocks, or int8/fp8 with `scale`
+    Tensor scale;  // [rows_i] f32 for int8 / fp8, else undefined
+    Tensor bias;   // [rows_i] any float dtype, or undefined
+  };
+  std::array<Part, 3> parts{};
+  int n_parts = 0;
+
+  bool defined() const { return n_parts > 0; }
+  int64_t rows() const {
+    int64_t r = 0;
+    for (int i = 0; i < n_parts; ++i) r += parts[static_cast<size_t>(i)].w.dim(0);
+    return r;
+  }
+  int64_t cols() const { return n_parts > 0 ? parts[0].w.cols() : 0; }
+  bool has_bias() const {
+    for (int i = 0; i < n_parts; ++i) {
+      if (parts[static_cast<size_t>(i)].bias.defined()) return true;
+    }
+    return false;
+  }
+  void add(const Tensor& w, const Tensor& bias = Tensor{}, const Tensor& scale = Tensor{}) {
+    parts[static_cast<size_t>(n_parts++)] = Part{w, scale, bias};
+  }
+};
+
+struct NormWeight {
+  Tensor w;  // [dim]
+  Tensor b;  // [dim] (LayerNorm) or undefined
+  bool defined() const { return w.defined(); }
+};
+
+// ---- the batch and the KV cache --------------------------------------------------------------
+
+// One forward pass's tokens as the ops see them, packed by the runtime (runtime/step.h) into
+// arrays on the ops' device. Tokens are grouped in runs: maximal spans of one sequence at
+// consecutive positions; run r is tokens [cu_q[r], cu_q[r+1]), they are the LAST n_q positions of
+// kv_len[r] cached positions, and its block table is row r of block_tables.
+struct StepArgs {
+  int64_t n_tokens = 0;
+  int64_t n_seqs = 0;      // runs
+  int64_t max_q_len = 0;   // host-side bounds over the runs (grid sizes; fixed in a graph)
+  int64_t max_kv_len = 0;  //
+  const int32_t* tokens = nullptr;     // [n_tokens]
+  const int32_t* token_seq = nullptr;  // [n_tokens] run index
+  const int32_t* token_pos = nullptr;  // [n_tokens]
+  const int32_t* cu_q = nullptr;       // [n_seqs + 1]
+  const int32_t* kv_len = nullptr;     // [n_seqs]
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
-  int64_t n_seqs = 0;  // rows of block_tables; a token_seq outside [0, n_seqs) is an error
 };
 
-// Token i (sequence token_seq[i], position token_pos[i]) writes k[i], v[i]: [n_tokens,
-// n_heads_kv, head_dim] into its slot of the cache.
-Status kv_append(const Tensor& k, const Tensor& v, const int32_t* token_seq,
-                 const int32_t* token_pos, PagedKv& cache);
+// One layer of a paged KV pool: k, v [n_blocks, block_size, n_heads_kv, head_dim], f32 (CPU
+// reference) or bf16 (GPU layout).
+struct KvLayer {
+  Tensor k;
+  Tensor v;
+};
 
-// Causal attention over the paged cache. Token i of sequence s at position p attends to that
-// sequence's cached positions [max(0, p - sliding_window + 1), p] (window 0 = unlimited), so
-// one call serves a prefill chunk, a decode step, or a mix. q, out: [n_tokens, n_heads,
-// head_dim] f32; n_heads must be a multiple of n_heads_kv (GQA/MQA share KV heads).
-struct AttentionParams {
-  const int32_t* token_seq = nullptr;  // [n_tokens]
-  const int32_t* token_pos = nullptr;  // [n_tokens]
-  float scale = 1.0f;                  // usually 1/sqrt(head_dim)
+// ---- ops --------------------------------------------------------------------------------------
+
+// x[i] = scale * table[ids[i] - vocab_offset] when the id falls in this vocab shard, else 0
+// (the shards are summed by an all-reduce); with accumulate, x[i] += instead. ids are the
+// step's tokens (or its positions, for learned position embeddings).
+struct EmbedArgs {
+  int64_t vocab_offset = 0;
+  int64_t vocab = 0;  // ids must be in [0, vocab)
+  float scale = 1.0f;
+  bool accumulate = false;
+};
+Status embed(Context& ctx, const Tensor& table, const int32_t* ids, const EmbedArgs& args,
+             Tensor& x);
+
+// out = norm(x) in out's dtype (f32, or bf16 for the GPU layout), after x += residual when
+// residual is given (written back to x). x, residual: f32 [n, hidden].
+struct NormArgs {
+  NormKind kind = NormKind::kRms;
+  float eps = 1e-6f;
+  float weight_offset = 0.0f;  // RMSNorm's (1 + w) of Gemma
+};
+Status norm(Context& ctx, Tensor& x, const NormWeight& w, const NormArgs& args, Tensor& out,
+            const Tensor* residual = nullptr);
+
+// out (+)= x W^T (+ bias): x [n, cols] in the activation dtype; out [n, rows] f32 or bf16
+// (accumulate needs f32). Without `bias`, the weight's biases are not added (row-parallel
+// layers add theirs once, after the all-reduce).
+struct LinearArgs {
+  bool accumulate = false;
+  bool bias = true;
+};
+Status linear(Context& ctx, const Tensor& x, const LinearWeight& w, Tensor& out,
+              const LinearArgs& args = LinearArgs{});
+
+// The MLP's first half. Gated (w = [gate; up], 2F rows): out [n, F] = act(x Wg^T + bg) *
+// (x Wu^T + bu). Plain (w = up, F rows): out = act(x Wu^T + bu). scratch [n, w.rows()]: the GEMM
+// output where the backend does not fuse the activation into the GEMM; out in the activation
+// dtype.
+Status linear_act(Context& ctx, const Tensor& x, const LinearWeight& w, Activation act, bool gated,
+                  Tensor& scratch, Tensor& out);
+
+// From the fused QKV projection qkv [n, (n_heads + 2 n_heads_kv) head_dim] f32: q_out [n,
+// n_heads, head_dim] = rope(q_norm(q)) in the activation dtype, and rope(k_norm(k)), v written to
+// the cache slots of the step's tokens. rotary_dim 0: no rotation (learned positions).
+struct RopeArgs {
+  const Tensor* inv_freq = nullptr;  // f32 [rotary_dim / 2] on the ops' device
+  int64_t rotary_dim = 0;
+  bool neox_style = true;
+  const NormWeight* q_norm = nullptr;  // per-head RMSNorm weights [head_dim], or null
+  const NormWeight* k_norm = nullptr;
+  float norm_eps = 1e-6f;
+  float norm_weight_offset = 0.0f;
+};
+Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, const RopeArgs& args,
+                      KvLayer& cache, Tensor& q_out);
+
+// Causal attention of the step's queries q [n, n_heads, head_dim] over their runs' cached
+// positions (sliding_window 0 = all; logit_softcap 0 = off): out [n, n_heads * head_dim] in the
+// activation dtype. workspace: device scratch for split-K decode (may be undefined).
+struct AttentionArgs {
+  float scale = 1.0f;
   int64_t sliding_window = 0;
-  float logit_softcap = 0.0f;  // tanh soft-capping (Gemma 2); 0 = off
+  float logit_softcap = 0.0f;
+  Tensor workspace;
 };
-Status attention(const Tensor& q, const PagedKv& cache, const AttentionParams& params, Tensor& out);
+Status attention(Context& ctx, const Tensor& q, const StepArgs& step, const KvLayer& cache,
+                 const AttentionArgs& args, Tensor& out);
 
-// out[n, f] = act(gate[n, f]) * up[n, f]. gate and up may be strided column views of one
-// [n, 2f] buffer (the fused gate/up projection's output); out must be contiguous.
-Status gated_act(const Tensor& gate, const Tensor& up, Activation act, Tensor& out);
-// x = act(x) in place: [n, f] f32.
-Status act(Tensor& x, Activation act);
-// out = a + b (same shape, f32; out may alias either).
-Status add(const Tensor& a, const Tensor& b, Tensor& out);
-// x[n, m] += bias[m]; bias any float dtype.
-Status add_bias(Tensor& x, const Tensor& bias);
-// x *= s.
-Status scale(Tensor& x, float s);
-// x = cap * tanh(x / cap) in place, cap > 0 (Gemma final-logit soft-capping): [n, f] f32.
-Status softcap(Tensor& x, float cap);
-// Row-wise softmax in place: [n, f] f32.
-Status softmax(Tensor& x);
-// out[r] = index of the largest x[r, :] (first on ties): x [n, f] f32, out [n] i32.
-Status argmax(const Tensor& x, Tensor& out);
+// Element-wise, f32 [n, cols] with row strides.
+Status add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out);  // out may alias a or b
+Status add_bias(Context& ctx, Tensor& x, const Tensor& bias);             // x[r, :] += bias
+Status softcap(Context& ctx, Tensor& x, float cap);                       // cap * tanh(x / cap)
+// ids[r] = argmax x[r, :] (first index on ties): x f32 [n, cols], ids i32 [n].
+Status argmax(Context& ctx, const Tensor& x, Tensor& ids);
+// dst[r, :] = src[r, :] for same-shaped 2-D tensors of one dtype on the ops' device.
+Status copy(Context& ctx, const Tensor& src, Tensor& dst);
+
+// ---- memory ---------------------------------------------------------------------------------
+// Copies between the host and a contiguous tensor on the ops' device, ordered on its stream
+// (the host memory must stay valid until synchronize()).
+Status upload(Context& ctx, const void* host, Tensor& dst);
+Status download(Context& ctx, const Tensor& src, void* host);
+// Waits for everything queued on the ops' stream.
+Status synchronize(Context& ctx);
+// dst (bf16, contiguous) = uniform(-scale, scale) from a counter-based hash of (seed, index):
+// the same values on every run and device (random weights, `--load-format dummy`).
+Status fill_random(Context& ctx, Tensor& dst, uint64_t seed, float scale);
+// Per-row symmetric quantization of a bf16 [rows, cols] matrix to q (int8 or fp8-e4m3, [rows,
+// cols]) with scale f32 [rows] (w = scale[r] * q[r, :]).
+Status quantize_rows(Context& ctx, const Tensor& w_bf16, Tensor& q, Tensor& scale);
+
+// ---- collectives (every one is an explicit call in a layer program) --------------------------
+// x = sum over the ranks of x (f32, in place).
+Status all_reduce(Context& ctx, Communicator& comm, Tensor& x);
+// recv [size * n, cols] rank-major = every rank's send [n, cols] (f32).
+Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv);
 
 }  // namespace strata::ops

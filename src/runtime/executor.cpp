@@ -1,105 +1,257 @@
 #include "runtime/executor.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
+#include "core/env.h"
 #include "core/status.h"
+#include "model/presets.h"
+#include "runtime/device_runtime.h"
 #include "runtime/model_loader.h"
+#include "runtime/step.h"
 
 namespace strata {
 
 namespace {
 
-int32_t argmax_row(const float* row, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (row[i] > row[best]) best = i;
+class ModelRunner final : public Executor {
+ public:
+  static Result<std::unique_ptr<ModelRunner>> create(const ModelConfig& config,
+                                                     const ParallelConfig& par,
+                                                     std::unique_ptr<Model> host,
+                                                     Communicator& comm,
+                                                     const RunnerOptions& options);
+
+  const ModelConfig& config() const override { return model_->config(); }
+  KvPool& cache() override { return *kv_; }
+  std::string backend_name() const override {
+    return runtime_->device().is_cuda() ? "CUDA" : "CPU";
   }
-  return static_cast<int32_t>(best);
+  Status forward(const ForwardBatch& batch, float* logits) override {
+    return run(batch, logits, nullptr);
+  }
+  Status forward_argmax(const ForwardBatch& batch, int32_t* ids) override {
+    return run(batch, nullptr, ids);
+  }
+  size_t block_bytes() const override { return kv_->config().block_bytes(); }
+  Status copy_block_to_host(int32_t block, void* host) override {
+    STRATA_RETURN_IF_ERROR(runtime_->make_current());
+    return kv_->copy_block_to_host(runtime_->ctx(), block, host);
+  }
+  Status copy_block_from_host(int32_t block, const void* host) override {
+    STRATA_RETURN_IF_ERROR(runtime_->make_current());
+    return kv_->copy_block_from_host(runtime_->ctx(), block, host);
+  }
+  int64_t graph_captures() const override { return runtime_->graph_captures(); }
+  int64_t graph_replays() const override { return runtime_->graph_replays(); }
+
+  const Model& model() const { return *model_; }
+  DeviceRuntime& runtime() { return *runtime_; }
+  const RunnerOptions& options() const { return opt_; }
+
+ private:
+  ModelRunner(Communicator& comm) : comm_(comm) {}
+  Status allocate(const RunnerOptions& o);
+  Status run(const ForwardBatch& b, float* out_logits, int32_t* out_ids);
+
+  Communicator& comm_;
+  RunnerOptions opt_;
+  std::unique_ptr<DeviceRuntime> runtime_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<KvPool> kv_;
+  Buffer ws_mem_;
+  Workspace ws_;
+  std::unique_ptr<StepPacker> packer_;
+  PackedStep step_;
+  Buffer host_logits_, host_ids_;  // staging for the results (pinned on a GPU)
+};
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& config,
+                                                         const ParallelConfig& par,
+                                                         std::unique_ptr<Model> host,
+                                                         Communicator& comm,
+                                                         const RunnerOptions& options) {
+  std::unique_ptr<ModelRunner> r(new ModelRunner(comm));
+  r->opt_ = options;
+  RunnerOptions& o = r->opt_;
+  if (o.act_dtype != DType::kF32 && o.act_dtype != DType::kBF16) {
+    return errorf(StatusCode::kInvalidArgument, "activation dtype {} (use f32 or bf16)",
+                  dtype_name(o.act_dtype));
+  }
+  if (o.device.is_cuda()) o.act_dtype = DType::kBF16;  // the GPU runs the device layout
+  const bool device_layout = o.act_dtype == DType::kBF16;
+  if (!device_layout && o.weight_dtype != DType::kBF16) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--quantization int8 / fp8 needs the device layout (--device cuda)");
+  }
+  if (o.block_size < 1 || o.max_num_tokens < 1 || o.max_num_seqs < 1 || o.max_logit_rows < 1) {
+    return Status(StatusCode::kInvalidArgument, "block size and batch limits must be >= 1");
+  }
+  if (o.max_model_len <= 0 || o.max_model_len > config.max_position_embeddings) {
+    o.max_model_len = config.max_position_embeddings;
+  }
+  o.max_logit_rows = std::max(o.max_logit_rows, o.max_num_seqs);
+  if (!host && !device_layout) {
+    return Status(StatusCode::kInvalidArgument,
+                  "random weights (--load-format dummy) need the device layout (--device cuda)");
+  }
+  STRATA_ASSIGN_OR_RETURN(r->runtime_, DeviceRuntime::create(o.device, o.profile));
+  if (o.profile || !r->runtime_->supports_graphs()) o.cuda_graphs = false;
+  DeviceRuntime& rt = *r->runtime_;
+  if (device_layout) {
+    DeviceLayout layout;
+    layout.weight_dtype = o.weight_dtype;
+    layout.device_name = rt.name();
+    layout.seed = o.seed;
+    if (o.device.is_cuda()) {
+      STRATA_ASSIGN_OR_RETURN(DeviceMemoryInfo mi, rt.memory_info());
+      layout.free_bytes = mi.free_bytes;
+    }
+    if (host) {
+      STRATA_ASSIGN_OR_RETURN(r->model_,
+                              Model::to_device(*host, layout, rt.ctx(), rt.allocator()));
+      host.reset();  // the device copy is all the runner reads (the mapping can go)
+    } else {
+      STRATA_ASSIGN_OR_RETURN(r->model_,
+                              Model::random(config, par, layout, rt.ctx(), rt.allocator()));
+    }
+  } else {
+    r->model_ = std::move(host);
+  }
+  STRATA_RETURN_IF_ERROR(r->allocate(o));
+  return r;
 }
 
-class CpuExecutor final : public Executor {
- public:
-  CpuExecutor(std::unique_ptr<Model> model, Communicator& comm, KvCache cache)
-      : model_(std::move(model)), comm_(comm), cache_(std::move(cache)) {}
-  const ModelConfig& config() const override { return model_->config(); }
-  KvCache& cache() override { return cache_; }
-  std::string backend_name() const override { return "CPU"; }
-  Status forward(const ForwardBatch& batch, float* logits) override {
-    return model_->forward(batch, cache_, comm_, logits);
+Status ModelRunner::allocate(const RunnerOptions& o) {
+  DeviceRuntime& rt = *runtime_;
+  const Model& m = *model_;
+  const ModelConfig& c = m.config();
+  const int64_t T = o.max_num_tokens, S = o.max_num_seqs, R = o.max_logit_rows;
+  const int64_t max_blocks = (o.max_model_len + o.block_size - 1) / o.block_size;
+  // Workspace.
+  WorkspaceLimits wl;
+  wl.max_tokens = T;
+  wl.max_logit_rows = R;
+  wl.act = o.act_dtype;
+  wl.attn_workspace_bytes =
+      rt.attention_workspace_bytes(std::max(S, T), m.n_heads_local(), c.head_dim, o.max_model_len);
+  {
+    Result<Buffer> b = rt.allocator().allocate(m.workspace_bytes(wl));
+    if (!b.ok()) return b.status().with_context("activation workspace");
+    ws_mem_ = std::move(b).value();
   }
-  Status forward_argmax(const ForwardBatch& batch, int32_t* ids) override {
-    const int64_t V = model_->config().vocab;
-    scratch_.resize(batch.logit_rows.size() * static_cast<size_t>(V));
-    STRATA_RETURN_IF_ERROR(model_->forward(batch, cache_, comm_, scratch_.data()));
-    for (size_t i = 0; i < batch.logit_rows.size(); ++i) {
-      ids[i] = argmax_row(scratch_.data() + i * static_cast<size_t>(V), V);
+  ws_ = m.bind_workspace(wl, ws_mem_.data(), rt.device());
+  // Step buffers: pinned staging + device copy (one buffer on the CPU).
+  StepLimits sl;
+  sl.max_tokens = T;
+  sl.max_seqs = S;
+  sl.max_logit_rows = R;
+  sl.max_blocks_per_seq = max_blocks;
+  sl.block_size = o.block_size;
+  sl.max_model_len = o.max_model_len;
+  sl.vocab = c.vocab;
+  sl.cuda_graphs = o.cuda_graphs;
+  const size_t step_bytes = StepPacker::ints_needed(sl) * sizeof(int32_t);
+  STRATA_ASSIGN_OR_RETURN(Buffer staging, rt.allocate_staging(step_bytes));
+  Buffer dev = staging;
+  if (rt.device().is_cuda()) {
+    Result<Buffer> b = rt.allocator().allocate(step_bytes);
+    if (!b.ok()) return b.status().with_context("step inputs");
+    dev = std::move(b).value();
+  }
+  STRATA_ASSIGN_OR_RETURN(host_logits_, rt.allocate_staging(static_cast<size_t>(R * c.vocab) * 4));
+  STRATA_ASSIGN_OR_RETURN(host_ids_, rt.allocate_staging(static_cast<size_t>(R) * 4));
+  // The KV pool: what is asked for, or on a GPU what fits under gpu_memory_utilization.
+  KvPoolConfig kc;
+  kc.n_layers = c.n_layers;
+  kc.block_size = o.block_size;
+  kc.n_heads_kv = m.n_heads_kv_local();
+  kc.head_dim = c.head_dim;
+  kc.dtype = o.act_dtype;
+  int64_t n_blocks = o.num_kv_blocks;
+  if (n_blocks <= 0) {
+    if (rt.device().is_cuda()) {
+      STRATA_ASSIGN_OR_RETURN(DeviceMemoryInfo mi, rt.memory_info());
+      const double budget = o.gpu_memory_utilization * static_cast<double>(mi.total_bytes);
+      const double used = static_cast<double>(mi.total_bytes - mi.free_bytes);
+      // Leave room for cuBLASLt, graphs and the CUDA context's own growth.
+      const double avail =
+          std::min(budget - used, static_cast<double>(mi.free_bytes)) - 512.0 * (1 << 20);
+      const int64_t fit =
+          avail > 0 ? static_cast<int64_t>(avail / static_cast<double>(kc.block_bytes())) : 0;
+      if (fit < max_blocks + 1) {
+        return errorf(
+            StatusCode::kOutOfMemory,
+            "cuda: no room for the KV cache: one {}-token sequence needs {:.2f} GiB but "
+            "{:.2f} GiB is left after the weights ({:.2f} GiB) under "
+            "--gpu-memory-utilization {}; lower --max-model-len or quantize the weights",
+            o.max_model_len,
+            static_cast<double>(kc.block_bytes() * static_cast<size_t>(max_blocks)) / (1 << 30),
+            std::max(0.0, avail) / (1 << 30), static_cast<double>(m.owned_bytes()) / (1 << 30),
+            o.gpu_memory_utilization);
+      }
+      n_blocks = fit - 1;
+    } else {
+      n_blocks = max_blocks;
     }
-    return ok_status();
   }
-  size_t block_bytes() const override {
-    return static_cast<size_t>(cache_.block_floats()) * sizeof(float);
+  kc.n_blocks = n_blocks;
+  {
+    Result<KvPool> pool = KvPool::create(kc, rt.allocator());
+    if (!pool.ok()) return pool.status().with_context("KV cache");
+    kv_ = std::make_unique<KvPool>(std::move(pool).value());
   }
-  Status copy_block_to_host(int32_t block, void* host) override {
-    cache_.copy_block_to_host(block, static_cast<float*>(host));
-    return ok_status();
-  }
-  Status copy_block_from_host(int32_t block, const void* host) override {
-    cache_.copy_block_from_host(block, static_cast<const float*>(host));
-    return ok_status();
-  }
+  sl.n_blocks = n_blocks;
+  packer_ = std::make_unique<StepPacker>(sl, std::move(staging), std::move(dev));
+  return ops::synchronize(rt.ctx());
+}
 
- private:
-  std::unique_ptr<Model> model_;
-  Communicator& comm_;
-  KvCache cache_;
-  std::vector<float> scratch_;
-};
-
-class CudaExecutor final : public Executor {
- public:
-  CudaExecutor(std::unique_ptr<CudaModel> model, KvCache cache)
-      : model_(std::move(model)), cache_(std::move(cache)) {}
-  const ModelConfig& config() const override { return model_->config(); }
-  KvCache& cache() override { return cache_; }
-  std::string backend_name() const override { return "CUDA"; }
-  Status forward(const ForwardBatch& batch, float* logits) override {
-    return model_->forward(batch, logits);
+Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_ids) {
+  DeviceRuntime& rt = *runtime_;
+  STRATA_RETURN_IF_ERROR(rt.make_current());
+  if (b.tokens.empty()) return ok_status();
+  ops::Context& ctx = rt.ctx();
+  STRATA_RETURN_IF_ERROR(packer_->pack(b, step_));
+  if (rt.device().is_cuda()) {
+    Tensor dst = Tensor::make(packer_->device(), DType::kU8,
+                              {static_cast<int64_t>(packer_->bytes())}, rt.device());
+    STRATA_RETURN_IF_ERROR(ops::upload(ctx, packer_->staging(), dst));
   }
-  Status forward_argmax(const ForwardBatch& batch, int32_t* ids) override {
-    return model_->forward_argmax(batch, ids);
+  step_.head.argmax = true;  // always: one graph serves both logits and greedy ids
+  ForwardArgs args{ctx, step_.args, ws_, kv_->layers(), comm_, 0, -1, step_.head};
+  rt.begin_step(step_.args.max_q_len == 1);
+  STRATA_RETURN_IF_ERROR(
+      rt.run(step_.graph, step_.graph_key, [&] { return model_->forward(args); }));
+  const int64_t n_out = step_.n_out;
+  const int64_t V = model_->config().vocab;
+  if (n_out > 0 && out_logits != nullptr) {
+    STRATA_RETURN_IF_ERROR(ops::download(ctx, ws_.logits.slice_rows(0, n_out), host_logits_.data()));
   }
-  size_t block_bytes() const override { return model_->kv_block_bytes(); }
-  Status copy_block_to_host(int32_t block, void* host) override {
-    return model_->copy_block_to_host(block, host);
+  if (n_out > 0 && out_ids != nullptr) {
+    Tensor ids = Tensor::make(ws_.ids.data, DType::kI32, {n_out}, ws_.ids.device);
+    STRATA_RETURN_IF_ERROR(ops::download(ctx, ids, host_ids_.data()));
   }
-  Status copy_block_from_host(int32_t block, const void* host) override {
-    return model_->copy_block_from_host(block, host);
+  STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+  rt.collect_profile();
+  if (n_out > 0 && out_logits != nullptr) {
+    std::memcpy(out_logits, host_logits_.data(), static_cast<size_t>(n_out * V) * 4);
   }
-
- private:
-  std::unique_ptr<CudaModel> model_;
-  KvCache cache_;
-};
+  if (n_out > 0 && out_ids != nullptr) {
+    std::memcpy(out_ids, host_ids_.data(), static_cast<size_t>(n_out) * 4);
+  }
+  return ok_status();
+}
 
 }  // namespace
 
-Result<std::unique_ptr<Executor>> make_cpu_executor(std::unique_ptr<Model> model,
-                                                    Communicator& comm, int64_t n_blocks,
-                                                    int64_t block_size) {
-  STRATA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(model->kv_config(n_blocks, block_size)));
-  return std::unique_ptr<Executor>(new CpuExecutor(std::move(model), comm, std::move(cache)));
-}
-
-Result<std::unique_ptr<Executor>> make_cuda_executor(std::unique_ptr<CudaModel> model) {
-  const ModelConfig& c = model->config();
-  KvCacheConfig kc;
-  kc.n_layers = c.n_layers;
-  kc.n_blocks = model->num_kv_blocks();
-  kc.block_size = model->options().block_size;
-  kc.n_heads_kv = c.n_heads_kv;
-  kc.head_dim = c.head_dim;
-  STRATA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create_unbacked(kc));
-  return std::unique_ptr<Executor>(new CudaExecutor(std::move(model), std::move(cache)));
+Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config,
+                                              const ParallelConfig& par,
+                                              std::unique_ptr<Model> host, Communicator& comm,
+                                              const RunnerOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r,
+                          ModelRunner::create(config, par, std::move(host), comm, options));
+  return std::unique_ptr<Executor>(std::move(r));
 }
 
 Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOptions& eo) {
@@ -128,16 +280,29 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     return Status(StatusCode::kInvalidArgument,
                   "--quantization, --load-format dummy and --model-config need --device cuda");
   }
+  if (cfg.max_model_len < 0) {
+    return errorf(StatusCode::kInvalidArgument, "--max-model-len must be >= 0");
+  }
+  RunnerOptions ro;
+  ro.block_size = eo.block_size;
+  ro.max_model_len = cfg.max_model_len;
+  ro.profile = env_config().cuda_profile;
   if (!cuda) {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
     out.info = std::move(loaded.info);
     out.max_len = loaded.max_len;
     out.comm = std::move(loaded.comm);
     out.tokenizer = std::move(loaded.tokenizer);
+    const Model& m = *loaded.model;
+    KvPoolConfig kc;
+    kc.n_layers = m.config().n_layers;
+    kc.block_size = eo.block_size;
+    kc.n_heads_kv = m.n_heads_kv_local();
+    kc.head_dim = m.config().head_dim;
+    kc.dtype = DType::kF32;
     int64_t n_blocks = eo.cpu_blocks;
     if (n_blocks <= 0 && eo.cpu_kv_bytes > 0) {
-      const auto per =
-          static_cast<int64_t>(KvCache::bytes_needed(loaded.model->kv_config(1, eo.block_size)));
+      const auto per = static_cast<int64_t>(kc.block_bytes());
       n_blocks = eo.cpu_kv_bytes / per;
       if (n_blocks < 1) {
         return errorf(StatusCode::kOutOfMemory,
@@ -145,8 +310,18 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       }
     }
     if (n_blocks <= 0) n_blocks = (out.max_len + eo.block_size - 1) / eo.block_size * eo.cpu_seqs;
-    STRATA_ASSIGN_OR_RETURN(
-        out.exec, make_cpu_executor(std::move(loaded.model), *out.comm, n_blocks, eo.block_size));
+    ro.device = Device::cpu();
+    ro.act_dtype = DType::kF32;
+    ro.num_kv_blocks = n_blocks;
+    ro.max_model_len = out.max_len;
+    ro.max_num_tokens = std::max<int64_t>(512, cfg.max_num_batched_tokens);
+    ro.max_num_seqs = std::max<int64_t>(64, std::max<int64_t>(cfg.max_num_seqs, eo.cpu_seqs));
+    ro.max_logit_rows = ro.max_num_tokens;
+    ro.cuda_graphs = false;
+    const ModelConfig config = m.config();
+    const ParallelConfig par = m.parallel();
+    STRATA_ASSIGN_OR_RETURN(out.exec,
+                            make_runner(config, par, std::move(loaded.model), *out.comm, ro));
     out.info.kv_cache_blocks = n_blocks;
     out.info.kv_block_size = eo.block_size;
     return out;
@@ -155,24 +330,19 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     return Status(StatusCode::kUnimplemented,
                   "--tensor-parallel-size > 1 is not supported with --device cuda yet");
   }
-  if (cfg.max_model_len < 0) {
-    return errorf(StatusCode::kInvalidArgument, "--max-model-len must be >= 0");
-  }
   if (cfg.gpu_memory_utilization <= 0.0 || cfg.gpu_memory_utilization > 1.0) {
     return errorf(StatusCode::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1]");
   }
-  CudaModelOptions o;
-  o.device = cfg.device.size() > 5 ? std::atoi(cfg.device.c_str() + 5) : 0;
-  o.weight_dtype = wdt;
-  o.max_num_tokens = std::max<int64_t>(1, cfg.max_num_batched_tokens);
-  o.max_num_seqs = cfg.max_num_seqs > 0 ? cfg.max_num_seqs : 64;
-  o.max_model_len = cfg.max_model_len;
-  o.block_size = eo.block_size;
-  o.num_kv_blocks = eo.cuda_blocks;
-  o.gpu_memory_utilization = cfg.gpu_memory_utilization;
-  o.cuda_graphs = cfg.cuda_graphs;
+  ro.device = Device::cuda(cfg.device.size() > 5 ? std::atoi(cfg.device.c_str() + 5) : 0);
+  ro.act_dtype = DType::kBF16;
+  ro.weight_dtype = wdt;
+  ro.max_num_tokens = std::max<int64_t>(1, cfg.max_num_batched_tokens);
+  ro.max_num_seqs = cfg.max_num_seqs > 0 ? cfg.max_num_seqs : 64;
+  ro.num_kv_blocks = eo.cuda_blocks;
+  ro.gpu_memory_utilization = cfg.gpu_memory_utilization;
+  ro.cuda_graphs = cfg.cuda_graphs;
   out.comm = make_single_rank_communicator();
-  std::unique_ptr<CudaModel> model;
+  ParallelConfig par;
   if (dummy) {
     ModelConfig config;
     if (!cfg.model_config.empty()) {
@@ -184,23 +354,23 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       out.info = std::move(files.info);
       out.tokenizer = std::move(files.tokenizer);
     }
-    o.dummy_weights = true;
-    STRATA_ASSIGN_OR_RETURN(model, CudaModel::create(config, nullptr, o));
+    STRATA_ASSIGN_OR_RETURN(out.exec, make_runner(config, par, nullptr, *out.comm, ro));
   } else {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
     out.info = std::move(loaded.info);
     out.tokenizer = std::move(loaded.tokenizer);
-    STRATA_ASSIGN_OR_RETURN(model,
-                            CudaModel::create(loaded.model->config(), loaded.model.get(), o));
+    const ModelConfig config = loaded.model->config();
+    STRATA_ASSIGN_OR_RETURN(out.exec,
+                            make_runner(config, par, std::move(loaded.model), *out.comm, ro));
   }
-  out.max_len = model->options().max_model_len;
+  auto* runner = static_cast<ModelRunner*>(out.exec.get());
+  out.max_len = runner->options().max_model_len;
   out.info.backend = "CUDA";
-  out.info.device_name = model->device_name();
+  out.info.device_name = runner->runtime().name();
   out.info.weight_format = std::string(dtype_name(wdt));
-  out.info.device_weight_bytes = static_cast<int64_t>(model->weight_bytes());
-  out.info.kv_cache_blocks = model->num_kv_blocks();
+  out.info.device_weight_bytes = static_cast<int64_t>(runner->model().owned_bytes());
+  out.info.kv_cache_blocks = runner->cache().config().n_blocks;
   out.info.kv_block_size = eo.block_size;
-  STRATA_ASSIGN_OR_RETURN(out.exec, make_cuda_executor(std::move(model)));
   return out;
 }
 

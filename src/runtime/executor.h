@@ -1,21 +1,21 @@
-// Executor: one model's forward pass on one backend, with the KV block pool it addresses. The
-// engines (Engine, ServingEngine) drive an Executor and never ask which device runs it:
-//   CPU  - Model::forward over a host KvCache (and the tensor-parallel communicator)
-//   CUDA - CudaModel::forward over its device pool; the KvCache here only counts blocks
+// Executor: one model's forward pass on its device, with the paged KV pool it addresses. The
+// engines (Engine, ServingEngine) drive an Executor and never ask which device runs it. There is
+// one implementation, the ModelRunner (runtime/executor.cpp): it owns the device runtime, the
+// model (its weights in the layout the device reads), the KV pool, the workspace, the step
+// packer and the CUDA-graph cache, and runs the family's layer program through the ops.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
-#include "text/tokenizer.h"
-#include "memory/kv_cache.h"
+#include "memory/kv_pool.h"
 #include "model/config.h"
-#include "model/cuda_model.h"
 #include "model/model.h"
 #include "parallel/comm.h"
 #include "strata/engine.h"
 #include "strata/status.h"
+#include "text/tokenizer.h"
 
 namespace strata {
 
@@ -23,18 +23,48 @@ class Executor {
  public:
   virtual ~Executor() = default;
   virtual const ModelConfig& config() const = 0;
-  virtual KvCache& cache() = 0;
+  virtual KvPool& cache() = 0;
   virtual std::string backend_name() const = 0;  // "CPU", "CUDA"
-  // Model::forward's contract: logits [logit_rows, vocab] f32 on the host.
+  // logits [logit_rows, vocab] f32 on the host, the full vocabulary on every rank.
   virtual Status forward(const ForwardBatch& batch, float* logits) = 0;
-  // ids[i] = argmax of logit row i (first index on ties).
+  // ids[i] = argmax of logit row i (first index on ties), computed on the device.
   virtual Status forward_argmax(const ForwardBatch& batch, int32_t* ids) = 0;
   // Swapping a preempted sequence's KV: one block (every layer's K and V) to or from a host
   // slot of block_bytes() bytes.
   virtual size_t block_bytes() const = 0;
   virtual Status copy_block_to_host(int32_t block, void* host) = 0;
   virtual Status copy_block_from_host(int32_t block, const void* host) = 0;
+  // CUDA-graph counters (0 on the CPU).
+  virtual int64_t graph_captures() const = 0;
+  virtual int64_t graph_replays() const = 0;
 };
+
+// How a ModelRunner lays a model out on its device.
+struct RunnerOptions {
+  Device device = Device::cpu();
+  // The activation dtype: f32 runs the CPU reference on the weights as stored; bf16 runs the
+  // device layout (GPU kernels, or their CPU twins with device = cpu).
+  DType act_dtype = DType::kF32;
+  DType weight_dtype = DType::kBF16;  // device layout: kBF16, kI8 or kFP8E4M3
+  int64_t max_num_tokens = 2048;      // most tokens in one forward pass (workspace size)
+  int64_t max_num_seqs = 64;          // most sequences in one forward pass (graph buckets)
+  int64_t max_logit_rows = 512;       // most rows of logits one forward pass returns
+  int64_t max_model_len = 0;          // context length; 0 = the model's
+  int64_t block_size = 16;
+  int64_t num_kv_blocks = 0;            // 0: fill gpu_memory_utilization (GPU) / one sequence (CPU)
+  double gpu_memory_utilization = 0.9;  // share of total device memory strata may hold
+  bool cuda_graphs = true;              // replay captured decode steps
+  bool profile = false;                 // time named sections (eager launches; no graphs)
+  uint64_t seed = 0;                    // random weights
+};
+
+// A runner over `host` (the model loaded as stored on the CPU; moved to the device layout when
+// options ask for it), or over random weights of `config` when host is null. `comm` must outlive
+// the runner.
+Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config,
+                                              const ParallelConfig& par,
+                                              std::unique_ptr<Model> host, Communicator& comm,
+                                              const RunnerOptions& options);
 
 // An executor for EngineConfig (device, weights, quantization, load format), with what the
 // engines need beside it. Member order matters: `exec` may refer to `comm`.
@@ -55,12 +85,5 @@ struct ExecutorOptions {
 };
 
 Result<LoadedExecutor> load_executor(const EngineConfig& config, const ExecutorOptions& options);
-
-// Runs `model` on the CPU over a host cache of n_blocks blocks; `comm` must outlive it.
-Result<std::unique_ptr<Executor>> make_cpu_executor(std::unique_ptr<Model> model,
-                                                    Communicator& comm, int64_t n_blocks,
-                                                    int64_t block_size);
-// Runs a CudaModel; the block pool is the model's device pool.
-Result<std::unique_ptr<Executor>> make_cuda_executor(std::unique_ptr<CudaModel> model);
 
 }  // namespace strata

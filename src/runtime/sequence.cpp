@@ -7,18 +7,8 @@
 
 namespace strata {
 
-Status forward_sequence(Model& model, KvCache& cache, Communicator& comm, SequenceKv& seq,
-                        std::span<const int32_t> tokens, bool all_logits, float* logits,
-                        int64_t chunk) {
-  const ForwardFn fn = [&](const ForwardBatch& b, float* out) {
-    return model.forward(b, cache, comm, out);
-  };
-  return forward_sequence(fn, model.config().max_position_embeddings, model.config().vocab, cache,
-                          seq, tokens, all_logits, logits, chunk);
-}
-
 Status forward_sequence(const ForwardFn& forward, int64_t context_length, int64_t vocab,
-                        KvCache& cache, SequenceKv& seq, std::span<const int32_t> tokens,
+                        KvPool& cache, SequenceKv& seq, std::span<const int32_t> tokens,
                         bool all_logits, float* logits, int64_t chunk) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t ctx = context_length;

@@ -6,22 +6,17 @@
 #include <functional>
 #include <span>
 
-#include "memory/kv_cache.h"
+#include "memory/kv_pool.h"
 #include "model/model.h"
-#include "parallel/comm.h"
 
 namespace strata {
 
-// Append `tokens` to `seq` (growing its block table), computing logits for every token
+// Append `tokens` to `seq` (growing its block table from `cache`), running `forward` (an
+// Executor's) over chunks of at most `chunk` tokens and computing logits for every token
 // (all_logits: logits is [n, vocab]) or only for the last one (logits is [vocab]).
-Status forward_sequence(Model& model, KvCache& cache, Communicator& comm, SequenceKv& seq,
-                        std::span<const int32_t> tokens, bool all_logits, float* logits,
-                        int64_t chunk = 512);
-
-// The same over any forward function (an Executor's): `cache` only provides the blocks.
 using ForwardFn = std::function<Status(const ForwardBatch&, float*)>;
 Status forward_sequence(const ForwardFn& forward, int64_t context_length, int64_t vocab,
-                        KvCache& cache, SequenceKv& seq, std::span<const int32_t> tokens,
+                        KvPool& cache, SequenceKv& seq, std::span<const int32_t> tokens,
                         bool all_logits, float* logits, int64_t chunk = 512);
 
 }  // namespace strata

@@ -5,9 +5,9 @@
 // scheduler, the request states, the KV cache) belongs to the loop thread. metrics() reads a
 // snapshot the loop publishes under metrics_mu_ after every step.
 //
-// NOTE: the executor's KvCache BlockAllocator is unused here: the Scheduler's BlockManager
-// decides which blocks each sequence owns, and the block tables it builds go straight to the
-// executor (CPU Model or CudaModel).
+// NOTE: the executor's KvPool block manager is unused here: the Scheduler's own BlockManager
+// (prefix caching, swap) decides which blocks each sequence owns, and the block tables it builds
+// go straight to the executor, whatever its device.
 #include "serving/engine_loop.h"
 
 #include <algorithm>
@@ -23,7 +23,7 @@
 #include "core/status.h"
 #include "chat/chat_template.h"
 #include "text/tokenizer.h"
-#include "memory/kv_cache.h"
+#include "memory/kv_pool.h"
 #include "runtime/executor.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "op_test_util.h"
-#include "ops/ops.h"
+#include "ops/reference.h"
 
 namespace strata {
 namespace {
@@ -88,7 +88,7 @@ TEST_P(AttentionTest, MatchesDoubleReference) {
   std::vector<float> k_cache(static_cast<size_t>(n_blocks * kBlockSize * Hkv * D),
                              std::numeric_limits<float>::quiet_NaN());
   std::vector<float> v_cache = k_cache;
-  ops::PagedKv cache{
+  ops::ref::PagedKv cache{
       .k = Tensor::make(k_cache.data(), DType::kF32, {n_blocks, kBlockSize, Hkv, D}),
       .v = Tensor::make(v_cache.data(), DType::kF32, {n_blocks, kBlockSize, Hkv, D}),
       .block_tables = tables.data(),
@@ -115,7 +115,7 @@ TEST_P(AttentionTest, MatchesDoubleReference) {
     k.ndim = v.ndim = 3;
     k.shape = v.shape = {n, Hkv, D, 0};
     k.stride = v.stride = {qkv_row, D, 1, 0};
-    EXPECT_TRUE(ops::kv_append(k, v, seq.data(), pos.data(), cache).ok());
+    EXPECT_TRUE(ops::ref::kv_append(k, v, seq.data(), pos.data(), cache).ok());
     return qkv;
   };
 
@@ -194,12 +194,12 @@ TEST_P(AttentionTest, MatchesDoubleReference) {
   q.stride = {qkv_row, D, 1, 0};
   std::vector<float> out(static_cast<size_t>(n * H * D), -1.0f);
   Tensor ot = Tensor::make(out.data(), DType::kF32, {n, H, D});
-  const ops::AttentionParams params{.token_seq = seq.data(),
+  const ops::ref::AttentionParams params{.token_seq = seq.data(),
                                     .token_pos = pos.data(),
                                     .scale = scale,
                                     .sliding_window = c.window,
                                     .logit_softcap = c.softcap};
-  ASSERT_TRUE(ops::attention(q, cache, params, ot).ok());
+  ASSERT_TRUE(ops::ref::attention(q, cache, params, ot).ok());
   EXPECT_LE(rel_err(out, want), kF32Tol);
 }
 
@@ -212,7 +212,7 @@ class AttentionErrors : public ::testing::Test {
   std::vector<float> kc_ = std::vector<float>(kBlocks * kBlockSize * 2 * 8, 0.0f);
   std::vector<float> vc_ = kc_;
   std::vector<int32_t> tables_ = {2, 0, 1, 3};  // 2 sequences x 2 blocks
-  ops::PagedKv cache_{
+  ops::ref::PagedKv cache_{
       .k = Tensor::make(kc_.data(), DType::kF32, {kBlocks, kBlockSize, 2, 8}),
       .v = Tensor::make(vc_.data(), DType::kF32, {kBlocks, kBlockSize, 2, 8}),
       .block_tables = tables_.data(),
@@ -228,68 +228,68 @@ class AttentionErrors : public ::testing::Test {
 
 TEST_F(AttentionErrors, BadSlotsAreOutOfRange) {
   int32_t seq = 0, pos = 32;  // past the 2 blocks of 16 in the table
-  Status s = ops::kv_append(kv(), kv(), &seq, &pos, cache_);
+  Status s = ops::ref::kv_append(kv(), kv(), &seq, &pos, cache_);
   EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
   EXPECT_NE(s.message().find("kv_append: token 0 position 32 needs block 2"), std::string::npos)
       << s.message();
   seq = 2;
   pos = 0;
-  EXPECT_EQ(ops::kv_append(kv(), kv(), &seq, &pos, cache_).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ops::ref::kv_append(kv(), kv(), &seq, &pos, cache_).code(), StatusCode::kOutOfRange);
   seq = -1;
-  EXPECT_EQ(ops::kv_append(kv(), kv(), &seq, &pos, cache_).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ops::ref::kv_append(kv(), kv(), &seq, &pos, cache_).code(), StatusCode::kOutOfRange);
   seq = 0;
   pos = -3;
-  EXPECT_EQ(ops::kv_append(kv(), kv(), &seq, &pos, cache_).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ops::ref::kv_append(kv(), kv(), &seq, &pos, cache_).code(), StatusCode::kOutOfRange);
   tables_[1] = 9;  // block id outside the pool of 4
   seq = 0;
   pos = 20;
-  EXPECT_EQ(ops::kv_append(kv(), kv(), &seq, &pos, cache_).code(), StatusCode::kOutOfRange);
-  const ops::AttentionParams params{.token_seq = &seq, .token_pos = &pos};
+  EXPECT_EQ(ops::ref::kv_append(kv(), kv(), &seq, &pos, cache_).code(), StatusCode::kOutOfRange);
+  const ops::ref::AttentionParams params{.token_seq = &seq, .token_pos = &pos};
   Tensor o = out();
-  EXPECT_EQ(ops::attention(q(), cache_, params, o).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ops::ref::attention(q(), cache_, params, o).code(), StatusCode::kOutOfRange);
   // Position 15 reads only sequence 0's first block, which is fine; so is sequence 1.
   pos = 15;
-  EXPECT_TRUE(ops::attention(q(), cache_, params, o).ok());
+  EXPECT_TRUE(ops::ref::attention(q(), cache_, params, o).ok());
   seq = 1;
   pos = 20;
-  EXPECT_TRUE(ops::attention(q(), cache_, params, o).ok());
+  EXPECT_TRUE(ops::ref::attention(q(), cache_, params, o).ok());
 }
 
 TEST_F(AttentionErrors, ShapeMismatchesAreErrors) {
   int32_t seq = 0, pos = 0;
-  const ops::AttentionParams params{.token_seq = &seq, .token_pos = &pos};
+  const ops::ref::AttentionParams params{.token_seq = &seq, .token_pos = &pos};
   Tensor o = out();
   // 3 query heads do not share 2 KV heads evenly.
   Tensor q3 = Tensor::make(q_.data(), DType::kF32, {1, 3, 8});
   Tensor o3 = Tensor::make(out_.data(), DType::kF32, {1, 3, 8});
-  Status s = ops::attention(q3, cache_, params, o3);
+  Status s = ops::ref::attention(q3, cache_, params, o3);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("attention: q is [1, 3, 8] but cache.k is [4, 16, 2, 8]"),
             std::string::npos)
       << s.message();
   Tensor q_d4 = Tensor::make(q_.data(), DType::kF32, {1, 8, 4});
   Tensor o_d4 = Tensor::make(out_.data(), DType::kF32, {1, 8, 4});
-  EXPECT_FALSE(ops::attention(q_d4, cache_, params, o_d4).ok());
+  EXPECT_FALSE(ops::ref::attention(q_d4, cache_, params, o_d4).ok());
   Tensor o_bad = Tensor::make(out_.data(), DType::kF32, {1, 2, 16});
-  EXPECT_FALSE(ops::attention(q(), cache_, params, o_bad).ok());
-  ops::AttentionParams no_pos{.token_seq = &seq};
-  EXPECT_FALSE(ops::attention(q(), cache_, no_pos, o).ok());
-  ops::AttentionParams neg_window{.token_seq = &seq, .token_pos = &pos, .sliding_window = -1};
-  EXPECT_FALSE(ops::attention(q(), cache_, neg_window, o).ok());
-  ops::PagedKv no_seqs = cache_;
+  EXPECT_FALSE(ops::ref::attention(q(), cache_, params, o_bad).ok());
+  ops::ref::AttentionParams no_pos{.token_seq = &seq};
+  EXPECT_FALSE(ops::ref::attention(q(), cache_, no_pos, o).ok());
+  ops::ref::AttentionParams neg_window{.token_seq = &seq, .token_pos = &pos, .sliding_window = -1};
+  EXPECT_FALSE(ops::ref::attention(q(), cache_, neg_window, o).ok());
+  ops::ref::PagedKv no_seqs = cache_;
   no_seqs.n_seqs = 0;
-  EXPECT_FALSE(ops::attention(q(), no_seqs, params, o).ok());
-  ops::PagedKv mismatched = cache_;
+  EXPECT_FALSE(ops::ref::attention(q(), no_seqs, params, o).ok());
+  ops::ref::PagedKv mismatched = cache_;
   mismatched.v = Tensor::make(vc_.data(), DType::kF32, {kBlocks, kBlockSize, 1, 16});
-  EXPECT_FALSE(ops::attention(q(), mismatched, params, o).ok());
+  EXPECT_FALSE(ops::ref::attention(q(), mismatched, params, o).ok());
   // kv_append: k with the wrong head count, k and v disagreeing.
   Tensor k1 = Tensor::make(q_.data(), DType::kF32, {1, 1, 16});
-  EXPECT_FALSE(ops::kv_append(k1, k1, &seq, &pos, cache_).ok());
+  EXPECT_FALSE(ops::ref::kv_append(k1, k1, &seq, &pos, cache_).ok());
   Tensor v2 = Tensor::make(q_.data(), DType::kF32, {2, 2, 8});
-  EXPECT_FALSE(ops::kv_append(kv(), v2, &seq, &pos, cache_).ok());
+  EXPECT_FALSE(ops::ref::kv_append(kv(), v2, &seq, &pos, cache_).ok());
   Tensor kc = kv();
   kc.device = Device::cuda(0);
-  EXPECT_FALSE(ops::kv_append(kc, kc, &seq, &pos, cache_).ok());
+  EXPECT_FALSE(ops::ref::kv_append(kc, kc, &seq, &pos, cache_).ok());
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "op_test_util.h"
-#include "ops/ops.h"
+#include "ops/reference.h"
 
 namespace strata {
 namespace {
@@ -61,7 +61,7 @@ TEST_P(ActTest, GatedMatchesReference) {
   Tensor up = testing::strided_view(fused.data(), DType::kF32, c.n, c.ffn, 2 * c.ffn, c.ffn);
   std::vector<float> out(static_cast<size_t>(c.n * c.ffn));
   Tensor ot = Tensor::make(out.data(), DType::kF32, {c.n, c.ffn});
-  ASSERT_TRUE(ops::gated_act(gate, up, c.act, ot).ok());
+  ASSERT_TRUE(ops::ref::gated_act(gate, up, c.act, ot).ok());
   std::vector<double> want(out.size());
   for (int64_t r = 0; r < c.n; ++r) {
     for (int64_t i = 0; i < c.ffn; ++i) {
@@ -78,7 +78,7 @@ TEST_P(ActTest, InPlaceMatchesReference) {
   std::vector<double> want(x.size());
   for (size_t i = 0; i < x.size(); ++i) want[i] = act_ref(c.act, x[i]);
   Tensor xt = Tensor::make(x.data(), DType::kF32, {c.n, c.ffn});
-  ASSERT_TRUE(ops::act(xt, c.act).ok());
+  ASSERT_TRUE(ops::ref::act(xt, c.act).ok());
   EXPECT_LE(rel_err(x, want), kF32Tol) << act_name(c.act);
 }
 
@@ -100,7 +100,7 @@ TEST(ElementwiseTest, AddStridedAndAliased) {
   }
   Tensor at = testing::strided_view(a.data(), DType::kF32, n, h, h + 3);
   Tensor bt = Tensor::make(b.data(), DType::kF32, {n, h});
-  ASSERT_TRUE(ops::add(at, bt, bt).ok());  // out aliases b: the residual update
+  ASSERT_TRUE(ops::ref::add(at, bt, bt).ok());  // out aliases b: the residual update
   EXPECT_LE(rel_err(b, want), kF32Tol);
 }
 
@@ -111,11 +111,11 @@ TEST(ElementwiseTest, ScaleSoftcapSoftmaxArgmax) {
 
   std::vector<double> want(x.size());
   for (size_t i = 0; i < x.size(); ++i) want[i] = double(x[i]) * 0.125;
-  ASSERT_TRUE(ops::scale(xt, 0.125f).ok());
+  ASSERT_TRUE(ops::ref::scale(xt, 0.125f).ok());
   EXPECT_LE(rel_err(x, want), kF32Tol);
 
   for (size_t i = 0; i < x.size(); ++i) want[i] = 3.0 * std::tanh(double(x[i]) / 3.0);
-  ASSERT_TRUE(ops::softcap(xt, 3.0f).ok());
+  ASSERT_TRUE(ops::ref::softcap(xt, 3.0f).ok());
   EXPECT_LE(rel_err(x, want), kF32Tol);
 
   x[static_cast<size_t>(1 * v + 500)] = 9.0f;  // row 1's argmax
@@ -123,7 +123,7 @@ TEST(ElementwiseTest, ScaleSoftcapSoftmaxArgmax) {
   x[static_cast<size_t>(2 * v + 900)] = 9.0f;
   std::vector<int32_t> idx(n, -1);
   Tensor it = Tensor::make(idx.data(), DType::kI32, {n});
-  ASSERT_TRUE(ops::argmax(xt, it).ok());
+  ASSERT_TRUE(ops::ref::argmax(xt, it).ok());
   for (int64_t r = 0; r < n; ++r) {
     int64_t best = 0;
     for (int64_t i = 1; i < v; ++i) {
@@ -140,7 +140,7 @@ TEST(ElementwiseTest, ScaleSoftcapSoftmaxArgmax) {
     for (int64_t i = 0; i < v; ++i) sum += std::exp(double(x[r * v + i]) - mx);
     for (int64_t i = 0; i < v; ++i) want[r * v + i] = std::exp(double(x[r * v + i]) - mx) / sum;
   }
-  ASSERT_TRUE(ops::softmax(xt).ok());
+  ASSERT_TRUE(ops::ref::softmax(xt).ok());
   EXPECT_LE(rel_err(x, want), kF32Tol);
 }
 
@@ -148,26 +148,26 @@ TEST(ElementwiseTest, MismatchesAreErrors) {
   std::vector<float> a(72 * 7), b(72 * 7);
   Tensor at = Tensor::make(a.data(), DType::kF32, {7, 72});
   Tensor b6 = Tensor::make(b.data(), DType::kF32, {6, 72});
-  Status s = ops::add(at, b6, at);
+  Status s = ops::ref::add(at, b6, at);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "add: a is [7, 72] but b is [6, 72]");
-  EXPECT_FALSE(ops::gated_act(at, b6, Activation::kSilu, at).ok());
-  EXPECT_FALSE(ops::softcap(at, 0.0f).ok());
+  EXPECT_FALSE(ops::ref::gated_act(at, b6, Activation::kSilu, at).ok());
+  EXPECT_FALSE(ops::ref::softcap(at, 0.0f).ok());
   std::vector<int32_t> idx(6);
   Tensor i6 = Tensor::make(idx.data(), DType::kI32, {6});
-  EXPECT_FALSE(ops::argmax(at, i6).ok());
+  EXPECT_FALSE(ops::ref::argmax(at, i6).ok());
   Tensor f6 = Tensor::make(b.data(), DType::kF32, {7});
-  EXPECT_FALSE(ops::argmax(at, f6).ok());
+  EXPECT_FALSE(ops::ref::argmax(at, f6).ok());
   Tensor a_i32 = Tensor::make(a.data(), DType::kI32, {7, 72});
-  EXPECT_FALSE(ops::act(a_i32, Activation::kRelu).ok());
-  EXPECT_FALSE(ops::scale(a_i32, 2.0f).ok());
+  EXPECT_FALSE(ops::ref::act(a_i32, Activation::kRelu).ok());
+  EXPECT_FALSE(ops::ref::scale(a_i32, 2.0f).ok());
   Tensor ac = at;
   ac.device = Device::cuda(0);
-  EXPECT_EQ(ops::scale(ac, 2.0f).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(ops::ref::scale(ac, 2.0f).code(), StatusCode::kUnimplemented);
   // Empty rows are no work, not a division by zero.
   Tensor empty = Tensor::make(a.data(), DType::kF32, {7, 0});
-  EXPECT_TRUE(ops::scale(empty, 2.0f).ok());
-  EXPECT_TRUE(ops::softmax(empty).ok());
+  EXPECT_TRUE(ops::ref::scale(empty, 2.0f).ok());
+  EXPECT_TRUE(ops::ref::softmax(empty).ok());
 }
 
 struct EmbCase {
@@ -189,7 +189,7 @@ TEST_P(EmbeddingTest, MatchesTableRows) {
   std::vector<float> out(static_cast<size_t>(13 * c.hidden), -5.0f);
   Tensor tt = Tensor::make(table.data(), c.dtype, {c.shard, c.hidden});
   Tensor ot = Tensor::make(out.data(), DType::kF32, {13, c.hidden});
-  ASSERT_TRUE(ops::embedding(tt, ids.data(), 13, c.vocab_offset, c.vocab, ot).ok());
+  ASSERT_TRUE(ops::ref::embedding(tt, ids.data(), 13, c.vocab_offset, c.vocab, ot).ok());
   for (int64_t t = 0; t < 13; ++t) {
     const int64_t row = ids[t] - c.vocab_offset;
     for (int64_t i = 0; i < c.hidden; ++i) {
@@ -213,17 +213,17 @@ TEST(EmbeddingTest, BadIdsAndShapesAreErrors) {
   Tensor tt = Tensor::make(table.data(), DType::kF32, {10, 8});
   Tensor ot = Tensor::make(out.data(), DType::kF32, {2, 8});
   const int32_t bad[2] = {3, 10};
-  Status s = ops::embedding(tt, bad, 2, 0, 10, ot);
+  Status s = ops::ref::embedding(tt, bad, 2, 0, 10, ot);
   EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
   EXPECT_EQ(s.message(), "embedding: token 1 has id 10 outside [0, 10)");
   const int32_t neg[2] = {3, -1};
-  EXPECT_EQ(ops::embedding(tt, neg, 2, 0, 10, ot).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ops::ref::embedding(tt, neg, 2, 0, 10, ot).code(), StatusCode::kOutOfRange);
   const int32_t good[2] = {3, 4};
   Tensor o7 = Tensor::make(out.data(), DType::kF32, {2, 7});
-  EXPECT_FALSE(ops::embedding(tt, good, 2, 0, 10, o7).ok());
-  EXPECT_FALSE(ops::embedding(tt, good, 3, 0, 10, ot).ok());
-  EXPECT_FALSE(ops::embedding(tt, good, 2, 5, 10, ot).ok());  // shard past the vocab
-  EXPECT_FALSE(ops::embedding(tt, nullptr, 2, 0, 10, ot).ok());
+  EXPECT_FALSE(ops::ref::embedding(tt, good, 2, 0, 10, o7).ok());
+  EXPECT_FALSE(ops::ref::embedding(tt, good, 3, 0, 10, ot).ok());
+  EXPECT_FALSE(ops::ref::embedding(tt, good, 2, 5, 10, ot).ok());  // shard past the vocab
+  EXPECT_FALSE(ops::ref::embedding(tt, nullptr, 2, 0, 10, ot).ok());
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// ops::linear and every CPU variant of it (scalar, AVX2, AVX-512 where the CPU has them)
+// ops::ref::linear and every CPU variant of it (scalar, AVX2, AVX-512 where the CPU has them)
 // against a double-precision reference, on awkward shapes: k and m not multiples of any vector
 // width, token counts on both sides of the GEMV/GEMM switch, k-blocks with tails, strided
 // weight rows (a column slice of a wider matrix), f16/bf16 weights and biases.
@@ -8,7 +8,7 @@
 
 #include "backends/cpu/cpu_kernels.h"
 #include "op_test_util.h"
-#include "ops/ops.h"
+#include "ops/reference.h"
 
 namespace strata {
 namespace {
@@ -99,8 +99,8 @@ TEST_P(LinearTest, MatchesDoubleReferenceOnEveryVariant) {
   {
     std::vector<float> out(static_cast<size_t>(c.n * c.m), -7.0f);
     Tensor ot = Tensor::make(out.data(), DType::kF32, {c.n, c.m});
-    ASSERT_TRUE(ops::linear(xt, wt, bt, ot).ok());
-    EXPECT_LE(rel_err(out, want), kF32Tol) << "ops::linear";
+    ASSERT_TRUE(ops::ref::linear(xt, wt, bt, ot).ok());
+    EXPECT_LE(rel_err(out, want), kF32Tol) << "ops::ref::linear";
   }
   struct Variant {
     cpu::CpuIsa isa;
@@ -156,7 +156,7 @@ TEST(LinearTest, EmptyBatchIsANoOp) {
   Tensor xt = Tensor::make(&x, DType::kF32, {0, 72});
   Tensor wt = Tensor::make(w.data(), DType::kF32, {16, 72});
   Tensor ot = Tensor::make(&out, DType::kF32, {0, 16});
-  EXPECT_TRUE(ops::linear(xt, wt, Tensor(), ot).ok());
+  EXPECT_TRUE(ops::ref::linear(xt, wt, Tensor(), ot).ok());
   EXPECT_EQ(out, 3.0f);
 }
 
@@ -167,28 +167,28 @@ TEST(LinearTest, ShapeMismatchesAreErrors) {
   Tensor xt = Tensor::make(x.data(), DType::kF32, {3, 64});
   Tensor wt = Tensor::make(w.data(), DType::kF32, {176, 72});
   Tensor ot = Tensor::make(out.data(), DType::kF32, {3, 176});
-  Status s = ops::linear(xt, wt, Tensor(), ot);
+  Status s = ops::ref::linear(xt, wt, Tensor(), ot);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "linear: x is [3, 64] but w is [176, 72]");
 
   Tensor x72 = Tensor::make(x.data(), DType::kF32, {2, 72});
   Tensor out_bad = Tensor::make(out.data(), DType::kF32, {2, 175});
-  EXPECT_FALSE(ops::linear(x72, wt, Tensor(), out_bad).ok());
+  EXPECT_FALSE(ops::ref::linear(x72, wt, Tensor(), out_bad).ok());
   Tensor bias_bad = Tensor::make(x.data(), DType::kF32, {175});
   Tensor out_ok = Tensor::make(out.data(), DType::kF32, {2, 176});
-  EXPECT_FALSE(ops::linear(x72, wt, bias_bad, out_ok).ok());
+  EXPECT_FALSE(ops::ref::linear(x72, wt, bias_bad, out_ok).ok());
   Tensor x_i32 = Tensor::make(x.data(), DType::kI32, {2, 72});
-  EXPECT_FALSE(ops::linear(x_i32, wt, Tensor(), out_ok).ok());
+  EXPECT_FALSE(ops::ref::linear(x_i32, wt, Tensor(), out_ok).ok());
   // out aliasing x
   Tensor alias = Tensor::make(x.data(), DType::kF32, {1, 176});
   Tensor x1 = Tensor::make(x.data(), DType::kF32, {1, 72});
-  EXPECT_FALSE(ops::linear(x1, wt, Tensor(), alias).ok());
+  EXPECT_FALSE(ops::ref::linear(x1, wt, Tensor(), alias).ok());
   // CUDA tensors have no kernel yet
   Tensor xc = xt, wc = Tensor::make(w.data(), DType::kF32, {176, 64}), oc = ot;
   xc.device = wc.device = oc.device = Device::cuda(0);
-  EXPECT_EQ(ops::linear(xc, wc, Tensor(), oc).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(ops::ref::linear(xc, wc, Tensor(), oc).code(), StatusCode::kUnimplemented);
   // mixed devices
-  EXPECT_EQ(ops::linear(xc, Tensor::make(w.data(), DType::kF32, {176, 64}), Tensor(), oc).code(),
+  EXPECT_EQ(ops::ref::linear(xc, Tensor::make(w.data(), DType::kF32, {176, 64}), Tensor(), oc).code(),
             StatusCode::kInvalidArgument);
 }
 

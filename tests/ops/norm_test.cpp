@@ -6,7 +6,7 @@
 #include <string>
 
 #include "op_test_util.h"
-#include "ops/ops.h"
+#include "ops/reference.h"
 
 namespace strata {
 namespace {
@@ -66,7 +66,7 @@ TEST_P(NormTest, RmsNormMatchesReference) {
   Tensor wt = Tensor::make(w.data(), c.w_dtype, {c.hidden});
   std::vector<float> out(static_cast<size_t>(c.n * c.hidden));
   Tensor ot = c.in_place ? xt : Tensor::make(out.data(), DType::kF32, {c.n, c.hidden});
-  ASSERT_TRUE(ops::rms_norm(xt, wt, eps, c.offset, ot).ok());
+  ASSERT_TRUE(ops::ref::rms_norm(xt, wt, eps, c.offset, ot).ok());
   if (c.in_place) {
     for (int64_t r = 0; r < c.n; ++r) {
       for (int64_t i = 0; i < c.hidden; ++i) out[r * c.hidden + i] = x[r * stride + i];
@@ -106,7 +106,7 @@ TEST_P(NormTest, LayerNormMatchesReference) {
   Tensor bt = c.bias ? Tensor::make(b.data(), c.w_dtype, {c.hidden}) : Tensor();
   std::vector<float> out(static_cast<size_t>(c.n * c.hidden));
   Tensor ot = c.in_place ? xt : Tensor::make(out.data(), DType::kF32, {c.n, c.hidden});
-  ASSERT_TRUE(ops::layer_norm(xt, wt, bt, eps, ot).ok());
+  ASSERT_TRUE(ops::ref::layer_norm(xt, wt, bt, eps, ot).ok());
   if (c.in_place) {
     for (int64_t r = 0; r < c.n; ++r) {
       for (int64_t i = 0; i < c.hidden; ++i) out[r * c.hidden + i] = x[r * stride + i];
@@ -127,24 +127,24 @@ TEST(NormTest, ShapeMismatchesAreErrors) {
   Tensor w72 = Tensor::make(w.data(), DType::kF32, {72});
   Tensor ot = Tensor::make(out.data(), DType::kF32, {7, 72});
   Tensor o_bad = Tensor::make(out.data(), DType::kF32, {6, 72});
-  Status s = ops::rms_norm(xt, w71, 1e-5f, 0.0f, ot);
+  Status s = ops::ref::rms_norm(xt, w71, 1e-5f, 0.0f, ot);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "rms_norm: weight is [71] but must be 72 contiguous values");
-  EXPECT_FALSE(ops::rms_norm(xt, w72, 1e-5f, 0.0f, o_bad).ok());
-  EXPECT_FALSE(ops::layer_norm(xt, w72, w71, 1e-5f, ot).ok());
-  EXPECT_FALSE(ops::layer_norm(xt, w72, Tensor(), 1e-5f, o_bad).ok());
+  EXPECT_FALSE(ops::ref::rms_norm(xt, w72, 1e-5f, 0.0f, o_bad).ok());
+  EXPECT_FALSE(ops::ref::layer_norm(xt, w72, w71, 1e-5f, ot).ok());
+  EXPECT_FALSE(ops::ref::layer_norm(xt, w72, Tensor(), 1e-5f, o_bad).ok());
   Tensor w_i32 = Tensor::make(w.data(), DType::kI32, {72});
-  EXPECT_FALSE(ops::rms_norm(xt, w_i32, 1e-5f, 0.0f, ot).ok());
+  EXPECT_FALSE(ops::ref::rms_norm(xt, w_i32, 1e-5f, 0.0f, ot).ok());
   Tensor x_bf16 = Tensor::make(x.data(), DType::kBF16, {7, 72});
-  EXPECT_FALSE(ops::layer_norm(x_bf16, w72, Tensor(), 1e-5f, ot).ok());
+  EXPECT_FALSE(ops::ref::layer_norm(x_bf16, w72, Tensor(), 1e-5f, ot).ok());
   // A column view whose inner dim is not contiguous.
   Tensor xt_t = xt;
   xt_t.stride = {1, 7};
   xt_t.shape = {72, 7};
   Tensor o_t = Tensor::make(out.data(), DType::kF32, {72, 7});
   Tensor w7 = Tensor::make(w.data(), DType::kF32, {7});
-  EXPECT_FALSE(ops::rms_norm(xt_t, w7, 1e-5f, 0.0f, o_t).ok());
-  EXPECT_FALSE(ops::rms_norm(Tensor(), w72, 1e-5f, 0.0f, ot).ok());
+  EXPECT_FALSE(ops::ref::rms_norm(xt_t, w7, 1e-5f, 0.0f, o_t).ok());
+  EXPECT_FALSE(ops::ref::rms_norm(Tensor(), w72, 1e-5f, 0.0f, ot).ok());
 }
 
 }  // namespace

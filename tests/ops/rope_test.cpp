@@ -1,4 +1,4 @@
-// ops::rope against a double reference: both pairings (neox rotate_half and GPT-J
+// ops::ref::rope against a double reference: both pairings (neox rotate_half and GPT-J
 // interleaved), partial rotary dims, odd head dims, q as a strided view of a fused qkv row,
 // large positions, and the yarn attention factor.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "op_test_util.h"
-#include "ops/ops.h"
+#include "ops/reference.h"
 
 namespace strata {
 namespace {
@@ -79,11 +79,11 @@ TEST_P(RopeTest, MatchesDoubleReference) {
   xt.ndim = 3;
   xt.shape = {c.n_tokens, c.n_heads, c.head_dim, 0};
   xt.stride = {row, c.head_dim, 1, 0};
-  const ops::RopeParams params{.rotary_dim = c.rotary_dim,
+  const ops::ref::RopeParams params{.rotary_dim = c.rotary_dim,
                                .neox_style = c.neox,
                                .inv_freq = inv_freq.data(),
                                .attention_factor = c.attention_factor};
-  ASSERT_TRUE(ops::rope(xt, pos.data(), params).ok());
+  ASSERT_TRUE(ops::ref::rope(xt, pos.data(), params).ok());
   EXPECT_LE(rel_err(x.data(), want.data(), x.size()), kF32Tol);
   // The padding between token rows (the k/v part of a qkv row) is untouched.
   for (int64_t t = 0; t < c.n_tokens; ++t) {
@@ -100,15 +100,15 @@ TEST(RopeTest, BadArgumentsAreErrors) {
   std::vector<float> inv_freq(6, 1.0f);
   std::vector<int32_t> pos = {0, 1};
   Tensor xt = Tensor::make(x.data(), DType::kF32, {2, 3, 12});
-  Status s = ops::rope(xt, pos.data(), {.rotary_dim = 14, .inv_freq = inv_freq.data()});
+  Status s = ops::ref::rope(xt, pos.data(), {.rotary_dim = 14, .inv_freq = inv_freq.data()});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "rope: rotary_dim 14 must be even and in (0, head_dim 12] (x is [2, 3, 12])");
-  EXPECT_FALSE(ops::rope(xt, pos.data(), {.rotary_dim = 7, .inv_freq = inv_freq.data()}).ok());
-  EXPECT_FALSE(ops::rope(xt, pos.data(), {.rotary_dim = 12, .inv_freq = nullptr}).ok());
-  EXPECT_FALSE(ops::rope(xt, nullptr, {.rotary_dim = 12, .inv_freq = inv_freq.data()}).ok());
+  EXPECT_FALSE(ops::ref::rope(xt, pos.data(), {.rotary_dim = 7, .inv_freq = inv_freq.data()}).ok());
+  EXPECT_FALSE(ops::ref::rope(xt, pos.data(), {.rotary_dim = 12, .inv_freq = nullptr}).ok());
+  EXPECT_FALSE(ops::ref::rope(xt, nullptr, {.rotary_dim = 12, .inv_freq = inv_freq.data()}).ok());
   Tensor x2 = Tensor::make(x.data(), DType::kF32, {2, 36});
-  EXPECT_FALSE(ops::rope(x2, pos.data(), {.rotary_dim = 12, .inv_freq = inv_freq.data()}).ok());
+  EXPECT_FALSE(ops::ref::rope(x2, pos.data(), {.rotary_dim = 12, .inv_freq = inv_freq.data()}).ok());
 }
 
 }  // namespace

@@ -5,10 +5,10 @@
 #include "../model/fixture_util.h"
 #include "core/mapped_file.h"
 #include "io/checkpoint.h"
-#include "memory/kv_cache.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "parallel/comm.h"
+#include "runtime/executor.h"
 #include "runtime/sequence.h"
 
 namespace strata {
@@ -22,11 +22,16 @@ Result<std::vector<float>> logits_for(const std::string& dir, const ParallelConf
   STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
   STRATA_ASSIGN_OR_RETURN(auto model, Model::load(config, par, ckpt));
-  STRATA_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(model->kv_config(8, 4)));
+  RunnerOptions ro;  // the CPU reference: f32 activations, the weights as stored
+  ro.block_size = 4;
+  ro.num_kv_blocks = 8;
+  STRATA_ASSIGN_OR_RETURN(auto exec, make_runner(config, par, std::move(model), comm, ro));
   std::vector<float> logits(ids.size() * static_cast<size_t>(config.vocab));
   SequenceKv seq;
   // Chunk of 5 so prefill spans several forward calls and KV blocks.
-  STRATA_RETURN_IF_ERROR(forward_sequence(*model, cache, comm, seq, ids, true, logits.data(), 5));
+  const ForwardFn fn = [&](const ForwardBatch& b, float* out) { return exec->forward(b, out); };
+  STRATA_RETURN_IF_ERROR(forward_sequence(fn, config.max_position_embeddings, config.vocab,
+                                          exec->cache(), seq, ids, true, logits.data(), 5));
   return logits;
 }
 

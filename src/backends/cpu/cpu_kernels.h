@@ -22,6 +22,7 @@ Status scale(const ScaleParams& p);
 Status softcap(const SoftcapParams& p);
 Status softmax(const SoftmaxParams& p);
 Status argmax(const ArgmaxParams& p);
+Status copy_rows(const CopyRowsParams& p);  // elementwise.cpp
 
 // Twins of the GPU executor kernels: plain loops with the same rounding points as the CUDA
 // kernels (bf16 in, f32 accumulate, bf16/f32 out).
@@ -33,6 +34,10 @@ Status varlen_attention(const VarlenAttentionParams& p);  // varlen_attention.cp
 // gpu_linear.cpp: the twin of cuda::quantize_rows (same scale and rounding rule).
 Status quantize_rows(const uint16_t* w_bf16, int64_t rows, int64_t cols, DType q_dtype, void* q,
                      float* scale);
+
+// gpu_linear.cpp: the twin of cuda::fill_random_bf16 (the same counter-based hash, so the same
+// bits).
+Status fill_random_bf16(uint16_t* dst, int64_t n, uint64_t seed, float scale);
 
 // Checks that position `pos` of sequence `seq` maps to a block of the pool (kOutOfRange naming
 // `op` and the token otherwise). Shared by kv_append and attention.

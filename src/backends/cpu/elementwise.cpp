@@ -1,6 +1,7 @@
 // Element-wise row ops on the CPU: add, bias add, scale and tanh soft-capping, one row per OpenMP
-// iteration over possibly strided f32 matrices.
+// iteration over possibly strided f32 matrices; and the strided row copy.
 #include <cmath>
+#include <cstring>
 
 #include "backends/cpu/cpu_kernels.h"
 
@@ -43,6 +44,17 @@ Status softcap(const SoftcapParams& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
     float* x = p.x + r * p.stride;
     for (int64_t i = 0; i < p.cols; ++i) x[i] = p.cap * std::tanh(x[i] * inv);
+  }
+  return ok_status();
+}
+
+Status copy_rows(const CopyRowsParams& p) {
+  if (p.rows < 0 || p.row_bytes < 0 || (p.rows > 0 && (p.src == nullptr || p.dst == nullptr))) {
+    return Status(StatusCode::kInvalidArgument, "copy_rows: invalid rows, row size or pointers");
+  }
+  for (int64_t r = 0; r < p.rows; ++r) {
+    std::memcpy(static_cast<char*>(p.dst) + r * p.dst_stride,
+                static_cast<const char*>(p.src) + r * p.src_stride, static_cast<size_t>(p.row_bytes));
   }
   return ok_status();
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cuda/random_hash.h"
 #include "core/half.h"
 #include "core/status.h"
 
@@ -169,6 +170,17 @@ Status quantize_rows(const uint16_t* w_bf16, int64_t rows, int64_t cols, DType q
         static_cast<uint8_t*>(q)[r * cols + c] = f32_to_fp8e4m3(v);
       }
     }
+  }
+  return ok_status();
+}
+
+Status fill_random_bf16(uint16_t* dst, int64_t n, uint64_t seed, float scale) {
+  if (n < 0 || (n > 0 && dst == nullptr)) {
+    return Status(StatusCode::kInvalidArgument, "fill_random_bf16: null dst or negative n");
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = f32_to_bf16(cuda::random_uniform(seed, static_cast<uint64_t>(i), scale));
   }
   return ok_status();
 }

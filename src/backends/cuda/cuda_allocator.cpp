@@ -104,6 +104,28 @@ CudaPoolStats CudaPoolAllocator::stats() const {
                        .free_blocks = fl.free_block_count()};
 }
 
+Result<Buffer> CudaMallocAllocator::allocate(size_t bytes, const char* what) {
+  if (bytes == 0) return Buffer(nullptr, 0, device(), Residency::kDevice, nullptr);
+  STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    (void)cudaMemGetInfo(&free_b, &total_b);
+    return errorf(StatusCode::kOutOfMemory,
+                  "cuda: out of memory allocating {} ({:.2f} GiB needed, {:.2f} GiB free of "
+                  "{:.2f} GiB)",
+                  what, gib(bytes), gib(free_b), gib(total_b));
+  }
+  const int dev = device_index_;
+  std::shared_ptr<void> owner(p, [dev](void* q) {
+    (void)cudaSetDevice(dev);
+    (void)cudaFree(q);
+  });
+  return Buffer(p, bytes, device(), Residency::kDevice, std::move(owner));
+}
+
 Result<Buffer> allocate_pinned_host(size_t bytes) {
   if (bytes == 0) return Buffer(nullptr, 0, Device::cpu(), Residency::kHostPinned, nullptr);
   void* p = nullptr;

@@ -52,6 +52,21 @@ class CudaPoolAllocator final : public Allocator {
   std::shared_ptr<Arena> arena_;
 };
 
+// Device memory straight from cudaMalloc, one allocation per Buffer, freed with cudaFree when the
+// last copy of the Buffer goes: for memory sized once at load (weights, the KV pool, workspaces),
+// where a pool's arena would have to be sized before the model is known. kOutOfMemory names what
+// was being allocated (`what`), the GiB asked for and the GiB the device has free.
+class CudaMallocAllocator final : public Allocator {
+ public:
+  explicit CudaMallocAllocator(int device_index) : device_index_(device_index) {}
+  Result<Buffer> allocate(size_t bytes) override { return allocate(bytes, "device memory"); }
+  Result<Buffer> allocate(size_t bytes, const char* what);
+  Device device() const override { return Device::cuda(device_index_); }
+
+ private:
+  int device_index_;
+};
+
 // Page-locked host memory (cudaHostAlloc, portable: pinned for every device), Residency
 // kHostPinned, zero-initialized, released with cudaFreeHost. Pinning is slow (milliseconds):
 // use it for long-lived staging buffers and host-resident weights, not per step.

@@ -50,6 +50,8 @@ Status add(const LaunchCtx& ctx, const AddParams& p);
 Status add_bias(const LaunchCtx& ctx, const AddBiasParams& p);
 Status scale(const LaunchCtx& ctx, const ScaleParams& p);
 Status softcap(const LaunchCtx& ctx, const SoftcapParams& p);
+// A strided row copy on ctx.stream (cudaMemcpy2DAsync, device to device).
+Status copy_rows(const LaunchCtx& ctx, const CopyRowsParams& p);
 
 // kernels/softmax.cu. Row-wise softmax in place and argmax (first index on ties, NaN never wins).
 Status softmax(const LaunchCtx& ctx, const SoftmaxParams& p);
@@ -82,6 +84,13 @@ Status flash_prefill(const LaunchCtx& ctx, const VarlenAttentionParams& p);
 Status flash_decode(const LaunchCtx& ctx, const VarlenAttentionParams& p);
 size_t varlen_attention_workspace_bytes(int64_t n_seqs, int64_t n_heads, int64_t head_dim,
                                         int64_t max_kv_len);
+
+// memcpy.cpp: async copies on ctx.stream (host memory must stay valid until the stream reaches
+// them: pinned host memory makes the copy asynchronous, pageable memory is staged by the driver)
+// and a wait for the stream.
+Status copy_h2d(const LaunchCtx& ctx, void* dst, const void* src, size_t bytes);
+Status copy_d2h(const LaunchCtx& ctx, void* dst, const void* src, size_t bytes);
+Status stream_synchronize(const LaunchCtx& ctx);
 
 // kernels/convert.cu: dst_bf16[i] = bf16(src_f32[i]); dst_f32[i] = f32(src_bf16[i]).
 Status f32_to_bf16(const LaunchCtx& ctx, const float* src, uint16_t* dst, int64_t n);

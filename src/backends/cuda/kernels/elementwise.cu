@@ -163,4 +163,19 @@ Status softcap(const LaunchCtx& ctx, const SoftcapParams& p) {
   return kernel_launch_status("softcap_kernel");
 }
 
+Status copy_rows(const LaunchCtx& ctx, const CopyRowsParams& p) {
+  if (p.rows < 0 || p.row_bytes < 0 || (p.rows > 0 && (p.src == nullptr || p.dst == nullptr)) ||
+      (p.rows > 1 && (p.src_stride < p.row_bytes || p.dst_stride < p.row_bytes))) {
+    return invalid_argument("copy_rows", "invalid rows, row size, strides or pointers");
+  }
+  if (p.rows == 0 || p.row_bytes == 0) return ok_status();
+  const size_t sp = static_cast<size_t>(p.rows > 1 ? p.src_stride : p.row_bytes);
+  const size_t dp = static_cast<size_t>(p.rows > 1 ? p.dst_stride : p.row_bytes);
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(p.dst, dp, p.src, sp,
+                                                static_cast<size_t>(p.row_bytes),
+                                                static_cast<size_t>(p.rows),
+                                                cudaMemcpyDeviceToDevice, ctx.stream));
+  return ok_status();
+}
+
 }  // namespace strata::cuda

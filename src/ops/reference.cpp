@@ -1,17 +1,15 @@
-// The ops layer: shape, dtype and device checks, then dispatch to the backend kernel on the
-// tensors' device. No math here. Every error names the op and the tensors that disagree.
-//
-// CUDA tensors get kUnimplemented until the CUDA backend lands; it will implement
-// strata::cuda::<op>(const LaunchCtx&, const <Op>Params&) with the same Params built below.
+// The reference ops (ops/reference.h): shape, dtype and device checks, then the CPU kernel. No
+// math here. Every error names the op and the tensors that disagree. Tensors on a GPU get
+// kUnimplemented: the GPU runs the fused op set (ops/ops.h).
 #include <initializer_list>
 #include <string>
 #include <utility>
 
 #include "backends/cpu/cpu_kernels.h"
 #include "core/status.h"
-#include "ops/ops.h"
+#include "ops/reference.h"
 
-namespace strata::ops {
+namespace strata::ops::ref {
 namespace {
 
 // A tensor seen as a matrix of `rows` rows of `cols` contiguous elements, `stride` apart.
@@ -567,4 +565,4 @@ Status argmax(const Tensor& x, Tensor& out) {
   });
 }
 
-}  // namespace strata::ops
+}  // namespace strata::ops::ref

@@ -1,0 +1,99 @@
+#include "memory/kv_pool.h"
+
+#include <cstring>
+
+#include "core/status.h"
+
+namespace strata {
+
+KvPool::KvPool(const KvPoolConfig& c, Buffer storage)
+    : config_(c),
+      storage_(std::move(storage)),
+      blocks_(c.n_blocks, c.block_size, c.enable_prefix_caching) {
+  const int64_t per = (c.n_blocks + 1) * c.block_size * c.n_heads_kv * c.head_dim;
+  char* base = static_cast<char*>(storage_.data());
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    ops::KvLayer layer;
+    for (int which = 0; which < 2; ++which) {
+      Tensor t = Tensor::make(base + dtype_bytes(c.dtype, (2 * l + which) * per), c.dtype,
+                              {c.n_blocks + 1, c.block_size, c.n_heads_kv, c.head_dim},
+                              storage_.device());
+      (which == 0 ? layer.k : layer.v) = t;
+    }
+    layers_.push_back(layer);
+  }
+}
+
+Result<KvPool> KvPool::create(const KvPoolConfig& c, Allocator& alloc) {
+  if (c.n_layers <= 0 || c.n_blocks <= 0 || c.block_size <= 0 || c.n_heads_kv <= 0 ||
+      c.head_dim <= 0 || (c.dtype != DType::kF32 && c.dtype != DType::kBF16)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "KV cache: invalid configuration ({} layers, {} blocks of {}, {} heads of {}, {})",
+                  c.n_layers, c.n_blocks, c.block_size, c.n_heads_kv, c.head_dim,
+                  dtype_name(c.dtype));
+  }
+  STRATA_ASSIGN_OR_RETURN(Buffer storage, alloc.allocate(c.bytes()));
+  return KvPool(c, std::move(storage));
+}
+
+Status KvPool::check_block(int32_t block) const {
+  if (block < 0 || block >= config_.n_blocks) {
+    return errorf(StatusCode::kOutOfRange, "KV block {} outside the pool of {}", block,
+                  config_.n_blocks);
+  }
+  return ok_status();
+}
+
+Status KvPool::copy_block_to_host(ops::Context& ctx, int32_t block, void* host) {
+  STRATA_RETURN_IF_ERROR(check_block(block));
+  const KvPoolConfig& c = config_;
+  const int64_t per = c.block_size * c.n_heads_kv * c.head_dim;  // elements of one block
+  char* h = static_cast<char*>(host);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (int which = 0; which < 2; ++which) {
+      const Tensor& pool = which == 0 ? layers_[static_cast<size_t>(l)].k
+                                      : layers_[static_cast<size_t>(l)].v;
+      const Tensor src = pool.slice_rows(block, block + 1);
+      STRATA_RETURN_IF_ERROR(
+          ops::download(ctx, src, h + dtype_bytes(c.dtype, (2 * l + which) * per)));
+    }
+  }
+  return ops::synchronize(ctx);
+}
+
+Status KvPool::copy_block_from_host(ops::Context& ctx, int32_t block, const void* host) {
+  STRATA_RETURN_IF_ERROR(check_block(block));
+  const KvPoolConfig& c = config_;
+  const int64_t per = c.block_size * c.n_heads_kv * c.head_dim;
+  const char* h = static_cast<const char*>(host);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (int which = 0; which < 2; ++which) {
+      const Tensor& pool = which == 0 ? layers_[static_cast<size_t>(l)].k
+                                      : layers_[static_cast<size_t>(l)].v;
+      Tensor dst = pool.slice_rows(block, block + 1);
+      STRATA_RETURN_IF_ERROR(
+          ops::upload(ctx, h + dtype_bytes(c.dtype, (2 * l + which) * per), dst));
+    }
+  }
+  return ops::synchronize(ctx);
+}
+
+Status SequenceKv::reserve(KvPool& pool, int64_t new_length) {
+  const int64_t need = pool.blocks_for(new_length) - static_cast<int64_t>(block_table.size());
+  if (need <= 0) return ok_status();
+  BlockManager& bm = pool.blocks();
+  if (need > bm.num_free()) {
+    return errorf(StatusCode::kOutOfMemory, "KV cache: {} blocks needed, {} of {} free", need,
+                  bm.num_free(), bm.num_total());
+  }
+  for (int64_t i = 0; i < need; ++i) block_table.push_back(bm.allocate());
+  return ok_status();
+}
+
+void SequenceKv::release(KvPool& pool) {
+  for (int32_t b : block_table) pool.blocks().release(b);
+  block_table.clear();
+  length = 0;
+}
+
+}  // namespace strata

@@ -1,0 +1,83 @@
+// KvPool: one paged KV cache per device. Per layer, K and V pools of
+// [n_blocks + 1, block_size, n_heads_kv, head_dim] in one dtype (f32 for the CPU reference, bf16
+// for the device layout), in one buffer on the device that runs the model; the extra last block
+// is a scratch block that padded rows of a CUDA-graph bucket write to. Block ids are handed out
+// by a BlockManager (reference counts, prefix caching), so the single-request engine and the
+// serving scheduler count blocks the same way on every backend. A sequence owns a list of blocks
+// (its block table): position p lives in block table[p / block_size], slot p % block_size.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/buffer.h"
+#include "memory/block_manager.h"
+#include "ops/ops.h"
+#include "strata/status.h"
+
+namespace strata {
+
+struct KvPoolConfig {
+  int64_t n_layers = 0;
+  int64_t n_blocks = 0;  // usable blocks (ids [0, n_blocks)); the pool holds one more (scratch)
+  int64_t block_size = 16;
+  int64_t n_heads_kv = 0;  // heads held by this rank
+  int64_t head_dim = 0;
+  DType dtype = DType::kF32;  // kF32 or kBF16
+  bool enable_prefix_caching = false;
+
+  // Bytes of one block: every layer's K and V.
+  size_t block_bytes() const {
+    return static_cast<size_t>(dtype_bytes(dtype, 2 * n_layers * block_size * n_heads_kv *
+                                                      head_dim));
+  }
+  // Bytes of the whole pool (n_blocks + the scratch block).
+  size_t bytes() const { return block_bytes() * static_cast<size_t>(n_blocks + 1); }
+};
+
+class KvPool {
+ public:
+  // A pool whose storage comes from `alloc` (host or device memory), zeroed on the host.
+  static Result<KvPool> create(const KvPoolConfig& config, Allocator& alloc);
+
+  const KvPoolConfig& config() const { return config_; }
+  Device device() const { return storage_.device(); }
+  size_t bytes() const { return storage_.bytes(); }
+  int64_t scratch_block() const { return config_.n_blocks; }
+
+  // The per-layer views the ops read and write.
+  std::vector<ops::KvLayer>& layers() { return layers_; }
+  BlockManager& blocks() { return blocks_; }
+  const BlockManager& blocks() const { return blocks_; }
+  int64_t blocks_for(int64_t n_tokens) const {
+    return (n_tokens + config_.block_size - 1) / config_.block_size;
+  }
+
+  // Swapping a preempted sequence: one block (every layer's K and V) to / from a host slot of
+  // block_bytes() bytes laid out [n_layers, 2, block_size, n_heads_kv, head_dim]. Ordered on
+  // ctx's stream and waited for.
+  Status copy_block_to_host(ops::Context& ctx, int32_t block, void* host);
+  Status copy_block_from_host(ops::Context& ctx, int32_t block, const void* host);
+
+ private:
+  KvPool(const KvPoolConfig& c, Buffer storage);
+  Status check_block(int32_t block) const;
+
+  KvPoolConfig config_;
+  Buffer storage_;
+  std::vector<ops::KvLayer> layers_;
+  BlockManager blocks_;
+};
+
+// One sequence's view of the pool: its block table and how many positions are filled.
+struct SequenceKv {
+  std::vector<int32_t> block_table;
+  int64_t length = 0;
+  // Grow the block table to hold `new_length` positions (kOutOfMemory, nothing taken, when the
+  // pool has too few free blocks).
+  Status reserve(KvPool& pool, int64_t new_length);
+  void release(KvPool& pool);
+};
+
+}  // namespace strata

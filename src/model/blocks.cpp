@@ -1,0 +1,280 @@
+// The pieces every layer program shares (model/program.h), the workspace layout, and
+// Model::forward, which runs a family's program over a layer range.
+#include <algorithm>
+#include <cmath>
+
+#include "core/status.h"
+#include "model/program.h"
+#include "parallel/comm.h"
+
+namespace strata {
+
+namespace blocks {
+
+Tensor rows(const Tensor& t, int64_t n) {
+  return t.slice_rows(0, n);
+}
+
+ops::NormArgs norm_args(const ModelConfig& c) {
+  ops::NormArgs n;
+  n.kind = c.norm == NormType::kLayerNorm ? NormKind::kLayer : NormKind::kRms;
+  n.eps = c.norm_eps;
+  n.weight_offset = c.norm_weight_offset;
+  return n;
+}
+
+Status embed(const Model& m, ForwardArgs& a) {
+  const ModelConfig& c = m.config();
+  const ModelWeights& w = m.weights();
+  const int64_t n = a.step.n_tokens;
+  Tensor x = rows(a.ws.x, n);
+  ops::section(a.ctx, "embedding");
+  ops::EmbedArgs e;
+  e.vocab_offset = m.vocab_range().begin;
+  e.vocab = c.vocab;
+  e.scale = c.embedding_scale;
+  STRATA_RETURN_IF_ERROR(ops::embed(a.ctx, w.tok_embeddings, a.step.tokens, e, x));
+  if (m.parallel().tp_size > 1) STRATA_RETURN_IF_ERROR(ops::all_reduce(a.ctx, a.comm, x));
+  if (w.pos_embeddings.defined()) {
+    ops::EmbedArgs pe;
+    pe.vocab = w.pos_embeddings.dim(0);
+    pe.accumulate = true;
+    STRATA_RETURN_IF_ERROR(ops::embed(a.ctx, w.pos_embeddings, a.step.token_pos, pe, x));
+  }
+  return ok_status();
+}
+
+Status head(const Model& m, ForwardArgs& a) {
+  const ModelConfig& c = m.config();
+  const ModelWeights& w = m.weights();
+  const HeadArgs& hd = a.head;
+  const int64_t n_out = hd.n_out;
+  ops::section(a.ctx, n_out == 0 ? nullptr : "lm_head");
+  if (n_out == 0) return ok_status();
+  // The rows that want logits: the first n_out tokens, or gathered runs of them.
+  Tensor sel = rows(a.ws.x, n_out);
+  if (!hd.all_rows) {
+    if (hd.out_runs == nullptr) return Status(StatusCode::kInvalidArgument, "head: no out_runs");
+    int64_t r = 0;
+    for (const auto& [first, count] : *hd.out_runs) {
+      Tensor dst = a.ws.sel.slice_rows(r, r + count);
+      STRATA_RETURN_IF_ERROR(ops::copy(a.ctx, a.ws.x.slice_rows(first, first + count), dst));
+      r += count;
+    }
+    sel = rows(a.ws.sel, n_out);
+  }
+  Tensor h = rows(a.ws.h, n_out);
+  STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, sel, w.final_norm, norm_args(c), h));
+  Tensor logits = rows(a.ws.logits, n_out);
+  const int tp = m.parallel().tp_size;
+  if (tp == 1) {
+    STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, h, w.lm_head, logits));
+  } else {
+    // Each rank computes its vocabulary chunk (padded to the common chunk size); the all-gather
+    // lays the chunks out rank-major [tp, n_out, chunk], copied into [n_out, vocab].
+    const int64_t chunk = m.parallel().padded_chunk(c.vocab);
+    const int64_t vl = m.vocab_local();
+    Tensor local = Tensor::make(a.ws.logits_local.data, DType::kF32, {n_out, chunk},
+                                a.ws.logits_local.device);
+    if (vl > 0) {
+      Tensor mine = local.slice_cols(0, vl);
+      STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, h, w.lm_head, mine));
+    }
+    Tensor all = Tensor::make(a.ws.gathered.data, DType::kF32, {tp * n_out, chunk},
+                              a.ws.gathered.device);
+    STRATA_RETURN_IF_ERROR(ops::all_gather(a.ctx, a.comm, local, all));
+    for (int r = 0; r < tp; ++r) {
+      const int64_t v0 = chunk * r, v1 = std::min(c.vocab, v0 + chunk);
+      if (v1 <= v0) continue;
+      Tensor src = all.slice_rows(r * n_out, (r + 1) * n_out).slice_cols(0, v1 - v0);
+      Tensor dst = logits.slice_cols(v0, v1);
+      STRATA_RETURN_IF_ERROR(ops::copy(a.ctx, src, dst));
+    }
+  }
+  if (c.final_logit_softcap > 0.0f) {
+    STRATA_RETURN_IF_ERROR(ops::softcap(a.ctx, logits, c.final_logit_softcap));
+  }
+  if (hd.argmax) {
+    Tensor ids = rows(a.ws.ids, n_out);
+    STRATA_RETURN_IF_ERROR(ops::argmax(a.ctx, logits, ids));
+  }
+  ops::section(a.ctx, nullptr);
+  return ok_status();
+}
+
+Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool sliding) {
+  const ModelConfig& c = m.config();
+  const ModelWeights& w = m.weights();
+  const LayerWeights& L = w.layers[static_cast<size_t>(layer)];
+  const int64_t n = a.step.n_tokens, D = c.head_dim;
+  ops::section(a.ctx, "qkv");
+  Tensor h = rows(a.ws.h, n);
+  Tensor qkv = rows(a.ws.qkv, n);
+  STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, h, L.qkv, qkv));
+  ops::section(a.ctx, "rope_kv");
+  ops::RopeArgs r;
+  if (c.pos_embedding == PosEmbedding::kRope) {
+    r.inv_freq = sliding && w.inv_freq_local.defined() ? &w.inv_freq_local : &w.inv_freq;
+    r.rotary_dim = c.rotary_dim;
+  }
+  r.neox_style = c.rope_neox_style;
+  if (L.q_norm.defined()) r.q_norm = &L.q_norm;
+  if (L.k_norm.defined()) r.k_norm = &L.k_norm;
+  r.norm_eps = c.norm_eps;
+  r.norm_weight_offset = c.norm_weight_offset;
+  Tensor q = Tensor::make(a.ws.q.data, a.ws.q.dtype, {n, m.n_heads_local(), D}, a.ws.q.device);
+  ops::KvLayer& cache = a.kv[static_cast<size_t>(layer)];
+  STRATA_RETURN_IF_ERROR(ops::rope_kv_append(a.ctx, qkv, a.step, r, cache, q));
+  ops::section(a.ctx, "attention");
+  ops::AttentionArgs at;
+  at.scale = c.attn_scale > 0.0f ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(D));
+  at.sliding_window = sliding ? c.sliding_window : 0;
+  at.workspace = a.ws.attn_ws;
+  Tensor attn = rows(a.ws.attn, n);
+  return ops::attention(a.ctx, q, a.step, cache, at, attn);
+}
+
+Status mlp_in(const Model& m, ForwardArgs& a, int64_t layer) {
+  const ModelConfig& c = m.config();
+  const LayerWeights& L = m.weights().layers[static_cast<size_t>(layer)];
+  const int64_t n = a.step.n_tokens;
+  ops::section(a.ctx, "gate_up_act");
+  Tensor h = rows(a.ws.h, n), ff = rows(a.ws.ff, n), act = rows(a.ws.act, n);
+  return ops::linear_act(a.ctx, h, L.gate_up, c.activation, c.gated_mlp, ff, act);
+}
+
+Status residual_linear(const Model& m, ForwardArgs& a, const Tensor& in,
+                       const ops::LinearWeight& w) {
+  const int64_t n = a.step.n_tokens;
+  Tensor x = rows(a.ws.x, n);
+  if (m.parallel().tp_size == 1) {
+    ops::LinearArgs la;
+    la.accumulate = true;
+    return ops::linear(a.ctx, in, w, x, la);
+  }
+  // Partial sums of a row-parallel layer: reduced first, the bias added once.
+  Tensor y = rows(a.ws.y, n);
+  ops::LinearArgs la;
+  la.bias = false;
+  STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, in, w, y, la));
+  STRATA_RETURN_IF_ERROR(ops::all_reduce(a.ctx, a.comm, y));
+  if (w.parts[0].bias.defined()) STRATA_RETURN_IF_ERROR(ops::add_bias(a.ctx, y, w.parts[0].bias));
+  return ops::add(a.ctx, x, y, x);
+}
+
+}  // namespace blocks
+
+const LayerProgram& layer_program(ArchFamily family) {
+  static const LayerProgram kLlama{"llama", llama_layer};
+  static const LayerProgram kGemma3{"gemma3", gemma3_layer};
+  static const LayerProgram kGpt2{"gpt2", gpt2_layer};
+  static const LayerProgram kNeoX{"gpt-neox", neox_layer};
+  switch (family) {
+    case ArchFamily::kLlama:
+      return kLlama;
+    case ArchFamily::kGemma3:
+      return kGemma3;
+    case ArchFamily::kGpt2:
+      return kGpt2;
+    case ArchFamily::kGptNeoX:
+      return kNeoX;
+  }
+  return kLlama;
+}
+
+// ---- the workspace ----------------------------------------------------------------------------
+
+namespace {
+
+struct Slot {
+  Tensor Workspace::*field;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
+  const ModelConfig& c = m.config();
+  const int64_t T = std::max<int64_t>(1, l.max_tokens), R = std::max<int64_t>(1, l.max_logit_rows);
+  const int64_t H = c.hidden, D = c.head_dim, hq = m.n_heads_local(), F = m.ffn_local();
+  const int tp = m.parallel().tp_size;
+  const int64_t chunk = m.parallel().padded_chunk(c.vocab);
+  std::vector<Slot> s = {
+      {&Workspace::x, DType::kF32, {T, H}},
+      {&Workspace::y, DType::kF32, {T, H}},
+      {&Workspace::h, l.act, {T, H}},
+      {&Workspace::qkv, DType::kF32, {T, m.qkv_dim()}},
+      {&Workspace::q, l.act, {T, hq, D}},
+      {&Workspace::attn, l.act, {T, hq * D}},
+      {&Workspace::ff, l.act, {T, 2 * F}},
+      {&Workspace::act, l.act, {T, F}},
+      {&Workspace::sel, DType::kF32, {R, H}},
+      {&Workspace::logits, DType::kF32, {R, c.vocab}},
+      {&Workspace::ids, DType::kI32, {R}},
+  };
+  if (tp > 1) {
+    s.push_back({&Workspace::logits_local, DType::kF32, {R, chunk}});
+    s.push_back({&Workspace::gathered, DType::kF32, {tp * R, chunk}});
+  }
+  if (l.attn_workspace_bytes > 0) {
+    s.push_back({&Workspace::attn_ws, DType::kU8, {static_cast<int64_t>(l.attn_workspace_bytes)}});
+  }
+  return s;
+}
+
+size_t slot_bytes(const Slot& s) {
+  int64_t n = 1;
+  for (int64_t d : s.shape) n *= d;
+  return (static_cast<size_t>(dtype_bytes(s.dtype, n)) + 255) / 256 * 256;
+}
+
+}  // namespace
+
+size_t Model::workspace_bytes(const WorkspaceLimits& limits) const {
+  size_t total = 0;
+  for (const Slot& s : workspace_slots(*this, limits)) total += slot_bytes(s);
+  return total;
+}
+
+Workspace Model::bind_workspace(const WorkspaceLimits& limits, void* base, Device device) const {
+  Workspace ws;
+  char* p = static_cast<char*>(base);
+  for (const Slot& s : workspace_slots(*this, limits)) {
+    Tensor t;
+    t.data = p;
+    t.dtype = s.dtype;
+    t.ndim = static_cast<int>(s.shape.size());
+    int64_t stride = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      t.shape[static_cast<size_t>(i)] = s.shape[static_cast<size_t>(i)];
+      t.stride[static_cast<size_t>(i)] = stride;
+      stride *= s.shape[static_cast<size_t>(i)];
+    }
+    t.device = device;
+    ws.*(s.field) = t;
+    p += slot_bytes(s);
+  }
+  return ws;
+}
+
+// ---- the forward pass -------------------------------------------------------------------------
+
+Status Model::forward(ForwardArgs& a) const {
+  const int64_t L = config_.n_layers;
+  const int64_t first = a.first_layer, last = a.last_layer < 0 ? L : a.last_layer;
+  if (first < 0 || first > last || last > L) {
+    return errorf(StatusCode::kInvalidArgument, "forward: layer range [{}, {}) of {} layers",
+                  first, last, L);
+  }
+  if (static_cast<int64_t>(a.kv.size()) < last) {
+    return errorf(StatusCode::kInvalidArgument, "forward: {} KV layers for layer {}", a.kv.size(),
+                  last - 1);
+  }
+  if (a.step.n_tokens == 0) return ok_status();
+  const LayerProgram& program = layer_program(config_.family);
+  if (first == 0) STRATA_RETURN_IF_ERROR(blocks::embed(*this, a));
+  for (int64_t l = first; l < last; ++l) STRATA_RETURN_IF_ERROR(program.layer(*this, a, l));
+  if (last == L) STRATA_RETURN_IF_ERROR(blocks::head(*this, a));
+  return ok_status();
+}
+
+}  // namespace strata

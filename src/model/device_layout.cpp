@@ -1,0 +1,314 @@
+// The device layout of a model's weights (model/weights.h): what the GPU kernels read, made from
+// the CPU layout (Model::to_device) or from random values (Model::random). Every linear layer is
+// one matrix (Q/K/V and gate/up concatenated), bf16 or int8 / fp8 with one f32 scale per row
+// (quantized on the device from bf16); embeddings stay bf16; norms, biases and rope tables are
+// f32. Host work is limited to converting each source row to bf16 (GGUF blocks dequantized).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/quant.h"
+#include "core/half.h"
+#include "core/status.h"
+#include "model/model.h"
+#include "model/rope.h"
+
+namespace strata {
+
+namespace {
+
+// std of N(0, 0.02) from a uniform: half-width 0.02 * sqrt(3).
+constexpr float kRandomScale = 0.0346410f;
+
+// Host row r of a weight tensor as f32 (float dtypes element-wise, GGUF blocks dequantized).
+Status host_row_f32(const Tensor& t, int64_t r, float* dst) {
+  const int64_t cols = t.cols();
+  const char* base = static_cast<const char*>(t.data);
+  const void* row = base + dtype_bytes(t.dtype, r * t.row_stride());
+  if (dtype_info(t.dtype).is_quantized || t.dtype == DType::kF32 || t.dtype == DType::kF16 ||
+      t.dtype == DType::kBF16) {
+    return cpu::dequantize_row(t.dtype, row, dst, cols);
+  }
+  if (t.dtype == DType::kFP8E4M3) {
+    for (int64_t c = 0; c < cols; ++c) dst[c] = cpu::load_as_f32(row, t.dtype, c);
+    return ok_status();
+  }
+  return errorf(StatusCode::kUnimplemented, "weights of dtype {} cannot be uploaded",
+                dtype_name(t.dtype));
+}
+
+class Uploader {
+ public:
+  Uploader(ops::Context& ctx, Allocator& alloc, WeightStore& store, const DeviceLayout& layout)
+      : ctx_(ctx), alloc_(alloc), store_(store), layout_(layout) {}
+
+  Result<Tensor> device_tensor(DType dt, std::initializer_list<int64_t> shape, const char* what) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    Result<Buffer> b = alloc_.allocate(static_cast<size_t>(dtype_bytes(dt, n)));
+    if (!b.ok()) return b.status().with_context(what);
+    void* p = store_.keep(std::move(b).value());
+    return Tensor::make(p, dt, shape, ctx_.device);
+  }
+
+  // An f32 vector on the device from host floats.
+  Result<Tensor> f32_vector(const std::vector<float>& v, const char* what) {
+    STRATA_ASSIGN_OR_RETURN(Tensor t,
+                            device_tensor(DType::kF32, {static_cast<int64_t>(v.size())}, what));
+    STRATA_RETURN_IF_ERROR(ops::upload(ctx_, v.data(), t));
+    STRATA_RETURN_IF_ERROR(ops::synchronize(ctx_));
+    return t;
+  }
+
+  // A [n] vector from a host tensor (any float dtype), or `fill` when the tensor is undefined.
+  Result<Tensor> vector(const Tensor* host, int64_t n, float fill, const char* what) {
+    std::vector<float> v(static_cast<size_t>(n), fill);
+    if (host != nullptr && host->defined()) {
+      if (host->numel() != n) {
+        return errorf(StatusCode::kInternal, "{} has {} values, expected {}", what, host->numel(), n);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        v[static_cast<size_t>(i)] = cpu::load_as_f32(host->data, host->dtype, i);
+      }
+    }
+    return f32_vector(v, what);
+  }
+
+  Result<ops::NormWeight> norm(const ops::NormWeight* host, int64_t n, const char* what) {
+    ops::NormWeight w;
+    STRATA_ASSIGN_OR_RETURN(w.w, vector(host ? &host->w : nullptr, n, 1.0f, what));
+    if (host != nullptr && host->b.defined()) {
+      STRATA_ASSIGN_OR_RETURN(w.b, vector(&host->b, n, 0.0f, what));
+    }
+    return w;
+  }
+
+  // A [rows, cols] matrix from the row blocks of `host` (stacked in order), or random values
+  // (host null); bf16, or quantized per row to the layout's dtype when `quantize`.
+  Result<ops::LinearWeight> linear(const ops::LinearWeight* host, int64_t rows, int64_t cols,
+                                   bool with_bias, bool quantize, const char* what) {
+    const DType wdt = quantize ? layout_.weight_dtype : DType::kBF16;
+    const size_t n = static_cast<size_t>(rows * cols);
+    Tensor bf;  // the bf16 matrix: the weight itself, or a staging copy to quantize
+    Buffer staging;
+    if (wdt == DType::kBF16) {
+      STRATA_ASSIGN_OR_RETURN(bf, device_tensor(DType::kBF16, {rows, cols}, what));
+    } else {
+      Result<Buffer> b = alloc_.allocate(n * 2);
+      if (!b.ok()) return b.status().with_context("weight staging");
+      staging = std::move(b).value();
+      bf = Tensor::make(staging.data(), DType::kBF16, {rows, cols}, ctx_.device);
+    }
+    if (host == nullptr) {
+      STRATA_RETURN_IF_ERROR(
+          ops::fill_random(ctx_, bf, layout_.seed * 1000003ull + next_id_++, kRandomScale));
+    } else {
+      std::vector<uint16_t> h(n);
+      std::vector<float> row(static_cast<size_t>(cols));
+      int64_t r0 = 0;
+      for (int i = 0; i < host->n_parts; ++i) {
+        const Tensor& t = host->parts[static_cast<size_t>(i)].w;
+        if (t.cols() != cols) {
+          return errorf(StatusCode::kInternal, "{} part has {} columns, expected {}", what,
+                        t.cols(), cols);
+        }
+        for (int64_t r = 0; r < t.dim(0); ++r) {
+          STRATA_RETURN_IF_ERROR(host_row_f32(t, r, row.data()));
+          uint16_t* dst = h.data() + (r0 + r) * cols;
+          for (int64_t c = 0; c < cols; ++c) dst[c] = f32_to_bf16(row[static_cast<size_t>(c)]);
+        }
+        r0 += t.dim(0);
+      }
+      if (r0 != rows) {
+        return errorf(StatusCode::kInternal, "{} has {} rows, expected {}", what, r0, rows);
+      }
+      STRATA_RETURN_IF_ERROR(ops::upload(ctx_, h.data(), bf));
+      STRATA_RETURN_IF_ERROR(ops::synchronize(ctx_));
+    }
+    Tensor w = bf, scale;
+    if (wdt != DType::kBF16) {
+      STRATA_ASSIGN_OR_RETURN(w, device_tensor(wdt, {rows, cols}, what));
+      STRATA_ASSIGN_OR_RETURN(scale, device_tensor(DType::kF32, {rows}, "row scales"));
+      STRATA_RETURN_IF_ERROR(ops::quantize_rows(ctx_, bf, w, scale));
+      // The staging buffer is freed on return: finish the quantization first.
+      STRATA_RETURN_IF_ERROR(ops::synchronize(ctx_));
+    }
+    Tensor bias;
+    if (with_bias) {
+      std::vector<float> b;
+      b.reserve(static_cast<size_t>(rows));
+      for (int i = 0; host != nullptr && i < host->n_parts; ++i) {
+        const LinearWeightPart& p = host->parts[static_cast<size_t>(i)];
+        const int64_t pr = p.w.dim(0);
+        for (int64_t j = 0; j < pr; ++j) {
+          b.push_back(p.bias.defined() ? cpu::load_as_f32(p.bias.data, p.bias.dtype, j) : 0.0f);
+        }
+      }
+      b.resize(static_cast<size_t>(rows), 0.0f);
+      STRATA_ASSIGN_OR_RETURN(bias, f32_vector(b, "bias"));
+    }
+    ops::LinearWeight out;
+    out.add(w, bias, scale);
+    return out;
+  }
+
+  // A bf16 table [rows, cols] (embeddings), from host or random.
+  Result<Tensor> table(const Tensor* host, int64_t rows, int64_t cols, const char* what) {
+    ops::LinearWeight h;
+    if (host != nullptr) h.add(*host);
+    STRATA_ASSIGN_OR_RETURN(ops::LinearWeight t,
+                            linear(host ? &h : nullptr, rows, cols, false, false, what));
+    return t.parts[0].w;
+  }
+
+ private:
+  using LinearWeightPart = ops::LinearWeight::Part;
+  ops::Context& ctx_;
+  Allocator& alloc_;
+  WeightStore& store_;
+  const DeviceLayout& layout_;
+  uint64_t next_id_ = 1;
+};
+
+// Bytes the device layout of `c` needs on one rank (the fit check before anything is uploaded).
+int64_t device_bytes(const ModelConfig& c, const ParallelConfig& par, DType wdt) {
+  const int64_t per = wdt == DType::kBF16 ? 2 : 1;
+  const int64_t V = par.padded_chunk(c.vocab), H = c.hidden;
+  const int64_t emb = V * H * 2;  // the embedding table stays bf16
+  const int64_t head = c.tie_word_embeddings && wdt == DType::kBF16 ? 0 : V * H * per;
+  const int64_t body =
+      (c.parameter_count() - c.vocab * H * (c.tie_word_embeddings ? 1 : 2)) / par.tp_size * per;
+  return emb + head + body;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::to_device(const Model& host, const DeviceLayout& layout,
+                                                ops::Context& ctx, Allocator& alloc) {
+  return build_device_model(host.config(), host.parallel(), &host, layout, ctx, alloc);
+}
+
+Result<std::unique_ptr<Model>> Model::random(const ModelConfig& config, const ParallelConfig& par,
+                                             const DeviceLayout& layout, ops::Context& ctx,
+                                             Allocator& alloc) {
+  return build_device_model(config, par, nullptr, layout, ctx, alloc);
+}
+
+Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
+                                                  const ParallelConfig& par, const Model* host,
+                                                  const DeviceLayout& layout, ops::Context& ctx,
+                                                  Allocator& alloc) {
+  const DType wdt = layout.weight_dtype;
+  if (wdt != DType::kBF16 && wdt != DType::kI8 && wdt != DType::kFP8E4M3) {
+    return errorf(StatusCode::kInvalidArgument, "weight dtype {} (use bf16, int8 or fp8)",
+                  dtype_name(wdt));
+  }
+  if (layout.free_bytes > 0) {
+    const int64_t need = device_bytes(config, par, wdt);
+    if (static_cast<size_t>(need) > layout.free_bytes) {
+      return errorf(StatusCode::kOutOfMemory,
+                    "the weights need {:.2f} GiB ({}), but {} has {:.2f} GiB free; try "
+                    "--quantization int8 or fp8, or a smaller model",
+                    static_cast<double>(need) / (1 << 30), dtype_name(wdt), layout.device_name,
+                    static_cast<double>(layout.free_bytes) / (1 << 30));
+    }
+  }
+  std::unique_ptr<Model> m(new Model());
+  m->config_ = config;
+  m->par_ = par;
+  m->device_ = ctx.device;
+  m->device_layout_ = true;
+  m->weight_dtype_ = wdt;
+  STRATA_RETURN_IF_ERROR(m->init_shapes());
+  const ModelConfig& c = m->config();
+  const int64_t H = c.hidden, D = c.head_dim;
+  const int64_t qkv_rows = m->qkv_dim(), q_cols = m->n_heads_local() * D, F = m->ffn_local();
+  const int64_t Vl = m->vocab_local();
+  const ModelWeights* hw = host != nullptr ? &host->weights() : nullptr;
+  Uploader up(ctx, alloc, m->store_, layout);
+  ModelWeights& w = m->w_;
+
+  STRATA_ASSIGN_OR_RETURN(w.tok_embeddings,
+                          up.table(hw ? &hw->tok_embeddings : nullptr, Vl, H, "token embeddings"));
+  if (c.pos_embedding == PosEmbedding::kLearned) {
+    STRATA_ASSIGN_OR_RETURN(w.pos_embeddings,
+                            up.table(hw ? &hw->pos_embeddings : nullptr,
+                                     c.max_position_embeddings, H, "position embeddings"));
+  }
+  const bool norm_bias = c.norm == NormType::kLayerNorm;
+  w.layers.resize(static_cast<size_t>(c.n_layers));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    LayerWeights& d = w.layers[static_cast<size_t>(l)];
+    const LayerWeights* L = hw ? &hw->layers[static_cast<size_t>(l)] : nullptr;
+    auto norm = [&](const ops::NormWeight LayerWeights::*f, int64_t n,
+                    const char* what) -> Result<ops::NormWeight> {
+      if (L != nullptr) return up.norm(&(L->*f), n, what);
+      ops::NormWeight ones;
+      STRATA_ASSIGN_OR_RETURN(ones, up.norm(nullptr, n, what));
+      if (norm_bias) {
+        STRATA_ASSIGN_OR_RETURN(ones.b, up.vector(nullptr, n, 0.0f, what));
+      }
+      return ones;
+    };
+    STRATA_ASSIGN_OR_RETURN(d.attn_norm, norm(&LayerWeights::attn_norm, H, "norm"));
+    STRATA_ASSIGN_OR_RETURN(d.ffn_norm, norm(&LayerWeights::ffn_norm, H, "norm"));
+    if (c.qk_norm) {
+      STRATA_ASSIGN_OR_RETURN(d.q_norm, norm(&LayerWeights::q_norm, D, "q norm"));
+      STRATA_ASSIGN_OR_RETURN(d.k_norm, norm(&LayerWeights::k_norm, D, "k norm"));
+    }
+    if (c.post_norms) {
+      STRATA_ASSIGN_OR_RETURN(d.post_attn_norm, norm(&LayerWeights::post_attn_norm, H, "norm"));
+      STRATA_ASSIGN_OR_RETURN(d.post_ffn_norm, norm(&LayerWeights::post_ffn_norm, H, "norm"));
+    }
+    const bool qkv_bias = L ? L->qkv.has_bias() : c.qkv_bias;
+    const bool o_bias = L ? L->o.has_bias() : c.o_bias;
+    const bool mlp_bias = L ? L->gate_up.has_bias() : c.mlp_bias;
+    const bool down_bias = L ? L->down.has_bias() : c.mlp_bias;
+    const int64_t gu_rows = c.gated_mlp ? 2 * F : F;
+    STRATA_ASSIGN_OR_RETURN(d.qkv, up.linear(L ? &L->qkv : nullptr, qkv_rows, H, qkv_bias, true,
+                                             "qkv weights"));
+    STRATA_ASSIGN_OR_RETURN(d.o, up.linear(L ? &L->o : nullptr, H, q_cols, o_bias, true,
+                                           "o_proj weights"));
+    STRATA_ASSIGN_OR_RETURN(d.gate_up, up.linear(L ? &L->gate_up : nullptr, gu_rows, H, mlp_bias,
+                                                 true, "gate/up weights"));
+    STRATA_ASSIGN_OR_RETURN(d.down, up.linear(L ? &L->down : nullptr, H, F, down_bias, true,
+                                              "down_proj weights"));
+  }
+  STRATA_ASSIGN_OR_RETURN(w.final_norm, up.norm(hw ? &hw->final_norm : nullptr, H, "final norm"));
+  if (!hw && norm_bias) {
+    STRATA_ASSIGN_OR_RETURN(w.final_norm.b, up.vector(nullptr, H, 0.0f, "norm"));
+  }
+  const bool head_is_embedding =
+      hw ? hw->lm_head.parts[0].w.data == hw->tok_embeddings.data : c.tie_word_embeddings;
+  if (head_is_embedding && wdt == DType::kBF16 && !(hw && hw->lm_head.has_bias())) {
+    w.lm_head.add(w.tok_embeddings);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(w.lm_head, up.linear(hw ? &hw->lm_head : nullptr, Vl, H,
+                                                 hw && hw->lm_head.has_bias(), true, "lm_head"));
+  }
+  // Rotary frequencies: the host model's (with its scaling), or computed for random weights.
+  if (c.pos_embedding == PosEmbedding::kRope && c.rotary_dim > 0) {
+    auto table = [&](const Tensor* h, float theta, const RopeScaling& s) -> Result<Tensor> {
+      std::vector<float> f;
+      if (h != nullptr && h->defined()) {
+        f.assign(h->ptr<float>(), h->ptr<float>() + h->numel());
+      } else {
+        f = rope_inv_freq(c.rotary_dim, theta, s);
+      }
+      return up.f32_vector(f, "rope frequencies");
+    };
+    STRATA_ASSIGN_OR_RETURN(w.inv_freq,
+                            table(hw ? &hw->inv_freq : nullptr, c.rope_theta, c.rope_scaling));
+    if (c.family == ArchFamily::kGemma3) {
+      STRATA_ASSIGN_OR_RETURN(w.inv_freq_local, table(hw ? &hw->inv_freq_local : nullptr,
+                                                      c.rope_theta_local, RopeScaling{}));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+  m->count_weight_bytes();
+  return m;
+}
+
+}  // namespace strata

@@ -1,0 +1,35 @@
+// Llama-style decoder layers (Llama 2/3, SmolLM2, Mistral, Qwen2): pre-norm, sequential
+// residual, RMSNorm, rotary positions, SwiGLU MLP, optional Q/K/V biases and sliding window.
+//
+//   h = rms_norm(x)                            (bf16 on the GPU: the QKV GEMM's input)
+//   qkv = h Wqkv^T (+ b)                       one GEMM (column-parallel)
+//   q, cache <- rope(q, k), v                  one fused kernel
+//   a = attention(q, cache)
+//   x += all_reduce(a Wo^T)                    row-parallel; residual add in the GEMM epilogue
+//   h = rms_norm(x)
+//   g = silu(h Wg^T) * (h Wu^T)                one GEMM with the activation in its epilogue
+//   x += all_reduce(g Wd^T)
+#include "model/program.h"
+
+namespace strata {
+
+Status llama_layer(const Model& m, ForwardArgs& a, int64_t layer) {
+  const ModelConfig& c = m.config();
+  const LayerWeights& L = m.weights().layers[static_cast<size_t>(layer)];
+  const int64_t n = a.step.n_tokens;
+  Tensor x = blocks::rows(a.ws.x, n), h = blocks::rows(a.ws.h, n);
+  const bool sliding = c.sliding_window > 0 && (c.layer_is_sliding.empty() ||
+                                                c.layer_is_sliding[static_cast<size_t>(layer)]);
+  ops::section(a.ctx, "attn_norm");
+  STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, blocks::norm_args(c), h));
+  STRATA_RETURN_IF_ERROR(blocks::self_attention(m, a, layer, sliding));
+  ops::section(a.ctx, "o_proj");
+  STRATA_RETURN_IF_ERROR(blocks::residual_linear(m, a, blocks::rows(a.ws.attn, n), L.o));
+  ops::section(a.ctx, "ffn_norm");
+  STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.ffn_norm, blocks::norm_args(c), h));
+  STRATA_RETURN_IF_ERROR(blocks::mlp_in(m, a, layer));
+  ops::section(a.ctx, "down");
+  return blocks::residual_linear(m, a, blocks::rows(a.ws.act, n), L.down);
+}
+
+}  // namespace strata

@@ -1,0 +1,57 @@
+// Layer programs: each architecture family's forward pass, written once against the fused op set
+// (ops/ops.h) and run by every backend. A family file defines the body of one layer; the
+// embedding and the head (final norm, LM head, logits, argmax) are shared (model/blocks.cpp).
+// Model::forward runs them over a layer range, so a pipeline stage runs a slice of the same
+// program, and tensor parallelism is in the program itself: every collective is an explicit
+// ops::all_reduce / all_gather call here.
+//
+// Adding an architecture: a family file with its layer function, an entry in layer_program()
+// (model/blocks.cpp), and its config parsing and weight names (model/config.cpp, loader.cpp).
+#pragma once
+
+#include "model/config.h"
+#include "model/model.h"
+
+namespace strata {
+
+using LayerFn = Status (*)(const Model& m, ForwardArgs& a, int64_t layer);
+
+struct LayerProgram {
+  const char* name;
+  LayerFn layer;
+};
+
+const LayerProgram& layer_program(ArchFamily family);
+
+// The family bodies (model/<family>.cpp).
+Status llama_layer(const Model& m, ForwardArgs& a, int64_t layer);   // Llama, Mistral, Qwen2
+Status gemma3_layer(const Model& m, ForwardArgs& a, int64_t layer);  // Gemma-3
+Status gpt2_layer(const Model& m, ForwardArgs& a, int64_t layer);    // GPT-2
+Status neox_layer(const Model& m, ForwardArgs& a, int64_t layer);    // GPT-NeoX / Pythia
+
+// Shared blocks (model/blocks.cpp).
+namespace blocks {
+
+// The first n rows of a workspace tensor.
+Tensor rows(const Tensor& t, int64_t n);
+ops::NormArgs norm_args(const ModelConfig& c);
+
+// x = embedding of the step's tokens (vocab-parallel: all-reduced), scaled, plus learned
+// position embeddings when the model has them.
+Status embed(const Model& m, ForwardArgs& a);
+// Final norm, LM head and (when asked) argmax of the rows in a.head.
+Status head(const Model& m, ForwardArgs& a);
+
+// qkv = h Wqkv^T (+ b); q, cache <- rope(q/k norms(q, k)), v; ws.attn = attention(q, cache).
+// `sliding`: this layer attends within the sliding window (with the local rope frequencies when
+// the model has them).
+Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool sliding);
+// ws.act = act(h W1^T) (gated: act(h Wg^T) * (h Wu^T)).
+Status mlp_in(const Model& m, ForwardArgs& a, int64_t layer);
+// x += all_reduce(in W^T) + b for a row-parallel layer (the residual add fused into the GEMM
+// epilogue when there is nothing to reduce).
+Status residual_linear(const Model& m, ForwardArgs& a, const Tensor& in,
+                       const ops::LinearWeight& w);
+
+}  // namespace blocks
+}  // namespace strata

@@ -1,0 +1,817 @@
+// The fused op set (ops/ops.h): argument checks, then the backend. No math here: the CPU f32
+// path composes the reference kernels (cpu::<op>, ops::ref), the bf16 path calls the GPU
+// kernels' CPU twins or their CUDA launchers with the same Params.
+#include "ops/ops.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "core/status.h"
+#include "fmt/format.h"
+#include "ops/reference.h"
+#include "parallel/comm.h"
+
+#if STRATA_HAS_CUDA
+#include "backends/cuda/cuda_kernels.h"
+#endif
+
+namespace strata::ops {
+namespace {
+
+// Most tokens for which the bf16 gated MLP runs as one GEMM with the activation in its epilogue
+// (SBI-GeMM); above, a GEMM to bf16 and a separate activation kernel. The CUDA backend asks
+// cuda::sbi_max_tokens(); the CPU twins use the same number so they round where the GPU does.
+constexpr int64_t kTwinSbiMaxTokens = 16;
+
+Status invalid(const char* op, const std::string& what) {
+  return errorf(StatusCode::kInvalidArgument, "{}: {}", op, what);
+}
+
+Status no_cuda(const char* op) {
+  return errorf(StatusCode::kUnimplemented,
+                "{}: this strata was built without CUDA (configure with -DSTRATA_CUDA=ON)", op);
+}
+
+// A 2-D view: rows of contiguous elements, `stride` elements apart.
+struct Mat {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t stride = 0;
+};
+
+Result<Mat> mat(const Tensor& t, const char* op, const char* name) {
+  if (!t.defined()) return invalid(op, std::string(name) + " is undefined");
+  if (t.ndim < 1) return invalid(op, std::string(name) + " has no dims");
+  const auto dim = [&](int i) { return t.shape[static_cast<size_t>(i)]; };
+  const auto stride = [&](int i) { return t.stride[static_cast<size_t>(i)]; };
+  bool ok = dim(t.ndim - 1) <= 1 || stride(t.ndim - 1) == 1;
+  for (int i = 0; i + 2 < t.ndim; ++i) {
+    if (dim(i) > 1 && stride(i) != stride(i + 1) * dim(i + 1)) ok = false;
+  }
+  if (!ok) {
+    return invalid(op, fmt::format("{} {} is not a matrix of contiguous rows", name,
+                                   t.shape_string()));
+  }
+  Mat m;
+  m.cols = dim(t.ndim - 1);
+  m.rows = 1;
+  for (int i = 0; i + 1 < t.ndim; ++i) m.rows *= dim(i);
+  m.stride = t.ndim >= 2 ? stride(t.ndim - 2) : m.cols;
+  return m;
+}
+
+Status want_dtype(const Tensor& t, DType dt, const char* op, const char* name) {
+  if (t.dtype != dt) {
+    return invalid(op, fmt::format("{} is {} but must be {}", name, dtype_name(t.dtype),
+                                   dtype_name(dt)));
+  }
+  return ok_status();
+}
+
+Status act_dtype(const Tensor& t, const char* op, const char* name) {
+  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16) {
+    return invalid(op, fmt::format("{} is {}; activations are f32 or bf16", name,
+                                   dtype_name(t.dtype)));
+  }
+  return ok_status();
+}
+
+Status on_device(const Context& ctx, const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (t->defined() && !(t->device == ctx.device)) {
+      return invalid(op, fmt::format("a tensor is on {} but the op runs on {}",
+                                     t->device.to_string(), ctx.device.to_string()));
+    }
+  }
+  if (ctx.device.is_cuda() && ctx.cuda == nullptr) return invalid(op, "no CUDA launch context");
+  return ok_status();
+}
+
+uint16_t* bf16(const Tensor& t) {
+  return static_cast<uint16_t*>(t.data);
+}
+float* f32(const Tensor& t) {
+  return static_cast<float*>(t.data);
+}
+
+// The f32 scratch of the CPU reference path (accumulating linear layers): grown, never shrunk.
+std::vector<float>& cpu_scratch(size_t n) {
+  thread_local std::vector<float> s;
+  if (s.size() < n) s.resize(n);
+  return s;
+}
+
+PagedKvBf16Params kv_bf16(const KvLayer& c, const StepArgs& s) {
+  PagedKvBf16Params p;
+  p.k_cache = bf16(c.k);
+  p.v_cache = bf16(c.v);
+  p.block_tables = s.block_tables;
+  p.max_blocks_per_seq = s.max_blocks_per_seq;
+  p.n_seqs = s.n_seqs;
+  p.n_blocks = c.k.dim(0);
+  p.block_size = c.k.dim(1);
+  p.n_heads_kv = c.k.dim(2);
+  p.head_dim = c.k.dim(3);
+  return p;
+}
+
+PagedKvParams kv_f32(const KvLayer& c, const StepArgs& s) {
+  PagedKvParams p;
+  p.k_cache = f32(c.k);
+  p.v_cache = f32(c.v);
+  p.block_tables = s.block_tables;
+  p.max_blocks_per_seq = s.max_blocks_per_seq;
+  p.n_seqs = s.n_seqs;
+  p.n_blocks = c.k.dim(0);
+  p.block_size = c.k.dim(1);
+  p.n_heads_kv = c.k.dim(2);
+  p.head_dim = c.k.dim(3);
+  return p;
+}
+
+Status check_cache(const KvLayer& c, const char* op) {
+  for (const Tensor* t : {&c.k, &c.v}) {
+    if (!t->defined() || t->ndim != 4 || !t->is_contiguous()) {
+      return invalid(op, "the KV cache layer must be contiguous [n_blocks, block_size, "
+                         "n_heads_kv, head_dim]");
+    }
+  }
+  if (c.k.shape != c.v.shape || c.k.dtype != c.v.dtype) {
+    return invalid(op, "K and V cache layers differ in shape or dtype");
+  }
+  return ok_status();
+}
+
+// The GEMM of one single-part weight through the GPU kernels (CUDA, or the CPU twin).
+Status gpu_gemm(Context& ctx, const Tensor& x, const Mat& xm, const LinearWeight& w, void* out,
+                DType out_dtype, int64_t out_stride, bool accumulate, bool gated, bool bias) {
+  const LinearWeight::Part& p = w.parts[0];
+  if (w.n_parts != 1) {
+    return invalid("linear", "bf16 activations need the weight in the device layout (one part)");
+  }
+  if (p.bias.defined() && p.bias.dtype != DType::kF32) {
+    return invalid("linear", "device-layout biases must be f32");
+  }
+  GpuLinearParams g;
+  g.x = bf16(x);
+  g.x_stride = xm.stride;
+  g.w = p.w.data;
+  g.w_dtype = p.w.dtype;
+  g.w_stride = p.w.row_stride();
+  g.w_scale = p.scale.defined() ? f32(p.scale) : nullptr;
+  g.bias = bias && p.bias.defined() ? f32(p.bias) : nullptr;
+  g.out = out;
+  g.out_dtype = out_dtype;
+  g.out_stride = out_stride;
+  g.n_tokens = xm.rows;
+  g.in_features = xm.cols;
+  g.out_features = gated ? p.w.dim(0) / 2 : p.w.dim(0);
+  g.accumulate = accumulate;
+  g.gated_silu = gated;
+  if (ctx.device.is_cpu()) return cpu::gpu_linear(g);
+#if STRATA_HAS_CUDA
+  return cuda::linear(*ctx.cuda, g);
+#else
+  return no_cuda("linear");
+#endif
+}
+
+int64_t sbi_max_tokens(const Context& ctx) {
+#if STRATA_HAS_CUDA
+  if (ctx.device.is_cuda()) return cuda::sbi_max_tokens();
+#endif
+  return kTwinSbiMaxTokens;
+}
+
+}  // namespace
+
+// ---- embed ----------------------------------------------------------------------------------
+
+Status embed(Context& ctx, const Tensor& table, const int32_t* ids, const EmbedArgs& args,
+             Tensor& x) {
+  constexpr const char* kOp = "embed";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&table, &x}));
+  STRATA_ASSIGN_OR_RETURN(Mat tm, mat(table, kOp, "table"));
+  STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(want_dtype(x, DType::kF32, kOp, "x"));
+  if (tm.cols != xm.cols) {
+    return invalid(kOp, fmt::format("table {} and x {} differ in width", table.shape_string(),
+                                    x.shape_string()));
+  }
+  if (xm.rows > 0 && ids == nullptr) return invalid(kOp, "ids is null");
+  EmbeddingParams p;
+  p.table = table.data;
+  p.table_dtype = table.dtype;
+  p.table_stride = tm.stride;
+  p.ids = ids;
+  p.out = f32(x);
+  p.out_stride = xm.stride;
+  p.n_tokens = xm.rows;
+  p.hidden = xm.cols;
+  p.vocab_offset = args.vocab_offset;
+  p.vocab_shard = tm.rows;
+  p.vocab = args.vocab;
+  p.scale = args.scale;
+  p.accumulate = args.accumulate;
+  if (ctx.device.is_cpu()) return cpu::embedding(p);
+#if STRATA_HAS_CUDA
+  return cuda::embedding(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+// ---- norm -----------------------------------------------------------------------------------
+
+Status norm(Context& ctx, Tensor& x, const NormWeight& w, const NormArgs& args, Tensor& out,
+            const Tensor* residual) {
+  constexpr const char* kOp = "norm";
+  const Tensor none;
+  const Tensor& res = residual != nullptr ? *residual : none;
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &w.w, &w.b, &out, &res}));
+  STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
+  STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
+  STRATA_RETURN_IF_ERROR(want_dtype(x, DType::kF32, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(act_dtype(out, kOp, "out"));
+  if (om.rows != xm.rows || om.cols != xm.cols) {
+    return invalid(kOp, fmt::format("x is {} but out is {}", x.shape_string(), out.shape_string()));
+  }
+  if (!w.w.defined() || w.w.numel() != xm.cols) {
+    return invalid(kOp, fmt::format("weight {} does not match hidden {}", w.w.shape_string(),
+                                    xm.cols));
+  }
+  Mat rm;
+  if (res.defined()) {
+    STRATA_ASSIGN_OR_RETURN(rm, mat(res, kOp, "residual"));
+    STRATA_RETURN_IF_ERROR(want_dtype(res, DType::kF32, kOp, "residual"));
+    if (rm.rows != xm.rows || rm.cols != xm.cols) return invalid(kOp, "residual shape differs");
+  }
+  if (out.dtype == DType::kBF16) {
+    NormBf16Params p;
+    p.kind = args.kind;
+    p.x = f32(x);
+    p.x_stride = xm.stride;
+    p.residual = res.defined() ? f32(res) : nullptr;
+    p.residual_stride = rm.stride;
+    p.weight = w.w.data;
+    p.weight_dtype = w.w.dtype;
+    p.bias = w.b.data;
+    p.bias_dtype = w.b.dtype;
+    p.out = bf16(out);
+    p.out_stride = om.stride;
+    p.n_tokens = xm.rows;
+    p.hidden = xm.cols;
+    p.eps = args.eps;
+    p.weight_offset = args.weight_offset;
+    if (ctx.device.is_cpu()) return cpu::norm_bf16(p);
+#if STRATA_HAS_CUDA
+    return cuda::norm_bf16(*ctx.cuda, p);
+#else
+    return no_cuda(kOp);
+#endif
+  }
+  // f32 out: the residual add, then the f32 norm kernel.
+  if (res.defined()) STRATA_RETURN_IF_ERROR(add(ctx, x, res, x));
+  switch (args.kind) {
+    case NormKind::kRms: {
+      RmsNormParams p;
+      p.x = f32(x);
+      p.weight = w.w.data;
+      p.weight_dtype = w.w.dtype;
+      p.out = f32(out);
+      p.n_tokens = xm.rows;
+      p.hidden = xm.cols;
+      p.x_stride = xm.stride;
+      p.out_stride = om.stride;
+      p.eps = args.eps;
+      p.weight_offset = args.weight_offset;
+      if (ctx.device.is_cpu()) return cpu::rms_norm(p);
+#if STRATA_HAS_CUDA
+      return cuda::rms_norm(*ctx.cuda, p);
+#else
+      return no_cuda(kOp);
+#endif
+    }
+    case NormKind::kLayer: {
+      LayerNormParams p;
+      p.x = f32(x);
+      p.weight = w.w.data;
+      p.weight_dtype = w.w.dtype;
+      p.bias = w.b.data;
+      p.bias_dtype = w.b.dtype;
+      p.out = f32(out);
+      p.n_tokens = xm.rows;
+      p.hidden = xm.cols;
+      p.x_stride = xm.stride;
+      p.out_stride = om.stride;
+      p.eps = args.eps;
+      if (ctx.device.is_cpu()) return cpu::layer_norm(p);
+#if STRATA_HAS_CUDA
+      return cuda::layer_norm(*ctx.cuda, p);
+#else
+      return no_cuda(kOp);
+#endif
+    }
+  }
+  return invalid(kOp, "unknown norm kind");
+}
+
+// ---- linear ---------------------------------------------------------------------------------
+
+Status linear(Context& ctx, const Tensor& x, const LinearWeight& w, Tensor& out,
+              const LinearArgs& args) {
+  constexpr const char* kOp = "linear";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &out}));
+  STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
+  STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
+  STRATA_RETURN_IF_ERROR(act_dtype(x, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(act_dtype(out, kOp, "out"));
+  if (!w.defined()) return invalid(kOp, "the weight is undefined");
+  if (w.cols() != xm.cols || om.rows != xm.rows || om.cols != w.rows()) {
+    return invalid(kOp, fmt::format("x {} and out {} do not fit a [{}, {}] weight",
+                                    x.shape_string(), out.shape_string(), w.rows(), w.cols()));
+  }
+  if (args.accumulate && out.dtype != DType::kF32) return invalid(kOp, "accumulate needs f32 out");
+  if (x.dtype == DType::kBF16) {
+    return gpu_gemm(ctx, x, xm, w, out.data, out.dtype, om.stride, args.accumulate, false,
+                    args.bias);
+  }
+  // The f32 reference: each part into its columns of out (through a scratch when accumulating).
+  if (!ctx.device.is_cpu()) return invalid(kOp, "f32 activations run on the CPU only");
+  STRATA_RETURN_IF_ERROR(want_dtype(out, DType::kF32, kOp, "out"));
+  Tensor target = out;
+  if (args.accumulate) {
+    std::vector<float>& s = cpu_scratch(static_cast<size_t>(om.rows * om.cols));
+    target = Tensor::make(s.data(), DType::kF32, {om.rows, om.cols});
+  }
+  int64_t r0 = 0;
+  for (int i = 0; i < w.n_parts; ++i) {
+    const LinearWeight::Part& p = w.parts[static_cast<size_t>(i)];
+    const int64_t r1 = r0 + p.w.dim(0);
+    Tensor cols = target.slice_cols(r0, r1);
+    if (p.scale.defined()) return invalid(kOp, "scaled (int8/fp8) weights need bf16 activations");
+    STRATA_RETURN_IF_ERROR(
+        ref::linear(x, p.w, args.bias ? p.bias : Tensor{}, cols).with_context(kOp));
+    r0 = r1;
+  }
+  if (args.accumulate) STRATA_RETURN_IF_ERROR(add(ctx, out, target, out));
+  return ok_status();
+}
+
+Status linear_act(Context& ctx, const Tensor& x, const LinearWeight& w, Activation act, bool gated,
+                  Tensor& scratch, Tensor& out) {
+  constexpr const char* kOp = "linear_act";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &scratch, &out}));
+  STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
+  STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
+  STRATA_ASSIGN_OR_RETURN(Mat sm, mat(scratch, kOp, "scratch"));
+  const int64_t F = gated ? w.rows() / 2 : w.rows();
+  if ((gated && w.rows() % 2 != 0) || om.cols != F || om.rows != xm.rows) {
+    return invalid(kOp, fmt::format("out {} does not fit a {} weight of {} rows",
+                                    out.shape_string(), gated ? "gated" : "plain", w.rows()));
+  }
+  if (sm.rows < xm.rows || sm.cols < w.rows()) {
+    return invalid(kOp, fmt::format("scratch {} is smaller than [{}, {}]", scratch.shape_string(),
+                                    xm.rows, w.rows()));
+  }
+  if (x.dtype == DType::kF32) {
+    STRATA_RETURN_IF_ERROR(want_dtype(out, DType::kF32, kOp, "out"));
+    if (!gated) {
+      STRATA_RETURN_IF_ERROR(linear(ctx, x, w, out));
+      ActParams p{f32(out), om.stride, om.rows, om.cols, act};
+      return cpu::act(p);
+    }
+    STRATA_RETURN_IF_ERROR(want_dtype(scratch, DType::kF32, kOp, "scratch"));
+    Tensor gu = Tensor::make(scratch.data, DType::kF32, {xm.rows, 2 * F}, ctx.device);
+    gu.stride[0] = sm.stride;
+    STRATA_RETURN_IF_ERROR(linear(ctx, x, w, gu));
+    GatedActParams p;
+    p.gate = f32(gu);
+    p.gate_stride = sm.stride;
+    p.up = f32(gu) + F;
+    p.up_stride = sm.stride;
+    p.out = f32(out);
+    p.out_stride = om.stride;
+    p.n_tokens = xm.rows;
+    p.ffn_dim = F;
+    p.act = act;
+    return cpu::gated_act(p);
+  }
+  // bf16: the GPU layout. SiLU-gated MLPs of few tokens run as one SBI-GeMM with the activation in
+  // its epilogue; otherwise the GEMM writes bf16 and one kernel applies the activation.
+  STRATA_RETURN_IF_ERROR(want_dtype(x, DType::kBF16, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(want_dtype(out, DType::kBF16, kOp, "out"));
+  if (gated && act == Activation::kSilu && xm.rows <= sbi_max_tokens(ctx)) {
+    return gpu_gemm(ctx, x, xm, w, out.data, DType::kBF16, om.stride, false, true, true);
+  }
+  STRATA_RETURN_IF_ERROR(want_dtype(scratch, DType::kBF16, kOp, "scratch"));
+  STRATA_RETURN_IF_ERROR(
+      gpu_gemm(ctx, x, xm, w, scratch.data, DType::kBF16, sm.stride, false, false, true));
+  GatedActBf16Params p;
+  p.gated = gated;
+  p.in_bf16 = bf16(scratch);
+  p.in_stride = sm.stride;
+  p.out = bf16(out);
+  p.out_stride = om.stride;
+  p.n_tokens = xm.rows;
+  p.ffn_dim = F;
+  p.act = act;
+  if (ctx.device.is_cpu()) return cpu::gated_act_bf16(p);
+#if STRATA_HAS_CUDA
+  return cuda::gated_act_bf16(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+// ---- RoPE + KV append -----------------------------------------------------------------------
+
+Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, const RopeArgs& args,
+                      KvLayer& cache, Tensor& q_out) {
+  constexpr const char* kOp = "rope_kv_append";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&qkv, &cache.k, &cache.v, &q_out}));
+  STRATA_RETURN_IF_ERROR(check_cache(cache, kOp));
+  STRATA_ASSIGN_OR_RETURN(Mat qm, mat(qkv, kOp, "qkv"));
+  STRATA_RETURN_IF_ERROR(want_dtype(qkv, DType::kF32, kOp, "qkv"));
+  if (q_out.ndim != 3 || q_out.stride[2] != 1 || q_out.stride[1] != q_out.shape[2]) {
+    return invalid(kOp, "q_out must be [n_tokens, n_heads, head_dim] with contiguous heads");
+  }
+  const int64_t n = q_out.dim(0), hq = q_out.dim(1), D = q_out.dim(2);
+  const int64_t hkv = cache.k.dim(2);
+  if (cache.k.dim(3) != D || qm.cols != (hq + 2 * hkv) * D || qm.rows != n ||
+      n != step.n_tokens) {
+    return invalid(kOp, fmt::format("qkv {} does not hold {} query and 2 x {} KV heads of {} for "
+                                    "{} tokens",
+                                    qkv.shape_string(), hq, hkv, D, step.n_tokens));
+  }
+  if (args.rotary_dim > 0 && (args.inv_freq == nullptr || !args.inv_freq->defined())) {
+    return invalid(kOp, "rotary_dim > 0 needs inv_freq");
+  }
+  const float* inv_freq = args.rotary_dim > 0 ? f32(*args.inv_freq) : nullptr;
+  const float* qn = args.q_norm != nullptr && args.q_norm->defined() ? f32(args.q_norm->w) : nullptr;
+  const float* kn = args.k_norm != nullptr && args.k_norm->defined() ? f32(args.k_norm->w) : nullptr;
+  for (const NormWeight* nw : {args.q_norm, args.k_norm}) {
+    if (nw != nullptr && nw->defined() && (nw->w.dtype != DType::kF32 || nw->w.numel() != D)) {
+      return invalid(kOp, "q/k norm weights must be f32 [head_dim]");
+    }
+  }
+  if (q_out.dtype == DType::kBF16) {
+    if (cache.k.dtype != DType::kBF16) return invalid(kOp, "bf16 q_out needs a bf16 cache");
+    RopeKvAppendParams p;
+    p.qkv = f32(qkv);
+    p.qkv_stride = qm.stride;
+    p.q_out = bf16(q_out);
+    p.q_out_stride = q_out.stride[0];
+    p.token_seq = step.token_seq;
+    p.token_pos = step.token_pos;
+    p.n_tokens = n;
+    p.n_heads = hq;
+    p.inv_freq = inv_freq;
+    p.rotary_dim = args.rotary_dim;
+    p.neox_style = args.neox_style;
+    p.q_norm = qn;
+    p.k_norm = kn;
+    p.norm_eps = args.norm_eps;
+    p.norm_weight_offset = args.norm_weight_offset;
+    p.cache = kv_bf16(cache, step);
+    if (ctx.device.is_cpu()) return cpu::rope_kv_append(p);
+#if STRATA_HAS_CUDA
+    return cuda::rope_kv_append(*ctx.cuda, p);
+#else
+    return no_cuda(kOp);
+#endif
+  }
+  // f32 reference: q copied out, then per-head norms and rotation in place (q_out, and k inside
+  // the qkv rows), then the append.
+  if (!ctx.device.is_cpu()) return invalid(kOp, "f32 activations run on the CPU only");
+  STRATA_RETURN_IF_ERROR(want_dtype(q_out, DType::kF32, kOp, "q_out"));
+  STRATA_RETURN_IF_ERROR(want_dtype(cache.k, DType::kF32, kOp, "cache"));
+  STRATA_RETURN_IF_ERROR(cpu::copy_rows({.src = qkv.data,
+                                         .src_stride = qm.stride * 4,
+                                         .dst = q_out.data,
+                                         .dst_stride = q_out.stride[0] * 4,
+                                         .row_bytes = hq * D * 4,
+                                         .rows = n}));
+  float* k = f32(qkv) + hq * D;
+  float* v = k + hkv * D;
+  for (int64_t t = 0; t < n; ++t) {
+    for (auto [w, base, heads] : {std::tuple{qn, f32(q_out) + t * q_out.stride[0], hq},
+                                  std::tuple{kn, k + t * qm.stride, hkv}}) {
+      if (w == nullptr) continue;
+      RmsNormParams p;
+      p.x = base;
+      p.weight = w;
+      p.weight_dtype = DType::kF32;
+      p.out = base;
+      p.n_tokens = heads;
+      p.hidden = D;
+      p.x_stride = D;
+      p.out_stride = D;
+      p.eps = args.norm_eps;
+      p.weight_offset = args.norm_weight_offset;
+      STRATA_RETURN_IF_ERROR(cpu::rms_norm(p));
+    }
+  }
+  if (args.rotary_dim > 0) {
+    RopeKernelParams r;
+    r.n_tokens = n;
+    r.head_dim = D;
+    r.positions = step.token_pos;
+    r.inv_freq = inv_freq;
+    r.rotary_dim = args.rotary_dim;
+    r.neox_style = args.neox_style;
+    r.x = f32(q_out);
+    r.token_stride = q_out.stride[0];
+    r.head_stride = D;
+    r.n_heads = hq;
+    STRATA_RETURN_IF_ERROR(cpu::rope(r));
+    r.x = k;
+    r.token_stride = qm.stride;
+    r.n_heads = hkv;
+    STRATA_RETURN_IF_ERROR(cpu::rope(r));
+  }
+  KvAppendParams a;
+  a.k = k;
+  a.k_stride = qm.stride;
+  a.v = v;
+  a.v_stride = qm.stride;
+  a.token_seq = step.token_seq;
+  a.token_pos = step.token_pos;
+  a.n_tokens = n;
+  a.cache = kv_f32(cache, step);
+  return cpu::kv_append(a);
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+Status attention(Context& ctx, const Tensor& q, const StepArgs& step, const KvLayer& cache,
+                 const AttentionArgs& args, Tensor& out) {
+  constexpr const char* kOp = "attention";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&q, &cache.k, &cache.v, &out}));
+  STRATA_RETURN_IF_ERROR(check_cache(cache, kOp));
+  if (q.ndim != 3 || q.stride[2] != 1 || q.stride[1] != q.shape[2]) {
+    return invalid(kOp, "q must be [n_tokens, n_heads, head_dim] with contiguous heads");
+  }
+  STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
+  const int64_t n = q.dim(0), hq = q.dim(1), D = q.dim(2);
+  if (om.rows != n || om.cols != hq * D || n != step.n_tokens || cache.k.dim(3) != D) {
+    return invalid(kOp, fmt::format("q {}, out {} and the cache head_dim {} disagree",
+                                    q.shape_string(), out.shape_string(), cache.k.dim(3)));
+  }
+  if (q.dtype != out.dtype || q.dtype != cache.k.dtype) {
+    return invalid(kOp, "q, out and the cache must share one dtype");
+  }
+  if (q.dtype == DType::kBF16) {
+    VarlenAttentionParams p;
+    p.q = bf16(q);
+    p.q_stride = q.stride[0];
+    p.out = bf16(out);
+    p.out_stride = om.stride;
+    p.cu_q = step.cu_q;
+    p.kv_len = step.kv_len;
+    p.n_seqs = step.n_seqs;
+    p.n_heads = hq;
+    p.max_q_len = step.max_q_len;
+    p.max_kv_len = step.max_kv_len;
+    p.cache = kv_bf16(cache, step);
+    p.scale = args.scale;
+    p.sliding_window = args.sliding_window;
+    p.logit_softcap = args.logit_softcap;
+    p.workspace = args.workspace.data;
+    p.workspace_bytes = args.workspace.defined() ? static_cast<size_t>(args.workspace.nbytes()) : 0;
+    if (ctx.device.is_cpu()) return cpu::varlen_attention(p);
+#if STRATA_HAS_CUDA
+    return cuda::varlen_attention(*ctx.cuda, p);
+#else
+    return no_cuda(kOp);
+#endif
+  }
+  if (!ctx.device.is_cpu()) return invalid(kOp, "f32 activations run on the CPU only");
+  STRATA_RETURN_IF_ERROR(want_dtype(q, DType::kF32, kOp, "q"));
+  AttentionKernelParams p;
+  p.q = f32(q);
+  p.q_stride = q.stride[0];
+  p.out = f32(out);
+  p.out_stride = om.stride;
+  p.token_seq = step.token_seq;
+  p.token_pos = step.token_pos;
+  p.n_tokens = n;
+  p.n_heads = hq;
+  p.cache = kv_f32(cache, step);
+  p.scale = args.scale;
+  p.sliding_window = args.sliding_window;
+  p.logit_softcap = args.logit_softcap;
+  return cpu::attention(p);
+}
+
+// ---- element-wise ---------------------------------------------------------------------------
+
+Status add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
+  constexpr const char* kOp = "add";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&a, &b, &out}));
+  STRATA_ASSIGN_OR_RETURN(Mat am, mat(a, kOp, "a"));
+  STRATA_ASSIGN_OR_RETURN(Mat bm, mat(b, kOp, "b"));
+  STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&a, &b, &out}) {
+    STRATA_RETURN_IF_ERROR(want_dtype(*t, DType::kF32, kOp, "operand"));
+  }
+  if (am.rows != bm.rows || am.cols != bm.cols || am.rows != om.rows || am.cols != om.cols) {
+    return invalid(kOp, fmt::format("{} + {} -> {}", a.shape_string(), b.shape_string(),
+                                    out.shape_string()));
+  }
+  AddParams p{f32(a), am.stride, f32(b), bm.stride, f32(out), om.stride, am.rows, am.cols};
+  if (ctx.device.is_cpu()) return cpu::add(p);
+#if STRATA_HAS_CUDA
+  return cuda::add(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status add_bias(Context& ctx, Tensor& x, const Tensor& bias) {
+  constexpr const char* kOp = "add_bias";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &bias}));
+  STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(want_dtype(x, DType::kF32, kOp, "x"));
+  if (!bias.defined() || bias.numel() != xm.cols) return invalid(kOp, "bias width differs from x");
+  AddBiasParams p{f32(x), xm.stride, bias.data, bias.dtype, xm.rows, xm.cols};
+  if (ctx.device.is_cpu()) return cpu::add_bias(p);
+#if STRATA_HAS_CUDA
+  return cuda::add_bias(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status softcap(Context& ctx, Tensor& x, float cap) {
+  constexpr const char* kOp = "softcap";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x}));
+  STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(want_dtype(x, DType::kF32, kOp, "x"));
+  SoftcapParams p{f32(x), xm.stride, xm.rows, xm.cols, cap};
+  if (ctx.device.is_cpu()) return cpu::softcap(p);
+#if STRATA_HAS_CUDA
+  return cuda::softcap(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status argmax(Context& ctx, const Tensor& x, Tensor& ids) {
+  constexpr const char* kOp = "argmax";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &ids}));
+  STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(want_dtype(x, DType::kF32, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(want_dtype(ids, DType::kI32, kOp, "ids"));
+  if (ids.numel() < xm.rows) return invalid(kOp, "ids has fewer entries than x has rows");
+  ArgmaxParams p{f32(x), xm.stride, xm.rows, xm.cols, static_cast<int32_t*>(ids.data)};
+  if (ctx.device.is_cpu()) return cpu::argmax(p);
+#if STRATA_HAS_CUDA
+  return cuda::argmax(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status copy(Context& ctx, const Tensor& src, Tensor& dst) {
+  constexpr const char* kOp = "copy";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&src, &dst}));
+  STRATA_ASSIGN_OR_RETURN(Mat sm, mat(src, kOp, "src"));
+  STRATA_ASSIGN_OR_RETURN(Mat dm, mat(dst, kOp, "dst"));
+  if (src.dtype != dst.dtype || sm.rows != dm.rows || sm.cols != dm.cols) {
+    return invalid(kOp, fmt::format("{} {} -> {} {}", dtype_name(src.dtype), src.shape_string(),
+                                    dtype_name(dst.dtype), dst.shape_string()));
+  }
+  CopyRowsParams p;
+  p.src = src.data;
+  p.src_stride = dtype_bytes(src.dtype, sm.stride);
+  p.dst = dst.data;
+  p.dst_stride = dtype_bytes(dst.dtype, dm.stride);
+  p.row_bytes = dtype_bytes(src.dtype, sm.cols);
+  p.rows = sm.rows;
+  if (ctx.device.is_cpu()) return cpu::copy_rows(p);
+#if STRATA_HAS_CUDA
+  return cuda::copy_rows(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+Status upload(Context& ctx, const void* host, Tensor& dst) {
+  constexpr const char* kOp = "upload";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&dst}));
+  if (!dst.is_contiguous()) return invalid(kOp, "dst must be contiguous");
+  const auto bytes = static_cast<size_t>(dst.nbytes());
+  if (bytes > 0 && host == nullptr) return invalid(kOp, "null host pointer");
+  if (ctx.device.is_cpu()) {
+    if (bytes > 0) std::memcpy(dst.data, host, bytes);
+    return ok_status();
+  }
+#if STRATA_HAS_CUDA
+  return cuda::copy_h2d(*ctx.cuda, dst.data, host, bytes);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status download(Context& ctx, const Tensor& src, void* host) {
+  constexpr const char* kOp = "download";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&src}));
+  if (!src.is_contiguous()) return invalid(kOp, "src must be contiguous");
+  const auto bytes = static_cast<size_t>(src.nbytes());
+  if (bytes > 0 && host == nullptr) return invalid(kOp, "null host pointer");
+  if (ctx.device.is_cpu()) {
+    if (bytes > 0) std::memcpy(host, src.data, bytes);
+    return ok_status();
+  }
+#if STRATA_HAS_CUDA
+  return cuda::copy_d2h(*ctx.cuda, host, src.data, bytes);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status synchronize(Context& ctx) {
+  if (ctx.device.is_cpu()) return ok_status();
+#if STRATA_HAS_CUDA
+  return cuda::stream_synchronize(*ctx.cuda);
+#else
+  return no_cuda("synchronize");
+#endif
+}
+
+Status fill_random(Context& ctx, Tensor& dst, uint64_t seed, float scale) {
+  constexpr const char* kOp = "fill_random";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&dst}));
+  STRATA_RETURN_IF_ERROR(want_dtype(dst, DType::kBF16, kOp, "dst"));
+  if (!dst.is_contiguous()) return invalid(kOp, "dst must be contiguous");
+  if (ctx.device.is_cpu()) return cpu::fill_random_bf16(bf16(dst), dst.numel(), seed, scale);
+#if STRATA_HAS_CUDA
+  return cuda::fill_random_bf16(*ctx.cuda, bf16(dst), dst.numel(), seed, scale);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status quantize_rows(Context& ctx, const Tensor& w_bf16, Tensor& q, Tensor& scale) {
+  constexpr const char* kOp = "quantize_rows";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&w_bf16, &q, &scale}));
+  STRATA_RETURN_IF_ERROR(want_dtype(w_bf16, DType::kBF16, kOp, "w"));
+  STRATA_RETURN_IF_ERROR(want_dtype(scale, DType::kF32, kOp, "scale"));
+  if (q.dtype != DType::kI8 && q.dtype != DType::kFP8E4M3) {
+    return invalid(kOp, fmt::format("q is {}; quantize to i8 or fp8_e4m3", dtype_name(q.dtype)));
+  }
+  if (w_bf16.ndim != 2 || !w_bf16.is_contiguous() || !q.is_contiguous() ||
+      q.shape != w_bf16.shape || scale.numel() != w_bf16.dim(0)) {
+    return invalid(kOp, "w, q must be contiguous [rows, cols] and scale [rows]");
+  }
+  const int64_t rows = w_bf16.dim(0), cols = w_bf16.dim(1);
+  if (ctx.device.is_cpu()) {
+    return cpu::quantize_rows(bf16(w_bf16), rows, cols, q.dtype, q.data, f32(scale));
+  }
+#if STRATA_HAS_CUDA
+  return cuda::quantize_rows(*ctx.cuda, bf16(w_bf16), rows, cols, q.dtype, q.data, f32(scale));
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+// ---- collectives ------------------------------------------------------------------------------
+
+Status all_reduce(Context& ctx, Communicator& comm, Tensor& x) {
+  constexpr const char* kOp = "all_reduce";
+  if (comm.size() == 1) return ok_status();
+  STRATA_RETURN_IF_ERROR(want_dtype(x, DType::kF32, kOp, "x"));
+  if (!x.is_contiguous()) return invalid(kOp, "x must be contiguous");
+  if (!ctx.device.is_cpu()) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: collectives on {} tensors need a device communicator (not yet built)", kOp,
+                  ctx.device.to_string());
+  }
+  return comm.all_reduce_sum(f32(x), x.numel());
+}
+
+Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv) {
+  constexpr const char* kOp = "all_gather";
+  STRATA_RETURN_IF_ERROR(want_dtype(send, DType::kF32, kOp, "send"));
+  STRATA_RETURN_IF_ERROR(want_dtype(recv, DType::kF32, kOp, "recv"));
+  if (!send.is_contiguous() || !recv.is_contiguous() ||
+      recv.numel() != send.numel() * comm.size()) {
+    return invalid(kOp, "recv must hold size() contiguous copies of send");
+  }
+  if (comm.size() == 1) return copy(ctx, send, recv);
+  if (!ctx.device.is_cpu()) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: collectives on {} tensors need a device communicator (not yet built)", kOp,
+                  ctx.device.to_string());
+  }
+  return comm.all_gather(f32(send), send.numel(), f32(recv));
+}
+
+}  // namespace strata::ops

@@ -1,0 +1,56 @@
+// DeviceRuntime: what the model runner needs from the device it runs on, behind one interface
+// (llama.cpp's backend habit): the ops context (stream, handles), device memory, host staging
+// memory (pinned on a GPU), memory numbers, and the step runner — on CUDA a cache of captured
+// graphs keyed by the step's shape, replayed over fixed buffers; on the CPU the step just runs.
+// The CUDA implementation (device_runtime_cuda.cpp) is compiled only with CUDA.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "core/buffer.h"
+#include "core/device.h"
+#include "ops/ops.h"
+#include "strata/status.h"
+
+namespace strata {
+
+class DeviceRuntime {
+ public:
+  // The CPU, or CUDA device N (kNotFound without a GPU; kUnimplemented in a build without CUDA).
+  // `profile`: time the named sections of eager launches (CUDA events) and print a table at exit.
+  static Result<std::unique_ptr<DeviceRuntime>> create(Device device, bool profile);
+  virtual ~DeviceRuntime() = default;
+
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  virtual ops::Context& ctx() = 0;
+  virtual Allocator& allocator() = 0;                          // memory on the device
+  virtual Result<Buffer> allocate_staging(size_t bytes) = 0;   // host memory for transfers
+  virtual Result<DeviceMemoryInfo> memory_info() const = 0;
+  virtual Status make_current() = 0;  // before launching from a new host thread
+  // Split-K attention scratch the device's attention kernels can use at these sizes (0: none).
+  virtual size_t attention_workspace_bytes(int64_t max_seqs, int64_t n_heads, int64_t head_dim,
+                                           int64_t max_kv_len) const = 0;
+
+  // Runs `body` (device work on ctx()'s stream). With graphs, the first call of a key runs body
+  // once eagerly (module loads, library tuning), then captures it as a graph, and every call
+  // replays that graph; body must then read only the fixed buffers it captured.
+  virtual Status run(bool graph, std::pair<int64_t, int64_t> key,
+                     const std::function<Status()>& body) = 0;
+  virtual bool supports_graphs() const = 0;
+  virtual int64_t graph_captures() const = 0;
+  virtual int64_t graph_replays() const = 0;
+  // Labels the profiled sections of the next step (decode steps and other passes apart).
+  virtual void begin_step(bool decode) { (void)decode; }
+  // After a synchronize: folds finished profiled sections into the totals.
+  virtual void collect_profile() {}
+};
+
+// The CUDA implementation (device_runtime_cuda.cpp; kUnimplemented without CUDA).
+Result<std::unique_ptr<DeviceRuntime>> make_cuda_runtime(int index, bool profile);
+
+}  // namespace strata
