@@ -8,9 +8,6 @@
 #include <cstring>
 #include <vector>
 
-#include "backends/cpu/cpu_kernels.h"
-#include "backends/cpu/quant.h"
-#include "core/half.h"
 #include "core/status.h"
 #include "model/model.h"
 #include "model/rope.h"
@@ -21,23 +18,6 @@ namespace {
 
 // std of N(0, 0.02) from a uniform: half-width 0.02 * sqrt(3).
 constexpr float kRandomScale = 0.0346410f;
-
-// Host row r of a weight tensor as f32 (float dtypes element-wise, GGUF blocks dequantized).
-Status host_row_f32(const Tensor& t, int64_t r, float* dst) {
-  const int64_t cols = t.cols();
-  const char* base = static_cast<const char*>(t.data);
-  const void* row = base + dtype_bytes(t.dtype, r * t.row_stride());
-  if (dtype_info(t.dtype).is_quantized || t.dtype == DType::kF32 || t.dtype == DType::kF16 ||
-      t.dtype == DType::kBF16) {
-    return cpu::dequantize_row(t.dtype, row, dst, cols);
-  }
-  if (t.dtype == DType::kFP8E4M3) {
-    for (int64_t c = 0; c < cols; ++c) dst[c] = cpu::load_as_f32(row, t.dtype, c);
-    return ok_status();
-  }
-  return errorf(StatusCode::kUnimplemented, "weights of dtype {} cannot be uploaded",
-                dtype_name(t.dtype));
-}
 
 class Uploader {
  public:
@@ -69,9 +49,7 @@ class Uploader {
       if (host->numel() != n) {
         return errorf(StatusCode::kInternal, "{} has {} values, expected {}", what, host->numel(), n);
       }
-      for (int64_t i = 0; i < n; ++i) {
-        v[static_cast<size_t>(i)] = cpu::load_as_f32(host->data, host->dtype, i);
-      }
+      STRATA_RETURN_IF_ERROR(ops::host_to_f32(*host, v.data()));
     }
     return f32_vector(v, what);
   }
@@ -106,19 +84,14 @@ class Uploader {
           ops::fill_random(ctx_, bf, layout_.seed * 1000003ull + next_id_++, kRandomScale));
     } else {
       std::vector<uint16_t> h(n);
-      std::vector<float> row(static_cast<size_t>(cols));
       int64_t r0 = 0;
       for (int i = 0; i < host->n_parts; ++i) {
         const Tensor& t = host->parts[static_cast<size_t>(i)].w;
-        if (t.cols() != cols) {
-          return errorf(StatusCode::kInternal, "{} part has {} columns, expected {}", what,
-                        t.cols(), cols);
+        if (t.cols() != cols || r0 + t.dim(0) > rows) {
+          return errorf(StatusCode::kInternal, "{} part {} is {}, expected [<= {}, {}]", what, i,
+                        t.shape_string(), rows - r0, cols);
         }
-        for (int64_t r = 0; r < t.dim(0); ++r) {
-          STRATA_RETURN_IF_ERROR(host_row_f32(t, r, row.data()));
-          uint16_t* dst = h.data() + (r0 + r) * cols;
-          for (int64_t c = 0; c < cols; ++c) dst[c] = f32_to_bf16(row[static_cast<size_t>(c)]);
-        }
+        STRATA_RETURN_IF_ERROR(ops::host_rows_to_bf16(t, h.data() + r0 * cols).with_context(what));
         r0 += t.dim(0);
       }
       if (r0 != rows) {
@@ -141,10 +114,9 @@ class Uploader {
       b.reserve(static_cast<size_t>(rows));
       for (int i = 0; host != nullptr && i < host->n_parts; ++i) {
         const LinearWeightPart& p = host->parts[static_cast<size_t>(i)];
-        const int64_t pr = p.w.dim(0);
-        for (int64_t j = 0; j < pr; ++j) {
-          b.push_back(p.bias.defined() ? cpu::load_as_f32(p.bias.data, p.bias.dtype, j) : 0.0f);
-        }
+        const size_t at = b.size();
+        b.resize(at + static_cast<size_t>(p.w.dim(0)), 0.0f);
+        if (p.bias.defined()) STRATA_RETURN_IF_ERROR(ops::host_to_f32(p.bias, b.data() + at));
       }
       b.resize(static_cast<size_t>(rows), 0.0f);
       STRATA_ASSIGN_OR_RETURN(bias, f32_vector(b, "bias"));

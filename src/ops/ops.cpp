@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/quant.h"
+#include "core/half.h"
 #include "core/status.h"
 #include "fmt/format.h"
 #include "ops/reference.h"
@@ -735,6 +737,40 @@ Status download(Context& ctx, const Tensor& src, void* host) {
 #else
   return no_cuda(kOp);
 #endif
+}
+
+Status host_rows_to_bf16(const Tensor& t, uint16_t* dst) {
+  constexpr const char* kOp = "host_rows_to_bf16";
+  if (!t.device.is_cpu()) return invalid(kOp, "the tensor must be in host memory");
+  STRATA_ASSIGN_OR_RETURN(Mat m, mat(t, kOp, "t"));
+  const DTypeInfo& info = dtype_info(t.dtype);
+  if (!info.is_float && !info.is_quantized) {
+    return errorf(StatusCode::kUnimplemented, "weights of dtype {} cannot be converted",
+                  dtype_name(t.dtype));
+  }
+  std::vector<float> row(static_cast<size_t>(m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    const void* src = static_cast<const char*>(t.data) + dtype_bytes(t.dtype, r * m.stride);
+    if (t.dtype == DType::kFP8E4M3) {
+      for (int64_t c = 0; c < m.cols; ++c) row[static_cast<size_t>(c)] = cpu::load_as_f32(src, t.dtype, c);
+    } else {
+      STRATA_RETURN_IF_ERROR(cpu::dequantize_row(t.dtype, src, row.data(), m.cols));
+    }
+    uint16_t* d = dst + r * m.cols;
+    for (int64_t c = 0; c < m.cols; ++c) d[c] = f32_to_bf16(row[static_cast<size_t>(c)]);
+  }
+  return ok_status();
+}
+
+Status host_to_f32(const Tensor& t, float* dst) {
+  constexpr const char* kOp = "host_to_f32";
+  if (!t.device.is_cpu()) return invalid(kOp, "the tensor must be in host memory");
+  if (!t.is_contiguous() || !dtype_info(t.dtype).is_float) {
+    return invalid(kOp, fmt::format("{} {} is not a contiguous float tensor", dtype_name(t.dtype),
+                                    t.shape_string()));
+  }
+  for (int64_t i = 0; i < t.numel(); ++i) dst[i] = cpu::load_as_f32(t.data, t.dtype, i);
+  return ok_status();
 }
 
 Status synchronize(Context& ctx) {

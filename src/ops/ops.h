@@ -206,6 +206,12 @@ Status copy(Context& ctx, const Tensor& src, Tensor& dst);
 // (the host memory must stay valid until synchronize()).
 Status upload(Context& ctx, const void* host, Tensor& dst);
 Status download(Context& ctx, const Tensor& src, void* host);
+// Host-side conversions for building a device layout (no Context: they read host memory).
+// dst[r, :] = bf16(t[r, :]) for every row of a host 2-D tensor of any float dtype or GGUF block
+// type (blocks dequantized); dst holds rows x cols values, contiguous.
+Status host_rows_to_bf16(const Tensor& t, uint16_t* dst);
+// dst[i] = t[i] as f32 for a contiguous host tensor of any float dtype.
+Status host_to_f32(const Tensor& t, float* dst);
 // Waits for everything queued on the ops' stream.
 Status synchronize(Context& ctx);
 // dst (bf16, contiguous) = uniform(-scale, scale) from a counter-based hash of (seed, index):
