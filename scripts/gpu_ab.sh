@@ -14,19 +14,20 @@ BATCH=${BATCH:-1,16,64}
 CTX=${CTX:-256}
 PREFILL=${PREFILL:-1x2048,8x2048}
 ROUNDS=${ROUNDS:-3}
-mkdir -p "$OUT/ab"
+RAW=$(mktemp -d)  # per-round files stay here; the summary (all samples) goes to $OUT
+mkdir -p "$OUT"
 for r in $(seq 1 "$ROUNDS"); do
   for side in A B; do
     bin=$A
     [ "$side" = B ] && bin=$B
     "$bin" bench --device cuda --model-config "$MODEL" --batch "$BATCH" --ctx "$CTX" \
-      --prefill "$PREFILL" -r 5 --json "$OUT/ab/${side}_$r.json" > "$OUT/ab/${side}_$r.txt" 2>&1 ||
-      { echo "$side round $r failed"; tail -n 5 "$OUT/ab/${side}_$r.txt"; }
+      --prefill "$PREFILL" -r 5 --json "$RAW/${side}_$r.json" > "$RAW/${side}_$r.txt" 2>&1 ||
+      { echo "$side round $r failed"; tail -n 5 "$RAW/${side}_$r.txt"; }
   done
 done
-python3 - "$OUT/ab" "$ROUNDS" <<'EOF'
+python3 - "$RAW" "$ROUNDS" "$OUT/ab_summary.json" <<'EOF'
 import json, statistics, sys
-d, rounds = sys.argv[1], int(sys.argv[2])
+d, rounds, dest = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def load(side):
     rows = {}
     for r in range(1, rounds + 1):
@@ -49,5 +50,5 @@ for k in sorted(a):
     print(f"| {k[0]} | {k[1]} | {k[2]} | {ma:.3f} | {mb:.3f} | {mb / ma:.4f} |")
     out.append({"test": k[0], "batch": k[1], "tokens": k[2], "A_ms": a[k], "B_ms": b[k],
                 "A_median": ma, "B_median": mb, "ratio_B_over_A": mb / ma})
-json.dump(out, open(f"{d}/ab_summary.json", "w"), indent=1)
+json.dump(out, open(dest, "w"), indent=1)
 EOF

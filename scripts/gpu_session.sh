@@ -3,7 +3,9 @@
 # test_cuda and the op table), compute-sanitizer memcheck of the model-level tests, the benchmark
 # beside the PyTorch peer (scripts/gpu_bench.sh) and the offline-throughput run
 # (scripts/gpu_serve_bench.sh). Stages are chosen with STAGES (default "tests memcheck bench
-# serve"); logs and JSON go to $OUT (or ./gpu_out), a summary table prints last.
+# serve"); everything is written to a scratch folder and comes back in $OUT (or ./gpu_out) as
+# few files (the device tool returns at most 8): logs.tgz with every log and JSON, plus the bench
+# report, the test JSON and summary.txt; a summary prints last.
 #
 # Binaries: BUILD (default build-gpu) is used as is when it holds strata and tests/test_cuda
 # (carried from a machine with the same toolkit: the device tool's `carry`); otherwise it is
@@ -15,11 +17,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-$PWD/gpu_out}
+FINAL=${OUT:-$PWD/gpu_out}
+OUT=$(mktemp -d)
 BUILD=${BUILD:-build-gpu}
 STAGES=${STAGES:-tests memcheck bench serve}
 SRC_ROOT=${SRC_ROOT:-/work/main}
-mkdir -p "$OUT"
+mkdir -p "$FINAL"
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -75,5 +78,9 @@ if has serve; then
   grep -E "throughput|tok/s" "$OUT/serve.log" | tail -n 10
 fi
 stamp "done (rc=$rc)"
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$FINAL/summary.txt"
+tar czf "$FINAL/logs.tgz" -C "$OUT" . 2>/dev/null
+for f in report.json test_cuda.json throughput_none.json throughput_fp8.json; do
+  [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"
+done
 exit $rc
