@@ -18,7 +18,7 @@
 #include <string>
 
 #include "commands.h"
-#include "strata/engine.h"
+#include "strata/bench.h"
 
 namespace strata::app {
 
@@ -86,7 +86,7 @@ bool parse_bxl(const std::string& s, int64_t* b, int64_t* l) {
   }
 }
 
-int run_llama_bench(const BenchOptions& opt, Engine& e) {
+int run_llama_bench(const BenchOptions& opt, Benchmark& e) {
   const ModelInfo& info = e.info();
   const int threads = opt.engine.num_threads > 0 ? opt.engine.num_threads : omp_get_max_threads();
   const bool to_stdout = opt.json_path == "-";
@@ -160,7 +160,7 @@ int run_llama_bench(const BenchOptions& opt, Engine& e) {
   return 0;
 }
 
-int run_engine_bench(const BenchOptions& opt, Engine& e) {
+int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
   const ModelInfo& info = e.info();
   const bool to_stdout = opt.json_path == "-";
   const double peak_tflops =
@@ -353,7 +353,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
            return report(
                Status(StatusCode::kInvalidArgument, "give a model (-m) or --model-config"));
          }
-         if (!o.engine.model_config.empty()) o.engine.load_format = "dummy";
+         if (!o.engine.model_config.empty()) o.engine.load_format = LoadFormat::kDummy;
          const bool engine_mode = !o.batch.empty() || !o.prefill.empty() || o.ctx > 0;
          if (engine_mode && o.ctx <= 0) o.ctx = 256;
          if (o.decode_steps < 1) {
@@ -386,7 +386,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
          if (engine_mode) {
            o.engine.max_num_seqs = std::max(o.engine.max_num_seqs, most_seqs);
          }
-         auto engine = Engine::create(o.engine);
+         auto engine = Benchmark::create(o.engine);
          if (!engine.ok()) return report(engine.status());
          return engine_mode ? run_engine_bench(o, **engine) : run_llama_bench(o, **engine);
        }});

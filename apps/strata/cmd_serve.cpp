@@ -134,7 +134,7 @@ void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
                 "Reuse KV blocks of shared prompt prefixes (default on)");
   sub->add_option("-t,--threads", opt->serving.engine.num_threads,
                   "CPU threads; 0 = all cores (default 0)");
-  sub->add_option("--tp,--tensor-parallel-size", opt->serving.engine.tensor_parallel_size,
+  sub->add_option("--tp,--tensor-parallel-size", opt->serving.engine.parallel.tp,
                   "Tensor-parallel ranks; launch with mpirun -np N (default 1)");
   add_engine_device_options(sub, opt->serving.engine, /*with_dummy=*/true,
                             /*with_batch_tokens=*/false);

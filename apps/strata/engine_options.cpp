@@ -3,12 +3,26 @@
 
 namespace strata::app {
 
+namespace {
+
+// The value of a parse, or a CLI11 validation error carrying its one-line message.
+template <class T>
+T parsed(Result<T> r) {
+  if (!r.ok()) throw CLI::ValidationError(r.status().message());
+  return *r;
+}
+
+}  // namespace
+
 void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                                bool with_batch_tokens) {
-  sub->add_option("--device", e.device, "Where the model runs: cpu (default), cuda or cuda:N");
-  sub->add_option("--quantization", e.quantization,
-                  "CUDA weight format: none (bf16, default), int8 or fp8 (weight-only, per-row "
-                  "scales, quantized at load)");
+  sub->add_option_function<std::string>(
+      "--device", [&e](const std::string& v) { e.device = parsed(parse_device(v)); },
+      "Where the model runs: cpu (default), cuda or cuda:N");
+  sub->add_option_function<std::string>(
+      "--quantization", [&e](const std::string& v) { e.quantization = parsed(parse_quantization(v)); },
+      "CUDA weight format: none (bf16, default), int8 or fp8 (weight-only, per-row scales, "
+      "quantized at load)");
   sub->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
                   "CUDA: share of the device's memory for weights, KV cache and workspace "
                   "(default 0.9)");
@@ -20,7 +34,8 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
       "--no-cuda-graphs", [&e](int64_t) { e.cuda_graphs = false; },
       "CUDA: launch decode steps kernel by kernel instead of replaying CUDA graphs");
   if (with_dummy) {
-    sub->add_option("--load-format", e.load_format,
+    sub->add_option_function<std::string>(
+        "--load-format", [&e](const std::string& v) { e.load_format = parsed(parse_load_format(v)); },
                     "auto (read the checkpoint, default) or dummy (random weights on the GPU, no "
                     "files read; shapes from --model-config or the model's config)");
     sub->add_option("--model-config", e.model_config,

@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
   strata::app::add_bench_throughput_command(app, commands);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ValidationError& e) {
+    // A flag value strata parsed itself (--device, --quantization, ...): its one-line message.
+    std::fprintf(stderr, "strata: error: %s\n", e.what());
+    return 1;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -14,21 +14,54 @@
 
 namespace strata {
 
-struct EngineConfig {
-  std::string model;             // HF checkpoint directory, .gguf file, or an alias
-  int tensor_parallel_size = 1;  // ranks must be launched with mpirun -np N
-  int64_t max_model_len = 0;     // context length; 0 = the model's own
-  int num_threads = 0;           // CPU threads; 0 = OpenMP default
-  bool show_progress = true;     // progress line while loading large checkpoints
+// Where the forward pass runs.
+enum class DeviceType : uint8_t { kCpu, kCuda };
+struct DeviceSpec {
+  DeviceType type = DeviceType::kCpu;
+  int index = 0;  // CUDA ordinal
+  static DeviceSpec cpu() { return {}; }
+  static DeviceSpec cuda(int i = 0) { return {DeviceType::kCuda, i}; }
+  bool is_cuda() const { return type == DeviceType::kCuda; }
+  bool operator==(const DeviceSpec&) const = default;
+};
 
-  // Where the forward pass runs: "cpu", "cuda" (device 0) or "cuda:N".
-  std::string device = "cpu";
-  // CUDA weight storage: "" / "none" (bf16), "int8" or "fp8" (weight-only, per-row scales,
-  // quantized at load).
-  std::string quantization;
-  // "auto" reads the checkpoint; "dummy" makes random weights of the shapes of `model_config`
-  // (a preset name such as llama3-8b) or of `model`'s config, on the GPU, without reading weights.
-  std::string load_format = "auto";
+// How the device layout holds linear weights: bf16, or quantized at load to int8 / fp8-e4m3
+// with one scale per output row (weight-only).
+enum class Quantization : uint8_t { kNone, kInt8, kFp8 };
+
+// kAuto reads the checkpoint; kDummy makes random weights of the model's shapes on the device.
+enum class LoadFormat : uint8_t { kAuto, kDummy };
+
+// The parallel layout of the world: tensor, pipeline, expert and data parallel sizes. Their
+// product is the number of ranks (launched with mpirun -np N).
+struct ParallelSizes {
+  int tp = 1;
+  int pp = 1;
+  int ep = 1;
+  int dp = 1;
+  int world() const { return tp * pp * ep * dp; }
+};
+
+// The command-line spellings, parsed once by the CLI: "cpu", "cuda", "cuda:N"; "none"/"bf16",
+// "int8", "fp8"; "auto", "dummy". Errors are one line naming the value and the choices.
+Result<DeviceSpec> parse_device(std::string_view text);
+Result<Quantization> parse_quantization(std::string_view text);
+Result<LoadFormat> parse_load_format(std::string_view text);
+std::string to_string(const DeviceSpec& d);  // "cpu", "cuda:0"
+std::string_view to_string(Quantization q);  // "none", "int8", "fp8"
+
+struct EngineConfig {
+  std::string model;          // HF checkpoint directory, .gguf file, or an alias
+  ParallelSizes parallel;     // tp > 1: ranks launched with mpirun -np N
+  int64_t max_model_len = 0;  // context length; 0 = the model's own
+  int num_threads = 0;        // CPU threads; 0 = OpenMP default
+  bool show_progress = true;  // progress line while loading large checkpoints
+
+  DeviceSpec device;
+  Quantization quantization = Quantization::kNone;  // device layout only (CUDA)
+  // kDummy: random weights of the shapes of `model_config` (a preset name such as llama3-8b) or
+  // of `model`'s config, on the device, without reading weights.
+  LoadFormat load_format = LoadFormat::kAuto;
   std::string model_config;
   // CUDA executor limits: the largest forward batch in tokens (activation workspace), the most
   // sequences decoded together (CUDA-graph buckets; 0 = 64; on the CPU, 0 = a KV pool for one
@@ -106,18 +139,6 @@ class Engine {
   virtual Result<std::vector<float>> score(const std::vector<int32_t>& tokens) = 0;
   virtual Result<std::vector<int32_t>> tokenize(const std::string& text, bool add_special) = 0;
 
-  // Benchmark primitives (`strata bench`), on seeded random token ids in a fresh sequence:
-  // seconds for one prefill of n_prompt tokens (logits for the last token only), and seconds
-  // for n_gen single-token decode steps after an n_context-token prefill (not timed).
-  virtual Result<double> time_prefill(int64_t n_prompt, uint64_t seed) = 0;
-  virtual Result<double> time_decode(int64_t n_context, int64_t n_gen, uint64_t seed) = 0;
-  // Batched versions: seconds for one forward pass prefilling `batch` sequences of n_prompt
-  // tokens together (logits of each last token), and mean seconds per decode step of `batch`
-  // sequences (greedy, argmax on the device) over n_gen steps after an n_context-token prefill
-  // of each (not timed).
-  virtual Result<double> time_prefill_batch(int64_t batch, int64_t n_prompt, uint64_t seed) = 0;
-  virtual Result<double> time_decode_batch(int64_t batch, int64_t n_context, int64_t n_gen,
-                                           uint64_t seed) = 0;
 };
 
 }  // namespace strata

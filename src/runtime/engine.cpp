@@ -1,4 +1,5 @@
-// Engine: the single-request generation path behind `strata run` / `strata chat`.
+// Engine: the single-request generation path behind `strata run` / `strata chat` (benchmarks
+// have their own entry point over the runtime: src/runtime/bench.cpp).
 // Opens the model files (io), parses the config (model), shards and loads the weights for
 // this rank, sizes a paged KV cache for one sequence, and runs prefill + decode with the
 // sampler. Multi-sequence serving builds on the same Model::forward through the scheduler.
@@ -43,7 +44,6 @@ class EngineImpl final : public Engine {
   int world_size() const override { return comm_->size(); }
 
   Status init(const EngineConfig& cfg) {
-    max_batch_tokens_ = std::max<int64_t>(1, cfg.max_num_batched_tokens);
     // The CPU pool holds one sequence's blocks (times max_num_seqs when given: batched
     // benchmarks); the CUDA pool fills --gpu-memory-utilization.
     ExecutorOptions eo;
@@ -74,188 +74,6 @@ class EngineImpl final : public Engine {
     seq.release(exec_->cache());
     if (!st.ok()) return st;
     return logits;
-  }
-
-  Result<double> time_prefill(int64_t n_prompt, uint64_t seed) override {
-    if (n_prompt < 1 || n_prompt > max_len_) {
-      return errorf(StatusCode::kInvalidArgument, "prompt length {} must be in [1, {}]", n_prompt,
-                    max_len_);
-    }
-    const std::vector<int32_t> tokens = random_tokens(n_prompt, seed);
-    std::vector<float> logits(static_cast<size_t>(exec_->config().vocab));
-    SequenceKv seq;
-    const auto t0 = std::chrono::steady_clock::now();
-    Status st = run_tokens(seq, tokens, false, logits.data());
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    seq.release(exec_->cache());
-    if (!st.ok()) return st;
-    return s;
-  }
-
-  Result<double> time_decode(int64_t n_context, int64_t n_gen, uint64_t seed) override {
-    if (n_context < 0 || n_gen < 1 || n_context + n_gen > max_len_) {
-      return errorf(StatusCode::kInvalidArgument,
-                    "context {} + generated {} tokens must fit the context length {}", n_context,
-                    n_gen, max_len_);
-    }
-    const std::vector<int32_t> tokens = random_tokens(n_context + n_gen, seed);
-    std::vector<float> logits(static_cast<size_t>(exec_->config().vocab));
-    SequenceKv seq;
-    Status st = ok_status();
-    if (n_context > 0) {
-      st = run_tokens(seq, std::vector<int32_t>(tokens.begin(), tokens.begin() + n_context), false,
-                      logits.data());
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; st.ok() && i < n_gen; ++i) {
-      st = run_tokens(seq, std::vector<int32_t>{tokens[static_cast<size_t>(n_context + i)]}, false,
-                      logits.data());
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    seq.release(exec_->cache());
-    if (!st.ok()) return st;
-    return s;
-  }
-
-  // `batch` fresh sequences of n tokens each, prefilled together in forward passes of at most
-  // kMaxBatchTokens... (the executor's limit decides); returns their states.
-  Status prefill_batch(std::vector<SequenceKv>& seqs, const std::vector<std::vector<int32_t>>& toks,
-                       std::vector<int32_t>* last_ids, double* seconds) {
-    const int64_t batch = static_cast<int64_t>(seqs.size());
-    const int64_t n = static_cast<int64_t>(toks[0].size());
-    for (auto& s : seqs) STRATA_RETURN_IF_ERROR(s.reserve(exec_->cache(), s.length + n));
-    int64_t width = 0;
-    for (auto& s : seqs)
-      width = std::max<int64_t>(width, static_cast<int64_t>(s.block_table.size()));
-    std::vector<int32_t> tables(static_cast<size_t>(batch * width), 0);
-    for (int64_t i = 0; i < batch; ++i) {
-      std::copy(seqs[static_cast<size_t>(i)].block_table.begin(),
-                seqs[static_cast<size_t>(i)].block_table.end(), tables.begin() + i * width);
-    }
-    std::vector<int32_t> tokens, seq_ids, pos, rows;
-    for (int64_t i = 0; i < batch; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        tokens.push_back(toks[static_cast<size_t>(i)][static_cast<size_t>(j)]);
-        seq_ids.push_back(static_cast<int32_t>(i));
-        pos.push_back(static_cast<int32_t>(seqs[static_cast<size_t>(i)].length + j));
-      }
-      rows.push_back(static_cast<int32_t>((i + 1) * n - 1));
-    }
-    ForwardBatch b;
-    b.tokens = tokens;
-    b.token_seq = seq_ids;
-    b.token_pos = pos;
-    b.block_tables = tables.data();
-    b.max_blocks_per_seq = width;
-    b.n_seqs = batch;
-    b.logit_rows = rows;
-    last_ids->resize(static_cast<size_t>(batch));
-    const auto t0 = std::chrono::steady_clock::now();
-    STRATA_RETURN_IF_ERROR(exec_->forward_argmax(b, last_ids->data()));
-    if (seconds) {
-      *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    for (auto& s : seqs) s.length += n;
-    return ok_status();
-  }
-
-  Result<double> time_prefill_batch(int64_t batch, int64_t n_prompt, uint64_t seed) override {
-    if (batch < 1 || n_prompt < 1 || n_prompt > max_len_) {
-      return errorf(StatusCode::kInvalidArgument,
-                    "prefill of {} x {} tokens: batch must be >= 1 and the length in [1, {}]",
-                    batch, n_prompt, max_len_);
-    }
-    std::vector<SequenceKv> seqs(static_cast<size_t>(batch));
-    std::vector<std::vector<int32_t>> toks;
-    for (int64_t i = 0; i < batch; ++i)
-      toks.push_back(random_tokens(n_prompt, seed * 7919 + static_cast<uint64_t>(i)));
-    std::vector<int32_t> ids;
-    double s = 0;
-    Status st = prefill_batch(seqs, toks, &ids, &s);
-    for (auto& q : seqs) q.release(exec_->cache());
-    if (!st.ok()) return st;
-    return s;
-  }
-
-  Result<double> time_decode_batch(int64_t batch, int64_t n_context, int64_t n_gen,
-                                   uint64_t seed) override {
-    if (batch < 1 || n_context < 1 || n_gen < 1 || n_context + n_gen > max_len_) {
-      return errorf(StatusCode::kInvalidArgument,
-                    "decode of batch {}: context {} + generated {} tokens must fit the context "
-                    "length {}",
-                    batch, n_context, n_gen, max_len_);
-    }
-    std::vector<SequenceKv> seqs(static_cast<size_t>(batch));
-    auto release = [&] {
-      for (auto& q : seqs) q.release(exec_->cache());
-    };
-    std::vector<std::vector<int32_t>> toks;
-    for (int64_t i = 0; i < batch; ++i)
-      toks.push_back(random_tokens(n_context, seed * 7919 + static_cast<uint64_t>(i)));
-    std::vector<int32_t> ids;
-    // Prefill the contexts in groups that fit one forward pass.
-    const int64_t per = std::max<int64_t>(1, max_batch_tokens_ / n_context);
-    for (int64_t b0 = 0; b0 < batch; b0 += per) {
-      const int64_t b1 = std::min(batch, b0 + per);
-      std::vector<SequenceKv> part(static_cast<size_t>(b1 - b0));
-      std::vector<std::vector<int32_t>> pt(toks.begin() + b0, toks.begin() + b1);
-      std::vector<int32_t> pid;
-      Status st = prefill_batch(part, pt, &pid, nullptr);
-      if (!st.ok()) {
-        for (auto& q : part) q.release(exec_->cache());
-        release();
-        return st;
-      }
-      for (int64_t i = b0; i < b1; ++i) {
-        seqs[static_cast<size_t>(i)] = std::move(part[static_cast<size_t>(i - b0)]);
-        ids.push_back(pid[static_cast<size_t>(i - b0)]);
-      }
-    }
-    std::vector<int32_t> seq_ids(static_cast<size_t>(batch)), pos(static_cast<size_t>(batch)),
-        rows(static_cast<size_t>(batch)), tables;
-    for (int64_t i = 0; i < batch; ++i) {
-      seq_ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-      rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-    }
-    double total = 0;
-    for (int64_t g = 0; g < n_gen; ++g) {
-      Status st = ok_status();
-      for (auto& q : seqs) {
-        st = q.reserve(exec_->cache(), q.length + 1);
-        if (!st.ok()) break;
-      }
-      if (!st.ok()) {
-        release();
-        return st;
-      }
-      const int64_t width = static_cast<int64_t>(seqs[0].block_table.size());
-      tables.assign(static_cast<size_t>(batch * width), 0);
-      for (int64_t i = 0; i < batch; ++i) {
-        const auto& bt = seqs[static_cast<size_t>(i)].block_table;
-        std::copy(bt.begin(),
-                  bt.begin() + std::min<int64_t>(width, static_cast<int64_t>(bt.size())),
-                  tables.begin() + i * width);
-        pos[static_cast<size_t>(i)] = static_cast<int32_t>(seqs[static_cast<size_t>(i)].length);
-      }
-      ForwardBatch b;
-      b.tokens = ids;
-      b.token_seq = seq_ids;
-      b.token_pos = pos;
-      b.block_tables = tables.data();
-      b.max_blocks_per_seq = width;
-      b.n_seqs = batch;
-      b.logit_rows = rows;
-      const auto t0 = std::chrono::steady_clock::now();
-      st = exec_->forward_argmax(b, ids.data());
-      total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (!st.ok()) {
-        release();
-        return st;
-      }
-      for (auto& q : seqs) q.length += 1;
-    }
-    release();
-    return total / static_cast<double>(n_gen);
   }
 
   Result<GenerateResult> generate(const GenerateRequest& req,
@@ -356,18 +174,6 @@ class EngineImpl final : public Engine {
     return text;
   }
 
-  std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) const {
-    SamplingParams p;
-    p.seed = seed;
-    Sampler rng(p);
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    const int64_t V = exec_->config().vocab;
-    for (auto& x : t)
-      x = static_cast<int32_t>(std::min<int64_t>(
-          V - 1, static_cast<int64_t>(rng.next_uniform() * static_cast<float>(V))));
-    return t;
-  }
-
   Status run_tokens(SequenceKv& seq, const std::vector<int32_t>& tokens, bool all_logits,
                     float* logits) {
     if (seq.length + static_cast<int64_t>(tokens.size()) > max_len_) {
@@ -385,7 +191,6 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Executor> exec_;
-  int64_t max_batch_tokens_ = 2048;  // the most tokens one forward pass takes (CUDA workspace)
 };
 
 }  // namespace

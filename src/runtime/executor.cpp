@@ -256,25 +256,23 @@ Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config,
 
 Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOptions& eo) {
   LoadedExecutor out;
-  const bool cuda = cfg.device == "cuda" || cfg.device.rfind("cuda:", 0) == 0;
-  if (!cuda && cfg.device != "cpu") {
-    return errorf(StatusCode::kInvalidArgument, "--device '{}': use cpu, cuda or cuda:N",
-                  cfg.device);
-  }
-  if (cfg.load_format != "auto" && cfg.load_format != "dummy") {
-    return errorf(StatusCode::kInvalidArgument, "--load-format '{}': use auto or dummy",
-                  cfg.load_format);
+  const bool cuda = cfg.device.is_cuda();
+  if (cfg.parallel.pp != 1 || cfg.parallel.ep != 1 || cfg.parallel.dp != 1) {
+    return Status(StatusCode::kUnimplemented,
+                  "pipeline, expert and data parallel sizes other than 1 are not built yet");
   }
   // A shape preset has no files to read: it implies dummy weights.
-  const bool dummy = cfg.load_format == "dummy" || !cfg.model_config.empty();
+  const bool dummy = cfg.load_format == LoadFormat::kDummy || !cfg.model_config.empty();
   DType wdt = DType::kBF16;
-  if (cfg.quantization == "int8") {
-    wdt = DType::kI8;
-  } else if (cfg.quantization == "fp8") {
-    wdt = DType::kFP8E4M3;
-  } else if (!cfg.quantization.empty() && cfg.quantization != "none") {
-    return errorf(StatusCode::kInvalidArgument, "--quantization '{}': use none, int8 or fp8",
-                  cfg.quantization);
+  switch (cfg.quantization) {
+    case Quantization::kNone:
+      break;
+    case Quantization::kInt8:
+      wdt = DType::kI8;
+      break;
+    case Quantization::kFp8:
+      wdt = DType::kFP8E4M3;
+      break;
   }
   if (!cuda && (wdt != DType::kBF16 || dummy)) {
     return Status(StatusCode::kInvalidArgument,
@@ -326,14 +324,14 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     out.info.kv_block_size = eo.block_size;
     return out;
   }
-  if (cfg.tensor_parallel_size != 1) {
+  if (cfg.parallel.tp != 1) {
     return Status(StatusCode::kUnimplemented,
                   "--tensor-parallel-size > 1 is not supported with --device cuda yet");
   }
   if (cfg.gpu_memory_utilization <= 0.0 || cfg.gpu_memory_utilization > 1.0) {
     return errorf(StatusCode::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1]");
   }
-  ro.device = Device::cuda(cfg.device.size() > 5 ? std::atoi(cfg.device.c_str() + 5) : 0);
+  ro.device = Device::cuda(cfg.device.index);
   ro.act_dtype = DType::kBF16;
   ro.weight_dtype = wdt;
   ro.max_num_tokens = std::max<int64_t>(1, cfg.max_num_batched_tokens);

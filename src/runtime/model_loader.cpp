@@ -141,25 +141,25 @@ Result<ModelFiles> open_model(const std::string& model, bool with_weights) {
 
 Result<LoadedModel> load_model(const EngineConfig& cfg) {
   if (cfg.num_threads > 0) omp_set_num_threads(cfg.num_threads);
-  if (cfg.tensor_parallel_size < 1) {
+  if (cfg.parallel.tp < 1) {
     return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
   }
   LoadedModel out;
   const EnvConfig& env = env_config();
-  if (cfg.tensor_parallel_size > 1 && env.launcher_size != cfg.tensor_parallel_size) {
+  if (cfg.parallel.tp > 1 && env.launcher_size != cfg.parallel.tp) {
     return errorf(StatusCode::kInvalidArgument,
                   "--tensor-parallel-size {} needs {} ranks: launch with mpirun -np {} (this "
                   "process was started with {})",
-                  cfg.tensor_parallel_size, cfg.tensor_parallel_size, cfg.tensor_parallel_size,
+                  cfg.parallel.tp, cfg.parallel.tp, cfg.parallel.tp,
                   env.launcher_size > 0 ? env.launcher_size : 1);
   }
-  if (cfg.tensor_parallel_size > 1 || env.launcher_size > 1) {
+  if (cfg.parallel.tp > 1 || env.launcher_size > 1) {
     STRATA_ASSIGN_OR_RETURN(out.comm, make_mpi_communicator());
-    if (out.comm->size() != cfg.tensor_parallel_size) {
+    if (out.comm->size() != cfg.parallel.tp) {
       return errorf(StatusCode::kInvalidArgument,
                     "--tensor-parallel-size {} but {} MPI ranks were launched (use mpirun -np "
                     "{})",
-                    cfg.tensor_parallel_size, out.comm->size(), cfg.tensor_parallel_size);
+                    cfg.parallel.tp, out.comm->size(), cfg.parallel.tp);
     }
   } else {
     out.comm = make_single_rank_communicator();

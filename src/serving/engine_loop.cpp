@@ -140,7 +140,7 @@ class ServingEngineImpl final : public ServingEngine {
 };
 
 Status ServingEngineImpl::init(const ServingConfig& cfg) {
-  if (cfg.engine.tensor_parallel_size > 1) {
+  if (cfg.engine.parallel.tp > 1) {
     return errorf(StatusCode::kUnimplemented,
                   "serving with --tensor-parallel-size > 1 is not supported yet");
   }

@@ -58,7 +58,7 @@ int64_t argmax(const float* row, int64_t n) {
 EngineConfig cuda_config(const std::string& model) {
   EngineConfig cfg;
   cfg.model = model;
-  cfg.device = "cuda";
+  cfg.device = DeviceSpec::cuda(0);
   cfg.max_model_len = 256;
   cfg.max_num_seqs = 8;
   cfg.gpu_memory_utilization = 0.5;
@@ -285,7 +285,7 @@ TEST(CudaModel, QuantizedWeightsStayClose) {
   ASSERT_TRUE(ref.ok());
   for (const char* q : {"int8", "fp8"}) {
     EngineConfig cfg = cuda_config(dir);
-    cfg.quantization = q;
+    cfg.quantization = std::string(q) == "int8" ? Quantization::kInt8 : Quantization::kFp8;
     auto e = Engine::create(cfg);
     ASSERT_TRUE(e.ok()) << e.status().to_string();
     EXPECT_EQ((*e)->info().weight_format,
@@ -313,8 +313,8 @@ TEST(CudaModel, ClearErrors) {
   }
   {
     EngineConfig cfg;
-    cfg.device = "cuda";
-    cfg.load_format = "dummy";
+    cfg.device = DeviceSpec::cuda(0);
+    cfg.load_format = LoadFormat::kDummy;
     cfg.model_config = "llama3-70b";  // 141 GB of bf16 weights: more than any single GPU here
     cfg.show_progress = false;
     auto e = Engine::create(cfg);
@@ -324,25 +324,29 @@ TEST(CudaModel, ClearErrors) {
   }
   {
     EngineConfig cfg = cuda_config(testing::fixture_model("llama"));
-    cfg.device = "cuda:99";
+    cfg.device = DeviceSpec::cuda(99);
     auto e = Engine::create(cfg);
     ASSERT_FALSE(e.ok());
     EXPECT_EQ(e.status().code(), StatusCode::kOutOfRange) << e.status().message();
   }
 }
 
-// SmolLM2 (GGUF Q4_1, dequantized to bf16 on the GPU): 64 greedy tokens equal the CPU's, unless
-// the CPU's own top-2 margin at the first difference is within the GPU's measured logit error
-// (a near-tie bf16 may legitimately flip).
-TEST(CudaModel, SmolLM2GreedyMatchesCpu) {
+// Real models (GGUF blocks dequantized to bf16 on the GPU): SmolLM2-135M (Q4_1, Llama family) and
+// Gemma-3-270M (Q4_K_M: q/k norms, post norms, sliding-window layers, head_dim 256). 64 greedy
+// tokens equal the CPU's, unless the CPU's own top-2 margin at the first difference is within
+// the GPU's measured logit error (a near-tie bf16 may legitimately flip).
+class RealModelGreedy : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RealModelGreedy, MatchesCpu) {
   REQUIRE_GPU();
-  auto resolved = open_model("smollm2", false);
-  if (!resolved.ok()) GTEST_SKIP() << "SmolLM2 not fetched: " << resolved.status().message();
+  const char* name = GetParam();
+  auto resolved = open_model(name, false);
+  if (!resolved.ok()) GTEST_SKIP() << name << " not fetched: " << resolved.status().message();
   EngineConfig cpu_cfg;
-  cpu_cfg.model = "smollm2";
+  cpu_cfg.model = name;
   cpu_cfg.max_model_len = 512;
   cpu_cfg.show_progress = false;
-  EngineConfig gpu_cfg = cuda_config("smollm2");
+  EngineConfig gpu_cfg = cuda_config(name);
   gpu_cfg.max_model_len = 512;
   auto cpu = Engine::create(cpu_cfg);
   auto gpu = Engine::create(gpu_cfg);
@@ -390,6 +394,15 @@ TEST(CudaModel, SmolLM2GreedyMatchesCpu) {
     EXPECT_LE(margin, 2 * err) << "divergence at token " << i << " is not a near-tie";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, RealModelGreedy, ::testing::Values("smollm2", "gemma3-270m"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) {
+                             if (ch == '-' || ch == '.') ch = '_';
+                           }
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace strata

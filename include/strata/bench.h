@@ -1,0 +1,35 @@
+// Benchmark primitives for `strata bench`: a model loaded on its device (as Engine::create
+// loads it) whose forward pass is timed on seeded random token ids in fresh sequences, without
+// tokenizer or sampling. Every rank of a tensor-parallel run must make the same calls.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "strata/engine.h"
+#include "strata/status.h"
+
+namespace strata {
+
+class Benchmark {
+ public:
+  static Result<std::unique_ptr<Benchmark>> create(const EngineConfig& config);
+  virtual ~Benchmark() = default;
+
+  virtual const ModelInfo& info() const = 0;
+  virtual int rank() const = 0;  // only rank 0 should print
+
+  // Seconds for one prefill of n_prompt tokens (logits for the last token only), and seconds
+  // for n_gen single-token decode steps after an n_context-token prefill (not timed).
+  virtual Result<double> time_prefill(int64_t n_prompt, uint64_t seed) = 0;
+  virtual Result<double> time_decode(int64_t n_context, int64_t n_gen, uint64_t seed) = 0;
+  // Batched: seconds for one forward pass prefilling `batch` sequences of n_prompt tokens
+  // together (logits of each last token), and mean seconds per decode step of `batch` sequences
+  // (greedy, argmax on the device) over n_gen steps after an n_context-token prefill of each
+  // (not timed).
+  virtual Result<double> time_prefill_batch(int64_t batch, int64_t n_prompt, uint64_t seed) = 0;
+  virtual Result<double> time_decode_batch(int64_t batch, int64_t n_context, int64_t n_gen,
+                                           uint64_t seed) = 0;
+};
+
+}  // namespace strata

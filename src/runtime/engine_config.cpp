@@ -1,0 +1,58 @@
+// The command-line spellings of the typed engine configuration (include/strata/engine.h),
+// parsed once at the CLI so nothing below apps/ compares strings.
+#include <charconv>
+#include <string>
+
+#include "core/status.h"
+#include "strata/engine.h"
+
+namespace strata {
+
+Result<DeviceSpec> parse_device(std::string_view text) {
+  if (text == "cpu") return DeviceSpec::cpu();
+  if (text == "cuda") return DeviceSpec::cuda(0);
+  if (text.substr(0, 5) == "cuda:" && text.size() > 5) {
+    int index = -1;
+    const char* end = text.data() + text.size();
+    const auto [p, ec] = std::from_chars(text.data() + 5, end, index);
+    if (ec == std::errc() && p == end && index >= 0) return DeviceSpec::cuda(index);
+  }
+  return errorf(StatusCode::kInvalidArgument, "--device '{}': use cpu, cuda or cuda:N", text);
+}
+
+Result<Quantization> parse_quantization(std::string_view text) {
+  if (text.empty() || text == "none" || text == "bf16") return Quantization::kNone;
+  if (text == "int8") return Quantization::kInt8;
+  if (text == "fp8") return Quantization::kFp8;
+  return errorf(StatusCode::kInvalidArgument, "--quantization '{}': use none, int8 or fp8", text);
+}
+
+Result<LoadFormat> parse_load_format(std::string_view text) {
+  if (text == "auto") return LoadFormat::kAuto;
+  if (text == "dummy") return LoadFormat::kDummy;
+  return errorf(StatusCode::kInvalidArgument, "--load-format '{}': use auto or dummy", text);
+}
+
+std::string to_string(const DeviceSpec& d) {
+  switch (d.type) {
+    case DeviceType::kCpu:
+      return "cpu";
+    case DeviceType::kCuda:
+      return "cuda:" + std::to_string(d.index);
+  }
+  return "?";
+}
+
+std::string_view to_string(Quantization q) {
+  switch (q) {
+    case Quantization::kNone:
+      return "none";
+    case Quantization::kInt8:
+      return "int8";
+    case Quantization::kFp8:
+      return "fp8";
+  }
+  return "?";
+}
+
+}  // namespace strata
