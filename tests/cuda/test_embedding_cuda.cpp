@@ -76,6 +76,53 @@ TEST_F(EmbeddingCudaTest, MatchesCpuTwin) {
   }
 }
 
+// The scale (Gemma's sqrt(hidden)) and accumulate (learned positions added to x) options: out
+// starts from random values (accumulate adds to them; rows of other shards stay as they were).
+TEST_F(EmbeddingCudaTest, ScaleAndAccumulateMatchCpuTwin) {
+  const cudaStream_t st = ctx().stream;
+  for (int64_t hidden : {72, 769, 4096}) {
+    for (bool accumulate : {false, true}) {
+      for (bool sharded : {false, true}) {
+        SCOPED_TRACE("hidden " + std::to_string(hidden) + (accumulate ? " accumulate" : " scale") +
+                     (sharded ? " sharded" : ""));
+        std::mt19937 rng(static_cast<uint32_t>(hidden * 3 + accumulate * 2 + sharded));
+        const int64_t n_tokens = 9, offset = sharded ? 10 : 0, shard = sharded ? 25 : kVocab;
+        const std::vector<uint8_t> table =
+            testutil::random_typed(DType::kBF16, shard * hidden, rng, -1, 1);
+        std::uniform_int_distribution<int32_t> id_dist(0, kVocab - 1);
+        std::vector<int32_t> ids(static_cast<size_t>(n_tokens));
+        for (int32_t& id : ids) id = id_dist(rng);
+        const std::vector<float> out0 =
+            testutil::random_floats(static_cast<size_t>(n_tokens * hidden), rng, -1, 1);
+        std::vector<float> out = out0;
+        EmbeddingParams p{.table = table.data(),
+                          .table_dtype = DType::kBF16,
+                          .table_stride = hidden,
+                          .ids = ids.data(),
+                          .out = out.data(),
+                          .out_stride = hidden,
+                          .n_tokens = n_tokens,
+                          .hidden = hidden,
+                          .vocab_offset = offset,
+                          .vocab_shard = shard,
+                          .vocab = kVocab,
+                          .scale = accumulate ? 1.0f : 25.2982f,
+                          .accumulate = accumulate};
+        ASSERT_TRUE(cpu::embedding(p).ok());
+        DeviceArray<uint8_t> dtable(table, st);
+        DeviceArray<int32_t> dids(ids, st);
+        DeviceArray<float> dout(out0, st);
+        p.table = dtable.get();
+        p.ids = dids.get();
+        p.out = dout.get();
+        const Status status = embedding(ctx(), p);
+        ASSERT_TRUE(status.ok()) << status.to_string();
+        EXPECT_TRUE(all_close(dout.download(st), out, {0.0, 0.0}));  // one IEEE op per element
+      }
+    }
+  }
+}
+
 TEST_F(EmbeddingCudaTest, IdOutsideVocabGivesNanRow) {
   const cudaStream_t st = ctx().stream;
   const int64_t hidden = 72;

@@ -202,6 +202,65 @@ TEST_F(FusedBf16CudaTest, RmsNormBf16MatchesCpuTwin) {
   report_inexact("norm_bf16", inexact, total);
 }
 
+// LayerNorm through norm_bf16 (kind kLayer, GPT-2 / NeoX), with and without bias and residual.
+TEST_F(FusedBf16CudaTest, LayerNormBf16MatchesCpuTwin) {
+  const cudaStream_t st = ctx().stream;
+  size_t inexact = 0;
+  size_t total = 0;
+  for (int64_t hidden : {1, 7, 576, 4096, 5125}) {
+    for (int64_t n : {1, 3, 17, 200}) {
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        for (int variant = 0; variant < 3; ++variant) {  // plain, bias, bias + residual + pads
+          const bool bias = variant > 0, residual = variant == 2;
+          const int64_t pad = variant == 2 ? 3 : 0;
+          SCOPED_TRACE("hidden " + std::to_string(hidden) + " n " + std::to_string(n) + " " +
+                       std::string(dtype_name(dt)) + " variant " + std::to_string(variant));
+          std::mt19937 rng(static_cast<uint32_t>(hidden * 17 + n * 5 + variant));
+          const int64_t xs = hidden + pad, os = hidden + pad;
+          // A large common offset: the centred variance must not cancel away.
+          std::vector<float> x0 = random_floats(static_cast<size_t>(n * xs), rng, -2, 2);
+          for (float& v : x0) v += 30.0f;
+          const std::vector<float> res = random_floats(static_cast<size_t>(n * xs), rng, -2, 2);
+          const std::vector<uint8_t> w = testutil::random_typed(dt, hidden, rng, 0.5f, 1.5f);
+          const std::vector<uint8_t> b = testutil::random_typed(dt, hidden, rng, -0.5f, 0.5f);
+          std::vector<float> x = x0;
+          std::vector<uint16_t> out = poisoned(static_cast<size_t>(n * os));
+          NormBf16Params p{.kind = NormKind::kLayer,
+                           .x = x.data(),
+                           .x_stride = xs,
+                           .residual = residual ? res.data() : nullptr,
+                           .residual_stride = xs,
+                           .weight = w.data(),
+                           .weight_dtype = dt,
+                           .bias = bias ? b.data() : nullptr,
+                           .bias_dtype = dt,
+                           .out = out.data(),
+                           .out_stride = os,
+                           .n_tokens = n,
+                           .hidden = hidden,
+                           .eps = 1e-5f};
+          ASSERT_TRUE(cpu::norm_bf16(p).ok());
+          DeviceArray<float> dx(x0, st), dres(res, st);
+          DeviceArray<uint8_t> dw(w, st), db(b, st);
+          DeviceArray<uint16_t> dout(out.size());
+          dout.poison(st);
+          p.x = dx.get();
+          p.residual = residual ? dres.get() : nullptr;
+          p.weight = dw.get();
+          p.bias = bias ? db.get() : nullptr;
+          p.out = dout.get();
+          const Status status = norm_bf16(ctx(), p);
+          ASSERT_TRUE(status.ok()) << status.to_string();
+          EXPECT_TRUE(bits_equal(dx.download(st), x)) << "x (residual stream)";
+          EXPECT_TRUE(bf16_match(dout.download(st), out, 1, &inexact)) << "out";
+          total += out.size();
+        }
+      }
+    }
+  }
+  report_inexact("norm_bf16 (LayerNorm)", inexact, total);
+}
+
 // ---- gated_act_bf16 --------------------------------------------------------------------------
 
 TEST_F(FusedBf16CudaTest, GatedActBf16MatchesCpuTwin) {
@@ -295,6 +354,53 @@ TEST_F(FusedBf16CudaTest, GatedActBf16InputMatchesCpuTwin) {
   }
 }
 
+// Plain (ungated) MLP activation, f32 and bf16 input.
+TEST_F(FusedBf16CudaTest, UngatedActBf16MatchesCpuTwin) {
+  const cudaStream_t st = ctx().stream;
+  for (Activation act : {Activation::kGeluTanh, Activation::kGeluErf, Activation::kRelu}) {
+    size_t inexact = 0;
+    size_t total = 0;
+    for (int64_t ffn : {1, 7, 576, 5125}) {
+      for (const auto& [n, pad] : {std::pair<int64_t, int64_t>{1, 0}, {3, 4}, {17, 3}, {200, 0}}) {
+        for (bool bf16_in : {false, true}) {
+          SCOPED_TRACE("ffn " + std::to_string(ffn) + " n " + std::to_string(n) +
+                       (bf16_in ? " bf16 in" : " f32 in"));
+          std::mt19937 rng(static_cast<uint32_t>(ffn * 29 + n * 3 + bf16_in));
+          const int64_t in_stride = ffn + pad, out_stride = ffn + pad;
+          const std::vector<float> in =
+              random_floats(static_cast<size_t>(n * in_stride), rng, -3, 3);
+          std::vector<uint16_t> in16(in.size());
+          for (size_t i = 0; i < in.size(); ++i) in16[i] = ::strata::f32_to_bf16(in[i]);
+          std::vector<uint16_t> out = poisoned(static_cast<size_t>(n * out_stride));
+          GatedActBf16Params p{.gated = false,
+                               .in = bf16_in ? nullptr : in.data(),
+                               .in_stride = in_stride,
+                               .in_bf16 = bf16_in ? in16.data() : nullptr,
+                               .out = out.data(),
+                               .out_stride = out_stride,
+                               .n_tokens = n,
+                               .ffn_dim = ffn,
+                               .act = act};
+          ASSERT_TRUE(cpu::gated_act_bf16(p).ok());
+          DeviceArray<float> din(in, st);
+          DeviceArray<uint16_t> din16(in16, st);
+          DeviceArray<uint16_t> dout(out.size());
+          dout.poison(st);
+          p.in = bf16_in ? nullptr : din.get();
+          p.in_bf16 = bf16_in ? din16.get() : nullptr;
+          p.out = dout.get();
+          const Status status = gated_act_bf16(ctx(), p);
+          ASSERT_TRUE(status.ok()) << status.to_string();
+          EXPECT_TRUE(bf16_match(dout.download(st), out, act == Activation::kRelu ? 0 : 1, &inexact));
+          total += out.size();
+        }
+      }
+    }
+    report_inexact(("act_bf16 act " + std::to_string(static_cast<int>(act))).c_str(), inexact,
+                   total);
+  }
+}
+
 // ---- rope_kv_append --------------------------------------------------------------------------
 
 // The paged layout of tests/ops/test_fused_bf16_twin.cpp: token t belongs to sequence t % 3 at
@@ -366,6 +472,8 @@ struct RopeCase {
   int64_t qkv_pad;  // extra floats per qkv row
   int64_t q_pad;    // extra bf16 per q_out row
   float attention_factor = 1.0f;
+  bool qk_norm = false;      // per-head RMSNorm of q and k before the rotation (Gemma-3)
+  float norm_offset = 0.0f;  // (1 + w) with 1
 };
 
 TEST_F(FusedBf16CudaTest, RopeKvAppendMatchesCpuTwin) {
@@ -380,6 +488,10 @@ TEST_F(FusedBf16CudaTest, RopeKvAppendMatchesCpuTwin) {
       {64, 0, 2, 1, 0, 0},                                 // no rotation (learned positions)
       {128, 128, 8, 2, 0, 0},                              // Llama-style GQA
       {128, 64, 4, 1, 0, 8, 1.1f}, {128, 32, 4, 2, 3, 1},  // partial + odd strides
+      // q/k norms: Gemma-3-270M (head_dim 256, 4 heads, 1 KV head, (1 + w)), an odd head_dim,
+      // partial rotary, no rotation.
+      {256, 256, 4, 1, 0, 0, 1.0f, true, 1.0f}, {12, 12, 2, 1, 1, 0, 1.0f, true},
+      {64, 32, 8, 2, 0, 4, 1.0f, true, 1.0f}, {64, 0, 2, 2, 0, 0, 1.0f, true},
   };
   const cudaStream_t st = ctx().stream;
   size_t inexact = 0;
@@ -391,7 +503,7 @@ TEST_F(FusedBf16CudaTest, RopeKvAppendMatchesCpuTwin) {
                      std::to_string(c.rotary_dim) + " heads " + std::to_string(c.n_heads) + "/" +
                      std::to_string(c.n_heads_kv) + " pads " + std::to_string(c.qkv_pad) + "/" +
                      std::to_string(c.q_pad) + " tokens " + std::to_string(n_tokens) +
-                     (neox ? " neox" : " gptj"));
+                     (neox ? " neox" : " gptj") + (c.qk_norm ? " qk-norm" : ""));
         std::mt19937 rng(static_cast<uint32_t>(c.head_dim * 1009 + c.rotary_dim * 101 +
                                                c.n_heads * 13 + n_tokens * 3 + neox));
         PagedLayout l = make_layout(n_tokens, rng);
@@ -408,6 +520,8 @@ TEST_F(FusedBf16CudaTest, RopeKvAppendMatchesCpuTwin) {
                                                              std::max<int64_t>(c.rotary_dim, 1)));
         }
         const size_t cache_n = static_cast<size_t>(l.n_blocks * l.block_size * c.n_heads_kv * d);
+        const std::vector<float> q_norm = random_floats(static_cast<size_t>(d), rng, 0.5f, 1.5f);
+        const std::vector<float> k_norm = random_floats(static_cast<size_t>(d), rng, 0.5f, 1.5f);
 
         std::vector<uint16_t> q = poisoned(static_cast<size_t>(n_tokens * q_stride));
         std::vector<uint16_t> kc = poisoned(cache_n);
@@ -424,6 +538,10 @@ TEST_F(FusedBf16CudaTest, RopeKvAppendMatchesCpuTwin) {
                              .rotary_dim = c.rotary_dim,
                              .neox_style = neox,
                              .attention_factor = c.attention_factor,
+                             .q_norm = c.qk_norm ? q_norm.data() : nullptr,
+                             .k_norm = c.qk_norm ? k_norm.data() : nullptr,
+                             .norm_eps = 1e-6f,
+                             .norm_weight_offset = c.norm_offset,
                              .cache = {.k_cache = kc.data(),
                                        .v_cache = vc.data(),
                                        .block_tables = l.block_tables.data(),
@@ -435,7 +553,7 @@ TEST_F(FusedBf16CudaTest, RopeKvAppendMatchesCpuTwin) {
                                        .head_dim = d}};
         ASSERT_TRUE(cpu::rope_kv_append(p).ok());
 
-        DeviceArray<float> dqkv(qkv, st), dfreq(inv_freq, st);
+        DeviceArray<float> dqkv(qkv, st), dfreq(inv_freq, st), dqn(q_norm, st), dkn(k_norm, st);
         DeviceArray<int32_t> dseq(l.token_seq, st), dpos(l.token_pos, st),
             dtables(l.block_tables, st);
         DeviceArray<uint16_t> dq(q.size()), dkc(cache_n), dvc(cache_n);
@@ -447,6 +565,10 @@ TEST_F(FusedBf16CudaTest, RopeKvAppendMatchesCpuTwin) {
         p.token_seq = dseq.get();
         p.token_pos = dpos.get();
         p.inv_freq = dfreq.get();
+        if (c.qk_norm) {
+          p.q_norm = dqn.get();
+          p.k_norm = dkn.get();
+        }
         p.cache.k_cache = dkc.get();
         p.cache.v_cache = dvc.get();
         p.cache.block_tables = dtables.get();

@@ -448,5 +448,210 @@ TEST(RopeKvAppendTwin, RejectsBadRotaryDim) {
   }
 }
 
+
+// ---- options added for every family on the device layout -------------------------------------
+
+// LayerNorm through norm_bf16 = cpu::add (residual) + cpu::layer_norm, rounded once.
+TEST(NormBf16Twin, LayerNormMatchesAddThenLayerNormRounded) {
+  for (int64_t hidden : {1, 7, 64, 576, 5125}) {
+    for (bool bias : {false, true}) {
+      for (bool residual : {false, true}) {
+        SCOPED_TRACE("hidden " + std::to_string(hidden) + (bias ? " bias" : "") +
+                     (residual ? " residual" : ""));
+        uint32_t rng = static_cast<uint32_t>(hidden * 3 + bias * 2 + residual);
+        const int64_t n = 5, stride = hidden + 2;
+        std::vector<float> x0 = random_floats(static_cast<size_t>(n * stride), rng++, -2, 2);
+        for (float& v : x0) v += 20.0f;  // a large mean
+        const std::vector<float> res = random_floats(static_cast<size_t>(n * stride), rng++, -1, 1);
+        const std::vector<float> w = random_floats(static_cast<size_t>(hidden), rng++, 0.5f, 1.5f);
+        const std::vector<float> b = random_floats(static_cast<size_t>(hidden), rng++, -0.5f, 0.5f);
+        // Reference: x += residual, layer_norm into f32, rounded.
+        std::vector<float> xr = x0;
+        if (residual) {
+          ASSERT_TRUE(cpu::add({xr.data(), stride, res.data(), stride, xr.data(), stride, n, hidden})
+                          .ok());
+        }
+        std::vector<float> ref(static_cast<size_t>(n * stride), kPoisonF32);
+        ASSERT_TRUE(cpu::layer_norm({.x = xr.data(),
+                                     .weight = w.data(),
+                                     .weight_dtype = DType::kF32,
+                                     .bias = bias ? b.data() : nullptr,
+                                     .bias_dtype = DType::kF32,
+                                     .out = ref.data(),
+                                     .n_tokens = n,
+                                     .hidden = hidden,
+                                     .x_stride = stride,
+                                     .out_stride = stride,
+                                     .eps = 1e-5f})
+                        .ok());
+        std::vector<float> x = x0;
+        std::vector<uint16_t> out(static_cast<size_t>(n * stride), kPoison);
+        ASSERT_TRUE(cpu::norm_bf16({.kind = NormKind::kLayer,
+                                    .x = x.data(),
+                                    .x_stride = stride,
+                                    .residual = residual ? res.data() : nullptr,
+                                    .residual_stride = stride,
+                                    .weight = w.data(),
+                                    .weight_dtype = DType::kF32,
+                                    .bias = bias ? b.data() : nullptr,
+                                    .bias_dtype = DType::kF32,
+                                    .out = out.data(),
+                                    .out_stride = stride,
+                                    .n_tokens = n,
+                                    .hidden = hidden,
+                                    .eps = 1e-5f})
+                        .ok());
+        EXPECT_EQ(first_diff(out, round_all(ref)), -1);
+        EXPECT_EQ(x, xr) << "the residual stream written back";
+      }
+    }
+  }
+}
+
+// Plain activation (gated = false) = cpu::act, rounded; bf16 input = the widened f32 input.
+TEST(GatedActBf16Twin, UngatedMatchesActRounded) {
+  for (Activation act : {Activation::kGeluTanh, Activation::kGeluErf, Activation::kRelu,
+                         Activation::kSilu}) {
+    uint32_t rng = static_cast<uint32_t>(act) + 5;
+    const int64_t n = 4, ffn = 37, stride = 41;
+    std::vector<float> in = random_floats(static_cast<size_t>(n * stride), rng++, -4, 4);
+    for (float& v : in) v = bf16_to_f32(f32_to_bf16(v));  // exactly representable in bf16
+    std::vector<float> ref = in;
+    ASSERT_TRUE(cpu::act({ref.data(), stride, n, ffn, act}).ok());
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t i = ffn; i < stride; ++i) ref[static_cast<size_t>(r * stride + i)] = kPoisonF32;
+    }
+    for (bool bf16_in : {false, true}) {
+      std::vector<uint16_t> in16 = round_all(in);
+      std::vector<uint16_t> out(static_cast<size_t>(n * stride), kPoison);
+      ASSERT_TRUE(cpu::gated_act_bf16({.gated = false,
+                                       .in = bf16_in ? nullptr : in.data(),
+                                       .in_stride = stride,
+                                       .in_bf16 = bf16_in ? in16.data() : nullptr,
+                                       .out = out.data(),
+                                       .out_stride = stride,
+                                       .n_tokens = n,
+                                       .ffn_dim = ffn,
+                                       .act = act})
+                      .ok());
+      EXPECT_EQ(first_diff(out, round_all(ref)), -1) << static_cast<int>(act) << " " << bf16_in;
+    }
+  }
+}
+
+// embedding with scale = the row times scale; with accumulate = out + row (other shards' rows
+// leave out as it was).
+TEST(EmbeddingTwin, ScaleAndAccumulate) {
+  uint32_t rng = 3;
+  const int64_t vocab = 20, hidden = 9, n = 6;
+  const std::vector<float> table = random_floats(static_cast<size_t>(vocab * hidden), rng++, -1, 1);
+  const std::vector<int32_t> ids = {0, 5, 19, 7, 12, 5};
+  const std::vector<float> out0 = random_floats(static_cast<size_t>(n * hidden), rng++, -1, 1);
+  for (bool accumulate : {false, true}) {
+    std::vector<float> out = out0;
+    const float scale = accumulate ? 1.0f : 3.0f;
+    // The second half of the vocabulary only: ids < 10 belong to another shard.
+    ASSERT_TRUE(cpu::embedding({.table = table.data() + 10 * hidden,
+                                .table_dtype = DType::kF32,
+                                .table_stride = hidden,
+                                .ids = ids.data(),
+                                .out = out.data(),
+                                .out_stride = hidden,
+                                .n_tokens = n,
+                                .hidden = hidden,
+                                .vocab_offset = 10,
+                                .vocab_shard = 10,
+                                .vocab = vocab,
+                                .scale = scale,
+                                .accumulate = accumulate})
+                    .ok());
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < hidden; ++i) {
+        const size_t k = static_cast<size_t>(t * hidden + i);
+        const bool mine = ids[static_cast<size_t>(t)] >= 10;
+        const float row = mine ? table[static_cast<size_t>(ids[static_cast<size_t>(t)] * hidden + i)]
+                               : 0.0f;
+        const float want = accumulate ? (mine ? out0[k] + scale * row : out0[k]) : row * scale;
+        EXPECT_EQ(out[k], want) << "token " << t << " dim " << i << " acc " << accumulate;
+      }
+    }
+  }
+}
+
+// rope_kv_append with q/k norms = per-head cpu::rms_norm (with the weight offset) before cpu::rope,
+// then the append, all rounded once.
+TEST(RopeKvAppendTwin, QkNormsMatchRmsNormThenRope) {
+  uint32_t rng = 17;
+  const int64_t n = 4, hq = 4, hkv = 2, d = 16, rot = 8, block_size = 4, n_blocks = 4;
+  const int64_t row = (hq + 2 * hkv) * d;
+  const std::vector<float> qkv = random_floats(static_cast<size_t>(n * row), rng++, -2, 2);
+  const std::vector<float> qn = random_floats(static_cast<size_t>(d), rng++, -0.5f, 0.5f);
+  const std::vector<float> kn = random_floats(static_cast<size_t>(d), rng++, -0.5f, 0.5f);
+  std::vector<float> inv_freq(static_cast<size_t>(rot / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(100.0f, -2.0f * i / rot);
+  const std::vector<int32_t> seq = {0, 0, 0, 0}, pos = {0, 1, 2, 3}, tables = {2, 0, 1, 3};
+  // Reference: per-head norm (offset 1: Gemma's (1 + w)), rope, kv_append, rounded.
+  std::vector<float> ref_qkv = qkv;
+  for (int64_t t = 0; t < n; ++t) {
+    float* r = ref_qkv.data() + t * row;
+    ASSERT_TRUE(cpu::rms_norm({.x = r, .weight = qn.data(), .weight_dtype = DType::kF32,
+                               .out = r, .n_tokens = hq, .hidden = d, .x_stride = d,
+                               .out_stride = d, .eps = 1e-6f, .weight_offset = 1.0f}).ok());
+    ASSERT_TRUE(cpu::rms_norm({.x = r + hq * d, .weight = kn.data(), .weight_dtype = DType::kF32,
+                               .out = r + hq * d, .n_tokens = hkv, .hidden = d, .x_stride = d,
+                               .out_stride = d, .eps = 1e-6f, .weight_offset = 1.0f}).ok());
+  }
+  for (int64_t h0 : {int64_t{0}, hq}) {
+    ASSERT_TRUE(cpu::rope({.x = ref_qkv.data() + h0 * d, .token_stride = row, .head_stride = d,
+                           .n_tokens = n, .n_heads = h0 == 0 ? hq : hkv, .head_dim = d,
+                           .positions = pos.data(), .inv_freq = inv_freq.data(),
+                           .rotary_dim = rot, .neox_style = true}).ok());
+  }
+  const size_t cache_n = static_cast<size_t>(n_blocks * block_size * hkv * d);
+  std::vector<uint16_t> q(static_cast<size_t>(n * hq * d), kPoison), kc(cache_n, kPoison),
+      vc(cache_n, kPoison);
+  ASSERT_TRUE(cpu::rope_kv_append({.qkv = qkv.data(),
+                                   .qkv_stride = row,
+                                   .q_out = q.data(),
+                                   .q_out_stride = hq * d,
+                                   .token_seq = seq.data(),
+                                   .token_pos = pos.data(),
+                                   .n_tokens = n,
+                                   .n_heads = hq,
+                                   .inv_freq = inv_freq.data(),
+                                   .rotary_dim = rot,
+                                   .neox_style = true,
+                                   .q_norm = qn.data(),
+                                   .k_norm = kn.data(),
+                                   .norm_eps = 1e-6f,
+                                   .norm_weight_offset = 1.0f,
+                                   .cache = {.k_cache = kc.data(),
+                                             .v_cache = vc.data(),
+                                             .block_tables = tables.data(),
+                                             .max_blocks_per_seq = 4,
+                                             .n_seqs = 1,
+                                             .n_blocks = n_blocks,
+                                             .block_size = block_size,
+                                             .n_heads_kv = hkv,
+                                             .head_dim = d}})
+                  .ok());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < hq * d; ++j) {
+      EXPECT_EQ(q[static_cast<size_t>(t * hq * d + j)],
+                f32_to_bf16(ref_qkv[static_cast<size_t>(t * row + j)]))
+          << "q token " << t << " elem " << j;
+    }
+    const int64_t slot = tables[static_cast<size_t>(pos[static_cast<size_t>(t)] / block_size)] *
+                             block_size + pos[static_cast<size_t>(t)] % block_size;
+    for (int64_t j = 0; j < hkv * d; ++j) {
+      EXPECT_EQ(kc[static_cast<size_t>(slot * hkv * d + j)],
+                f32_to_bf16(ref_qkv[static_cast<size_t>(t * row + hq * d + j)]))
+          << "k token " << t << " elem " << j;
+      EXPECT_EQ(vc[static_cast<size_t>(slot * hkv * d + j)],
+                f32_to_bf16(qkv[static_cast<size_t>(t * row + (hq + hkv) * d + j)]));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -1,4 +1,5 @@
-// Gated activation into bf16: out[r, c] = bf16(act(gate[r, c]) * up[r, c]) with gate and up the
+// Gated activation into bf16 (or, with gated = false, the plain activation of a GPT-2 / NeoX MLP:
+// out[r, c] = bf16(act(in[r, c]))): out[r, c] = bf16(act(gate[r, c]) * up[r, c]) with gate and up the
 // two halves of the fused gate/up GEMM's f32 output row (gate = in[r, 0:ffn], up =
 // in[r, ffn:2ffn]); the bf16 result is the down_proj GEMM's input. silu, gelu (tanh
 // approximation), gelu (erf) and relu, as activation.cu.
@@ -89,8 +90,30 @@ __global__ void gated_act_bf16_in_kernel(const GatedActBf16Params p) {
   }
 }
 
+// Plain (ungated) MLPs (GPT-2, NeoX): out[r, i] = bf16(act(in[r, i])), in [n_tokens, ffn_dim] in
+// f32 or bf16 (kBf16In); one element per thread.
+template <Activation A, bool kBf16In>
+__global__ void act_bf16_kernel(const GatedActBf16Params p) {
+  pdl_trigger();
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= p.ffn_dim) return;
+  for (int64_t r = blockIdx.y; r < p.n_tokens; r += gridDim.y) {
+    const float v = kBf16In ? bf16_value(p.in_bf16[r * p.in_stride + i]) : p.in[r * p.in_stride + i];
+    p.out[r * p.out_stride + i] = bf16_bits(apply<A>(v));
+  }
+}
+
 template <Activation A>
 Status launch(const LaunchCtx& ctx, const GatedActBf16Params& p) {
+  if (!p.gated) {
+    const dim3 grid = elementwise_grid(p.n_tokens, p.ffn_dim, 1);
+    if (p.in_bf16 != nullptr) {
+      act_bf16_kernel<A, true><<<grid, kElementwiseThreads, 0, ctx.stream>>>(p);
+    } else {
+      act_bf16_kernel<A, false><<<grid, kElementwiseThreads, 0, ctx.stream>>>(p);
+    }
+    return kernel_launch_status("act_bf16_kernel");
+  }
   if (p.in_bf16 != nullptr) {
     const dim3 grid = elementwise_grid(p.n_tokens, p.ffn_dim, 4);
     gated_act_bf16_in_kernel<A><<<grid, kElementwiseThreads, 0, ctx.stream>>>(p);
@@ -112,19 +135,20 @@ Status check_params(const GatedActBf16Params& p) {
   if (p.ffn_dim <= 0 || p.ffn_dim > INT32_MAX / 2) {
     return invalid_argument(kOp, "ffn_dim " + std::to_string(p.ffn_dim) + " outside [1, 2^30)");
   }
+  const int64_t in_cols = p.gated ? 2 * p.ffn_dim : p.ffn_dim;
   if (p.in_bf16 != nullptr) {
     STRATA_RETURN_IF_ERROR(
-        check_matrix(kOp, "in_bf16", p.in_bf16, p.n_tokens, 2 * p.ffn_dim, p.in_stride));
+        check_matrix(kOp, "in_bf16", p.in_bf16, p.n_tokens, in_cols, p.in_stride));
     STRATA_RETURN_IF_ERROR(check_matrix(kOp, "out", p.out, p.n_tokens, p.ffn_dim, p.out_stride));
     return ok_status();  // the executor's buffers never overlap; no overlap check for bf16 in
   }
-  STRATA_RETURN_IF_ERROR(check_matrix(kOp, "in", p.in, p.n_tokens, 2 * p.ffn_dim, p.in_stride));
+  STRATA_RETURN_IF_ERROR(check_matrix(kOp, "in", p.in, p.n_tokens, in_cols, p.in_stride));
   STRATA_RETURN_IF_ERROR(check_matrix(kOp, "out", p.out, p.n_tokens, p.ffn_dim, p.out_stride));
   if (p.n_tokens > 0) {
     const auto in0 = reinterpret_cast<uintptr_t>(p.in);
     const auto out0 = reinterpret_cast<uintptr_t>(p.out);
     const auto in_end = in0 + static_cast<uintptr_t>(
-                                  ((p.n_tokens - 1) * p.in_stride + 2 * p.ffn_dim) * sizeof(float));
+                                  ((p.n_tokens - 1) * p.in_stride + in_cols) * sizeof(float));
     const auto out_end =
         out0 +
         static_cast<uintptr_t>(((p.n_tokens - 1) * p.out_stride + p.ffn_dim) * sizeof(uint16_t));
@@ -137,9 +161,6 @@ Status check_params(const GatedActBf16Params& p) {
 
 Status gated_act_bf16(const LaunchCtx& ctx, const GatedActBf16Params& p) {
   STRATA_RETURN_IF_ERROR(check_params(p));
-  if (!p.gated) {
-    return Status(StatusCode::kUnimplemented, "gated_act_bf16: gated = false is not implemented on CUDA yet");
-  }
   switch (p.act) {
     case Activation::kSilu:
       return p.n_tokens == 0 ? ok_status() : launch<Activation::kSilu>(ctx, p);

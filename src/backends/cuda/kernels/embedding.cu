@@ -1,5 +1,7 @@
-// Embedding lookup: out[t, :] = table[ids[t] - vocab_offset, :] converted to f32, zeros when the
-// id belongs to another vocab shard (the all-reduce after a vocab-parallel lookup sums shards).
+// Embedding lookup: out[t, :] = scale * table[ids[t] - vocab_offset, :] converted to f32, zeros
+// when the id belongs to another vocab shard (the all-reduce after a vocab-parallel lookup sums
+// shards); with accumulate, out[t, :] += scale * row instead (learned position embeddings added
+// to the token embeddings), and other shards' rows add nothing.
 // CPU twin: src/backends/cpu/embedding.cpp (same EmbeddingParams).
 //
 // Layout: table [vocab_shard, hidden] in f32/f16/bf16 with row stride table_stride; ids [n_tokens]
@@ -42,7 +44,9 @@ __global__ void __launch_bounds__(kMaxThreads) embedding_kernel(const EmbeddingP
   const int start = static_cast<int>(threadIdx.x) * kW;
 
   if (id < 0 || id >= p.vocab || row < 0 || row >= p.vocab_shard) {
-    const float fill = (id < 0 || id >= p.vocab) ? __int_as_float(0x7fc00000) : 0.0f;
+    const bool bad = id < 0 || id >= p.vocab;
+    if (!bad && p.accumulate) return;  // another shard's row adds nothing
+    const float fill = bad ? __int_as_float(0x7fc00000) : 0.0f;
     Packed<float, kW> o;
 #pragma unroll
     for (int k = 0; k < kW; ++k) o.v[k] = fill;
@@ -50,12 +54,19 @@ __global__ void __launch_bounds__(kMaxThreads) embedding_kernel(const EmbeddingP
     return;
   }
   const T* src = static_cast<const T*>(p.table) + row * p.table_stride;  // [hidden]
+  const float scale = p.scale;
   for (int i = start; i < hidden; i += step) {
     float v[kW];
     load_f32<kW>(src + i, v);
     Packed<float, kW> o;
+    if (p.accumulate) {
+      o = load_packed<float, kW>(out + i);
 #pragma unroll
-    for (int k = 0; k < kW; ++k) o.v[k] = v[k];
+      for (int k = 0; k < kW; ++k) o.v[k] = __fadd_rn(o.v[k], __fmul_rn(scale, v[k]));
+    } else {
+#pragma unroll
+      for (int k = 0; k < kW; ++k) o.v[k] = scale == 1.0f ? v[k] : __fmul_rn(v[k], scale);
+    }
     store_packed(out + i, o);
   }
 }
@@ -85,9 +96,6 @@ Status check_params(const EmbeddingParams& p) {
 
 Status embedding(const LaunchCtx& ctx, const EmbeddingParams& p) {
   STRATA_RETURN_IF_ERROR(check_params(p));
-  if (p.accumulate || p.scale != 1.0f) {
-    return Status(StatusCode::kUnimplemented, "embedding: scale / accumulate are not implemented on CUDA yet");
-  }
   return dispatch_float_dtype(p.table_dtype, "embedding table", [&]<class T>(TypeTag<T>) {
     if (p.n_tokens == 0) return ok_status();
     const bool vec = p.hidden % kVecWidth == 0 && p.table_stride % kVecWidth == 0 &&

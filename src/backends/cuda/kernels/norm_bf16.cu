@@ -1,4 +1,5 @@
-// RMSNorm into bf16 with the residual add fused in (Deep-Fusion, DeepSpeed-Inference III-B):
+// RMSNorm (or LayerNorm, NormBf16Params::kind) into bf16 with the residual add fused in
+// (Deep-Fusion, DeepSpeed-Inference III-B):
 //   x[r, :] += residual[r, :]            (optional; f32, written back: the residual stream)
 //   out[r, :] = bf16(x[r, :] * 1/sqrt(mean(x[r, :]^2) + eps) * (weight[:] + weight_offset))
 // so the o_proj/down_proj output joins the residual stream and the next norm reads it in one
@@ -95,6 +96,81 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bf16_kernel(const NormBf16Pa
   }
 }
 
+// LayerNorm into bf16 (GPT-2, NeoX): x += residual (optional), then three passes over the row:
+// the mean, the centred sum of squares (so a large mean does not cancel the variance away, as
+// the twin does in double), and out = bf16((x - mean) * 1/sqrt(var + eps) * w + b). Bias in the
+// weight's dtype (or none).
+template <class W, bool kVec>
+__global__ void __launch_bounds__(kMaxThreads) layer_norm_bf16_kernel(const NormBf16Params p) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t row = blockIdx.x;
+  float* x = p.x + row * p.x_stride;
+  const float* res = p.residual == nullptr ? nullptr : p.residual + row * p.residual_stride;
+  uint16_t* out = p.out + row * p.out_stride;
+  const W* weight = static_cast<const W*>(p.weight);
+  const W* bias = static_cast<const W*>(p.bias);
+  const int hidden = static_cast<int>(p.hidden);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int n_threads = static_cast<int>(blockDim.x);
+  const int vec_end = kVec ? hidden / kVecWidth * kVecWidth : 0;
+
+  float sum = 0.0f;
+  for (int i = tid * kVecWidth; i < vec_end; i += n_threads * kVecWidth) {
+    Packed<float, kVecWidth> v = load_packed<float, kVecWidth>(x + i);
+    if (res != nullptr) {
+      const Packed<float, kVecWidth> r = load_packed<float, kVecWidth>(res + i);
+#pragma unroll
+      for (int k = 0; k < kVecWidth; ++k) v.v[k] += r.v[k];
+      store_packed(x + i, v);
+    }
+#pragma unroll
+    for (int k = 0; k < kVecWidth; ++k) sum += v.v[k];
+  }
+  for (int i = vec_end + tid; i < hidden; i += n_threads) {
+    float v = x[i];
+    if (res != nullptr) {
+      v += res[i];
+      x[i] = v;
+    }
+    sum += v;
+  }
+  const float mean = block_reduce_sum(sum) / static_cast<float>(hidden);
+  float ss = 0.0f;
+  for (int i = tid * kVecWidth; i < vec_end; i += n_threads * kVecWidth) {
+    float v[kVecWidth];
+    load_f32<kVecWidth>(x + i, v);
+#pragma unroll
+    for (int k = 0; k < kVecWidth; ++k) {
+      const float d = v[k] - mean;
+      ss += d * d;
+    }
+  }
+  for (int i = vec_end + tid; i < hidden; i += n_threads) {
+    const float d = x[i] - mean;
+    ss += d * d;
+  }
+  const float var = block_reduce_sum(ss) / static_cast<float>(hidden);
+  const float inv = 1.0f / sqrtf(var + p.eps);
+  for (int i = tid * kVecWidth; i < vec_end; i += n_threads * kVecWidth) {
+    float v[kVecWidth];
+    float w[kVecWidth];
+    float b[kVecWidth] = {};
+    load_f32<kVecWidth>(x + i, v);
+    load_f32<kVecWidth>(weight + i, w);
+    if (bias != nullptr) load_f32<kVecWidth>(bias + i, b);
+#pragma unroll
+    for (int k = 0; k < kVecWidth; ++k) {
+      v[k] = __fadd_rn(__fmul_rn(__fmul_rn(v[k] - mean, inv), w[k]), b[k]);  // no FMA: as the twin
+    }
+    store_bf16<kVecWidth>(out + i, v);
+  }
+  for (int i = vec_end + tid; i < hidden; i += n_threads) {
+    const float b = bias != nullptr ? to_f32(bias[i]) : 0.0f;
+    out[i] = bf16_bits(__fadd_rn(__fmul_rn(__fmul_rn(x[i] - mean, inv), to_f32(weight[i])), b));
+  }
+}
+
 // Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) overlap.
 bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
   const auto a0 = reinterpret_cast<uintptr_t>(a);
@@ -128,8 +204,8 @@ Status check_params(const NormBf16Params& p) {
 
 Status norm_bf16(const LaunchCtx& ctx, const NormBf16Params& p) {
   STRATA_RETURN_IF_ERROR(check_params(p));
-  if (p.kind != NormKind::kRms) {
-    return Status(StatusCode::kUnimplemented, "norm_bf16: LayerNorm is not implemented on CUDA yet");
+  if (p.kind == NormKind::kLayer && p.bias != nullptr && p.bias_dtype != p.weight_dtype) {
+    return invalid_argument(kOp, "LayerNorm bias dtype must equal the weight dtype");
   }
   return dispatch_float_dtype(p.weight_dtype, "norm_bf16 weight", [&]<class W>(TypeTag<W>) {
     if (p.n_tokens == 0) return ok_status();
@@ -137,17 +213,25 @@ Status norm_bf16(const LaunchCtx& ctx, const NormBf16Params& p) {
         p.residual == nullptr || (p.residual_stride % kVecWidth == 0 && is_aligned(p.residual, 16));
     const bool vec = p.x_stride % kVecWidth == 0 && p.out_stride % kVecWidth == 0 &&
                      is_aligned(p.x, 16) && is_aligned(p.out, 8) && res_vec &&
-                     is_aligned(p.weight, sizeof(W) * kVecWidth);
+                     is_aligned(p.weight, sizeof(W) * kVecWidth) &&
+                     (p.bias == nullptr || is_aligned(p.bias, sizeof(W) * kVecWidth));
     const int64_t per_thread = vec ? kVecWidth : 1;
     const int threads = static_cast<int>(std::min<int64_t>(
         kMaxThreads, round_up<int64_t>(ceil_div(p.hidden, per_thread), kWarpSize)));
     const dim3 grid(static_cast<unsigned>(p.n_tokens));
+    const bool pdl = p.n_tokens > kPdlMinTokens;
+    if (p.kind == NormKind::kLayer) {
+      if (vec) {
+        (void)launch_pdl(ctx, pdl, layer_norm_bf16_kernel<W, true>, grid, dim3(threads), 0, p);
+      } else {
+        (void)launch_pdl(ctx, pdl, layer_norm_bf16_kernel<W, false>, grid, dim3(threads), 0, p);
+      }
+      return kernel_launch_status("layer_norm_bf16_kernel");
+    }
     if (vec) {
-      (void)launch_pdl(ctx, p.n_tokens > kPdlMinTokens, norm_bf16_kernel<W, true>, grid,
-                       dim3(threads), 0, p);
+      (void)launch_pdl(ctx, pdl, norm_bf16_kernel<W, true>, grid, dim3(threads), 0, p);
     } else {
-      (void)launch_pdl(ctx, p.n_tokens > kPdlMinTokens, norm_bf16_kernel<W, false>, grid,
-                       dim3(threads), 0, p);
+      (void)launch_pdl(ctx, pdl, norm_bf16_kernel<W, false>, grid, dim3(threads), 0, p);
     }
     return kernel_launch_status("norm_bf16_kernel");
   });

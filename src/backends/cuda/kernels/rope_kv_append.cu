@@ -159,6 +159,92 @@ __global__ void __launch_bounds__(kMaxThreads) rope_kv_append_kernel(const RopeK
   }
 }
 
+// With q/k norms (Gemma-3 and other q/k-normed families): each q head (and, when the token has a
+// cache slot, each k head) is first RMS-normalised over head_dim, x * inv_rms * (w + offset), as
+// the twin computes it (its sum of squares in double, here a warp's f32 sum: the same few-ulp
+// caveat as norm_bf16), then rotated and rounded like the plain kernel. Scalar accesses: these
+// families are small (one warp per head for the norms, one thread per pair after).
+template <bool kNeox>
+__global__ void __launch_bounds__(kMaxThreads)
+    rope_kv_append_norm_kernel(const RopeKvAppendParams p) {
+  pdl_trigger();
+  pdl_wait();
+  extern __shared__ float table[];  // cos [half], sin [half], inv_rms [n_heads + n_heads_kv]
+  const PagedKvBf16Params& c = p.cache;
+  const int half = static_cast<int>(p.rotary_dim / 2);
+  float* cos_t = table;
+  float* sin_t = table + half;
+  float* inv_t = table + 2 * half;
+  const int64_t t = blockIdx.x;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int n_threads = static_cast<int>(blockDim.x);
+  const int d = static_cast<int>(c.head_dim);
+  const int n_q = static_cast<int>(p.n_heads);
+  const int n_kv = static_cast<int>(c.n_heads_kv);
+  const int64_t pos = p.token_pos[t];
+  const int64_t slot = kv_slot(c, p.token_seq[t], pos);
+  const int n_rot_heads = slot >= 0 ? n_q + n_kv : n_q;
+  const float* row = p.qkv + t * p.qkv_stride;
+  uint16_t* q_dst = p.q_out + t * p.q_out_stride;
+  uint16_t* k_dst = c.k_cache + (slot >= 0 ? slot : 0) * n_kv * d;
+  uint16_t* v_dst = c.v_cache + (slot >= 0 ? slot : 0) * n_kv * d;
+  if (half > 0) {
+    const double pos_d = static_cast<double>(pos);
+    for (int i = tid; i < half; i += n_threads) {
+      double s;
+      double co;
+      sincos(pos_d * static_cast<double>(p.inv_freq[i]), &s, &co);
+      cos_t[i] = __fmul_rn(static_cast<float>(co), p.attention_factor);
+      sin_t[i] = __fmul_rn(static_cast<float>(s), p.attention_factor);
+    }
+  }
+  const int lane = tid % kWarpSize, warp = tid / kWarpSize, n_warps = n_threads / kWarpSize;
+  for (int h = warp; h < n_rot_heads; h += n_warps) {
+    const float* w = h < n_q ? p.q_norm : p.k_norm;
+    const float* x = row + h * d;
+    float ss = 0.0f;
+    if (w != nullptr) {
+      for (int i = lane; i < d; i += kWarpSize) ss += x[i] * x[i];
+    }
+    ss = warp_reduce_sum(ss);
+    if (lane == 0) {
+      inv_t[h] = w != nullptr ? 1.0f / sqrtf(__fadd_rn(ss / static_cast<float>(d), p.norm_eps))
+                              : 1.0f;
+    }
+  }
+  __syncthreads();
+  // Element j of head h after its norm (f32, as the twin: (x * inv) * (w + offset)).
+  auto value = [&](int h, int j) {
+    const float* w = h < n_q ? p.q_norm : p.k_norm;
+    const float x = row[h * d + j];
+    return w != nullptr ? __fmul_rn(__fmul_rn(x, inv_t[h]), __fadd_rn(w[j], p.norm_weight_offset))
+                        : x;
+  };
+  for (int item = tid; item < n_rot_heads * half; item += n_threads) {
+    const int h = item / half;
+    const int i = item % half;
+    const int ia = kNeox ? i : 2 * i;
+    const int ib = kNeox ? i + half : 2 * i + 1;
+    float a = value(h, ia);
+    float b = value(h, ib);
+    rotate(a, b, cos_t[i], sin_t[i]);
+    uint16_t* dst = h < n_q ? q_dst + h * d : k_dst + (h - n_q) * d;
+    dst[ia] = bf16_bits(a);
+    dst[ib] = bf16_bits(b);
+  }
+  const int rot = 2 * half;
+  for (int item = tid; item < n_rot_heads * (d - rot); item += n_threads) {
+    const int h = item / (d - rot);
+    const int j = rot + item % (d - rot);
+    uint16_t* dst = h < n_q ? q_dst + h * d : k_dst + (h - n_q) * d;
+    dst[j] = bf16_bits(value(h, j));
+  }
+  if (slot >= 0) {
+    const float* v = row + (n_q + n_kv) * d;
+    for (int j = tid; j < n_kv * d; j += n_threads) v_dst[j] = bf16_bits(v[j]);
+  }
+}
+
 Status check_params(const RopeKvAppendParams& p) {
   const PagedKvBf16Params& c = p.cache;
   if (c.n_seqs <= 0 || c.n_blocks <= 0 || c.block_size <= 0 || c.max_blocks_per_seq <= 0 ||
@@ -238,10 +324,24 @@ Status launch(const LaunchCtx& ctx, const RopeKvAppendParams& p) {
 
 Status rope_kv_append(const LaunchCtx& ctx, const RopeKvAppendParams& p) {
   STRATA_RETURN_IF_ERROR(check_params(p));
-  if (p.q_norm != nullptr || p.k_norm != nullptr) {
-    return Status(StatusCode::kUnimplemented, "rope_kv_append: q/k norms are not implemented on CUDA yet");
-  }
   if (p.n_tokens == 0) return ok_status();
+  if (p.q_norm != nullptr || p.k_norm != nullptr) {
+    const PagedKvBf16Params& c = p.cache;
+    const int threads = kMaxThreads;
+    const size_t smem =
+        static_cast<size_t>(p.rotary_dim + p.n_heads + c.n_heads_kv) * sizeof(float);
+    if (smem > 48 * 1024) {
+      return invalid_argument(kOp, "too many heads for the q/k-norm kernel's shared table");
+    }
+    const dim3 grid(static_cast<unsigned>(p.n_tokens));
+    const bool pdl = p.n_tokens > kPdlMinTokens;
+    if (p.neox_style) {
+      (void)launch_pdl(ctx, pdl, rope_kv_append_norm_kernel<true>, grid, dim3(threads), smem, p);
+    } else {
+      (void)launch_pdl(ctx, pdl, rope_kv_append_norm_kernel<false>, grid, dim3(threads), smem, p);
+    }
+    return kernel_launch_status("rope_kv_append_norm_kernel");
+  }
   return p.neox_style ? launch<true>(ctx, p) : launch<false>(ctx, p);
 }
 
