@@ -129,6 +129,7 @@ Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool slidin
   ops::AttentionArgs at;
   at.scale = c.attn_scale > 0.0f ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(D));
   at.sliding_window = sliding ? c.sliding_window : 0;
+  at.logit_softcap = c.attn_logit_softcap;
   at.workspace = a.ws.attn_ws;
   Tensor attn = rows(a.ws.attn, n);
   return ops::attention(a.ctx, q, a.step, cache, at, attn);

@@ -4,6 +4,7 @@
 // `rope_scaling` (`type` or `rope_type`), and transformers 5's `rope_parameters` dict.
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -159,9 +160,9 @@ void parse_eos(const json& root, ModelConfig* c) {
 }  // namespace
 
 const std::vector<std::string>& supported_hf_architectures() {
-  static const std::vector<std::string> kArchs = {"LlamaForCausalLM", "MistralForCausalLM",
-                                                  "Qwen2ForCausalLM", "GPT2LMHeadModel",
-                                                  "GPTNeoXForCausalLM"};
+  static const std::vector<std::string> kArchs = {
+      "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+      "GPT2LMHeadModel",  "GPTNeoXForCausalLM", "Gemma3ForCausalLM"};
   return kArchs;
 }
 
@@ -189,6 +190,8 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
       c.architecture = "GPT2LMHeadModel";
     else if (mt == "gpt_neox")
       c.architecture = "GPTNeoXForCausalLM";
+    else if (mt == "gemma3_text")
+      c.architecture = "Gemma3ForCausalLM";
     else
       c.architecture = mt;
   } else {
@@ -266,6 +269,66 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
     c.rope_neox_style = true;
     STRATA_ASSIGN_OR_RETURN(c.activation,
                             parse_activation(f.string_or("hidden_act", "gelu"), source));
+  } else if (a == "Gemma3ForCausalLM") {
+    // Gemma-3 text models: (1 + w) RMSNorms before and after attention and MLP, per-head q/k
+    // norms, GeGLU, sqrt(hidden) embedding scale, query scale query_pre_attn_scalar^-1/2, and
+    // sliding-window layers (layer_types, or every layer but each sliding_window_pattern-th)
+    // with their own rope base.
+    c.family = ArchFamily::kGemma3;
+    c.vocab = f.required_int("vocab_size");
+    c.hidden = f.required_int("hidden_size");
+    c.n_layers = f.required_int("num_hidden_layers");
+    c.n_heads = f.required_int("num_attention_heads");
+    c.n_heads_kv = f.int_or("num_key_value_heads", c.n_heads);
+    c.ffn_dim = f.required_int("intermediate_size");
+    c.max_position_embeddings = f.int_or("max_position_embeddings", 131072);
+    c.norm = NormType::kRmsNorm;
+    c.norm_eps = static_cast<float>(f.num_or("rms_norm_eps", 1e-6));
+    c.norm_weight_offset = 1.0f;
+    c.gated_mlp = true;
+    c.qkv_bias = c.o_bias = f.bool_or("attention_bias", false);
+    c.qk_norm = true;
+    c.post_norms = true;
+    c.tie_word_embeddings = f.bool_or("tie_word_embeddings", true);
+    c.pos_embedding = PosEmbedding::kRope;
+    c.rope_neox_style = true;
+    c.embedding_scale = std::sqrt(static_cast<float>(c.hidden));
+    STRATA_ASSIGN_OR_RETURN(
+        c.activation, parse_activation(f.string_or("hidden_activation", "gelu_pytorch_tanh"), source));
+    const double scalar = f.num_or("query_pre_attn_scalar", 256.0);
+    if (!(scalar > 0.0)) {
+      return errorf(StatusCode::kInvalidArgument, "{}: query_pre_attn_scalar must be > 0", source);
+    }
+    c.attn_scale = static_cast<float>(1.0 / std::sqrt(scalar));
+    c.attn_logit_softcap = static_cast<float>(f.num_or("attn_logit_softcapping", 0.0));
+    c.final_logit_softcap = static_cast<float>(f.num_or("final_logit_softcapping", 0.0));
+    c.sliding_window = f.int_or("sliding_window", 4096);
+    c.layer_is_sliding.assign(static_cast<size_t>(std::clamp<int64_t>(c.n_layers, 0, 4096)), true);
+    if (f.has("layer_types")) {
+      const json& lt = root.at("layer_types");
+      if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.n_layers) {
+        return errorf(StatusCode::kInvalidArgument,
+                      "{}: field 'layer_types' must list one type per layer", source);
+      }
+      for (size_t l = 0; l < lt.size(); ++l) {
+        const std::string t = lt[l].is_string() ? lt[l].get<std::string>() : "";
+        if (t != "sliding_attention" && t != "full_attention") {
+          return errorf(StatusCode::kInvalidArgument, "{}: layer_types[{}] '{}' is not "
+                        "sliding_attention or full_attention", source, l, printable(t));
+        }
+        c.layer_is_sliding[l] = t == "sliding_attention";
+      }
+    } else {
+      const int64_t pattern =
+          f.int_or("sliding_window_pattern", f.int_or("_sliding_window_pattern", 6));
+      if (pattern < 1) {
+        return errorf(StatusCode::kInvalidArgument, "{}: sliding_window_pattern must be >= 1",
+                      source);
+      }
+      for (int64_t l = 0; l < static_cast<int64_t>(c.layer_is_sliding.size()); ++l) {
+        c.layer_is_sliding[static_cast<size_t>(l)] = (l + 1) % pattern != 0;
+      }
+    }
   } else {
     std::string list;
     for (const auto& s : supported_hf_architectures()) list += (list.empty() ? "" : ", ") + s;
@@ -284,13 +347,30 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
     if (f.has("rope_scaling")) {
       STRATA_RETURN_IF_ERROR(parse_rope_scaling(root.at("rope_scaling"), source, &c.rope_scaling));
     }
+    // Gemma-3: the global (full-attention) layers use rope_theta and the scaling; the sliding
+    // layers rope_local_base_freq without scaling (transformers 5: rope_parameters per layer type).
+    double theta_local = f.num_or("rope_local_base_freq", 10000.0);
     if (f.has("rope_parameters")) {
       const json& rp = root.at("rope_parameters");
-      STRATA_RETURN_IF_ERROR(parse_rope_scaling(rp, source, &c.rope_scaling));
-      Fields rf(rp, source);
+      const bool per_type = rp.is_object() && rp.contains("full_attention");
+      const json& global = per_type ? rp.at("full_attention") : rp;
+      STRATA_RETURN_IF_ERROR(parse_rope_scaling(global, source, &c.rope_scaling));
+      Fields rf(global, source);
       theta = rf.num_or("rope_theta", theta);
       partial = rf.num_or("partial_rotary_factor", partial);
       STRATA_RETURN_IF_ERROR(rf.status());
+      if (per_type && rp.contains("sliding_attention")) {
+        const json& local = rp.at("sliding_attention");
+        RopeScaling ls;
+        STRATA_RETURN_IF_ERROR(parse_rope_scaling(local, source, &ls));
+        if (ls.type != RopeScalingType::kNone) {
+          return errorf(StatusCode::kUnimplemented,
+                        "{}: rope scaling on sliding-attention layers is not supported", source);
+        }
+        Fields lf(local, source);
+        theta_local = lf.num_or("rope_theta", theta_local);
+        STRATA_RETURN_IF_ERROR(lf.status());
+      }
     }
     STRATA_RETURN_IF_ERROR(f.status());
     if (!(theta > 0.0)) {
@@ -300,6 +380,12 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
       return errorf(StatusCode::kInvalidArgument, "{}: rotary fraction must be in (0, 1]", source);
     }
     c.rope_theta = c.rope_theta_local = static_cast<float>(theta);
+    if (c.family == ArchFamily::kGemma3) {
+      if (!(theta_local > 0.0)) {
+        return errorf(StatusCode::kInvalidArgument, "{}: rope_local_base_freq must be > 0", source);
+      }
+      c.rope_theta_local = static_cast<float>(theta_local);
+    }
     c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
   }
 

@@ -63,6 +63,7 @@ struct ModelConfig {
   int64_t sliding_window = 0;          // 0 = none
   std::vector<bool> layer_is_sliding;  // per layer, when sliding_window > 0
   float attn_scale = 0.0f;             // 0 = 1/sqrt(head_dim)
+  float attn_logit_softcap = 0.0f;     // tanh soft-capping of attention scores; 0 = off
   float final_logit_softcap = 0.0f;
 
   DType weight_dtype = DType::kF32;  // dtype of the checkpoint's weights (torch_dtype)

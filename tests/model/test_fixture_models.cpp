@@ -47,7 +47,8 @@ INSTANTIATE_TEST_SUITE_P(All, FixtureModel,
                          ::testing::Values(Case{"llama", 1e-4}, Case{"llama_bf16", 1e-4},
                                            Case{"llama_sharded", 1e-4}, Case{"mistral", 1e-4},
                                            Case{"qwen2", 1e-4}, Case{"gpt2", 1e-4},
-                                           Case{"neox", 1e-4}, Case{"neox_seq", 1e-4}),
+                                           Case{"neox", 1e-4}, Case{"neox_seq", 1e-4},
+                                           Case{"gemma3", 1e-4}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
