@@ -75,6 +75,31 @@ __device__ inline float block_reduce_sum(float v) {
   return total;
 }
 
+// The same in double (LayerNorm's mean and variance, summed as the CPU twin sums them).
+__device__ inline double block_reduce_sum_double(double v) {
+  __shared__ double partial[kWarpSize];
+  __shared__ double total;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int n_warps = static_cast<int>(blockDim.x) / kWarpSize;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    double t = lane < n_warps ? partial[lane] : 0.0;
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      t += __shfl_xor_sync(0xffffffffu, t, offset);
+    }
+    if (lane == 0) total = t;
+  }
+  __syncthreads();
+  return total;
+}
+
 // Max of `v` over the whole block, returned to every thread; same contract as block_reduce_sum.
 __device__ inline float block_reduce_max(float v) {
   __shared__ float partial[kWarpSize];
