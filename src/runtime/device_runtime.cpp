@@ -1,6 +1,9 @@
 #include "runtime/device_runtime.h"
 
+#include <algorithm>
+#include <chrono>
 #include <thread>
+#include <vector>
 
 #include "core/status.h"
 
@@ -27,6 +30,19 @@ class CpuRuntime final : public DeviceRuntime {
     return body();
   }
   bool supports_graphs() const override { return false; }
+  Result<double> time_ms(const std::function<Status()>& fn, int warmup, int iters) override {
+    for (int i = 0; i < warmup; ++i) STRATA_RETURN_IF_ERROR(fn());
+    std::vector<double> ms;
+    for (int i = 0; i < iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      STRATA_RETURN_IF_ERROR(fn());
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                       .count());
+    }
+    if (ms.empty()) return 0.0;
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  }
   int64_t graph_captures() const override { return 0; }
   int64_t graph_replays() const override { return 0; }
 

@@ -44,6 +44,9 @@ class DeviceRuntime {
   virtual bool supports_graphs() const = 0;
   virtual int64_t graph_captures() const = 0;
   virtual int64_t graph_replays() const = 0;
+  // Median milliseconds of `fn` (device work on ctx()'s stream) over `iters` runs after `warmup`
+  // runs, timed with device events on a GPU and the host clock on the CPU (benchmarks only).
+  virtual Result<double> time_ms(const std::function<Status()>& fn, int warmup, int iters) = 0;
   // Labels the profiled sections of the next step (decode steps and other passes apart).
   virtual void begin_step(bool decode) { (void)decode; }
   // After a synchronize: folds finished profiled sections into the totals.

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -171,6 +172,35 @@ class CudaRuntime final : public DeviceRuntime {
     return ok_status();
   }
   bool supports_graphs() const override { return profiler_ == nullptr; }
+  Result<double> time_ms(const std::function<Status()>& fn, int warmup, int iters) override {
+    const cudaStream_t stream = dev_->launch_ctx().stream;
+    for (int i = 0; i < warmup; ++i) STRATA_RETURN_IF_ERROR(fn());
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e0));
+    const cudaError_t c1 = cudaEventCreate(&e1);
+    if (c1 != cudaSuccess) {
+      (void)cudaEventDestroy(e0);
+      STRATA_CUDA_RETURN_IF_ERROR(c1);
+    }
+    std::vector<double> ms;
+    Status st = ok_status();
+    for (int i = 0; i < iters && st.ok(); ++i) {
+      (void)cudaEventRecord(e0, stream);
+      st = fn();
+      (void)cudaEventRecord(e1, stream);
+      float t = 0.0f;
+      if (st.ok() && cudaEventSynchronize(e1) == cudaSuccess &&
+          cudaEventElapsedTime(&t, e0, e1) == cudaSuccess) {
+        ms.push_back(t);
+      }
+    }
+    (void)cudaEventDestroy(e0);
+    (void)cudaEventDestroy(e1);
+    STRATA_RETURN_IF_ERROR(st);
+    if (ms.empty()) return 0.0;
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  }
   int64_t graph_captures() const override { return captures_; }
   int64_t graph_replays() const override { return replays_; }
   void begin_step(bool decode) override {

@@ -1,4 +1,7 @@
 // CUDA backend launchers: strata::cuda::<op>(const LaunchCtx&, const <Op>Params&) -> Status.
+// These are the kernels the fused op set (src/ops/ops.h) runs on a GPU; the unfused f32 ops of
+// the CPU reference (cpu::rope, kv_append, attention, gated_act, act) have no CUDA version: the
+// GPU runs their fused bf16 forms (rope_kv_append, varlen_attention, gated_act_bf16).
 // Each takes the same Params as its CPU twin in src/backends/cpu/cpu_kernels.h, checks the
 // arguments (before touching the GPU, so bad arguments fail the same way with or without one),
 // launches on ctx.stream and returns the launch error, if any. Launches are asynchronous: errors
@@ -24,25 +27,10 @@ Status layer_norm(const LaunchCtx& ctx, const LayerNormParams& p);
 // twin returns kOutOfRange instead); ids of other vocab shards give zero rows, as on the CPU.
 Status embedding(const LaunchCtx& ctx, const EmbeddingParams& p);
 
-// kernels/rope.cu. In place on x; both pair styles; rotary_dim even, <= head_dim and <= 1024.
-Status rope(const LaunchCtx& ctx, const RopeKernelParams& p);
 
-// kernels/kv_append.cu. Token ids, positions and block tables live on the device: a token whose
-// slot is invalid (the CPU twin's kOutOfRange cases) writes nothing.
-Status kv_append(const LaunchCtx& ctx, const KvAppendParams& p);
 
-// kernels/attention.cu. Paged causal attention, one block per (token, query head); head_dim
-// <= 256; n_heads a multiple of n_heads_kv. A (token, head) whose sequence, position or blocks
-// are invalid (the CPU twin's kOutOfRange cases) gets a NaN output row. Correct, not yet fast.
-Status attention(const LaunchCtx& ctx, const AttentionKernelParams& p);
 
-// kernels/kv_append.cu: the host-side checks of a PagedKvParams shared by kv_append and attention
-// (sizes positive, pointers set); kInvalidArgument naming `op`.
-Status check_paged_kv(const char* op, const PagedKvParams& c);
 
-// kernels/activation.cu. out = act(gate) * up, and x = act(x) in place.
-Status gated_act(const LaunchCtx& ctx, const GatedActParams& p);
-Status act(const LaunchCtx& ctx, const ActParams& p);
 
 // kernels/elementwise.cu. add's out may equal a or b (same stride); bias dtype f32, f16 or bf16;
 // softcap needs cap > 0.
