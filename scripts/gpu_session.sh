@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of a session in one device call: machine facts, the CUDA tests (label cuda:
-# test_cuda and the op table), compute-sanitizer memcheck of the model-level tests, the benchmark
+# test_cuda and the op table), the op table's --perf timings (stage opperf), compute-sanitizer
+# memcheck of the model-level tests, the benchmark
 # beside the PyTorch peer (scripts/gpu_bench.sh) and the offline-throughput run
 # (scripts/gpu_serve_bench.sh). Stages are chosen with STAGES (default "tests memcheck bench
 # serve"); everything is written to a scratch folder and comes back in $OUT (or ./gpu_out) as
@@ -54,10 +55,15 @@ if has tests; then
   for t in "$BUILD"/tests/test_backend_ops; do
     [ -x "$t" ] || continue
     stamp "op table ($t)"
-    "$t" > "$OUT/backend_ops.log" 2>&1 || rc=1
-    tail -n 15 "$OUT/backend_ops.log"
-    summary+=("backend_ops: $(tail -n 3 "$OUT/backend_ops.log" | tr '\n' ' ')")
+    "$t" --require-cuda > "$OUT/backend_ops.log" 2>&1 || rc=1
+    grep -E "FAIL|skipped" "$OUT/backend_ops.log" | head -n 20
+    summary+=("backend_ops: $(tail -n 1 "$OUT/backend_ops.log")")
   done
+fi
+if has opperf && [ -x "$BUILD/tests/test_backend_ops" ]; then
+  stamp "op table --perf"
+  "$BUILD/tests/test_backend_ops" --perf --require-cuda > "$OUT/backend_ops_perf.log" 2>&1 || rc=1
+  grep -E " cuda " "$OUT/backend_ops_perf.log" | grep -E "linear 16x1024|attention decode|prefill" | head -n 12
 fi
 if has memcheck && command -v compute-sanitizer > /dev/null; then
   stamp "compute-sanitizer memcheck"
