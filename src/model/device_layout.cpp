@@ -69,6 +69,14 @@ class Uploader {
                                    bool with_bias, bool quantize, const char* what) {
     const DType wdt = quantize ? layout_.weight_dtype : DType::kBF16;
     const size_t n = static_cast<size_t>(rows * cols);
+    // The GPU GEMMs read weight rows with 16-byte loads: 8 bf16 or 16 int8 / fp8 values.
+    const int64_t align = wdt == DType::kBF16 ? 8 : 16;
+    if (ctx_.device.is_cuda() && cols % align != 0) {
+      return errorf(StatusCode::kUnimplemented,
+                    "{}: {} input features are not a multiple of {}, which the CUDA GEMMs need for "
+                    "{} weights",
+                    what, cols, align, dtype_name(wdt));
+    }
     Tensor bf;  // the bf16 matrix: the weight itself, or a staging copy to quantize
     Buffer staging;
     if (wdt == DType::kBF16) {

@@ -764,7 +764,13 @@ int run_all(bool perf, bool require_cuda, const std::string& filter) {
       const Run& r = runs[i];
       const std::string& vn = variants[i].name;
       if (!r.status.ok()) {
-        if (vn == "cuda" && r.status.code() == StatusCode::kUnimplemented) {
+        // Shapes the CUDA kernels do not take (8-bit weight rows must be 16-byte aligned: in
+        // features a multiple of 16; the device layout refuses such models at load).
+        const bool unsupported =
+            r.status.code() == StatusCode::kUnimplemented ||
+            (r.status.code() == StatusCode::kInvalidArgument &&
+             r.status.message().find("16-byte aligned") != std::string::npos);
+        if (vn == "cuda" && unsupported) {
           std::printf("%-58s %-9s skipped: %s\n", c.name.c_str(), vn.c_str(),
                       r.status.message().c_str());
           continue;
