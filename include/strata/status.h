@@ -25,6 +25,7 @@ enum class StatusCode {
   kFailedPrecondition,  // called in the wrong state
   kInternal,            // a library we call failed (CUDA, MPI, ...)
   kCancelled,
+  kDeadlineExceeded,  // a wait for a peer (collective, rank) timed out
 };
 
 const char* status_code_name(StatusCode code);

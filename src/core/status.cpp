@@ -26,6 +26,8 @@ const char* status_code_name(StatusCode code) {
       return "internal error";
     case StatusCode::kCancelled:
       return "cancelled";
+    case StatusCode::kDeadlineExceeded:
+      return "deadline exceeded";
   }
   return "unknown";
 }

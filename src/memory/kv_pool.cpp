@@ -15,9 +15,9 @@ KvPool::KvPool(const KvPoolConfig& c, Buffer storage)
   for (int64_t l = 0; l < c.n_layers; ++l) {
     ops::KvLayer layer;
     for (int which = 0; which < 2; ++which) {
-      Tensor t = Tensor::make(base + dtype_bytes(c.dtype, (2 * l + which) * per), c.dtype,
-                              {c.n_blocks + 1, c.block_size, c.n_heads_kv, c.head_dim},
-                              storage_.device());
+      Tensor t =
+          Tensor::make(base + dtype_bytes(c.dtype, (2 * l + which) * per), c.dtype,
+                       {c.n_blocks + 1, c.block_size, c.n_heads_kv, c.head_dim}, storage_.device());
       (which == 0 ? layer.k : layer.v) = t;
     }
     layers_.push_back(layer);
@@ -27,10 +27,10 @@ KvPool::KvPool(const KvPoolConfig& c, Buffer storage)
 Result<KvPool> KvPool::create(const KvPoolConfig& c, Allocator& alloc) {
   if (c.n_layers <= 0 || c.n_blocks <= 0 || c.block_size <= 0 || c.n_heads_kv <= 0 ||
       c.head_dim <= 0 || (c.dtype != DType::kF32 && c.dtype != DType::kBF16)) {
-    return errorf(StatusCode::kInvalidArgument,
-                  "KV cache: invalid configuration ({} layers, {} blocks of {}, {} heads of {}, {})",
-                  c.n_layers, c.n_blocks, c.block_size, c.n_heads_kv, c.head_dim,
-                  dtype_name(c.dtype));
+    return errorf(
+        StatusCode::kInvalidArgument,
+        "KV cache: invalid configuration ({} layers, {} blocks of {}, {} heads of {}, {})",
+        c.n_layers, c.n_blocks, c.block_size, c.n_heads_kv, c.head_dim, dtype_name(c.dtype));
   }
   STRATA_ASSIGN_OR_RETURN(Buffer storage, alloc.allocate(c.bytes()));
   return KvPool(c, std::move(storage));
@@ -51,8 +51,8 @@ Status KvPool::copy_block_to_host(ops::Context& ctx, int32_t block, void* host) 
   char* h = static_cast<char*>(host);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     for (int which = 0; which < 2; ++which) {
-      const Tensor& pool = which == 0 ? layers_[static_cast<size_t>(l)].k
-                                      : layers_[static_cast<size_t>(l)].v;
+      const Tensor& pool =
+          which == 0 ? layers_[static_cast<size_t>(l)].k : layers_[static_cast<size_t>(l)].v;
       const Tensor src = pool.slice_rows(block, block + 1);
       STRATA_RETURN_IF_ERROR(
           ops::download(ctx, src, h + dtype_bytes(c.dtype, (2 * l + which) * per)));
@@ -68,8 +68,8 @@ Status KvPool::copy_block_from_host(ops::Context& ctx, int32_t block, const void
   const char* h = static_cast<const char*>(host);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     for (int which = 0; which < 2; ++which) {
-      const Tensor& pool = which == 0 ? layers_[static_cast<size_t>(l)].k
-                                      : layers_[static_cast<size_t>(l)].v;
+      const Tensor& pool =
+          which == 0 ? layers_[static_cast<size_t>(l)].k : layers_[static_cast<size_t>(l)].v;
       Tensor dst = pool.slice_rows(block, block + 1);
       STRATA_RETURN_IF_ERROR(
           ops::upload(ctx, h + dtype_bytes(c.dtype, (2 * l + which) * per), dst));

@@ -29,8 +29,8 @@ struct KvPoolConfig {
 
   // Bytes of one block: every layer's K and V.
   size_t block_bytes() const {
-    return static_cast<size_t>(dtype_bytes(dtype, 2 * n_layers * block_size * n_heads_kv *
-                                                      head_dim));
+    return static_cast<size_t>(
+        dtype_bytes(dtype, 2 * n_layers * block_size * n_heads_kv * head_dim));
   }
   // Bytes of the whole pool (n_blocks + the scratch block).
   size_t bytes() const { return block_bytes() * static_cast<size_t>(n_blocks + 1); }

@@ -74,14 +74,14 @@ Status head(const Model& m, ForwardArgs& a) {
     // lays the chunks out rank-major [tp, n_out, chunk], copied into [n_out, vocab].
     const int64_t chunk = m.parallel().padded_chunk(c.vocab);
     const int64_t vl = m.vocab_local();
-    Tensor local = Tensor::make(a.ws.logits_local.data, DType::kF32, {n_out, chunk},
-                                a.ws.logits_local.device);
+    Tensor local =
+        Tensor::make(a.ws.logits_local.data, DType::kF32, {n_out, chunk}, a.ws.logits_local.device);
     if (vl > 0) {
       Tensor mine = local.slice_cols(0, vl);
       STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, h, w.lm_head, mine));
     }
-    Tensor all = Tensor::make(a.ws.gathered.data, DType::kF32, {tp * n_out, chunk},
-                              a.ws.gathered.device);
+    Tensor all =
+        Tensor::make(a.ws.gathered.data, DType::kF32, {tp * n_out, chunk}, a.ws.gathered.device);
     STRATA_RETURN_IF_ERROR(ops::all_gather(a.ctx, a.comm, local, all));
     for (int r = 0; r < tp; ++r) {
       const int64_t v0 = chunk * r, v1 = std::min(c.vocab, v0 + chunk);
@@ -200,16 +200,11 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
   const int tp = m.parallel().tp_size;
   const int64_t chunk = m.parallel().padded_chunk(c.vocab);
   std::vector<Slot> s = {
-      {&Workspace::x, DType::kF32, {T, H}},
-      {&Workspace::y, DType::kF32, {T, H}},
-      {&Workspace::h, l.act, {T, H}},
-      {&Workspace::qkv, DType::kF32, {T, m.qkv_dim()}},
-      {&Workspace::q, l.act, {T, hq, D}},
-      {&Workspace::attn, l.act, {T, hq * D}},
-      {&Workspace::ff, l.act, {T, 2 * F}},
-      {&Workspace::act, l.act, {T, F}},
-      {&Workspace::sel, DType::kF32, {R, H}},
-      {&Workspace::logits, DType::kF32, {R, c.vocab}},
+      {&Workspace::x, DType::kF32, {T, H}},   {&Workspace::y, DType::kF32, {T, H}},
+      {&Workspace::h, l.act, {T, H}},         {&Workspace::qkv, DType::kF32, {T, m.qkv_dim()}},
+      {&Workspace::q, l.act, {T, hq, D}},     {&Workspace::attn, l.act, {T, hq * D}},
+      {&Workspace::ff, l.act, {T, 2 * F}},    {&Workspace::act, l.act, {T, F}},
+      {&Workspace::sel, DType::kF32, {R, H}}, {&Workspace::logits, DType::kF32, {R, c.vocab}},
       {&Workspace::ids, DType::kI32, {R}},
   };
   if (tp > 1) {
@@ -263,8 +258,8 @@ Status Model::forward(ForwardArgs& a) const {
   const int64_t L = config_.n_layers;
   const int64_t first = a.first_layer, last = a.last_layer < 0 ? L : a.last_layer;
   if (first < 0 || first > last || last > L) {
-    return errorf(StatusCode::kInvalidArgument, "forward: layer range [{}, {}) of {} layers",
-                  first, last, L);
+    return errorf(StatusCode::kInvalidArgument, "forward: layer range [{}, {}) of {} layers", first,
+                  last, L);
   }
   if (static_cast<int64_t>(a.kv.size()) < last) {
     return errorf(StatusCode::kInvalidArgument, "forward: {} KV layers for layer {}", a.kv.size(),

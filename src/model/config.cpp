@@ -160,9 +160,9 @@ void parse_eos(const json& root, ModelConfig* c) {
 }  // namespace
 
 const std::vector<std::string>& supported_hf_architectures() {
-  static const std::vector<std::string> kArchs = {
-      "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-      "GPT2LMHeadModel",  "GPTNeoXForCausalLM", "Gemma3ForCausalLM"};
+  static const std::vector<std::string> kArchs = {"LlamaForCausalLM",   "MistralForCausalLM",
+                                                  "Qwen2ForCausalLM",   "GPT2LMHeadModel",
+                                                  "GPTNeoXForCausalLM", "Gemma3ForCausalLM"};
   return kArchs;
 }
 
@@ -294,7 +294,8 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
     c.rope_neox_style = true;
     c.embedding_scale = std::sqrt(static_cast<float>(c.hidden));
     STRATA_ASSIGN_OR_RETURN(
-        c.activation, parse_activation(f.string_or("hidden_activation", "gelu_pytorch_tanh"), source));
+        c.activation,
+        parse_activation(f.string_or("hidden_activation", "gelu_pytorch_tanh"), source));
     const double scalar = f.num_or("query_pre_attn_scalar", 256.0);
     if (!(scalar > 0.0)) {
       return errorf(StatusCode::kInvalidArgument, "{}: query_pre_attn_scalar must be > 0", source);
@@ -313,8 +314,10 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
       for (size_t l = 0; l < lt.size(); ++l) {
         const std::string t = lt[l].is_string() ? lt[l].get<std::string>() : "";
         if (t != "sliding_attention" && t != "full_attention") {
-          return errorf(StatusCode::kInvalidArgument, "{}: layer_types[{}] '{}' is not "
-                        "sliding_attention or full_attention", source, l, printable(t));
+          return errorf(StatusCode::kInvalidArgument,
+                        "{}: layer_types[{}] '{}' is not "
+                        "sliding_attention or full_attention",
+                        source, l, printable(t));
         }
         c.layer_is_sliding[l] = t == "sliding_attention";
       }

@@ -47,7 +47,8 @@ class Uploader {
     std::vector<float> v(static_cast<size_t>(n), fill);
     if (host != nullptr && host->defined()) {
       if (host->numel() != n) {
-        return errorf(StatusCode::kInternal, "{} has {} values, expected {}", what, host->numel(), n);
+        return errorf(StatusCode::kInternal, "{} has {} values, expected {}", what, host->numel(),
+                      n);
       }
       STRATA_RETURN_IF_ERROR(ops::host_to_f32(*host, v.data()));
     }
@@ -213,9 +214,9 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
   STRATA_ASSIGN_OR_RETURN(w.tok_embeddings,
                           up.table(hw ? &hw->tok_embeddings : nullptr, Vl, H, "token embeddings"));
   if (c.pos_embedding == PosEmbedding::kLearned) {
-    STRATA_ASSIGN_OR_RETURN(w.pos_embeddings,
-                            up.table(hw ? &hw->pos_embeddings : nullptr,
-                                     c.max_position_embeddings, H, "position embeddings"));
+    STRATA_ASSIGN_OR_RETURN(
+        w.pos_embeddings, up.table(hw ? &hw->pos_embeddings : nullptr, c.max_position_embeddings, H,
+                                   "position embeddings"));
   }
   const bool norm_bias = c.norm == NormType::kLayerNorm;
   w.layers.resize(static_cast<size_t>(c.n_layers));
@@ -247,14 +248,14 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
     const bool mlp_bias = L ? L->gate_up.has_bias() : c.mlp_bias;
     const bool down_bias = L ? L->down.has_bias() : c.mlp_bias;
     const int64_t gu_rows = c.gated_mlp ? 2 * F : F;
-    STRATA_ASSIGN_OR_RETURN(d.qkv, up.linear(L ? &L->qkv : nullptr, qkv_rows, H, qkv_bias, true,
-                                             "qkv weights"));
-    STRATA_ASSIGN_OR_RETURN(d.o, up.linear(L ? &L->o : nullptr, H, q_cols, o_bias, true,
-                                           "o_proj weights"));
+    STRATA_ASSIGN_OR_RETURN(
+        d.qkv, up.linear(L ? &L->qkv : nullptr, qkv_rows, H, qkv_bias, true, "qkv weights"));
+    STRATA_ASSIGN_OR_RETURN(
+        d.o, up.linear(L ? &L->o : nullptr, H, q_cols, o_bias, true, "o_proj weights"));
     STRATA_ASSIGN_OR_RETURN(d.gate_up, up.linear(L ? &L->gate_up : nullptr, gu_rows, H, mlp_bias,
                                                  true, "gate/up weights"));
-    STRATA_ASSIGN_OR_RETURN(d.down, up.linear(L ? &L->down : nullptr, H, F, down_bias, true,
-                                              "down_proj weights"));
+    STRATA_ASSIGN_OR_RETURN(
+        d.down, up.linear(L ? &L->down : nullptr, H, F, down_bias, true, "down_proj weights"));
   }
   STRATA_ASSIGN_OR_RETURN(w.final_norm, up.norm(hw ? &hw->final_norm : nullptr, H, "final norm"));
   if (!hw && norm_bias) {

@@ -29,7 +29,8 @@ Status gemma3_layer(const Model& m, ForwardArgs& a, int64_t layer) {
   no_bias.bias = false;
   STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, blocks::rows(a.ws.attn, n), L.o, y, no_bias));
   STRATA_RETURN_IF_ERROR(ops::all_reduce(a.ctx, a.comm, y));
-  if (L.o.parts[0].bias.defined()) STRATA_RETURN_IF_ERROR(ops::add_bias(a.ctx, y, L.o.parts[0].bias));
+  if (L.o.parts[0].bias.defined())
+    STRATA_RETURN_IF_ERROR(ops::add_bias(a.ctx, y, L.o.parts[0].bias));
   ops::section(a.ctx, "post_norms");
   STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, y, L.post_attn_norm, na, y));
   ops::section(a.ctx, "ffn_norm");

@@ -88,17 +88,17 @@ Result<std::unique_ptr<Model>> Model::load(const ModelConfig& config, const Para
   auto host_f32 = [&](const std::vector<float>& v) -> Result<Tensor> {
     STRATA_ASSIGN_OR_RETURN(Buffer b, allocate_host(v.size() * sizeof(float)));
     std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
-    Tensor t = Tensor::make(m->store_.keep(std::move(b)), DType::kF32,
-                            {static_cast<int64_t>(v.size())});
+    Tensor t =
+        Tensor::make(m->store_.keep(std::move(b)), DType::kF32, {static_cast<int64_t>(v.size())});
     return t;
   };
   if (c.pos_embedding == PosEmbedding::kRope && c.rotary_dim > 0) {
     STRATA_ASSIGN_OR_RETURN(m->w_.inv_freq,
                             host_f32(rope_inv_freq(c.rotary_dim, c.rope_theta, c.rope_scaling)));
     if (c.family == ArchFamily::kGemma3) {
-      STRATA_ASSIGN_OR_RETURN(m->w_.inv_freq_local,
-                              host_f32(rope_inv_freq(c.rotary_dim, c.rope_theta_local,
-                                                     RopeScaling{})));
+      STRATA_ASSIGN_OR_RETURN(
+          m->w_.inv_freq_local,
+          host_f32(rope_inv_freq(c.rotary_dim, c.rope_theta_local, RopeScaling{})));
     }
   }
   STRATA_RETURN_IF_ERROR(m->load_weights());
@@ -241,8 +241,8 @@ Status Model::load_weights() {
         STRATA_ASSIGN_OR_RETURN(Tensor qkv, fetch(src, p + "attn.c_attn.weight", {H, 3 * H}));
         STRATA_ASSIGN_OR_RETURN(Tensor qkv_b, fetch(src, p + "attn.c_attn.bias", {3 * H}));
         for (int64_t j = 0; j < 3; ++j) {
-          STRATA_ASSIGN_OR_RETURN(
-              Tensor part, transpose_cols(qkv, j * H + q_rows.begin, j * H + q_rows.end));
+          STRATA_ASSIGN_OR_RETURN(Tensor part,
+                                  transpose_cols(qkv, j * H + q_rows.begin, j * H + q_rows.end));
           L.qkv.add(part, qkv_b.slice_rows(j * H + q_rows.begin, j * H + q_rows.end));
         }
         STRATA_ASSIGN_OR_RETURN(Tensor proj, fetch(src, p + "attn.c_proj.weight", {H, H}));

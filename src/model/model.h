@@ -75,10 +75,10 @@ struct WorkspaceLimits {
 
 // What the last layer range computes after the layers (the pipeline's last stage).
 struct HeadArgs {
-  int64_t n_out = 0;    // logit rows
+  int64_t n_out = 0;      // logit rows
   bool all_rows = false;  // logit rows are tokens [0, n_out) in order (no gather)
   const std::vector<std::pair<int64_t, int64_t>>* out_runs = nullptr;  // (first token, count)
-  bool argmax = false;    // also ids = argmax(logits)
+  bool argmax = false;                                                 // also ids = argmax(logits)
 };
 
 // Everything a forward pass reads and writes besides the weights.
@@ -113,8 +113,7 @@ class Model {
                                                   ops::Context& ctx, Allocator& alloc);
   // Random weights of `config`'s shapes in the device layout (`--load-format dummy`): linear
   // weights and embeddings uniform with the std of N(0, 0.02), norms 1, biases 0.
-  static Result<std::unique_ptr<Model>> random(const ModelConfig& config,
-                                               const ParallelConfig& par,
+  static Result<std::unique_ptr<Model>> random(const ModelConfig& config, const ParallelConfig& par,
                                                const DeviceLayout& layout, ops::Context& ctx,
                                                Allocator& alloc);
 

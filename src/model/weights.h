@@ -26,9 +26,9 @@ struct LayerWeights {
   ops::NormWeight q_norm, k_norm;  // per-head [head_dim] (Gemma-3), else undefined
   ops::NormWeight post_attn_norm;  // Gemma-3, else undefined
   ops::NormWeight ffn_norm;        // post_attention_layernorm / ln_2 [hidden]
-  ops::LinearWeight gate_up;       // gated MLP: [gate; up] [2 ffn, hidden]; plain MLP: up [ffn, hidden]
-  ops::LinearWeight down;          // [hidden, ffn], row-parallel
-  ops::NormWeight post_ffn_norm;   // Gemma-3, else undefined
+  ops::LinearWeight gate_up;  // gated MLP: [gate; up] [2 ffn, hidden]; plain MLP: up [ffn, hidden]
+  ops::LinearWeight down;     // [hidden, ffn], row-parallel
+  ops::NormWeight post_ffn_norm;  // Gemma-3, else undefined
 };
 
 struct ModelWeights {

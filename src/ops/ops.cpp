@@ -55,8 +55,8 @@ Result<Mat> mat(const Tensor& t, const char* op, const char* name) {
     if (dim(i) > 1 && stride(i) != stride(i + 1) * dim(i + 1)) ok = false;
   }
   if (!ok) {
-    return invalid(op, fmt::format("{} {} is not a matrix of contiguous rows", name,
-                                   t.shape_string()));
+    return invalid(op,
+                   fmt::format("{} {} is not a matrix of contiguous rows", name, t.shape_string()));
   }
   Mat m;
   m.cols = dim(t.ndim - 1);
@@ -68,16 +68,16 @@ Result<Mat> mat(const Tensor& t, const char* op, const char* name) {
 
 Status want_dtype(const Tensor& t, DType dt, const char* op, const char* name) {
   if (t.dtype != dt) {
-    return invalid(op, fmt::format("{} is {} but must be {}", name, dtype_name(t.dtype),
-                                   dtype_name(dt)));
+    return invalid(
+        op, fmt::format("{} is {} but must be {}", name, dtype_name(t.dtype), dtype_name(dt)));
   }
   return ok_status();
 }
 
 Status act_dtype(const Tensor& t, const char* op, const char* name) {
   if (t.dtype != DType::kF32 && t.dtype != DType::kBF16) {
-    return invalid(op, fmt::format("{} is {}; activations are f32 or bf16", name,
-                                   dtype_name(t.dtype)));
+    return invalid(op,
+                   fmt::format("{} is {}; activations are f32 or bf16", name, dtype_name(t.dtype)));
   }
   return ok_status();
 }
@@ -138,8 +138,9 @@ PagedKvParams kv_f32(const KvLayer& c, const StepArgs& s) {
 Status check_cache(const KvLayer& c, const char* op) {
   for (const Tensor* t : {&c.k, &c.v}) {
     if (!t->defined() || t->ndim != 4 || !t->is_contiguous()) {
-      return invalid(op, "the KV cache layer must be contiguous [n_blocks, block_size, "
-                         "n_heads_kv, head_dim]");
+      return invalid(op,
+                     "the KV cache layer must be contiguous [n_blocks, block_size, "
+                     "n_heads_kv, head_dim]");
     }
   }
   if (c.k.shape != c.v.shape || c.k.dtype != c.v.dtype) {
@@ -243,8 +244,8 @@ Status norm(Context& ctx, Tensor& x, const NormWeight& w, const NormArgs& args, 
     return invalid(kOp, fmt::format("x is {} but out is {}", x.shape_string(), out.shape_string()));
   }
   if (!w.w.defined() || w.w.numel() != xm.cols) {
-    return invalid(kOp, fmt::format("weight {} does not match hidden {}", w.w.shape_string(),
-                                    xm.cols));
+    return invalid(kOp,
+                   fmt::format("weight {} does not match hidden {}", w.w.shape_string(), xm.cols));
   }
   Mat rm;
   if (res.defined()) {
@@ -444,8 +445,7 @@ Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, con
   }
   const int64_t n = q_out.dim(0), hq = q_out.dim(1), D = q_out.dim(2);
   const int64_t hkv = cache.k.dim(2);
-  if (cache.k.dim(3) != D || qm.cols != (hq + 2 * hkv) * D || qm.rows != n ||
-      n != step.n_tokens) {
+  if (cache.k.dim(3) != D || qm.cols != (hq + 2 * hkv) * D || qm.rows != n || n != step.n_tokens) {
     return invalid(kOp, fmt::format("qkv {} does not hold {} query and 2 x {} KV heads of {} for "
                                     "{} tokens",
                                     qkv.shape_string(), hq, hkv, D, step.n_tokens));
@@ -454,8 +454,10 @@ Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, con
     return invalid(kOp, "rotary_dim > 0 needs inv_freq");
   }
   const float* inv_freq = args.rotary_dim > 0 ? f32(*args.inv_freq) : nullptr;
-  const float* qn = args.q_norm != nullptr && args.q_norm->defined() ? f32(args.q_norm->w) : nullptr;
-  const float* kn = args.k_norm != nullptr && args.k_norm->defined() ? f32(args.k_norm->w) : nullptr;
+  const float* qn =
+      args.q_norm != nullptr && args.q_norm->defined() ? f32(args.q_norm->w) : nullptr;
+  const float* kn =
+      args.k_norm != nullptr && args.k_norm->defined() ? f32(args.k_norm->w) : nullptr;
   for (const NormWeight* nw : {args.q_norm, args.k_norm}) {
     if (nw != nullptr && nw->defined() && (nw->w.dtype != DType::kF32 || nw->w.numel() != D)) {
       return invalid(kOp, "q/k norm weights must be f32 [head_dim]");
@@ -622,8 +624,8 @@ Status add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out) {
     STRATA_RETURN_IF_ERROR(want_dtype(*t, DType::kF32, kOp, "operand"));
   }
   if (am.rows != bm.rows || am.cols != bm.cols || am.rows != om.rows || am.cols != om.cols) {
-    return invalid(kOp, fmt::format("{} + {} -> {}", a.shape_string(), b.shape_string(),
-                                    out.shape_string()));
+    return invalid(
+        kOp, fmt::format("{} + {} -> {}", a.shape_string(), b.shape_string(), out.shape_string()));
   }
   AddParams p{f32(a), am.stride, f32(b), bm.stride, f32(out), om.stride, am.rows, am.cols};
   if (ctx.device.is_cpu()) return cpu::add(p);
@@ -752,7 +754,8 @@ Status host_rows_to_bf16(const Tensor& t, uint16_t* dst) {
   for (int64_t r = 0; r < m.rows; ++r) {
     const void* src = static_cast<const char*>(t.data) + dtype_bytes(t.dtype, r * m.stride);
     if (t.dtype == DType::kFP8E4M3) {
-      for (int64_t c = 0; c < m.cols; ++c) row[static_cast<size_t>(c)] = cpu::load_as_f32(src, t.dtype, c);
+      for (int64_t c = 0; c < m.cols; ++c)
+        row[static_cast<size_t>(c)] = cpu::load_as_f32(src, t.dtype, c);
     } else {
       STRATA_RETURN_IF_ERROR(cpu::dequantize_row(t.dtype, src, row.data(), m.cols));
     }
@@ -820,34 +823,46 @@ Status quantize_rows(Context& ctx, const Tensor& w_bf16, Tensor& q, Tensor& scal
 
 // ---- collectives ------------------------------------------------------------------------------
 
+namespace {
+
+CommStream comm_stream(const Context& ctx) {
+  CommStream s;
+  s.device = ctx.device;
+#if STRATA_HAS_CUDA
+  if (ctx.cuda != nullptr) s.cuda_stream = ctx.cuda->stream;
+#endif
+  return s;
+}
+
+}  // namespace
+
 Status all_reduce(Context& ctx, Communicator& comm, Tensor& x) {
   constexpr const char* kOp = "all_reduce";
   if (comm.size() == 1) return ok_status();
-  STRATA_RETURN_IF_ERROR(want_dtype(x, DType::kF32, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x}));
   if (!x.is_contiguous()) return invalid(kOp, "x must be contiguous");
-  if (!ctx.device.is_cpu()) {
-    return errorf(StatusCode::kUnimplemented,
-                  "{}: collectives on {} tensors need a device communicator (not yet built)", kOp,
-                  ctx.device.to_string());
+  if (!comm.supports(ctx.device)) {
+    return errorf(StatusCode::kUnimplemented, "{}: the {} communicator takes no {} buffers", kOp,
+                  comm.name(), ctx.device.to_string());
   }
-  return comm.all_reduce_sum(f32(x), x.numel());
+  return comm.all_reduce(x.data, x.numel(), x.dtype, comm_stream(ctx)).with_context(kOp);
 }
 
 Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv) {
   constexpr const char* kOp = "all_gather";
-  STRATA_RETURN_IF_ERROR(want_dtype(send, DType::kF32, kOp, "send"));
-  STRATA_RETURN_IF_ERROR(want_dtype(recv, DType::kF32, kOp, "recv"));
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&send, &recv}));
+  if (send.dtype != recv.dtype) return invalid(kOp, "send and recv dtypes differ");
   if (!send.is_contiguous() || !recv.is_contiguous() ||
       recv.numel() != send.numel() * comm.size()) {
     return invalid(kOp, "recv must hold size() contiguous copies of send");
   }
   if (comm.size() == 1) return copy(ctx, send, recv);
-  if (!ctx.device.is_cpu()) {
-    return errorf(StatusCode::kUnimplemented,
-                  "{}: collectives on {} tensors need a device communicator (not yet built)", kOp,
-                  ctx.device.to_string());
+  if (!comm.supports(ctx.device)) {
+    return errorf(StatusCode::kUnimplemented, "{}: the {} communicator takes no {} buffers", kOp,
+                  comm.name(), ctx.device.to_string());
   }
-  return comm.all_gather(f32(send), send.numel(), f32(recv));
+  return comm.all_gather(send.data, send.numel(), send.dtype, recv.data, comm_stream(ctx))
+      .with_context(kOp);
 }
 
 }  // namespace strata::ops

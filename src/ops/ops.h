@@ -105,14 +105,14 @@ struct NormWeight {
 // kv_len[r] cached positions, and its block table is row r of block_tables.
 struct StepArgs {
   int64_t n_tokens = 0;
-  int64_t n_seqs = 0;      // runs
-  int64_t max_q_len = 0;   // host-side bounds over the runs (grid sizes; fixed in a graph)
-  int64_t max_kv_len = 0;  //
-  const int32_t* tokens = nullptr;     // [n_tokens]
-  const int32_t* token_seq = nullptr;  // [n_tokens] run index
-  const int32_t* token_pos = nullptr;  // [n_tokens]
-  const int32_t* cu_q = nullptr;       // [n_seqs + 1]
-  const int32_t* kv_len = nullptr;     // [n_seqs]
+  int64_t n_seqs = 0;               // runs
+  int64_t max_q_len = 0;            // host-side bounds over the runs (grid sizes; fixed in a graph)
+  int64_t max_kv_len = 0;           //
+  const int32_t* tokens = nullptr;  // [n_tokens]
+  const int32_t* token_seq = nullptr;     // [n_tokens] run index
+  const int32_t* token_pos = nullptr;     // [n_tokens]
+  const int32_t* cu_q = nullptr;          // [n_seqs + 1]
+  const int32_t* kv_len = nullptr;        // [n_seqs]
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
 };

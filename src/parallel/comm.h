@@ -1,28 +1,80 @@
-// Communicator: the collectives tensor-parallel inference needs, behind one interface with a
-// single-rank, an MPI (CPU) and later an NCCL (GPU) implementation. Every collective is an
-// explicit call in a model's forward pass; nothing communicates behind the caller's back.
+// Communicator: the collectives parallel inference needs, behind one interface, typed (f32, bf16,
+// f16, i32, i8/u8 bytes), stream-aware (host memory, or device memory enqueued on a CUDA stream,
+// capturable in CUDA graphs where the implementation says so) and group-based (split a world
+// into tensor-, pipeline-, expert- and data-parallel groups). Implementations:
+//   single      - one rank: every collective is the identity (or a copy)
+//   mpi         - ranks are processes (mpirun), host memory (parallel/mpi_comm.cpp)
+//   in-process  - ranks are threads of one process sharing buffers: host memory, or device memory
+//                 through the one-shot kernels (peers' buffers read directly, flags in device
+//                 memory, graph-capturable); how tensor parallelism is tested on ONE GPU
+//                 (parallel/inproc_comm.cpp)
+//   nccl        - one process per GPU, device memory on a stream (parallel/nccl_comm.cpp)
+// Every collective is an explicit call in a layer program; nothing communicates behind the
+// caller's back.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "core/device.h"
 #include "strata/status.h"
+#include "strata/types.h"
 
 namespace strata {
+
+// Where a collective's buffers live and what it is ordered with: host memory (synchronous), or
+// device memory on a CUDA stream (cudaStream_t, type-erased so this header needs no CUDA).
+struct CommStream {
+  Device device = Device::cpu();
+  void* cuda_stream = nullptr;
+  static CommStream host() { return {}; }
+};
 
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual const char* name() const = 0;  // "single", "mpi", "nccl"
+  virtual const char* name() const = 0;  // "single", "mpi", "in-process", "nccl"
+  // Whether collectives take buffers on `device` (host memory: Device::cpu()).
+  virtual bool supports(Device device) const = 0;
 
-  // data[0..n) = sum over ranks of data[0..n), in place.
-  virtual Status all_reduce_sum(float* data, int64_t n) = 0;
-  // recv[r * n_per_rank + i] = send_of_rank_r[i]; recv holds size() * n_per_rank floats.
-  virtual Status all_gather(const float* send, int64_t n_per_rank, float* recv) = 0;
-  virtual Status broadcast(void* data, int64_t bytes, int root) = 0;
+  // data[0..count) = the sum over ranks, in place. Ranks get bit-identical results.
+  virtual Status all_reduce(void* data, int64_t count, DType dt, const CommStream& s) = 0;
+  // recv[r * count + i] = rank r's send[i]; recv holds size() * count elements.
+  virtual Status all_gather(const void* send, int64_t count, DType dt, void* recv,
+                            const CommStream& s) = 0;
+  // recv[0..count) = chunk rank() of the sum over ranks of send[0..size() * count).
+  virtual Status reduce_scatter(const void* send, int64_t count, DType dt, void* recv,
+                                const CommStream& s) = 0;
+  // Chunk r of send (count elements each) goes to rank r; recv chunk r comes from rank r.
+  virtual Status all_to_all(const void* send, int64_t count, DType dt, void* recv,
+                            const CommStream& s) = 0;
+  // Variable splits: send_counts[r] elements at send_offsets[r] go to rank r; recv_counts[r]
+  // from rank r land at recv_offsets[r] (host arrays of size() entries; counts may be 0).
+  virtual Status all_to_all_v(const void* send, const int64_t* send_counts,
+                              const int64_t* send_offsets, void* recv, const int64_t* recv_counts,
+                              const int64_t* recv_offsets, DType dt, const CommStream& s) = 0;
+  // Point to point (pipeline stages): blocking on the host for host memory.
+  virtual Status send(const void* data, int64_t count, DType dt, int peer, const CommStream& s) = 0;
+  virtual Status recv(void* data, int64_t count, DType dt, int peer, const CommStream& s) = 0;
+  virtual Status broadcast(void* data, int64_t count, DType dt, int root, const CommStream& s) = 0;
   virtual Status barrier() = 0;
+  // Subgroups: the ranks that pass the same color form one communicator, ordered by key (as
+  // MPI_Comm_split). Every rank must call it.
+  virtual Result<std::unique_ptr<Communicator>> split(int color, int key) = 0;
+
+  // Host f32 / byte shorthands.
+  Status all_reduce_sum(float* data, int64_t n) {
+    return all_reduce(data, n, DType::kF32, CommStream::host());
+  }
+  Status all_gather(const float* send, int64_t n_per_rank, float* recv) {
+    return all_gather(send, n_per_rank, DType::kF32, recv, CommStream::host());
+  }
+  Status broadcast(void* data, int64_t bytes, int root) {
+    return broadcast(data, bytes, DType::kU8, root, CommStream::host());
+  }
 };
 
 // One rank: every collective is the identity.
@@ -34,5 +86,17 @@ Result<std::unique_ptr<Communicator>> make_mpi_communicator();
 
 // True when this process was started by an MPI launcher with more than one rank.
 bool launched_under_mpi();
+
+// n ranks as n threads of this process: communicator r belongs to the thread that runs rank r,
+// and every rank must make the same collective calls in the same order (each blocks until all
+// ranks have arrived). Host buffers, and device buffers of one process (same GPU, or GPUs with
+// peer access) through the one-shot kernels when built with CUDA; device collectives need
+// init_device() on every rank first (buffers registered once, so calls can be graph-captured).
+std::vector<std::unique_ptr<Communicator>> make_in_process_communicators(int n);
+
+// Reduction arithmetic shared by the host implementations and the one-shot kernels' CPU twin:
+// out[i] = sum over r of ins[r][i], summed in rank order 0..n-1 in f32 (bf16 / f16 inputs
+// widened, the sum rounded once), i32 exactly. out may be one of the inputs.
+Status reduce_sum_host(const void* const* ins, int n, int64_t count, DType dt, void* out);
 
 }  // namespace strata

@@ -233,7 +233,6 @@ class BenchmarkImpl final : public Benchmark {
     return t;
   }
 
-
   Status run_tokens(SequenceKv& seq, const std::vector<int32_t>& tokens, bool all_logits,
                     float* logits) {
     if (seq.length + static_cast<int64_t>(tokens.size()) > max_len_) {
@@ -245,7 +244,6 @@ class BenchmarkImpl final : public Benchmark {
     return forward_sequence(fn, max_len_, ex.config().vocab, ex.cache(), seq, tokens, all_logits,
                             logits, kPrefillChunk);
   }
-
 
   ModelInfo info_;
   int64_t max_len_ = 0;

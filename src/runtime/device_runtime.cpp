@@ -23,9 +23,7 @@ class CpuRuntime final : public DeviceRuntime {
   Result<Buffer> allocate_staging(size_t bytes) override { return allocate_host(bytes); }
   Result<DeviceMemoryInfo> memory_info() const override { return DeviceMemoryInfo{}; }
   Status make_current() override { return ok_status(); }
-  size_t attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t) const override {
-    return 0;
-  }
+  size_t attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t) const override { return 0; }
   Status run(bool, std::pair<int64_t, int64_t>, const std::function<Status()>& body) override {
     return body();
   }
@@ -36,8 +34,8 @@ class CpuRuntime final : public DeviceRuntime {
     for (int i = 0; i < iters; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       STRATA_RETURN_IF_ERROR(fn());
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                       .count());
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     if (ms.empty()) return 0.0;
     std::sort(ms.begin(), ms.end());

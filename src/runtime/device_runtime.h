@@ -28,8 +28,8 @@ class DeviceRuntime {
   virtual Device device() const = 0;
   virtual std::string name() const = 0;
   virtual ops::Context& ctx() = 0;
-  virtual Allocator& allocator() = 0;                          // memory on the device
-  virtual Result<Buffer> allocate_staging(size_t bytes) = 0;   // host memory for transfers
+  virtual Allocator& allocator() = 0;                         // memory on the device
+  virtual Result<Buffer> allocate_staging(size_t bytes) = 0;  // host memory for transfers
   virtual Result<DeviceMemoryInfo> memory_info() const = 0;
   virtual Status make_current() = 0;  // before launching from a new host thread
   // Split-K attention scratch the device's attention kernels can use at these sizes (0: none).

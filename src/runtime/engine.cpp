@@ -9,15 +9,13 @@
 
 #include <omp.h>
 
+#include "chat/chat_template.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
-#include "chat/chat_template.h"
 #include "io/checkpoint.h"
 #include "io/gguf.h"
-#include "text/gguf_tokenizer.h"
-#include "text/tokenizer.h"
 #include "memory/kv_pool.h"
 #include "model/config.h"
 #include "model/gguf_model.h"
@@ -28,6 +26,8 @@
 #include "runtime/sampler.h"
 #include "runtime/sequence.h"
 #include "strata/engine.h"
+#include "text/gguf_tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace strata {
 

@@ -109,8 +109,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
       layout.free_bytes = mi.free_bytes;
     }
     if (host) {
-      STRATA_ASSIGN_OR_RETURN(r->model_,
-                              Model::to_device(*host, layout, rt.ctx(), rt.allocator()));
+      STRATA_ASSIGN_OR_RETURN(r->model_, Model::to_device(*host, layout, rt.ctx(), rt.allocator()));
       host.reset();  // the device copy is all the runner reads (the mapping can go)
     } else {
       STRATA_ASSIGN_OR_RETURN(r->model_,
@@ -226,7 +225,8 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
   const int64_t n_out = step_.n_out;
   const int64_t V = model_->config().vocab;
   if (n_out > 0 && out_logits != nullptr) {
-    STRATA_RETURN_IF_ERROR(ops::download(ctx, ws_.logits.slice_rows(0, n_out), host_logits_.data()));
+    STRATA_RETURN_IF_ERROR(
+        ops::download(ctx, ws_.logits.slice_rows(0, n_out), host_logits_.data()));
   }
   if (n_out > 0 && out_ids != nullptr) {
     Tensor ids = Tensor::make(ws_.ids.data, DType::kI32, {n_out}, ws_.ids.device);
@@ -245,8 +245,7 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
 
 }  // namespace
 
-Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config,
-                                              const ParallelConfig& par,
+Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const ParallelConfig& par,
                                               std::unique_ptr<Model> host, Communicator& comm,
                                               const RunnerOptions& options) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r,

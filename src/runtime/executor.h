@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -61,10 +62,19 @@ struct RunnerOptions {
 // A runner over `host` (the model loaded as stored on the CPU; moved to the device layout when
 // options ask for it), or over random weights of `config` when host is null. `comm` must outlive
 // the runner.
-Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config,
-                                              const ParallelConfig& par,
+Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const ParallelConfig& par,
                                               std::unique_ptr<Model> host, Communicator& comm,
                                               const RunnerOptions& options);
+
+// Tensor parallelism inside one process: `tp` ranks as threads, each a ModelRunner over its
+// Megatron shard (load(par) returns the host model sharded for rank par.tp_rank; null `load`
+// means random weights), talking through the in-process communicator — host memory on the CPU,
+// the one-shot kernels on a GPU (all ranks on options.device). The executor runs every forward
+// pass on all ranks at once and returns rank 0's results. How TP is tested on one GPU and in CI.
+Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
+    const ModelConfig& config,
+    const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
+    const RunnerOptions& options);
 
 // An executor for EngineConfig (device, weights, quantization, load format), with what the
 // engines need beside it. Member order matters: `exec` may refer to `comm`.

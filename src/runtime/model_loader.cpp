@@ -11,8 +11,8 @@
 #include "core/status.h"
 #include "io/checkpoint.h"
 #include "io/gguf.h"
-#include "text/gguf_tokenizer.h"
 #include "model/gguf_model.h"
+#include "text/gguf_tokenizer.h"
 
 namespace strata {
 

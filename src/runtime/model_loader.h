@@ -9,11 +9,11 @@
 #include <string>
 
 #include "io/tensor_source.h"
-#include "text/tokenizer.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "parallel/comm.h"
 #include "strata/engine.h"
+#include "text/tokenizer.h"
 
 namespace strata {
 

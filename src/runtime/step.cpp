@@ -96,8 +96,7 @@ Status StepPacker::pack(const ForwardBatch& b, PackedStep& st) {
   const int64_t runs_total = n_runs + (n_pad - n);
   if (runs_total > S) {
     return errorf(StatusCode::kInvalidArgument,
-                  "forward: {} sequences in one batch, at most {} (--max-num-seqs)", runs_total,
-                  S);
+                  "forward: {} sequences in one batch, at most {} (--max-num-seqs)", runs_total, S);
   }
   int32_t* tok = static_cast<int32_t*>(host_.data());
   int32_t* seq = tok + T;

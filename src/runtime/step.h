@@ -22,9 +22,9 @@ struct StepLimits {
   int64_t max_blocks_per_seq = 0;  // block-table width (context length / block size)
   int64_t block_size = 0;
   int64_t max_model_len = 0;
-  int64_t n_blocks = 0;       // usable KV blocks; block n_blocks is the scratch block
-  int64_t vocab = 0;          // token ids must be in [0, vocab)
-  bool cuda_graphs = false;   // pad pure decode steps to graph buckets
+  int64_t n_blocks = 0;      // usable KV blocks; block n_blocks is the scratch block
+  int64_t vocab = 0;         // token ids must be in [0, vocab)
+  bool cuda_graphs = false;  // pad pure decode steps to graph buckets
 };
 
 // The packed step: the ops' arguments plus what the runtime needs to run and read it back.
@@ -32,10 +32,10 @@ struct PackedStep {
   ops::StepArgs args;
   HeadArgs head;
   std::vector<std::pair<int64_t, int64_t>> out_runs;  // (first token, count) of logit rows
-  int64_t n_real = 0;   // tokens before graph padding
-  int64_t n_out = 0;    // logit rows the caller asked for
-  bool graph = false;   // a pure decode step padded to a graph bucket
-  std::pair<int64_t, int64_t> graph_key{0, 0};  // (batch bucket, KV-length bucket)
+  int64_t n_real = 0;                                 // tokens before graph padding
+  int64_t n_out = 0;                                  // logit rows the caller asked for
+  bool graph = false;                                 // a pure decode step padded to a graph bucket
+  std::pair<int64_t, int64_t> graph_key{0, 0};        // (batch bucket, KV-length bucket)
 };
 
 class StepPacker {

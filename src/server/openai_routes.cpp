@@ -183,6 +183,8 @@ int status_for(const Status& s) {
     case StatusCode::kFailedPrecondition:
     case StatusCode::kCancelled:
       return 503;
+    case StatusCode::kDeadlineExceeded:
+      return 504;
     case StatusCode::kUnimplemented:
     case StatusCode::kDataLoss:
     case StatusCode::kIoError:

@@ -64,8 +64,9 @@ class Arena {
   Result<Tensor> alloc(DType dt, std::initializer_list<int64_t> shape) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    STRATA_ASSIGN_OR_RETURN(Buffer b, v_.rt->allocator().allocate(static_cast<size_t>(
-                                          std::max<int64_t>(1, dtype_bytes(dt, n)))));
+    STRATA_ASSIGN_OR_RETURN(
+        Buffer b,
+        v_.rt->allocator().allocate(static_cast<size_t>(std::max<int64_t>(1, dtype_bytes(dt, n)))));
     Tensor t = Tensor::make(b.data(), dt, shape, v_.rt->device());
     keep_.push_back(std::move(b));
     return t;
@@ -192,9 +193,9 @@ Result<ops::LinearWeight> make_weight(Arena& a, int64_t rows, int64_t cols, int 
     for (int64_t r = 0; r < rows; ++r) {  // the values the device layout stands for
       for (int64_t c = 0; c < cols; ++c) {
         const size_t i = static_cast<size_t>(r * cols + c);
-        const float qv = wdt == DType::kI8 ? static_cast<float>(static_cast<int8_t>(q[i]))
-                                           : cpu::load_as_f32(q.data(), DType::kFP8E4M3,
-                                                              static_cast<int64_t>(i));
+        const float qv = wdt == DType::kI8
+                             ? static_cast<float>(static_cast<int8_t>(q[i]))
+                             : cpu::load_as_f32(q.data(), DType::kFP8E4M3, static_cast<int64_t>(i));
         w[i] = scale[static_cast<size_t>(r)] * qv;
       }
     }
@@ -243,14 +244,16 @@ void add_embed_cases(std::vector<Case>& cases) {
       c.prepare = [=](Arena& a) -> Result<Prepared> {
         const int64_t vocab = 50, shard = 30, offset = 10, n = 17;
         STRATA_ASSIGN_OR_RETURN(
-            Tensor table, a.put(a.act() == DType::kBF16 ? DType::kBF16 : DType::kF32,
-                                {shard, hidden}, randoms(static_cast<size_t>(shard * hidden), 1, -1, 1)));
+            Tensor table,
+            a.put(a.act() == DType::kBF16 ? DType::kBF16 : DType::kF32, {shard, hidden},
+                  randoms(static_cast<size_t>(shard * hidden), 1, -1, 1)));
         std::vector<int32_t> ids(static_cast<size_t>(n));
         std::mt19937 g(2);
         for (int32_t& id : ids) id = std::uniform_int_distribution<int32_t>(0, vocab - 1)(g);
         STRATA_ASSIGN_OR_RETURN(Tensor d_ids, a.put_ints({n}, ids));
-        STRATA_ASSIGN_OR_RETURN(Tensor x, a.put(DType::kF32, {n, hidden},
-                                                randoms(static_cast<size_t>(n * hidden), 3, -1, 1)));
+        STRATA_ASSIGN_OR_RETURN(
+            Tensor x,
+            a.put(DType::kF32, {n, hidden}, randoms(static_cast<size_t>(n * hidden), 3, -1, 1)));
         Prepared p;
         p.outputs = {x};
         p.bytes = static_cast<double>(n * hidden * (4 + 2));
@@ -296,23 +299,27 @@ void add_norm_cases(std::vector<Case>& cases) {
           c.tol_twin = f32_out ? 1e-5 : 8e-3;  // at most one bf16 ulp apart
           c.prepare = [=](Arena& a) -> Result<Prepared> {
             const int64_t stride = hidden + pad;
+            STRATA_ASSIGN_OR_RETURN(Tensor xa,
+                                    a.put(DType::kF32, {n, stride},
+                                          randoms(static_cast<size_t>(n * stride), 11, -2, 2)));
+            STRATA_ASSIGN_OR_RETURN(Tensor ra,
+                                    a.put(DType::kF32, {n, stride},
+                                          randoms(static_cast<size_t>(n * stride), 12, -1, 1)));
             STRATA_ASSIGN_OR_RETURN(
-                Tensor xa, a.put(DType::kF32, {n, stride},
-                                 randoms(static_cast<size_t>(n * stride), 11, -2, 2)));
-            STRATA_ASSIGN_OR_RETURN(
-                Tensor ra, a.put(DType::kF32, {n, stride},
-                                 randoms(static_cast<size_t>(n * stride), 12, -1, 1)));
-            STRATA_ASSIGN_OR_RETURN(Tensor w, a.put(DType::kF32, {hidden},
-                                                    randoms(static_cast<size_t>(hidden), 13, 0.5f, 1.5f)));
-            STRATA_ASSIGN_OR_RETURN(Tensor b, a.put(DType::kF32, {hidden},
-                                                    randoms(static_cast<size_t>(hidden), 14, -0.5f, 0.5f)));
-            STRATA_ASSIGN_OR_RETURN(Tensor oa, a.output(f32_out ? DType::kF32 : a.act(), {n, stride}));
+                Tensor w,
+                a.put(DType::kF32, {hidden}, randoms(static_cast<size_t>(hidden), 13, 0.5f, 1.5f)));
+            STRATA_ASSIGN_OR_RETURN(Tensor b,
+                                    a.put(DType::kF32, {hidden},
+                                          randoms(static_cast<size_t>(hidden), 14, -0.5f, 0.5f)));
+            STRATA_ASSIGN_OR_RETURN(Tensor oa,
+                                    a.output(f32_out ? DType::kF32 : a.act(), {n, stride}));
             Tensor x = xa.slice_cols(0, hidden), r = ra.slice_cols(0, hidden),
                    o = oa.slice_cols(0, hidden);
             ops::NormWeight nw{w, kind == NormKind::kLayer ? b : Tensor{}};
             Prepared p;
             p.outputs = {oa, xa};
-            p.bytes = static_cast<double>(n * hidden) * (4 * (residual ? 3 : 1) + dtype_bytes(a.act(), 1));
+            p.bytes = static_cast<double>(n * hidden) *
+                      (4 * (residual ? 3 : 1) + dtype_bytes(a.act(), 1));
             p.run = [&a, x, r, o, nw, kind, residual]() mutable {
               ops::NormArgs na;
               na.kind = kind;
@@ -333,7 +340,7 @@ void add_linear_cases(std::vector<Case>& cases) {
     int64_t n, k, m;
     int parts;
   };
-  const Shape shapes[] = {{1, 64, 72, 3}, {3, 576, 1031, 1}, {17, 72, 200, 2},
+  const Shape shapes[] = {{1, 64, 72, 3},     {3, 576, 1031, 1},   {17, 72, 200, 2},
                           {200, 576, 520, 3}, {16, 1024, 4096, 1}, {64, 256, 128, 2}};
   for (const Shape& s : shapes) {
     for (DType wdt : {DType::kBF16, DType::kI8, DType::kFP8E4M3}) {
@@ -352,15 +359,17 @@ void add_linear_cases(std::vector<Case>& cases) {
         c.tol_ref = fp8_lt ? 1e-1 : bf16_out ? 8e-3 : 1e-5;
         c.tol_twin = fp8_lt ? 1e-1 : bf16_out ? 8e-3 : 1e-5;
         c.prepare = [=](Arena& a) -> Result<Prepared> {
-          STRATA_ASSIGN_OR_RETURN(ops::LinearWeight w, make_weight(a, s.m, s.k, s.parts, wdt, bias, 21));
+          STRATA_ASSIGN_OR_RETURN(ops::LinearWeight w,
+                                  make_weight(a, s.m, s.k, s.parts, wdt, bias, 21));
           const int64_t xs = s.k + 8;  // strided activations
           STRATA_ASSIGN_OR_RETURN(
-              Tensor xa, a.put(a.act(), {s.n, xs}, randoms(static_cast<size_t>(s.n * xs), 22, -1, 1)));
+              Tensor xa,
+              a.put(a.act(), {s.n, xs}, randoms(static_cast<size_t>(s.n * xs), 22, -1, 1)));
           const DType od = bf16_out && a.act() == DType::kBF16 ? DType::kBF16 : DType::kF32;
           Tensor oa;
           if (acc) {
-            STRATA_ASSIGN_OR_RETURN(oa, a.put(od, {s.n, s.m},
-                                              randoms(static_cast<size_t>(s.n * s.m), 23, -1, 1)));
+            STRATA_ASSIGN_OR_RETURN(
+                oa, a.put(od, {s.n, s.m}, randoms(static_cast<size_t>(s.n * s.m), 23, -1, 1)));
           } else {
             STRATA_ASSIGN_OR_RETURN(oa, a.output(od, {s.n, s.m}));
           }
@@ -368,8 +377,9 @@ void add_linear_cases(std::vector<Case>& cases) {
           Prepared p;
           p.outputs = {oa};
           p.flops = 2.0 * static_cast<double>(s.n * s.k * s.m);
-          p.bytes = static_cast<double>(dtype_bytes(w.parts[0].w.dtype, s.m * s.k) +
-                                        dtype_bytes(a.act(), s.n * s.k) + dtype_bytes(od, s.n * s.m));
+          p.bytes =
+              static_cast<double>(dtype_bytes(w.parts[0].w.dtype, s.m * s.k) +
+                                  dtype_bytes(a.act(), s.n * s.k) + dtype_bytes(od, s.n * s.m));
           p.run = [&a, x, w, oa, acc]() mutable {
             ops::LinearArgs la;
             la.accumulate = acc;
@@ -387,22 +397,25 @@ void add_linear_act_cases(std::vector<Case>& cases) {
   struct Shape {
     int64_t n, k, f;
   };
-  for (const Shape& s : {Shape{1, 64, 176}, Shape{16, 576, 1536}, Shape{17, 72, 200},
-                         Shape{100, 256, 520}}) {
+  for (const Shape& s :
+       {Shape{1, 64, 176}, Shape{16, 576, 1536}, Shape{17, 72, 200}, Shape{100, 256, 520}}) {
     for (int kind = 0; kind < 3; ++kind) {  // gated silu, gated gelu, plain gelu
       const bool gated = kind < 2;
       const Activation act = kind == 0 ? Activation::kSilu : Activation::kGeluTanh;
       Case c;
       c.name = "linear_act " + shape_name({s.n, s.k, s.f}) +
-               (kind == 0 ? " silu-gated" : kind == 1 ? " gelu-gated" : " gelu-plain");
+               (kind == 0   ? " silu-gated"
+                : kind == 1 ? " gelu-gated"
+                            : " gelu-plain");
       c.tol_ref = 1.5e-2;  // bf16 GEMM output (cuBLASLt path) then the activation, rounded again
       c.tol_twin = 8e-3;   // one bf16 ulp
       c.prepare = [=](Arena& a) -> Result<Prepared> {
-        STRATA_ASSIGN_OR_RETURN(ops::LinearWeight w,
-                                make_weight(a, gated ? 2 * s.f : s.f, s.k, gated ? 2 : 1,
-                                            DType::kBF16, !gated, 31));
-        STRATA_ASSIGN_OR_RETURN(Tensor x, a.put(a.act(), {s.n, s.k},
-                                                randoms(static_cast<size_t>(s.n * s.k), 32, -1, 1)));
+        STRATA_ASSIGN_OR_RETURN(
+            ops::LinearWeight w,
+            make_weight(a, gated ? 2 * s.f : s.f, s.k, gated ? 2 : 1, DType::kBF16, !gated, 31));
+        STRATA_ASSIGN_OR_RETURN(
+            Tensor x,
+            a.put(a.act(), {s.n, s.k}, randoms(static_cast<size_t>(s.n * s.k), 32, -1, 1)));
         STRATA_ASSIGN_OR_RETURN(Tensor ff, a.output(a.act(), {s.n, 2 * s.f}));
         STRATA_ASSIGN_OR_RETURN(Tensor out, a.output(a.act(), {s.n, s.f}));
         Prepared p;
@@ -489,10 +502,10 @@ void add_rope_cases(std::vector<Case>& cases) {
     int64_t hq, hkv, d, rot;
     bool neox, qk_norm;
   };
-  for (const R& r : {R{4, 2, 16, 16, true, false}, R{4, 1, 12, 6, false, false},
-                     R{8, 2, 64, 32, true, false}, R{2, 2, 64, 0, true, false},
-                     R{32, 8, 128, 128, true, false}, R{4, 1, 256, 256, true, true},
-                     R{4, 2, 16, 8, true, true}}) {
+  for (const R& r :
+       {R{4, 2, 16, 16, true, false}, R{4, 1, 12, 6, false, false}, R{8, 2, 64, 32, true, false},
+        R{2, 2, 64, 0, true, false}, R{32, 8, 128, 128, true, false}, R{4, 1, 256, 256, true, true},
+        R{4, 2, 16, 8, true, true}}) {
     for (int64_t n : {3, 40}) {
       Case c;
       c.name = "rope_kv_append " + shape_name({n, r.hq, r.hkv, r.d}) + " rot" +
@@ -505,20 +518,27 @@ void add_rope_cases(std::vector<Case>& cases) {
         const Paging pg = make_paging(kv_len, 41);
         STRATA_ASSIGN_OR_RETURN(StepArrays st, put_step(a, n_q, kv_len, pg));
         const int64_t row = (r.hq + 2 * r.hkv) * r.d;
-        STRATA_ASSIGN_OR_RETURN(Tensor qkv, a.put(DType::kF32, {n, row},
-                                                  randoms(static_cast<size_t>(n * row), 42, -2, 2)));
+        STRATA_ASSIGN_OR_RETURN(
+            Tensor qkv,
+            a.put(DType::kF32, {n, row}, randoms(static_cast<size_t>(n * row), 42, -2, 2)));
         std::vector<float> freq(static_cast<size_t>(std::max<int64_t>(r.rot / 2, 1)));
         for (size_t i = 0; i < freq.size(); ++i) {
-          freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) /
-                                                            std::max<int64_t>(r.rot, 1)));
+          freq[i] = static_cast<float>(
+              std::pow(10000.0, -2.0 * static_cast<double>(i) / std::max<int64_t>(r.rot, 1)));
         }
         STRATA_ASSIGN_OR_RETURN(Tensor inv_freq,
                                 a.put(DType::kF32, {static_cast<int64_t>(freq.size())}, freq));
-        STRATA_ASSIGN_OR_RETURN(Tensor qn, a.put(DType::kF32, {r.d}, randoms(static_cast<size_t>(r.d), 43, -0.4f, 0.4f)));
-        STRATA_ASSIGN_OR_RETURN(Tensor kn, a.put(DType::kF32, {r.d}, randoms(static_cast<size_t>(r.d), 44, -0.4f, 0.4f)));
+        STRATA_ASSIGN_OR_RETURN(
+            Tensor qn,
+            a.put(DType::kF32, {r.d}, randoms(static_cast<size_t>(r.d), 43, -0.4f, 0.4f)));
+        STRATA_ASSIGN_OR_RETURN(
+            Tensor kn,
+            a.put(DType::kF32, {r.d}, randoms(static_cast<size_t>(r.d), 44, -0.4f, 0.4f)));
         ops::KvLayer cache;
-        STRATA_ASSIGN_OR_RETURN(cache.k, a.output(a.act(), {pg.n_blocks, pg.block_size, r.hkv, r.d}));
-        STRATA_ASSIGN_OR_RETURN(cache.v, a.output(a.act(), {pg.n_blocks, pg.block_size, r.hkv, r.d}));
+        STRATA_ASSIGN_OR_RETURN(cache.k,
+                                a.output(a.act(), {pg.n_blocks, pg.block_size, r.hkv, r.d}));
+        STRATA_ASSIGN_OR_RETURN(cache.v,
+                                a.output(a.act(), {pg.n_blocks, pg.block_size, r.hkv, r.d}));
         STRATA_ASSIGN_OR_RETURN(Tensor q, a.output(a.act(), {n, r.hq, r.d}));
         auto norms = std::make_shared<std::pair<ops::NormWeight, ops::NormWeight>>(
             ops::NormWeight{qn, {}}, ops::NormWeight{kn, {}});
@@ -578,11 +598,12 @@ void add_attention_cases(std::vector<Case>& cases) {
                                              randoms(static_cast<size_t>(cache_n), 52, -2, 2)));
       STRATA_ASSIGN_OR_RETURN(cache.v, a.put(a.act(), {pg.n_blocks, pg.block_size, t.hkv, t.d},
                                              randoms(static_cast<size_t>(cache_n), 53, -2, 2)));
-      STRATA_ASSIGN_OR_RETURN(Tensor q, a.put(a.act(), {n, t.hq, t.d},
-                                              randoms(static_cast<size_t>(n * t.hq * t.d), 54, -1, 1)));
+      STRATA_ASSIGN_OR_RETURN(
+          Tensor q,
+          a.put(a.act(), {n, t.hq, t.d}, randoms(static_cast<size_t>(n * t.hq * t.d), 54, -1, 1)));
       STRATA_ASSIGN_OR_RETURN(Tensor out, a.output(a.act(), {n, t.hq * t.d}));
-      size_t ws_bytes = a.variant().rt->attention_workspace_bytes(
-          st.args.n_seqs, t.hq, t.d, st.args.max_kv_len);
+      size_t ws_bytes =
+          a.variant().rt->attention_workspace_bytes(st.args.n_seqs, t.hq, t.d, st.args.max_kv_len);
       Tensor ws;
       if (ws_bytes > 0) {
         STRATA_ASSIGN_OR_RETURN(ws, a.alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
@@ -621,8 +642,8 @@ void add_elementwise_cases(std::vector<Case>& cases) {
                                               randoms(static_cast<size_t>(n * cols), 61, -3, 3)));
       STRATA_ASSIGN_OR_RETURN(Tensor y, a.put(DType::kF32, {n, cols},
                                               randoms(static_cast<size_t>(n * cols), 62, -3, 3)));
-      STRATA_ASSIGN_OR_RETURN(Tensor b, a.put(DType::kF32, {cols},
-                                              randoms(static_cast<size_t>(cols), 63, -1, 1)));
+      STRATA_ASSIGN_OR_RETURN(
+          Tensor b, a.put(DType::kF32, {cols}, randoms(static_cast<size_t>(cols), 63, -1, 1)));
       STRATA_ASSIGN_OR_RETURN(Tensor out, a.output(DType::kF32, {n, cols}));
       Prepared p;
       p.outputs = {out};
@@ -639,8 +660,9 @@ void add_elementwise_cases(std::vector<Case>& cases) {
     am.name = "argmax+copy " + shape_name({n, cols});
     am.tol_ref = am.tol_twin = 0.0;
     am.prepare = [=](Arena& a) -> Result<Prepared> {
-      STRATA_ASSIGN_OR_RETURN(Tensor xa, a.put(DType::kF32, {n, cols + 3},
-                                               randoms(static_cast<size_t>(n * (cols + 3)), 64, -3, 3)));
+      STRATA_ASSIGN_OR_RETURN(Tensor xa,
+                              a.put(DType::kF32, {n, cols + 3},
+                                    randoms(static_cast<size_t>(n * (cols + 3)), 64, -3, 3)));
       STRATA_ASSIGN_OR_RETURN(Tensor ids, a.output(DType::kI32, {n}));
       STRATA_ASSIGN_OR_RETURN(Tensor dst, a.output(DType::kF32, {n, cols}));
       Tensor x = xa.slice_cols(0, cols);
@@ -766,10 +788,9 @@ int run_all(bool perf, bool require_cuda, const std::string& filter) {
       if (!r.status.ok()) {
         // Shapes the CUDA kernels do not take (8-bit weight rows must be 16-byte aligned: in
         // features a multiple of 16; the device layout refuses such models at load).
-        const bool unsupported =
-            r.status.code() == StatusCode::kUnimplemented ||
-            (r.status.code() == StatusCode::kInvalidArgument &&
-             r.status.message().find("16-byte aligned") != std::string::npos);
+        const bool unsupported = r.status.code() == StatusCode::kUnimplemented ||
+                                 (r.status.code() == StatusCode::kInvalidArgument &&
+                                  r.status.message().find("16-byte aligned") != std::string::npos);
         if (vn == "cuda" && unsupported) {
           std::printf("%-58s %-9s skipped: %s\n", c.name.c_str(), vn.c_str(),
                       r.status.message().c_str());

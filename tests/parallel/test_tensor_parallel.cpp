@@ -12,9 +12,10 @@
 #include "runtime/sequence.h"
 
 namespace strata {
-namespace {
 
-Communicator* g_comm = nullptr;
+Communicator* g_comm = nullptr;  // every test of this binary runs on all ranks of the mpirun
+
+namespace {
 
 Result<std::vector<float>> logits_for(const std::string& dir, const ParallelConfig& par,
                                       Communicator& comm, const std::vector<int32_t>& ids) {
@@ -57,7 +58,8 @@ TEST_P(TensorParallel, MatchesSingleRank) {
 
 // Fixtures whose heads and ffn split over 2 and 4 ranks (llama: 2 KV heads, replicated at 4).
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel,
-                         ::testing::Values("llama", "llama_bf16", "gpt2", "neox", "neox_seq"));
+                         ::testing::Values("llama", "llama_bf16", "gpt2", "neox", "neox_seq",
+                                           "gemma3"));
 
 }  // namespace
 }  // namespace strata

@@ -79,6 +79,29 @@ size_t varlen_attention_workspace_bytes(int64_t n_seqs, int64_t n_heads, int64_t
 Status copy_h2d(const LaunchCtx& ctx, void* dst, const void* src, size_t bytes);
 Status copy_d2h(const LaunchCtx& ctx, void* dst, const void* src, size_t bytes);
 Status stream_synchronize(const LaunchCtx& ctx);
+// A device-to-device copy on a stream given as a type-erased cudaStream_t (communicators).
+Status copy_d2d_on_stream(void* stream, void* dst, const void* src, size_t bytes);
+
+// kernels/oneshot.cu: the one-shot all-reduce / all-gather among ranks that read each other's
+// device memory (see the file header). Registered once per rank; the arrays are device memory.
+constexpr int kOneShotMaxRanks = 16;
+constexpr int kOneShotMaxBlocks = 32;
+struct OneShotParams {
+  int n_ranks = 0;
+  int rank = 0;
+  void* const* staging = nullptr;    // device array [n_ranks]: each rank's staging buffer
+  int64_t staging_bytes = 0;         // bytes of each staging buffer (two halves)
+  uint32_t* const* flags = nullptr;  // device array [n_ranks]: flags [n_ranks][kOneShotMaxBlocks]
+  uint32_t* epoch = nullptr;         // this rank's epoch (device)
+  uint32_t* done = nullptr;          // this rank's finished-block counter (device)
+  uint32_t* error = nullptr;         // set to 1 when a wait for a peer timed out (device)
+  const void* in = nullptr;          // [count] (all-reduce: may equal out)
+  void* out = nullptr;               // all-reduce: [count]; all-gather: [n_ranks * count]
+  int64_t count = 0;
+  DType dtype = DType::kF32;  // kF32 or kBF16 (summed in f32, rank order)
+};
+Status oneshot(const LaunchCtx& ctx, const OneShotParams& p, bool gather);
+int oneshot_blocks(int64_t bytes);
 
 // kernels/convert.cu: dst_bf16[i] = bf16(src_f32[i]); dst_f32[i] = f32(src_bf16[i]).
 Status f32_to_bf16(const LaunchCtx& ctx, const float* src, uint16_t* dst, int64_t n);

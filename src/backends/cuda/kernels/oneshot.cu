@@ -1,0 +1,177 @@
+// One-shot all-reduce and all-gather among ranks that can read each other's device memory (the
+// threads of one process on one GPU, or GPUs with peer access over NVLink): the small-message
+// collectives of decode steps, done inside one kernel per rank with no host synchronization, so
+// they can be captured in CUDA graphs (TensorRT-LLM and FlashInfer call this shape "one-shot").
+// CPU twin of the arithmetic: strata::reduce_sum_host (src/parallel/reduce.cpp): ranks are summed
+// in order 0..n-1 in f32 and rounded once, so every rank's result is bit-identical and equals
+// the twin's.
+//
+// Each rank owns a staging buffer (two halves, alternating by epoch parity) and a flag array
+// flags[src][block] that its peers write. A call with epoch e on rank r, block b of B:
+//   1. copy chunk b of the input into half (e & 1) of r's staging buffer;
+//   2. after a system fence, write e into flags[r][b] of every peer;
+//   3. wait until each peer q has written flags[q][b] >= e in r's flag array;
+//   4. read chunk b of every peer's half (e & 1) (L1 bypassed) and write the sum (all-reduce) or
+//      the chunks side by side (all-gather) to the output;
+//   5. the last block to finish stores e as the rank's epoch (the next call uses e + 1).
+// Why this is safe to rerun: a peer can only write half (e & 1) again at epoch e + 2, which needs
+// this rank's flags of epoch e + 1, which this rank raises only after this call finished; flags
+// hold epochs, compared with >= (a fast peer may already have raised e + 1).
+// A wait longer than ~10 s (a rank that never arrives) sets the error word and gives up instead
+// of hanging the GPU; the host reads it with oneshot_check_error().
+//
+// Grid: B blocks (all ranks use the same B for the same message: a function of its size) of 256
+// threads; on one GPU all ranks' blocks must be resident together (B <= 32 by construction).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/bf16.cuh"
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kSpinLimit = int64_t{20} * 1000 * 1000 * 1000;  // clock cycles (~10 s)
+
+__device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
+  return *reinterpret_cast<const volatile uint32_t*>(p);
+}
+
+template <class T>
+__device__ __forceinline__ float widen(T v);
+template <>
+__device__ __forceinline__ float widen<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float widen<uint16_t>(uint16_t v) {
+  return bf16_value(v);
+}
+
+template <class T>
+__device__ __forceinline__ T narrow(float v);
+template <>
+__device__ __forceinline__ float narrow<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ uint16_t narrow<uint16_t>(float v) {
+  return bf16_bits(v);
+}
+
+// T: float or uint16_t (bf16 bits). kGather: all-gather instead of all-reduce.
+template <class T, bool kGather>
+__global__ void __launch_bounds__(kThreads) oneshot_kernel(const OneShotParams p) {
+  const int b = static_cast<int>(blockIdx.x);
+  const int nb = static_cast<int>(gridDim.x);
+  const uint32_t epoch = *p.epoch + 1;
+  const int64_t half = p.staging_bytes / 2;
+  const int64_t per = (p.count + nb - 1) / nb;  // elements of chunk b
+  const int64_t i0 = std::min<int64_t>(per * b, p.count);
+  const int64_t i1 = std::min<int64_t>(i0 + per, p.count);
+  const int64_t off = static_cast<int64_t>(epoch & 1u) * half;
+  // 1. my chunk into my staging half
+  T* mine = reinterpret_cast<T*>(static_cast<char*>(p.staging[p.rank]) + off);
+  const T* in = static_cast<const T*>(p.in);
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) mine[i] = in[i];
+  __syncthreads();
+  // 2. raise my flag for this block at every peer
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int q = 0; q < p.n_ranks; ++q) {
+      *reinterpret_cast<volatile uint32_t*>(p.flags[q] + p.rank * kOneShotMaxBlocks + b) = epoch;
+    }
+  }
+  // 3. wait for every peer's flag for this block
+  if (threadIdx.x < p.n_ranks) {
+    const uint32_t* f = p.flags[p.rank] + threadIdx.x * kOneShotMaxBlocks + b;
+    const int64_t t0 = clock64();
+    while (static_cast<int32_t>(load_volatile(f) - epoch) < 0) {
+      if (clock64() - t0 > kSpinLimit) {
+        atomicExch(p.error, 1u);
+        break;
+      }
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();
+  __threadfence();
+  // 4. read every peer's chunk (L1 bypassed: the same addresses held other data last epoch)
+  T* out = static_cast<T*>(p.out);
+  if constexpr (kGather) {
+    for (int q = 0; q < p.n_ranks; ++q) {
+      const T* src = reinterpret_cast<const T*>(static_cast<const char*>(p.staging[q]) + off);
+      for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+        out[q * p.count + i] = __ldcg(src + i);
+    }
+  } else {
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+      float s = 0.0f;
+      for (int q = 0; q < p.n_ranks; ++q) {
+        const T* src = reinterpret_cast<const T*>(static_cast<const char*>(p.staging[q]) + off);
+        const float v = widen<T>(__ldcg(src + i));
+        s = q == 0 ? v : __fadd_rn(s, v);  // rank order, no contraction: as reduce_sum_host
+      }
+      out[i] = narrow<T>(s);
+    }
+  }
+  // 5. the last block publishes the epoch
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(p.done, 1u) == static_cast<uint32_t>(nb - 1)) {
+      *p.done = 0;
+      *p.epoch = epoch;
+    }
+  }
+}
+
+}  // namespace
+
+int oneshot_blocks(int64_t bytes) {
+  constexpr int64_t kBytesPerBlock = 16 * 1024;
+  return static_cast<int>(
+      std::clamp<int64_t>((bytes + kBytesPerBlock - 1) / kBytesPerBlock, 1, kOneShotMaxBlocks));
+}
+
+Status oneshot(const LaunchCtx& ctx, const OneShotParams& p, bool gather) {
+  if (p.n_ranks < 1 || p.n_ranks > kOneShotMaxRanks || p.rank < 0 || p.rank >= p.n_ranks ||
+      p.count < 0 || p.staging == nullptr || p.flags == nullptr || p.epoch == nullptr ||
+      p.done == nullptr || p.error == nullptr) {
+    return invalid_argument("oneshot", "bad rank, count or registration");
+  }
+  if (p.dtype != DType::kF32 && p.dtype != DType::kBF16) {
+    return invalid_argument("oneshot", "dtype must be f32 or bf16");
+  }
+  const int64_t bytes = dtype_bytes(p.dtype, p.count);
+  if (bytes > p.staging_bytes / 2) {
+    return invalid_argument("oneshot", "message of " + std::to_string(bytes) +
+                                           " bytes exceeds half the staging buffer");
+  }
+  if (p.count == 0) return ok_status();
+  if (p.in == nullptr || p.out == nullptr) return invalid_argument("oneshot", "null in or out");
+  const dim3 grid(static_cast<unsigned>(oneshot_blocks(bytes)));
+  if (p.dtype == DType::kF32) {
+    if (gather) {
+      oneshot_kernel<float, true><<<grid, kThreads, 0, ctx.stream>>>(p);
+    } else {
+      oneshot_kernel<float, false><<<grid, kThreads, 0, ctx.stream>>>(p);
+    }
+  } else {
+    if (gather) {
+      oneshot_kernel<uint16_t, true><<<grid, kThreads, 0, ctx.stream>>>(p);
+    } else {
+      oneshot_kernel<uint16_t, false><<<grid, kThreads, 0, ctx.stream>>>(p);
+    }
+  }
+  return kernel_launch_status("oneshot_kernel");
+}
+
+}  // namespace strata::cuda

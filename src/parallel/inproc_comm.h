@@ -1,0 +1,64 @@
+// The in-process communicator's shared state (parallel/inproc_comm.cpp): n ranks are n threads of
+// one process. Host collectives publish each rank's pointers, meet at a barrier, read the peers'
+// buffers directly and meet again before anyone may overwrite them. Device collectives (CUDA)
+// go through the one-shot kernels (backends/cuda/kernels/oneshot.cu): every rank registers a
+// staging buffer and a flag array once (init_in_process_device), and each collective is one
+// kernel per rank that copies its input to its staging buffer, raises its flags, waits for its
+// peers' flags and reads their staging buffers — no host synchronization, so it can be captured
+// in a CUDA graph.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "parallel/comm.h"
+
+namespace strata {
+
+struct InProcessDeviceState;  // the CUDA part (inproc_comm_cuda.cpp)
+
+struct InProcessGroup {
+  explicit InProcessGroup(int n);
+  ~InProcessGroup();
+
+  // Blocks until all n ranks have arrived (generation-counted, reusable). kDeadlineExceeded
+  // after `timeout` (a rank that died or took another code path), naming the ranks missing.
+  Status barrier(int rank);
+
+  int n;
+  std::chrono::seconds timeout{300};
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  std::vector<bool> present;  // ranks in the current barrier
+
+  // Per-rank slots of the collective in flight (written before the first barrier).
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  std::vector<const int64_t*> counts, offsets;
+  std::vector<int> color, key;
+  std::vector<std::shared_ptr<InProcessGroup>> children;  // split(): the group per leader rank
+
+  // Point to point: a mailbox per (src, dst) holding the bytes sent and not yet received.
+  std::vector<std::deque<std::vector<uint8_t>>> mailbox;  // [src * n + dst]
+  std::condition_variable mail_cv;
+
+  InProcessDeviceState* device = nullptr;  // set by init_in_process_device, owned
+};
+
+// Registers rank `c`'s device buffers for device collectives of up to `max_bytes` per call on
+// CUDA device `device_index` (every rank of the group must call it, from its own thread, with
+// the same max_bytes). kUnimplemented without CUDA; kInvalidArgument for a communicator that is
+// not in-process.
+Status init_in_process_device(Communicator& c, int device_index, int64_t max_bytes);
+
+// The group behind an in-process communicator, or null for other kinds.
+InProcessGroup* in_process_group(Communicator& c);
+
+}  // namespace strata
