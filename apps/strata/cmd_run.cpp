@@ -49,8 +49,6 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
                   "CPU threads; 0 = all cores (default 0)");
   sub->add_option("-c,--ctx-size,--max-model-len", opt->engine.max_model_len,
                   "Context length; 0 = the model's own (default 0)");
-  sub->add_option("--tp,--tensor-parallel-size", opt->engine.parallel.tp,
-                  "Tensor-parallel ranks; launch with mpirun -np N (default 1)");
   sub->add_flag("--ignore-eos", opt->request.ignore_eos, "Keep generating past end-of-sequence");
   sub->add_flag("--chat", opt->request.chat,
                 "Send the prompt as a user message through the model's chat template");

@@ -36,6 +36,16 @@ int serve(const ServeOptions& opt) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  if (launcher_rank() > 0) {
+    // A tensor-parallel follower (mpirun): no HTTP server; it runs rank 0's steps until rank 0
+    // stops. SIGTERM/SIGINT stay blocked here: rank 0 drains and then stops every rank.
+    auto engine = ServingEngine::create(opt.serving);
+    if (!engine.ok())
+      return report(engine.status().with_context("loading " + opt.serving.engine.model));
+    const Status st = (*engine)->wait_follower();
+    return st.ok() ? 0 : report(st);
+  }
+
   auto routes = std::make_shared<server::OpenAIRoutes>(server::OpenAIOptions{opt.api_key});
   auto http = server::HttpServer::create(
       opt.http,
@@ -134,8 +144,6 @@ void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
                 "Reuse KV blocks of shared prompt prefixes (default on)");
   sub->add_option("-t,--threads", opt->serving.engine.num_threads,
                   "CPU threads; 0 = all cores (default 0)");
-  sub->add_option("--tp,--tensor-parallel-size", opt->serving.engine.parallel.tp,
-                  "Tensor-parallel ranks; launch with mpirun -np N (default 1)");
   add_engine_device_options(sub, opt->serving.engine, /*with_dummy=*/true,
                             /*with_batch_tokens=*/false);
   sub->add_option("--http-threads", opt->http.threads, "HTTP I/O threads (default 4)");

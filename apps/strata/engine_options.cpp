@@ -20,7 +20,8 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
       "--device", [&e](const std::string& v) { e.device = parsed(parse_device(v)); },
       "Where the model runs: cpu (default), cuda or cuda:N");
   sub->add_option_function<std::string>(
-      "--quantization", [&e](const std::string& v) { e.quantization = parsed(parse_quantization(v)); },
+      "--quantization",
+      [&e](const std::string& v) { e.quantization = parsed(parse_quantization(v)); },
       "CUDA weight format: none (bf16, default), int8 or fp8 (weight-only, per-row scales, "
       "quantized at load)");
   sub->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
@@ -30,14 +31,19 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
     sub->add_option("--max-num-batched-tokens", e.max_num_batched_tokens,
                     "CUDA: most tokens in one forward pass (activation workspace; default 2048)");
   }
+  sub->add_option("--tp,--tensor-parallel-size", e.parallel.tp,
+                  "Tensor-parallel ranks (default 1): processes launched with mpirun -np N (one "
+                  "GPU each with --device cuda), or, with --device cuda and no mpirun, N threads "
+                  "of this process on GPUs index..index+N-1 (all on one GPU when there are fewer)");
   sub->add_flag(
       "--no-cuda-graphs", [&e](int64_t) { e.cuda_graphs = false; },
       "CUDA: launch decode steps kernel by kernel instead of replaying CUDA graphs");
   if (with_dummy) {
     sub->add_option_function<std::string>(
-        "--load-format", [&e](const std::string& v) { e.load_format = parsed(parse_load_format(v)); },
-                    "auto (read the checkpoint, default) or dummy (random weights on the GPU, no "
-                    "files read; shapes from --model-config or the model's config)");
+        "--load-format",
+        [&e](const std::string& v) { e.load_format = parsed(parse_load_format(v)); },
+        "auto (read the checkpoint, default) or dummy (random weights on the GPU, no "
+        "files read; shapes from --model-config or the model's config)");
     sub->add_option("--model-config", e.model_config,
                     "Shape preset for --load-format dummy: llama3-8b, llama2-7b, qwen2.5-7b, "
                     "llama3-70b, llama3.2-1b");

@@ -106,6 +106,16 @@ class ServingEngine {
   virtual ServingMetrics metrics() const = 0;
   // Stop accepting requests; finish (drain=true) or abort in-flight ones, then stop the loop.
   virtual void shutdown(bool drain) = 0;
+
+  // Tensor parallelism across processes (mpirun -np N): rank 0 serves (scheduler, sampling,
+  // HTTP) and broadcasts every step; the other ranks only follow. On a follower, wait_follower()
+  // blocks until rank 0 stops (ok) or the ranks fail (the error); it returns at once on rank 0.
+  virtual int rank() const { return 0; }
+  virtual Status wait_follower() { return Status(); }
 };
+
+// This process's rank when started by an MPI launcher (mpirun), else 0: serve commands start
+// their HTTP server on rank 0 only.
+int launcher_rank();
 
 }  // namespace strata

@@ -38,6 +38,8 @@ EnvConfig read_env() {
   }
   c.launcher_rank = get_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}, -1);
   c.launcher_size = get_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, -1);
+  c.launcher_local_rank =
+      get_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}, -1);
   auto flag = [](const char* name) {
     const char* v = get(name);
     return v != nullptr && v[0] == '1';
@@ -48,6 +50,11 @@ EnvConfig read_env() {
   if (get("STRATA_SBI_PREFETCH") != nullptr) {
     c.sbi_prefetch = std::min(8, get_int({"STRATA_SBI_PREFETCH"}, 0));
   }
+  if (const char* v = get("STRATA_NCCL_LIBRARY")) c.nccl_library = v;
+  if (get("STRATA_ONESHOT_MAX_BYTES") != nullptr) {
+    c.oneshot_max_bytes = std::max(0, get_int({"STRATA_ONESHOT_MAX_BYTES"}, 0));
+  }
+  c.tp_one_gpu = flag("STRATA_TP_ONE_GPU");
   return c;
 }
 

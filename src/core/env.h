@@ -13,11 +13,18 @@ struct EnvConfig {
   // MPI launcher rank discovery (OpenMPI, PMI, Slurm), -1 when absent.
   int launcher_rank = -1;
   int launcher_size = -1;
+  int launcher_local_rank = -1;  // rank on this host (OpenMPI, MPICH/Hydra, Slurm): its GPU
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
-  bool cuda_profile = false;   // STRATA_CUDA_PROFILE=1: event-timed sections, eager launches
-  bool no_autotune = false;    // STRATA_NO_AUTOTUNE=1: cuBLASLt keeps its heuristic's first pick
-  bool no_pdl = false;         // STRATA_NO_PDL=1: no programmatic dependent launch
-  int sbi_prefetch = -1;       // STRATA_SBI_PREFETCH=N (0..8): SBI-GeMM L2 prefetch depth; -1 default
+  bool cuda_profile = false;  // STRATA_CUDA_PROFILE=1: event-timed sections, eager launches
+  bool no_autotune = false;   // STRATA_NO_AUTOTUNE=1: cuBLASLt keeps its heuristic's first pick
+  bool no_pdl = false;        // STRATA_NO_PDL=1: no programmatic dependent launch
+  int sbi_prefetch = -1;  // STRATA_SBI_PREFETCH=N (0..8): SBI-GeMM L2 prefetch depth; -1 default
+  // Tensor parallelism on GPUs.
+  std::string nccl_library;  // STRATA_NCCL_LIBRARY: path of libnccl.so.2 (default: the loader's)
+  // STRATA_ONESHOT_MAX_BYTES: device all-reduces / all-gathers up to this size take the one-shot
+  // kernels when ranks can read each other's memory; larger ones NCCL (-1: the default).
+  long long oneshot_max_bytes = -1;
+  bool tp_one_gpu = false;  // STRATA_TP_ONE_GPU=1: in-process ranks share one GPU (testing)
 };
 
 const EnvConfig& env_config();

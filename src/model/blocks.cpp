@@ -34,7 +34,11 @@ Status embed(const Model& m, ForwardArgs& a) {
   e.vocab = c.vocab;
   e.scale = c.embedding_scale;
   STRATA_RETURN_IF_ERROR(ops::embed(a.ctx, w.tok_embeddings, a.step.tokens, e, x));
-  if (m.parallel().tp_size > 1) STRATA_RETURN_IF_ERROR(ops::all_reduce(a.ctx, a.comm, x));
+  if (m.parallel().tp_size > 1) {
+    ops::section(a.ctx, "all_reduce");
+    STRATA_RETURN_IF_ERROR(ops::all_reduce(a.ctx, a.comm, x));
+    ops::section(a.ctx, "embedding");
+  }
   if (w.pos_embeddings.defined()) {
     ops::EmbedArgs pe;
     pe.vocab = w.pos_embeddings.dim(0);
@@ -82,7 +86,9 @@ Status head(const Model& m, ForwardArgs& a) {
     }
     Tensor all =
         Tensor::make(a.ws.gathered.data, DType::kF32, {tp * n_out, chunk}, a.ws.gathered.device);
+    ops::section(a.ctx, "all_gather");
     STRATA_RETURN_IF_ERROR(ops::all_gather(a.ctx, a.comm, local, all));
+    ops::section(a.ctx, "lm_head");
     for (int r = 0; r < tp; ++r) {
       const int64_t v0 = chunk * r, v1 = std::min(c.vocab, v0 + chunk);
       if (v1 <= v0) continue;
@@ -158,7 +164,9 @@ Status residual_linear(const Model& m, ForwardArgs& a, const Tensor& in,
   ops::LinearArgs la;
   la.bias = false;
   STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, in, w, y, la));
+  ops::section(a.ctx, "all_reduce");
   STRATA_RETURN_IF_ERROR(ops::all_reduce(a.ctx, a.comm, y));
+  ops::section(a.ctx, "residual_add");
   if (w.parts[0].bias.defined()) STRATA_RETURN_IF_ERROR(ops::add_bias(a.ctx, y, w.parts[0].bias));
   return ops::add(a.ctx, x, y, x);
 }

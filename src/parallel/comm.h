@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -61,6 +62,9 @@ class Communicator {
   virtual Status recv(void* data, int64_t count, DType dt, int peer, const CommStream& s) = 0;
   virtual Status broadcast(void* data, int64_t count, DType dt, int root, const CommStream& s) = 0;
   virtual Status barrier() = 0;
+  // An error a device collective left behind once its stream has been synchronized (a one-shot
+  // kernel that gave up waiting for a peer, NCCL's asynchronous errors); ok for the rest.
+  virtual Status health() { return ok_status(); }
   // Subgroups: the ranks that pass the same color form one communicator, ordered by key (as
   // MPI_Comm_split). Every rank must call it.
   virtual Result<std::unique_ptr<Communicator>> split(int color, int key) = 0;
@@ -93,6 +97,19 @@ bool launched_under_mpi();
 // peer access) through the one-shot kernels when built with CUDA; device collectives need
 // init_device() on every rank first (buffers registered once, so calls can be graph-captured).
 std::vector<std::unique_ptr<Communicator>> make_in_process_communicators(int n);
+
+// NCCL over `host` (which it owns): one GPU per rank (device_index, set current on the calling
+// thread), device collectives through NCCL on the caller's stream (graph-capturable), host memory,
+// barrier and split through host. When host also takes device memory (in-process ranks after
+// init_in_process_device: the one-shot kernels), device all-reduces and all-gathers of at most
+// oneshot_max_bytes go to host instead of NCCL. Every rank of host must call it at once.
+// libnccl.so.2 is loaded at run time (STRATA_NCCL_LIBRARY names another path); kUnimplemented
+// when it cannot be loaded or strata was built without CUDA.
+Result<std::unique_ptr<Communicator>> make_nccl_communicator(std::unique_ptr<Communicator> host,
+                                                             int device_index,
+                                                             int64_t oneshot_max_bytes = 0);
+// "2.28.9", or empty when NCCL cannot be loaded.
+std::string nccl_version();
 
 // Reduction arithmetic shared by the host implementations and the one-shot kernels' CPU twin:
 // out[i] = sum over r of ins[r][i], summed in rank order 0..n-1 in f32 (bf16 / f16 inputs

@@ -19,6 +19,7 @@ Status inproc_device_all_reduce(InProcessGroup& g, int rank, void* data, int64_t
 Status inproc_device_all_gather(InProcessGroup& g, int rank, const void* send, int64_t count,
                                 DType dt, void* recv, void* stream);
 void destroy_in_process_device(InProcessDeviceState* s);
+Status inproc_device_health(InProcessGroup& g, int rank);
 #endif
 
 InProcessGroup::InProcessGroup(int n_ranks)
@@ -223,6 +224,14 @@ class InProcessCommunicator final : public Communicator {
 
   Status barrier() override {
     return g_->barrier(rank_);
+  }
+
+  Status health() override {
+#if STRATA_HAS_CUDA
+    return inproc_device_health(*g_, rank_);
+#else
+    return ok_status();
+#endif
   }
 
   Result<std::unique_ptr<Communicator>> split(int color, int key) override {

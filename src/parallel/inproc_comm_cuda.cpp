@@ -160,6 +160,22 @@ Status device_collective(InProcessGroup& g, int rank, const void* in, void* out,
 
 }  // namespace
 
+Status inproc_device_health(InProcessGroup& g, int rank) {
+  if (g.device == nullptr || g.device->counters[static_cast<size_t>(rank)] == nullptr) {
+    return ok_status();
+  }
+  uint32_t error = 0;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(&error, g.device->counters[static_cast<size_t>(rank)] + 2,
+                                         sizeof(error), cudaMemcpyDeviceToHost));
+  if (error != 0) {
+    return errorf(StatusCode::kDeadlineExceeded,
+                  "in-process device collective on rank {}: a peer did not arrive within ~10 s "
+                  "(the results of that step are invalid)",
+                  rank);
+  }
+  return ok_status();
+}
+
 Status inproc_device_all_reduce(InProcessGroup& g, int rank, void* data, int64_t count, DType dt,
                                 void* stream) {
   return device_collective(g, rank, data, data, count, dt, stream, /*gather=*/false);

@@ -211,7 +211,7 @@ Result<std::unique_ptr<Communicator>> make_mpi_communicator() {
   if (!initialized) {
     int provided = 0;
     STRATA_RETURN_IF_ERROR(
-        check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "init"));
+        check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "init"));
     g_owns_init = true;
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

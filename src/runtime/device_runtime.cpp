@@ -62,6 +62,7 @@ Result<std::unique_ptr<DeviceRuntime>> make_cuda_runtime(int, bool) {
                 "this strata was built without CUDA (configure with -DSTRATA_CUDA=ON on a machine "
                 "with the CUDA toolkit)");
 }
+int cuda_device_count() { return 0; }
 #endif
 
 }  // namespace strata

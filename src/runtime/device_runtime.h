@@ -55,5 +55,7 @@ class DeviceRuntime {
 
 // The CUDA implementation (device_runtime_cuda.cpp; kUnimplemented without CUDA).
 Result<std::unique_ptr<DeviceRuntime>> make_cuda_runtime(int index, bool profile);
+// CUDA devices visible to this process (0 without CUDA or without a driver).
+int cuda_device_count();
 
 }  // namespace strata

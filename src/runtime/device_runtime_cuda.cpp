@@ -222,6 +222,8 @@ class CudaRuntime final : public DeviceRuntime {
 
 }  // namespace
 
+int cuda_device_count() { return cuda::cuda_device_count(); }
+
 Result<std::unique_ptr<DeviceRuntime>> make_cuda_runtime(int index, bool profile) {
   return CudaRuntime::create(index, profile);
 }

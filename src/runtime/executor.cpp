@@ -43,6 +43,11 @@ class ModelRunner final : public Executor {
     STRATA_RETURN_IF_ERROR(runtime_->make_current());
     return kv_->copy_block_from_host(runtime_->ctx(), block, host);
   }
+  int64_t max_model_len() const override { return opt_.max_model_len; }
+  std::string device_name() const override { return runtime_->name(); }
+  int64_t device_weight_bytes() const override {
+    return static_cast<int64_t>(model_->owned_bytes());
+  }
   int64_t graph_captures() const override { return runtime_->graph_captures(); }
   int64_t graph_replays() const override { return runtime_->graph_replays(); }
 
@@ -233,6 +238,7 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
     STRATA_RETURN_IF_ERROR(ops::download(ctx, ids, host_ids_.data()));
   }
   STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+  if (comm_.size() > 1) STRATA_RETURN_IF_ERROR(comm_.health());
   rt.collect_profile();
   if (n_out > 0 && out_logits != nullptr) {
     std::memcpy(out_logits, host_logits_.data(), static_cast<size_t>(n_out * V) * 4);
@@ -323,10 +329,6 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     out.info.kv_block_size = eo.block_size;
     return out;
   }
-  if (cfg.parallel.tp != 1) {
-    return Status(StatusCode::kUnimplemented,
-                  "--tensor-parallel-size > 1 is not supported with --device cuda yet");
-  }
   if (cfg.gpu_memory_utilization <= 0.0 || cfg.gpu_memory_utilization > 1.0) {
     return errorf(StatusCode::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1]");
   }
@@ -338,35 +340,95 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   ro.num_kv_blocks = eo.cuda_blocks;
   ro.gpu_memory_utilization = cfg.gpu_memory_utilization;
   ro.cuda_graphs = cfg.cuda_graphs;
-  out.comm = make_single_rank_communicator();
-  ParallelConfig par;
-  if (dummy) {
-    ModelConfig config;
-    if (!cfg.model_config.empty()) {
-      STRATA_ASSIGN_OR_RETURN(config, model_config_preset(cfg.model_config));
-      out.info = make_model_info("dummy:" + cfg.model_config, config);
-    } else {
-      STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(cfg.model, /*with_weights=*/false));
-      config = files.config;
-      out.info = std::move(files.info);
-      out.tokenizer = std::move(files.tokenizer);
+  const EnvConfig& env = env_config();
+  const bool mpi = env.launcher_size > 1;
+  if (cfg.parallel.tp < 1) {
+    return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
+  }
+  if (mpi && env.launcher_size != cfg.parallel.tp) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--tensor-parallel-size {} but {} ranks were launched (use mpirun -np {}, or no "
+                  "mpirun: {} ranks as threads of one process, one GPU each)",
+                  cfg.parallel.tp, env.launcher_size, cfg.parallel.tp, cfg.parallel.tp);
+  }
+  ModelConfig config;
+  std::shared_ptr<TensorSource> weights;  // null: random weights
+  if (mpi) {
+    // One process per GPU (mpirun): this rank's shard on GPU index + local rank, device
+    // collectives through NCCL, host ones (and NCCL's bootstrap) through MPI.
+    const int local =
+        env.launcher_local_rank >= 0 ? env.launcher_local_rank : std::max(0, env.launcher_rank);
+    ro.device = Device::cuda(cfg.device.index + local);
+    EngineConfig shard_cfg = cfg;
+    shard_cfg.device = DeviceSpec::cuda(ro.device.index);
+    if (dummy) {
+      STRATA_ASSIGN_OR_RETURN(out.comm, make_mpi_communicator());
+      if (!cfg.model_config.empty()) {
+        STRATA_ASSIGN_OR_RETURN(config, model_config_preset(cfg.model_config));
+        out.info = make_model_info("dummy:" + cfg.model_config, config);
+      } else {
+        STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(cfg.model, /*with_weights=*/false));
+        config = files.config;
+        out.info = std::move(files.info);
+        out.tokenizer = std::move(files.tokenizer);
+      }
     }
-    STRATA_ASSIGN_OR_RETURN(out.exec, make_runner(config, par, nullptr, *out.comm, ro));
-  } else {
+    std::unique_ptr<Model> host;
+    if (!dummy) {
+      STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(shard_cfg));
+      out.info = std::move(loaded.info);
+      out.tokenizer = std::move(loaded.tokenizer);
+      out.comm = std::move(loaded.comm);
+      host = std::move(loaded.model);
+      config = host->config();
+    }
+    ParallelConfig par;
+    par.tp_size = out.comm->size();
+    par.tp_rank = out.comm->rank();
+    STRATA_ASSIGN_OR_RETURN(out.comm, make_nccl_communicator(std::move(out.comm), ro.device.index));
+    STRATA_ASSIGN_OR_RETURN(out.exec, make_runner(config, par, std::move(host), *out.comm, ro));
+  } else if (cfg.parallel.tp == 1 && !dummy) {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
     out.info = std::move(loaded.info);
     out.tokenizer = std::move(loaded.tokenizer);
-    const ModelConfig config = loaded.model->config();
-    STRATA_ASSIGN_OR_RETURN(out.exec,
-                            make_runner(config, par, std::move(loaded.model), *out.comm, ro));
+    out.comm = std::move(loaded.comm);
+    config = loaded.model->config();
+    STRATA_ASSIGN_OR_RETURN(
+        out.exec, make_runner(config, ParallelConfig{}, std::move(loaded.model), *out.comm, ro));
+  } else {
+    out.comm = make_single_rank_communicator();
+    if (dummy && !cfg.model_config.empty()) {
+      STRATA_ASSIGN_OR_RETURN(config, model_config_preset(cfg.model_config));
+      out.info = make_model_info("dummy:" + cfg.model_config, config);
+    } else {
+      STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(cfg.model, /*with_weights=*/!dummy));
+      config = files.config;
+      out.info = std::move(files.info);
+      out.tokenizer = std::move(files.tokenizer);
+      weights = files.weights;
+    }
+    if (cfg.parallel.tp > 1) {
+      // Ranks as threads of this process, one GPU each (or all on one GPU when there are fewer).
+      std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)> load;
+      if (weights)
+        load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
+      STRATA_ASSIGN_OR_RETURN(out.exec,
+                              make_in_process_tp_executor(config, load, cfg.parallel.tp, ro));
+    } else {
+      std::unique_ptr<Model> host;
+      if (weights) {
+        STRATA_ASSIGN_OR_RETURN(host, Model::load(config, ParallelConfig{}, weights));
+      }
+      STRATA_ASSIGN_OR_RETURN(
+          out.exec, make_runner(config, ParallelConfig{}, std::move(host), *out.comm, ro));
+    }
   }
-  auto* runner = static_cast<ModelRunner*>(out.exec.get());
-  out.max_len = runner->options().max_model_len;
+  out.max_len = out.exec->max_model_len();
   out.info.backend = "CUDA";
-  out.info.device_name = runner->runtime().name();
+  out.info.device_name = out.exec->device_name();
   out.info.weight_format = std::string(dtype_name(wdt));
-  out.info.device_weight_bytes = static_cast<int64_t>(runner->model().owned_bytes());
-  out.info.kv_cache_blocks = runner->cache().config().n_blocks;
+  out.info.device_weight_bytes = out.exec->device_weight_bytes();
+  out.info.kv_cache_blocks = out.exec->cache().config().n_blocks;
   out.info.kv_block_size = eo.block_size;
   return out;
 }

@@ -35,6 +35,11 @@ class Executor {
   virtual size_t block_bytes() const = 0;
   virtual Status copy_block_to_host(int32_t block, void* host) = 0;
   virtual Status copy_block_from_host(int32_t block, const void* host) = 0;
+  virtual int64_t max_model_len() const = 0;
+  // The device's name; "N x name" over several ranks of one process.
+  virtual std::string device_name() const = 0;
+  // Weight bytes this executor holds on its device(s).
+  virtual int64_t device_weight_bytes() const = 0;
   // CUDA-graph counters (0 on the CPU).
   virtual int64_t graph_captures() const = 0;
   virtual int64_t graph_replays() const = 0;
@@ -75,6 +80,14 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
     const RunnerOptions& options);
+
+// Tensor parallelism across processes, for the serving engine: on rank 0, an executor that
+// broadcasts every call (the step's arrays, swaps) on `control` before running it on `local`;
+// on the other ranks, run_follower() replays those calls on their own shard until rank 0's
+// driver is destroyed (ok) or a call fails (the error). `control` must outlive both.
+std::unique_ptr<Executor> make_driver_executor(std::unique_ptr<Executor> local,
+                                               Communicator& control);
+Status run_follower(Executor& local, Communicator& control);
 
 // An executor for EngineConfig (device, weights, quantization, load format), with what the
 // engines need beside it. Member order matters: `exec` may refer to `comm`.

@@ -12,8 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/env.h"
 #include "core/status.h"
 #include "parallel/inproc_comm.h"
+#include "runtime/device_runtime.h"
 #include "runtime/executor.h"
 
 namespace strata {
@@ -135,10 +137,21 @@ class InProcessTpExecutor final : public Executor {
     }
     return ok_status();
   }
+  int64_t max_model_len() const override { return ranks_[0]->max_model_len(); }
+  std::string device_name() const override {
+    const std::string first = ranks_[0]->device_name();
+    bool same = true;
+    for (const auto& e : ranks_) same = same && e->device_name() == first;
+    return (same ? first : first + ", ...") + " (" + std::to_string(ranks_.size()) +
+           " tensor-parallel ranks)";
+  }
+  int64_t device_weight_bytes() const override {
+    int64_t total = 0;
+    for (const auto& e : ranks_) total += e->device_weight_bytes();
+    return total;
+  }
   int64_t graph_captures() const override { return ranks_[0]->graph_captures(); }
   int64_t graph_replays() const override { return ranks_[0]->graph_replays(); }
-  RankPool& pool() { return pool_; }
-  std::vector<std::unique_ptr<Communicator>>& comms() { return comms_; }
 
  private:
   std::vector<std::unique_ptr<Communicator>> comms_;  // before ranks_: the runners refer to them
@@ -156,6 +169,52 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     const RunnerOptions& options) {
   if (tp < 1) return errorf(StatusCode::kInvalidArgument, "tensor-parallel size {}", tp);
   std::vector<std::unique_ptr<Communicator>> comms = make_in_process_communicators(tp);
+  // Rank r runs on GPU index + r when there are that many, else every rank shares GPU index
+  // (how tensor parallelism is tested on one GPU; STRATA_TP_ONE_GPU=1 forces it).
+  const bool cuda = options.device.is_cuda();
+  const bool shared_gpu =
+      cuda && (env_config().tp_one_gpu || options.device.index + tp > cuda_device_count());
+  auto rank_device = [&](int r) {
+    return cuda && !shared_gpu ? Device::cuda(options.device.index + r) : options.device;
+  };
+  if (cuda && tp > 1) {
+    // Device collectives, set up on every rank at once: the one-shot kernels (peers' buffers
+    // read directly) for decode-sized messages; across GPUs, NCCL above oneshot_max_bytes. On a
+    // shared GPU NCCL cannot run two ranks, so the one-shot kernels take every size.
+    const int64_t T = options.max_num_tokens,
+                  R = std::max(options.max_logit_rows, options.max_num_seqs);
+    const int64_t largest =
+        std::max<int64_t>(T * config.hidden * 4, R * ((config.vocab + tp - 1) / tp) * 4);
+    const int64_t oneshot_max =
+        env_config().oneshot_max_bytes >= 0 ? env_config().oneshot_max_bytes : int64_t{256} << 10;
+    std::vector<Status> st(static_cast<size_t>(tp));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tp; ++r) {
+      threads.emplace_back([&, r] {
+        std::unique_ptr<Communicator>& c = comms[static_cast<size_t>(r)];
+        const int dev = rank_device(r).index;
+        Status s = init_in_process_device(*c, dev,
+                                          shared_gpu ? largest : std::max<int64_t>(oneshot_max, 1));
+        if (s.ok() && !shared_gpu) {
+          Result<std::unique_ptr<Communicator>> nccl =
+              make_nccl_communicator(std::move(c), dev, oneshot_max);
+          if (nccl.ok()) {
+            c = std::move(*nccl);
+          } else {
+            s = nccl.status();
+          }
+        }
+        st[static_cast<size_t>(r)] = std::move(s);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < tp; ++r) {
+      if (!st[static_cast<size_t>(r)].ok()) {
+        return st[static_cast<size_t>(r)].with_context("tensor-parallel rank " + std::to_string(r) +
+                                                       " collectives");
+      }
+    }
+  }
   std::vector<std::unique_ptr<Executor>> ranks;
   RunnerOptions o = options;
   for (int r = 0; r < tp; ++r) {
@@ -167,7 +226,8 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
       STRATA_ASSIGN_OR_RETURN(host, load(par));
     }
     RunnerOptions ro = o;
-    if (o.device.is_cuda() && o.num_kv_blocks <= 0) {
+    ro.device = rank_device(r);
+    if (shared_gpu && o.num_kv_blocks <= 0) {
       // Ranks on one GPU share it: each takes its share of --gpu-memory-utilization.
       ro.gpu_memory_utilization = o.gpu_memory_utilization * (r + 1) / tp;
     }
@@ -177,18 +237,8 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     if (r == 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;  // the same ids on every rank
     ranks.push_back(std::move(*e));
   }
-  auto tp_exec = std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks));
-  if (o.device.is_cuda()) {
-    // Device collectives: every rank registers its one-shot buffers, all at once.
-    const int64_t T = o.max_num_tokens, R = std::max(o.max_logit_rows, o.max_num_seqs);
-    const int64_t max_bytes =
-        std::max<int64_t>(T * config.hidden * 4, R * ((config.vocab + tp - 1) / tp) * 4);
-    InProcessTpExecutor* x = tp_exec.get();
-    STRATA_RETURN_IF_ERROR(x->pool().run([&](int r) {
-      return init_in_process_device(*x->comms()[static_cast<size_t>(r)], o.device.index, max_bytes);
-    }));
-  }
-  return std::unique_ptr<Executor>(std::move(tp_exec));
+  return std::unique_ptr<Executor>(
+      std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks)));
 }
 
 }  // namespace strata

@@ -20,15 +20,16 @@
 #include <thread>
 #include <unordered_map>
 
-#include "core/status.h"
 #include "chat/chat_template.h"
-#include "text/tokenizer.h"
+#include "core/env.h"
+#include "core/status.h"
 #include "memory/kv_pool.h"
 #include "runtime/executor.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
 #include "serving/scheduler.h"
 #include "strata/serving.h"
+#include "text/tokenizer.h"
 
 namespace strata {
 
@@ -81,6 +82,11 @@ class ServingEngineImpl final : public ServingEngine {
   void cancel(uint64_t id) override;
   ServingMetrics metrics() const override;
   void shutdown(bool drain) override;
+  int rank() const override { return comm_ ? comm_->rank() : 0; }
+  Status wait_follower() override {
+    if (thread_.joinable() && rank() != 0) thread_.join();
+    return follower_status_;
+  }
 
  private:
   Status no_tokenizer() const {
@@ -134,16 +140,13 @@ class ServingEngineImpl final : public ServingEngine {
   bool accepting_ = true, stop_ = false, drain_ = true;
   std::thread thread_;
   std::mutex shutdown_mu_;
+  Status follower_status_;  // ranks > 0: how run_follower ended
 
   mutable std::mutex metrics_mu_;
   ServingMetrics metrics_;
 };
 
 Status ServingEngineImpl::init(const ServingConfig& cfg) {
-  if (cfg.engine.parallel.tp > 1) {
-    return errorf(StatusCode::kUnimplemented,
-                  "serving with --tensor-parallel-size > 1 is not supported yet");
-  }
   if (cfg.block_size < 1 || cfg.max_num_seqs < 1 || cfg.max_num_batched_tokens < 1) {
     return errorf(StatusCode::kInvalidArgument,
                   "serving: block_size, max_num_seqs and max_num_batched_tokens must be >= 1");
@@ -166,6 +169,14 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
   comm_ = std::move(loaded.comm);
   tokenizer_ = std::move(loaded.tokenizer);
   exec_ = std::move(loaded.exec);
+  if (comm_->size() > 1) {
+    // Ranks as processes: rank 0 drives, the others follow its steps.
+    if (comm_->rank() != 0) {
+      thread_ = std::thread([this] { follower_status_ = run_follower(*exec_, *comm_); });
+      return ok_status();
+    }
+    exec_ = make_driver_executor(std::move(exec_), *comm_);
+  }
   model_name_ = cfg.served_model_name;
   if (model_name_.empty()) {
     std::filesystem::path p(cfg.engine.model);
@@ -639,6 +650,10 @@ size_t find_stop(std::string_view text, const std::vector<std::string>& stops) {
   size_t best = std::string_view::npos;
   for (const std::string& s : stops) best = std::min(best, text.find(s));
   return best;
+}
+
+int launcher_rank() {
+  return std::max(0, env_config().launcher_rank);
 }
 
 Result<std::unique_ptr<ServingEngine>> ServingEngine::create(const ServingConfig& config) {

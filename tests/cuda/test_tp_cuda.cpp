@@ -84,18 +84,21 @@ TEST(OneShotCuda, AllReduceAndGatherMatchHostTwin) {
               init_in_process_device(*comms[static_cast<size_t>(r)], 0, count * elem));
           cudaStream_t stream = (*dev)->launch_ctx().stream;
           void *buf = nullptr, *all = nullptr;
-          if (cudaMalloc(&buf, static_cast<size_t>(count * elem)) != cudaSuccess ||
-              cudaMalloc(&all, static_cast<size_t>(n * count * elem)) != cudaSuccess) {
-            return Status(StatusCode::kOutOfMemory, "cudaMalloc");
-          }
+          const bool allocated =
+              cudaMalloc(&buf, static_cast<size_t>(count * elem)) == cudaSuccess &&
+              cudaMalloc(&all, static_cast<size_t>(n * count * elem)) == cudaSuccess;
+          // On one GPU, a rank in cudaMalloc / cudaFree can wait for a peer's one-shot kernel,
+          // which waits for this rank: allocate and free only while no collective is in flight.
+          STRATA_RETURN_IF_ERROR(comms[static_cast<size_t>(r)]->barrier());
+          if (!allocated) return Status(StatusCode::kOutOfMemory, "cudaMalloc");
           CommStream s;
           s.device = Device::cuda(0);
           s.cuda_stream = stream;
           Status st = ok_status();
           // Three rounds: eager, then the same collectives captured once and replayed twice.
           for (int round = 0; round < 3 && st.ok(); ++round) {
-            cudaMemcpy(buf, in[static_cast<size_t>(r)].data(), static_cast<size_t>(count * elem),
-                       cudaMemcpyHostToDevice);
+            cudaMemcpyAsync(buf, in[static_cast<size_t>(r)].data(),
+                            static_cast<size_t>(count * elem), cudaMemcpyHostToDevice, stream);
             if (round == 0) {
               st = comms[static_cast<size_t>(r)]->all_reduce(buf, count, dt, s);
               if (st.ok()) st = comms[static_cast<size_t>(r)]->all_gather(buf, count, dt, all, s);
@@ -122,10 +125,11 @@ TEST(OneShotCuda, AllReduceAndGatherMatchHostTwin) {
             cudaStreamSynchronize(stream);
             auto& g = got[static_cast<size_t>(r)];
             g.resize(static_cast<size_t>(count * elem));
-            cudaMemcpy(g.data(), buf, g.size(), cudaMemcpyDeviceToHost);
+            cudaMemcpyAsync(g.data(), buf, g.size(), cudaMemcpyDeviceToHost, stream);
             auto& ga = gathered[static_cast<size_t>(r)];
             ga.resize(static_cast<size_t>(n * count * elem));
-            cudaMemcpy(ga.data(), all, ga.size(), cudaMemcpyDeviceToHost);
+            cudaMemcpyAsync(ga.data(), all, ga.size(), cudaMemcpyDeviceToHost, stream);
+            cudaStreamSynchronize(stream);
             if (st.ok() && g != want)
               st = Status(StatusCode::kInternal, "all-reduce differs from the twin");
             for (int q = 0; st.ok() && q < n; ++q) {
@@ -136,9 +140,10 @@ TEST(OneShotCuda, AllReduceAndGatherMatchHostTwin) {
             }
             if (!st.ok()) st = st.with_context("round " + std::to_string(round));
           }
+          const Status met = comms[static_cast<size_t>(r)]->barrier();
           cudaFree(buf);
           cudaFree(all);
-          return st;
+          return st.ok() ? met : st;
         });
         EXPECT_EQ(err, "");
       }
@@ -222,8 +227,10 @@ TEST_P(TpCuda, MatchesOneRankWithGraphs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TpCuda,
-                         ::testing::Values(Case{"llama", 2}, Case{"llama", 4}, Case{"mistral", 2},
-                                           Case{"neox", 2}, Case{"gpt2", 4}, Case{"gemma3", 2}),
+                         // Shards whose GEMM inputs stay multiples of 8 features (the CUDA
+                         // GEMMs' alignment): qwen2 has one KV head, replicated on 3 ranks.
+                         ::testing::Values(Case{"llama", 2}, Case{"qwen2", 3}, Case{"neox", 2},
+                                           Case{"gpt2", 4}, Case{"gemma3", 2}, Case{"gemma3", 4}),
                          [](const auto& info) {
                            return std::string(info.param.model) + "_tp" +
                                   std::to_string(info.param.tp);

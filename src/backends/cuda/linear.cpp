@@ -232,9 +232,12 @@ Status autotune(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, Descs& s, 
   const size_t d_bytes = static_cast<size_t>(key.ldd) * static_cast<size_t>(key.n - 1) *
                              (key.d_type == CUDA_R_32F ? 4 : 2) +
                          static_cast<size_t>(key.m) * (key.d_type == CUDA_R_32F ? 4 : 2);
+  // Stream-ordered allocation: cudaMalloc / cudaFree can wait for the whole device, which
+  // deadlocks in-process tensor-parallel ranks on one GPU (a peer's one-shot kernel waits for
+  // this rank's next collective).
   void* saved = nullptr;
   if (key.beta) {
-    STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(&saved, d_bytes));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&saved, d_bytes, ctx.stream));
     STRATA_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(saved, d, d_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
   }
@@ -273,8 +276,7 @@ Status autotune(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, Descs& s, 
   if (saved != nullptr) {
     STRATA_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(d, saved, d_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
-    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
-    STRATA_CUDA_RETURN_IF_ERROR(cudaFree(saved));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(saved, ctx.stream));
   }
   std::lock_guard<std::mutex> lock(ctx.lt_plans->mu);
   plan.algo = plan.candidates[best_i];
