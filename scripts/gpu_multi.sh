@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The multi-GPU measurements of tensor parallelism in one device call (issue "Tensor parallelism
+# on GPUs", measured on the lent 2/4/8-GPU machines), on the GPUs the machine has:
+#   1. machine facts and the GPU topology (nvidia-smi topo -m)
+#   2. the CUDA tests of the multi-GPU paths: NCCL in-process ranks (one GPU each) against the
+#      host twin, TP = 2 / 3 / 4 fixture models across GPUs against TP = 1, the one-shot kernels
+#   3. all-reduce latency, 1 KB - 256 MB bf16: one-shot vs NCCL, eager and in CUDA graphs, for 2
+#      ranks and for every GPU (bench_allreduce), which gives the one-shot / NCCL crossover
+#   4. Llama-3-70B-shape decode and prefill at TP = 2 (and TP = 4 / 8 when the GPUs exist),
+#      random weights, CUDA graphs; then the same with STRATA_CUDA_PROFILE=1 (eager launches,
+#      per-section times: the share of all_reduce / all_gather in a step)
+# Ranks are threads of one strata process, one GPU each (no mpirun needed on the GPU machines).
+# Logs come back in $OUT as logs.tgz plus summary.txt.
+#
+#   BUILD=.gpu_carry/bin scripts/gpu_multi.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+FINAL=${OUT:-$PWD/gpu_out}
+OUT=$(mktemp -d)
+BUILD=${BUILD:-build-gpu}
+SRC_ROOT=${SRC_ROOT:-/work/main}
+mkdir -p "$FINAL"
+t0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+summary=()
+if [ -d .gpu_carry/lib ]; then export LD_LIBRARY_PATH="$PWD/.gpu_carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+# NCCL: the CUDA image carries it in the nvidia-nccl Python package.
+if [ -z "${STRATA_NCCL_LIBRARY:-}" ]; then
+  lib=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib', 'libnccl.so.2'))" 2>/dev/null)
+  [ -n "$lib" ] && [ -f "$lib" ] && export STRATA_NCCL_LIBRARY="$lib"
+fi
+if [ ! -e "$SRC_ROOT/tests/fixtures" ] && [ "$SRC_ROOT" != "$PWD" ]; then
+  mkdir -p "$(dirname "$SRC_ROOT")" && ln -sfn "$PWD" "$SRC_ROOT"
+fi
+NGPU=$(nvidia-smi -L | wc -l)
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  nvidia-smi topo -m
+  echo "NCCL library: ${STRATA_NCCL_LIBRARY:-system}"
+  git log -1 --format='commit %H %s' 2>/dev/null || true
+  nproc
+} 2>&1 | tee "$OUT/machine.txt"
+rc=0
+
+stamp "multi-GPU CUDA tests ($NGPU GPUs)"
+"$BUILD/tests/test_cuda" --gtest_filter='NcclCuda.*:Fixtures/TpCuda.*:OneShotCuda.*' \
+  > "$OUT/test_multi.log" 2>&1 || rc=1
+grep -E "^\[  FAILED|\[ info \]|PASSED" "$OUT/test_multi.log" | head -n 30
+summary+=("tests: $(grep -E "PASSED|FAILED  \]" "$OUT/test_multi.log" | head -n 2 | tr '\n' ' ')")
+
+for n in 2 "$NGPU"; do
+  [ "$n" -le "$NGPU" ] || continue
+  stamp "all-reduce latency, $n ranks"
+  "$BUILD/bench/bench_allreduce" --ranks "$n" --min 1024 --max 268435456 --oneshot-max 16777216 \
+    > "$OUT/allreduce_$n.txt" 2>&1 || rc=1
+  cat "$OUT/allreduce_$n.txt"
+  [ "$n" = 2 ] && [ "$NGPU" = 2 ] && break
+done
+
+for tp in 2 4 8; do
+  [ "$tp" -le "$NGPU" ] || continue
+  stamp "llama3-70b shape, TP=$tp"
+  "$BUILD/strata" bench --device cuda --model-config llama3-70b --tensor-parallel-size "$tp" \
+    --batch 1,16,64 --ctx 256 --prefill 1x2048 -p 128 -r 5 --json "$OUT/tp${tp}_70b.json" \
+    > "$OUT/tp${tp}_70b.txt" 2>&1 || rc=1
+  cat "$OUT/tp${tp}_70b.txt"
+  stamp "llama3-70b shape, TP=$tp, profiled sections (eager)"
+  STRATA_CUDA_PROFILE=1 "$BUILD/strata" bench --device cuda --model-config llama3-70b \
+    --tensor-parallel-size "$tp" --batch 1,64 --ctx 256 -p 128 -r 3 \
+    > "$OUT/tp${tp}_70b_profile.txt" 2>&1 || rc=1
+  grep -E "all_reduce|all_gather|total|decode/" "$OUT/tp${tp}_70b_profile.txt" | head -n 40
+done
+
+stamp "done (rc=$rc)"
+printf '%s\n' "${summary[@]}" | tee "$FINAL/summary.txt"
+tar czf "$FINAL/logs.tgz" -C "$OUT" . 2>/dev/null
+exit $rc
