@@ -20,7 +20,8 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
       "--device", [&e](const std::string& v) { e.device = parsed(parse_device(v)); },
       "Where the model runs: cpu (default), cuda or cuda:N");
   sub->add_option_function<std::string>(
-      "--quantization", [&e](const std::string& v) { e.quantization = parsed(parse_quantization(v)); },
+      "--quantization",
+      [&e](const std::string& v) { e.quantization = parsed(parse_quantization(v)); },
       "CUDA weight format: none (bf16, default), int8 or fp8 (weight-only, per-row scales, "
       "quantized at load)");
   sub->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
@@ -35,9 +36,10 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
       "CUDA: launch decode steps kernel by kernel instead of replaying CUDA graphs");
   if (with_dummy) {
     sub->add_option_function<std::string>(
-        "--load-format", [&e](const std::string& v) { e.load_format = parsed(parse_load_format(v)); },
-                    "auto (read the checkpoint, default) or dummy (random weights on the GPU, no "
-                    "files read; shapes from --model-config or the model's config)");
+        "--load-format",
+        [&e](const std::string& v) { e.load_format = parsed(parse_load_format(v)); },
+        "auto (read the checkpoint, default) or dummy (random weights on the GPU, no "
+        "files read; shapes from --model-config or the model's config)");
     sub->add_option("--model-config", e.model_config,
                     "Shape preset for --load-format dummy: llama3-8b, llama2-7b, qwen2.5-7b, "
                     "llama3-70b, llama3.2-1b");

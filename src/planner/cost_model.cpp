@@ -177,7 +177,8 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
     (void)gemm;
     if (l.ffn == FfnLayout::k2DWeightStationary && n > 1) {
       double best = -1;
-      for (int64_t x = 1; x <= n; ++x) {
+      // A true 2D split: 1 < X < n (X = 1 is the 1D layout).
+      for (int64_t x = 2; x < n; ++x) {
         if (n % x != 0) continue;
         if (l.x > 0 && x != l.x) continue;
         const int64_t yz = n / x;
@@ -267,6 +268,12 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
 }
 
 }  // namespace
+
+bool has_2d_split(int64_t tp) {
+  for (int64_t x = 2; x < tp; ++x)
+    if (tp % x == 0) return true;
+  return false;
+}
 
 const char* ffn_layout_name(FfnLayout l) {
   switch (l) {
@@ -358,6 +365,9 @@ Result<Estimate> estimate(const ModelShape& s, const HardwareProfile& hw, const 
                   "layout '{}': model '{}' has a serial block (the parallel block is a different "
                   "model)",
                   l.name(), s.name);
+  if (l.ffn == FfnLayout::k2DWeightStationary && !has_2d_split(l.tp))
+    return errorf(StatusCode::kInvalidArgument,
+                  "layout '{}': 2D weight-stationary needs tp with a divisor 1 < X < tp", l.name());
   if (l.x > 0 && l.tp % l.x != 0)
     return errorf(StatusCode::kInvalidArgument, "layout '{}': X = {} does not divide tp = {}",
                   l.name(), l.x, l.tp);

@@ -114,6 +114,8 @@ enum class BlockKind { kSerial, kParallel };
 enum class WeightResidency { kDevice, kHostStreamed };
 
 const char* ffn_layout_name(FfnLayout l);
+// Whether tp chips can be split 2D (a divisor 1 < X < tp).
+bool has_2d_split(int64_t tp);
 const char* attention_sharding_name(AttentionSharding a);
 
 // A world layout as a plain value: what the engine's world configuration will consume.

@@ -35,7 +35,7 @@ Result<std::vector<RankedLayout>> rank_layouts(const ModelShape& s, const Hardwa
         const int64_t dp = devices / tp / pp / ep;
         std::vector<FfnLayout> ffns = {FfnLayout::k1DWeightStationary};
         if (tp > 1) {
-          ffns.push_back(FfnLayout::k2DWeightStationary);
+          if (has_2d_split(tp)) ffns.push_back(FfnLayout::k2DWeightStationary);
           ffns.push_back(FfnLayout::kWeightGatheredXYZ);
           if (tp >= 8) {
             ffns.push_back(FfnLayout::kWeightGatheredX);
