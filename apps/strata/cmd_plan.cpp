@@ -2,6 +2,7 @@
 // attention partitioning) for a model, a hardware profile and a workload with the analytical
 // cost model of seed 003. `--calibrate` measures this machine's GPU into a profile JSON.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -45,27 +46,28 @@ void add_plan_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_flag("--json", o->json, "Print the plan as JSON");
   sub->add_option("--calibrate", o->calibrate,
                   "Measure this machine's GPU and write a profile JSON to this file (CUDA builds)");
-  commands.push_back({sub, [o]() -> int {
-                        if (!o->calibrate.empty()) {
-                          auto profile = calibrate_profile(o->calibrate);
-                          if (!profile.ok()) return report(profile.status());
-                          std::ofstream out(o->calibrate);
-                          if (!out || !(out << *profile))
-                            return report(Status(StatusCode::kIoError,
-                                                 "--calibrate: cannot write " + o->calibrate));
-                          std::printf("wrote %s\n", o->calibrate.c_str());
-                          return 0;
-                        }
-                        if (!o->workload.empty()) {
-                          Status s = parse_plan_workload(o->workload, o->request);
-                          if (!s.ok()) return report(s);
-                        }
-                        auto plan = make_plan(o->request);
-                        if (!plan.ok()) return report(plan.status());
-                        const std::string text = o->json ? plan_to_json(*plan) : format_plan(*plan);
-                        std::fputs(text.c_str(), stdout);
-                        return 0;
-                      }});
+  commands.push_back(
+      {sub, [o]() -> int {
+         if (!o->calibrate.empty()) {
+           auto profile = calibrate_profile(std::filesystem::path(o->calibrate).stem().string());
+           if (!profile.ok()) return report(profile.status());
+           std::ofstream out(o->calibrate);
+           if (!out || !(out << *profile))
+             return report(
+                 Status(StatusCode::kIoError, "--calibrate: cannot write " + o->calibrate));
+           std::printf("wrote %s\n", o->calibrate.c_str());
+           return 0;
+         }
+         if (!o->workload.empty()) {
+           Status s = parse_plan_workload(o->workload, o->request);
+           if (!s.ok()) return report(s);
+         }
+         auto plan = make_plan(o->request);
+         if (!plan.ok()) return report(plan.status());
+         const std::string text = o->json ? plan_to_json(*plan) : format_plan(*plan);
+         std::fputs(text.c_str(), stdout);
+         return 0;
+       }});
 }
 
 }  // namespace strata::app
