@@ -292,7 +292,7 @@ Result<std::string> calibrate_profile(const std::string& name) {
                          static_cast<double>(H * D);
     j["attention_tflops"] = flops / *t / 1e12;
   }
-  j["interconnect"] = {{"topology", "switch"}, {"bandwidth_GBps", 450}, {"latency_us", 8}};
+  j["interconnect"] = {{"topology", "switch"}, {"bandwidth_GBps", 450}, {"latency_us", 2}};
   // The curves carry the GEMM efficiency; these apply to the roofline terms (KV streaming).
   j["efficiency"] = {{"compute", 0.85}, {"memory", 0.86}, {"host_link", 0.9}};
   j["layer_overhead_us"] = 0;

@@ -5,8 +5,8 @@
 //   F_in   width of the in-projection output (gated FFN: 2F; + Q/K/V when the block is parallel)
 //   F_out  width of the out-projection input (F; + the attention output when parallel)
 // A collective over g chips of a D-byte array (all-gather output / reduce-scatter input) costs
-// latency + D (g-1)/g / bandwidth(g): the ring bound of Appendix A.1, which is what a chip must
-// receive. Per block of the layer:
+// latency x steps(g) + D (g-1)/g / bandwidth: the ring bound of Appendix A.1 (what a chip must
+// receive) plus a per-step latency for each hop of the ring. Per block of the layer:
 //   1D weight-stationary:  all-gather T E a and reduce-scatter T E a over n      (2 BLE / bw)
 //   2D weight-stationary:  all-gather T E a / X over YZ, reduce-scatter T F_in a / YZ over X,
 //                          all-gather T F_out a / YZ over X, reduce-scatter T E a / X over YZ,
@@ -86,10 +86,24 @@ struct Comm {
   // Seed 003's Appendix A.1: a collective's time is its bytes over the chip's interconnect
   // bandwidth whatever the group (on a torus, a group along fewer axes uses more links per axis).
   double bandwidth(int64_t) const { return hw.link_Bps; }
+  // Latency-bound steps of a ring collective over g chips: g - 1 through a switch; on a 3D torus
+  // of side s, (s - 1) per full axis the group spans plus the steps of the partial axis.
+  double steps(int64_t g) const {
+    if (hw.topology == Topology::kSwitch) return as_d(g - 1);
+    const int64_t side = std::max<int64_t>(2, std::llround(std::cbrt(as_d(total_devices))));
+    double n = 0;
+    int64_t rest = g;
+    for (int axis = 0; axis < 3 && rest > 1; ++axis) {
+      const int64_t along = std::min(rest, side);
+      n += as_d(along - 1);
+      rest = (rest + along - 1) / along;
+    }
+    return n + as_d(std::max<int64_t>(rest - 1, 0));
+  }
   // All-gather (D = output bytes) or reduce-scatter (D = input bytes) over g chips.
   double gather(double full_bytes, int64_t g) const {
     if (g <= 1 || full_bytes <= 0.0) return 0.0;
-    return hw.collective_latency_s + full_bytes * as_d(g - 1) / as_d(g) / bandwidth(g);
+    return hw.collective_latency_s * steps(g) + full_bytes * as_d(g - 1) / as_d(g) / bandwidth(g);
   }
   // All-to-all of the bytes one chip holds.
   double all_to_all(double local_bytes, int64_t g) const { return gather(local_bytes, g); }

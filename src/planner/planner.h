@@ -79,10 +79,10 @@ struct HardwareProfile {
   double hbm_read_Bps = 0;
   double host_to_device_Bps = 0;
   Topology topology = Topology::kSwitch;
-  double link_Bps = 0;  // per device, one direction
-  double collective_latency_s = 0;
-  double compute_efficiency = 1;  // fraction of peak FLOP/s a large GEMM reaches (roofline path)
-  double memory_efficiency = 1;   // fraction of HBM read bandwidth a weight or KV stream reaches
+  double link_Bps = 0;              // per device, one direction
+  double collective_latency_s = 0;  // per ring step (hop) of a collective
+  double compute_efficiency = 1;    // fraction of peak FLOP/s a large GEMM reaches (roofline path)
+  double memory_efficiency = 1;     // fraction of HBM read bandwidth a weight or KV stream reaches
   double host_link_efficiency = 1;
   double attention_flops = 0;  // attention FLOP/s; 0 = peak bf16 x compute_efficiency
   double layer_overhead_s = 0;

@@ -131,14 +131,19 @@ TEST(Seed003, SearchPicksThePhaseLayouts) {
   ASSERT_FALSE(ranked.empty());
   EXPECT_EQ(ranked.front().layout.attention, AttentionSharding::kBatch)
       << ranked.front().layout.name();
+  EXPECT_EQ(ranked.front().layout.ffn, FfnLayout::k2DWeightStationary)
+      << ranked.front().layout.name();
   EXPECT_TRUE(ranked.front().estimate.fits);
 
   // Figure 6: 1D weight-stationary communication stays flat as chips grow (2BLE / bw) while 2D
   // shrinks with sqrt(n), so at 256 chips 2D communicates less than 1D.
+  // The bandwidth terms, as in Appendix A (per-hop latency grows with the chips on a torus).
+  HardwareProfile tpu_bw = tpu;
+  tpu_bw.collective_latency_s = 1e-12;
   PhaseWorkload d512{Phase::kDecode, 512, 2048, 64, WeightFormat::kBF16};
   auto comm = [&](int64_t chips, FfnLayout ffn) {
     Layout l{chips, 1, 1, 1, ffn, AttentionSharding::kBatch, BlockKind::kParallel};
-    return value(estimate(palm, tpu, l, d512));
+    return value(estimate(palm, tpu_bw, l, d512));
   };
   const Estimate one_d_64 = comm(64, FfnLayout::k1DWeightStationary);
   const Estimate one_d_256 = comm(256, FfnLayout::k1DWeightStationary);
@@ -149,6 +154,54 @@ TEST(Seed003, SearchPicksThePhaseLayouts) {
   EXPECT_LT(two_d_256.comm_s, one_d_256.comm_s);
   EXPECT_EQ(two_d_256.x * two_d_256.yz, 256);
   EXPECT_GT(two_d_256.x, 1);
+}
+
+// Section 4.3: the serial block makes decode at batch 512 on 64 chips ~14% slower than the
+// parallel block (one more exchange of activations per layer).
+TEST(Seed003, SerialBlockCostsDecodeLatency) {
+  const ModelShape parallel = value(model_shape_preset("palm-540b-padded"));
+  ModelShape serial = parallel;
+  serial.parallel_block = false;
+  const HardwareProfile tpu = value(load_hardware_profile("tpu-v4"));
+  PhaseWorkload w{Phase::kDecode, 512, 2048, 64, WeightFormat::kBF16};
+  Layout lp{
+      64, 1, 1, 1, FfnLayout::k2DWeightStationary, AttentionSharding::kBatch, BlockKind::kParallel};
+  Layout ls = lp;
+  ls.block = BlockKind::kSerial;
+  const double slower =
+      value(estimate(serial, tpu, ls, w)).seconds / value(estimate(parallel, tpu, lp, w)).seconds;
+  std::printf("serial / parallel block, decode batch 512 on 64 chips: %.3f (seed: ~1.14)\n",
+              slower);
+  EXPECT_GT(slower, 1.05);
+  EXPECT_LT(slower, 1.25);
+}
+
+// Appendix A.2.1: with F = 4E the 2D layout's communication is smallest at X = sqrt(n) / 2.
+TEST(Seed003, TwoDSplitIsHalfRootN) {
+  ModelShape s;
+  s.name = "ffn-only";
+  s.n_layers = 1;
+  s.hidden = 8192;
+  s.ffn_dim = 4 * 8192;
+  s.n_heads = 1;
+  s.n_heads_kv = 1;
+  s.head_dim = 1;  // attention negligible: the FFN's communication alone
+  s.vocab = 1;
+  s.gated_mlp = false;
+  s.parallel_block = true;
+  HardwareProfile hw = value(load_hardware_profile("tpu-v4"));
+  hw.collective_latency_s = 1e-12;  // bandwidth terms only, as in the appendix
+  for (int64_t n : {16, 64, 256}) {
+    Layout l{n,
+             1,
+             1,
+             1,
+             FfnLayout::k2DWeightStationary,
+             AttentionSharding::kHeads,
+             BlockKind::kParallel};
+    const Estimate e = value(estimate(s, hw, l, {Phase::kPrefill, 8, 2048, 0}));
+    EXPECT_EQ(e.x * e.x * 4, n) << "n = " << n;
+  }
 }
 
 // ---- the cost model's own terms -------------------------------------------------------------
