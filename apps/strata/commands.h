@@ -24,6 +24,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands);
 void add_serve_command(CLI::App& app, std::vector<Command>& commands);
 void add_bench_serve_command(CLI::App& app, std::vector<Command>& commands);
 void add_bench_throughput_command(CLI::App& app, std::vector<Command>& commands);
+void add_plan_command(CLI::App& app, std::vector<Command>& commands);
 
 // --device, --quantization, --gpu-memory-utilization, --max-num-batched-tokens,
 // --no-cuda-graphs (and --load-format, --model-config when with_dummy) into `e`.

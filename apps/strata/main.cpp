@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   strata::app::add_serve_command(app, commands);
   strata::app::add_bench_serve_command(app, commands);
   strata::app::add_bench_throughput_command(app, commands);
+  strata::app::add_plan_command(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ValidationError& e) {

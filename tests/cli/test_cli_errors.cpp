@@ -207,3 +207,34 @@ TEST(Cli, BenchThroughputRunsAllRequests) {
 }
 
 }  // namespace
+
+// ---- strata plan ---------------------------------------------------------------------------
+
+TEST(CliPlan, PrintsRankedLayoutsForAFixtureCheckpoint) {
+  // -m reads only the config; the tiny fixture plans on 4 devices.
+  const CliRun r = run_strata("plan -m " + fixture("llama") + " --gpus 4 --top 3");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("prefill ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode ("), std::string::npos) << r.out;
+}
+
+TEST(CliPlan, JsonHasBothPhases) {
+  const CliRun r = run_strata(
+      "plan --model-config palm-540b-padded --profile tpu-v4 --gpus 64 --weights int8 "
+      "--workload prompt=2048,gen=64,batch=64 --json --top 2");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"prefill\""), std::string::npos);
+  EXPECT_NE(r.out.find("\"decode\""), std::string::npos);
+  EXPECT_NE(r.out.find("\"mfu\""), std::string::npos);
+}
+
+TEST(CliPlan, BadInputIsOneLine) {
+  expect_clean_error(run_strata("plan --model-config llama3-8b --profile nope"),
+                     "--profile 'nope'");
+  expect_clean_error(run_strata("plan --model-config llama3-8b --workload prompt=x"), "--workload");
+  expect_clean_error(run_strata("plan --model-config llama3-8b --workload size=3"), "size=3");
+  expect_clean_error(run_strata("plan --model-config llama3-8b --weights q4"), "q4");
+  expect_clean_error(run_strata("plan --model-config no-such"), "no-such");
+  expect_clean_error(run_strata("plan"), "--model-config");
+  expect_clean_error(run_strata("plan --model-config llama3-8b --gpus 0"), "--gpus 0");
+}

@@ -1,0 +1,304 @@
+// `strata plan --calibrate FILE`: measure this machine's GPU into a hardware profile (the
+// planner's JSON format, README "strata plan"). Compiled only with the CUDA backend; the planner
+// itself never needs a GPU.
+//
+// Probes, each timed with CUDA events on the device's stream (median of several repetitions
+// after a warm-up):
+//   - HBM: a device-to-device copy of 2 GiB; read bandwidth taken as (read + write) / time, the
+//     copy being read- and write-bound alike (on the H100 the copy and a read-only kernel agree
+//     within 3%: bench/results/2026-11-22-h100-gpu-linear.json).
+//   - host to device: 1 GiB from pinned host memory.
+//   - GEMMs through cuda::linear (the engine's route: SBI-GeMM for few tokens, cuBLASLt above)
+//     for bf16 / int8 / fp8 weights, over a Llama-3-8B layer's shapes (QKV, O, gate/up, down)
+//     at 1..4096 tokens, with enough weight copies to stream from HBM as layers do; the curve
+//     point is total FLOPs / total time at that token count. Peak bf16: an 8192^3 GEMM.
+//   - attention: flash prefill of one 2048-token sequence (32 heads, 8 KV heads, head_dim 128).
+// Not measured (no GPU communicator yet): collectives; the interconnect entry is left at public
+// NVLink figures and says so in "source".
+#if defined(STRATA_HAS_CUDA)
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_kernels.h"
+#include "core/status.h"
+#include "strata/plan.h"
+
+namespace strata {
+
+namespace {
+
+using cuda::LaunchCtx;
+
+// Device buffers freed on scope exit.
+class DeviceBuffers {
+ public:
+  ~DeviceBuffers() {
+    for (void* p : device_) cudaFree(p);
+    for (void* p : host_) cudaFreeHost(p);
+  }
+  Result<void*> device(size_t bytes, int fill) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess)
+      return errorf(StatusCode::kOutOfMemory, "--calibrate: cudaMalloc({} bytes): {}", bytes,
+                    cudaGetErrorString(e));
+    device_.push_back(p);
+    // A constant byte pattern: 0x3c is a small normal value as bf16 (0x3c3c), int8, fp8 e4m3 and
+    // f32 (scales), so no NaN or denormal slows a kernel down.
+    if (cudaMemset(p, fill, bytes) != cudaSuccess)
+      return errorf(StatusCode::kInternal, "--calibrate: cudaMemset failed");
+    return p;
+  }
+  Result<void*> pinned(size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocHost(&p, bytes);
+    if (e != cudaSuccess)
+      return errorf(StatusCode::kOutOfMemory, "--calibrate: cudaMallocHost({} bytes): {}", bytes,
+                    cudaGetErrorString(e));
+    host_.push_back(p);
+    return p;
+  }
+
+ private:
+  std::vector<void*> device_, host_;
+};
+
+// Median seconds of `reps` runs of fn(i) after `warmup` runs.
+template <class Fn>
+Result<double> median_seconds(const LaunchCtx& ctx, int warmup, int reps, Fn&& fn) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  std::vector<double> times;
+  Status status;
+  for (int i = 0; i < warmup + reps && status.ok(); ++i) {
+    if (cudaEventRecord(start, ctx.stream) != cudaSuccess) break;
+    status = fn(i);
+    if (cudaEventRecord(stop, ctx.stream) != cudaSuccess) break;
+    if (cudaEventSynchronize(stop) != cudaSuccess) break;
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= warmup) times.push_back(1e-3 * ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (!status.ok()) return status;
+  if (times.size() != static_cast<size_t>(reps))
+    return errorf(StatusCode::kInternal, "--calibrate: a timed probe failed: {}",
+                  cudaGetErrorString(cudaGetLastError()));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+struct Shape {
+  int64_t out, in;
+};
+
+// The Llama-3-8B layer's GEMMs: what the shipped h100 curve was measured on.
+constexpr Shape kLayerShapes[] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+
+Result<double> gemm_curve_point(const LaunchCtx& ctx, DeviceBuffers& mem, DType w_dtype,
+                                int64_t tokens) {
+  const size_t wbytes = w_dtype == DType::kBF16 ? 2 : 1;
+  double flops = 0, seconds = 0;
+  for (const Shape& s : kLayerShapes) {
+    const size_t w_size = static_cast<size_t>(s.out * s.in) * wbytes;
+    // Enough copies that the weights stream from HBM (4x the L2 cache).
+    const int copies = static_cast<int>(std::max<size_t>(2, 4 * ctx.l2_bytes / w_size + 1));
+    std::vector<void*> w(static_cast<size_t>(copies));
+    for (auto& p : w) {
+      auto b = mem.device(w_size, 0x3c);
+      if (!b.ok()) return b.status();
+      p = *b;
+    }
+    auto scale = mem.device(static_cast<size_t>(s.out) * sizeof(float), 0x3c);
+    auto x = mem.device(static_cast<size_t>(tokens * s.in) * 2, 0x3c);
+    auto out = mem.device(static_cast<size_t>(tokens * s.out) * 4, 0);
+    if (!scale.ok()) return scale.status();
+    if (!x.ok()) return x.status();
+    if (!out.ok()) return out.status();
+    auto t = median_seconds(ctx, 3, 10, [&](int i) {
+      GpuLinearParams p;
+      p.x = static_cast<const uint16_t*>(*x);
+      p.x_stride = s.in;
+      p.w = w[static_cast<size_t>(i) % w.size()];
+      p.w_dtype = w_dtype;
+      p.w_stride = s.in;
+      p.w_scale = w_dtype == DType::kBF16 ? nullptr : static_cast<const float*>(*scale);
+      p.out = *out;
+      p.out_dtype = DType::kF32;
+      p.out_stride = s.out;
+      p.n_tokens = tokens;
+      p.in_features = s.in;
+      p.out_features = s.out;
+      return cuda::linear(ctx, p);
+    });
+    if (!t.ok()) return t.status();
+    flops += 2.0 * static_cast<double>(tokens * s.out * s.in);
+    seconds += *t;
+  }
+  return flops / seconds;
+}
+
+}  // namespace
+
+Result<std::string> calibrate_profile(const std::string& name) {
+  auto dev = cuda::CudaDevice::create(0);
+  if (!dev.ok()) return dev.status().with_context("--calibrate");
+  const LaunchCtx& ctx = (*dev)->launch_ctx();
+  auto info = (*dev)->memory_info();
+  if (!info.ok()) return info.status();
+
+  nlohmann::json j;
+  j["name"] = name;
+  j["description"] = (*dev)->name() + ", measured by strata plan --calibrate";
+  j["source"] =
+      "strata plan --calibrate on " + (*dev)->name() +
+      ": HBM copy, pinned host-to-device copy, cuda::linear GEMMs over a Llama-3-8B layer's "
+      "shapes, flash prefill attention; interconnect NOT measured (public NVLink 4 figures: the "
+      "collective probes need the GPU communicator)";
+  j["memory_GB"] = static_cast<double>(info->total_bytes) / 1e9;
+
+  // HBM: device-to-device copy.
+  {
+    DeviceBuffers mem;
+    const size_t bytes = size_t{2} << 30;
+    auto a = mem.device(bytes, 0x3c);
+    auto b = mem.device(bytes, 0);
+    if (!a.ok()) return a.status();
+    if (!b.ok()) return b.status();
+    auto t = median_seconds(ctx, 2, 10, [&](int) -> Status {
+      STRATA_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(*b, *a, bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+      return ok_status();
+    });
+    if (!t.ok()) return t.status();
+    j["hbm_read_GBps"] = 2.0 * static_cast<double>(bytes) / *t / 1e9;
+  }
+  // Host to device from pinned memory.
+  {
+    DeviceBuffers mem;
+    const size_t bytes = size_t{1} << 30;
+    auto h = mem.pinned(bytes);
+    auto d = mem.device(bytes, 0);
+    if (!h.ok()) return h.status();
+    if (!d.ok()) return d.status();
+    auto t = median_seconds(ctx, 1, 5, [&](int) -> Status {
+      STRATA_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(*d, *h, bytes, cudaMemcpyHostToDevice, ctx.stream));
+      return ok_status();
+    });
+    if (!t.ok()) return t.status();
+    j["host_to_device_GBps"] = static_cast<double>(bytes) / *t / 1e9;
+  }
+  // Peak bf16: one 8192^3 GEMM through cuBLASLt.
+  double peak = 0;
+  {
+    DeviceBuffers mem;
+    const int64_t n = 8192;
+    auto w = mem.device(static_cast<size_t>(n * n) * 2, 0x3c);
+    auto x = mem.device(static_cast<size_t>(n * n) * 2, 0x3c);
+    auto out = mem.device(static_cast<size_t>(n * n) * 4, 0);
+    if (!w.ok()) return w.status();
+    if (!x.ok()) return x.status();
+    if (!out.ok()) return out.status();
+    auto t = median_seconds(ctx, 3, 10, [&](int) {
+      GpuLinearParams p;
+      p.x = static_cast<const uint16_t*>(*x);
+      p.x_stride = n;
+      p.w = *w;
+      p.w_stride = n;
+      p.out = *out;
+      p.out_stride = n;
+      p.n_tokens = n;
+      p.in_features = n;
+      p.out_features = n;
+      return cuda::cublaslt_linear(ctx, p);
+    });
+    if (!t.ok()) return t.status();
+    peak = 2.0 * static_cast<double>(n) * n * n / *t;
+  }
+  j["peak_tflops"] = {{"bf16", peak / 1e12}, {"int8", peak / 1e12}, {"fp8", peak / 1e12}};
+  // GEMM curves.
+  const int64_t token_counts[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+  const std::pair<const char*, DType> formats[] = {
+      {"bf16", DType::kBF16}, {"int8", DType::kI8}, {"fp8", DType::kFP8E4M3}};
+  for (const auto& [fname, dtype] : formats) {
+    nlohmann::json curve = nlohmann::json::array();
+    for (int64_t tokens : token_counts) {
+      DeviceBuffers mem;
+      auto rate = gemm_curve_point(ctx, mem, dtype, tokens);
+      if (!rate.ok()) return rate.status().with_context(std::string("GEMM curve ") + fname);
+      curve.push_back({tokens, *rate / 1e12});
+    }
+    j["gemm_tflops"][fname] = curve;
+  }
+  // Attention: flash prefill, one sequence of 2048 tokens.
+  {
+    DeviceBuffers mem;
+    const int64_t L = 2048, H = 32, Hkv = 8, D = 128, block = 16, blocks = L / block;
+    auto q = mem.device(static_cast<size_t>(L * H * D) * 2, 0x3c);
+    auto o = mem.device(static_cast<size_t>(L * H * D) * 2, 0);
+    auto k = mem.device(static_cast<size_t>(blocks * block * Hkv * D) * 2, 0x3c);
+    auto v = mem.device(static_cast<size_t>(blocks * block * Hkv * D) * 2, 0x3c);
+    auto meta = mem.device(static_cast<size_t>(blocks + 3) * sizeof(int32_t), 0);
+    if (!q.ok()) return q.status();
+    if (!o.ok()) return o.status();
+    if (!k.ok()) return k.status();
+    if (!v.ok()) return v.status();
+    if (!meta.ok()) return meta.status();
+    std::vector<int32_t> host(static_cast<size_t>(blocks + 3));
+    host[0] = 0;                        // cu_q[0]
+    host[1] = static_cast<int32_t>(L);  // cu_q[1]
+    host[2] = static_cast<int32_t>(L);  // kv_len[0]
+    for (int64_t b = 0; b < blocks; ++b) host[static_cast<size_t>(3 + b)] = static_cast<int32_t>(b);
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(*meta, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    const int32_t* m = static_cast<const int32_t*>(*meta);
+    auto t = median_seconds(ctx, 3, 10, [&](int) {
+      VarlenAttentionParams p;
+      p.q = static_cast<const uint16_t*>(*q);
+      p.q_stride = H * D;
+      p.out = static_cast<uint16_t*>(*o);
+      p.out_stride = H * D;
+      p.cu_q = m;
+      p.kv_len = m + 2;
+      p.n_seqs = 1;
+      p.n_heads = H;
+      p.max_q_len = L;
+      p.max_kv_len = L;
+      p.cache.k_cache = static_cast<uint16_t*>(*k);
+      p.cache.v_cache = static_cast<uint16_t*>(*v);
+      p.cache.block_tables = m + 3;
+      p.cache.max_blocks_per_seq = blocks;
+      p.cache.n_seqs = 1;
+      p.cache.n_blocks = blocks;
+      p.cache.block_size = block;
+      p.cache.n_heads_kv = Hkv;
+      p.cache.head_dim = D;
+      p.scale = 0.088f;
+      return cuda::varlen_attention(ctx, p);
+    });
+    if (!t.ok()) return t.status().with_context("attention probe");
+    const double flops = 4.0 * static_cast<double>(L) * static_cast<double>(L + 1) / 2.0 *
+                         static_cast<double>(H * D);
+    j["attention_tflops"] = flops / *t / 1e12;
+  }
+  j["interconnect"] = {{"topology", "switch"}, {"bandwidth_GBps", 450}, {"latency_us", 2}};
+  // The curves carry the GEMM efficiency; these apply to the roofline terms (KV streaming).
+  j["efficiency"] = {{"compute", 0.85}, {"memory", 0.86}, {"host_link", 0.9}};
+  j["layer_overhead_us"] = 0;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace strata
+
+#endif  // STRATA_HAS_CUDA

@@ -1,0 +1,521 @@
+// The per-layer, per-device cost model (seed 003, Sections 2-3 and Appendix A; seed 000 for the
+// pipeline, expert-parallel and ZeRO-Inference terms). Conventions:
+//   T      tokens one tensor-parallel group processes in a step (sequences x new tokens)
+//   n      chips in the tensor-parallel group; E hidden, F ffn width, a = 2 bytes (bf16)
+//   F_in   width of the in-projection output (gated FFN: 2F; + Q/K/V when the block is parallel)
+//   F_out  width of the out-projection input (F; + the attention output when parallel)
+// A collective over g chips of a D-byte array (all-gather output / reduce-scatter input) costs
+// latency x steps(g) + D (g-1)/g / bandwidth: the ring bound of Appendix A.1 (what a chip must
+// receive) plus a per-step latency for each hop of the ring. Per block of the layer:
+//   1D weight-stationary:  all-gather T E a and reduce-scatter T E a over n      (2 BLE / bw)
+//   2D weight-stationary:  all-gather T E a / X over YZ, reduce-scatter T F_in a / YZ over X,
+//                          all-gather T F_out a / YZ over X, reduce-scatter T E a / X over YZ,
+//                          with the divisor X of n that minimises it (8 BLE / (sqrt(n) bw) at
+//                          F = 4E, X = sqrt(n) / 2)
+//   weight-gathered over N chips (X, XY or XYZ of the 3D mesh): each chip gathers N/n of the
+//                          layer's weights (overlapped with the previous layer's compute) and
+//                          the activations, T / N tokens per chip, are 1D over the other n / N
+// Batch-sharded attention (Section 3.3) adds an all-to-all of Q/K/V in and of the output out, and
+// reads only its sequences' KV; head-sharded attention reads the KV of its heads, replicating
+// K/V when there are fewer KV heads than chips.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/status.h"
+#include "planner/planner.h"
+
+namespace strata::planner {
+
+namespace {
+
+constexpr double kActBytes = 2.0;  // bf16 activations
+constexpr double kKvBytes = 2.0;   // bf16 KV cache
+
+double as_d(int64_t v) {
+  return static_cast<double>(v);
+}
+
+// Seconds and the roofline side a GEMM of `tokens` rows over `weights` elements falls on.
+struct Timed {
+  double seconds = 0;
+  bool memory_bound = false;
+};
+
+Timed gemm_time(const HardwareProfile& hw, WeightFormat f, double tokens, double weights) {
+  Timed t;
+  if (tokens <= 0.0 || weights <= 0.0) return t;
+  const double flops = 2.0 * tokens * weights;
+  auto peak_it = hw.peak_flops.find(f);
+  const double peak = peak_it != hw.peak_flops.end() ? peak_it->second : hw.peak_bf16();
+  const double ideal_compute = flops / (peak * hw.compute_efficiency);
+  const double ideal_memory =
+      weights * weight_format_bytes(f) / (hw.hbm_read_Bps * hw.memory_efficiency);
+  t.memory_bound = ideal_memory >= ideal_compute;
+  auto curve_it = hw.gemm_curve.find(f);
+  if (curve_it == hw.gemm_curve.end() || curve_it->second.empty()) {
+    t.seconds = std::max(ideal_compute, ideal_memory);
+    return t;
+  }
+  // Measured FLOP/s against tokens: below the first point the GEMM streams the same weights
+  // (rate proportional to tokens); past the last point it stays on the last rate.
+  const auto& pts = curve_it->second;
+  double rate = 0;
+  if (tokens <= pts.front().first) {
+    rate = pts.front().second * tokens / pts.front().first;
+  } else if (tokens >= pts.back().first) {
+    rate = pts.back().second;
+  } else {
+    for (size_t i = 1; i < pts.size(); ++i) {
+      if (tokens > pts[i].first) continue;
+      const double u =
+          std::log(tokens / pts[i - 1].first) / std::log(pts[i].first / pts[i - 1].first);
+      rate =
+          std::exp(std::log(pts[i - 1].second) + u * std::log(pts[i].second / pts[i - 1].second));
+      break;
+    }
+  }
+  t.seconds = flops / rate;
+  return t;
+}
+
+struct Comm {
+  const HardwareProfile& hw;
+  int64_t total_devices;
+
+  // Seed 003's Appendix A.1: a collective's time is its bytes over the chip's interconnect
+  // bandwidth whatever the group (on a torus, a group along fewer axes uses more links per axis).
+  double bandwidth(int64_t) const { return hw.link_Bps; }
+  // Latency-bound steps of a ring collective over g chips: g - 1 through a switch; on a 3D torus
+  // of side s, (s - 1) per full axis the group spans plus the steps of the partial axis.
+  double steps(int64_t g) const {
+    if (hw.topology == Topology::kSwitch) return as_d(g - 1);
+    const int64_t side = std::max<int64_t>(2, std::llround(std::cbrt(as_d(total_devices))));
+    double n = 0;
+    int64_t rest = g;
+    for (int axis = 0; axis < 3 && rest > 1; ++axis) {
+      const int64_t along = std::min(rest, side);
+      n += as_d(along - 1);
+      rest = (rest + along - 1) / along;
+    }
+    return n + as_d(std::max<int64_t>(rest - 1, 0));
+  }
+  // All-gather (D = output bytes) or reduce-scatter (D = input bytes) over g chips.
+  double gather(double full_bytes, int64_t g) const {
+    if (g <= 1 || full_bytes <= 0.0) return 0.0;
+    return hw.collective_latency_s * steps(g) + full_bytes * as_d(g - 1) / as_d(g) / bandwidth(g);
+  }
+  // All-to-all of the bytes one chip holds.
+  double all_to_all(double local_bytes, int64_t g) const { return gather(local_bytes, g); }
+};
+
+struct Block {
+  double f_in = 0, f_out = 0;
+};
+
+// The balanced 3D factorisation f1 <= f2 <= f3 of n (the X, Y, Z axes of a mesh).
+void mesh3(int64_t n, int64_t& f1, int64_t& f2, int64_t& f3) {
+  f1 = 1;
+  for (int64_t d = 1; d * d * d <= n; ++d)
+    if (n % d == 0) f1 = d;
+  const int64_t rest = n / f1;
+  f2 = 1;
+  for (int64_t d = 1; d * d <= rest; ++d)
+    if (rest % d == 0) f2 = d;
+  f3 = rest / f2;
+}
+
+int64_t gather_group(FfnLayout l, int64_t n) {
+  int64_t f1, f2, f3;
+  mesh3(n, f1, f2, f3);
+  switch (l) {
+    case FfnLayout::k1DWeightStationary:
+      return 1;
+    case FfnLayout::k2DWeightStationary:
+      return 1;
+    case FfnLayout::kWeightGatheredX:
+      return f1;
+    case FfnLayout::kWeightGatheredXY:
+      return f1 * f2;
+    case FfnLayout::kWeightGatheredXYZ:
+      return n;
+  }
+  return 1;
+}
+
+// One layer's step for one tensor-parallel group.
+struct LayerCost {
+  double compute = 0, memory = 0, comm = 0, host = 0, overhead = 0;
+  int64_t x = 1, yz = 1;
+  double total() const { return compute + memory + comm + host + overhead; }
+};
+
+struct StepShape {
+  double seqs = 0;       // sequences of this tensor-parallel group
+  double q = 0;          // new tokens per sequence
+  double keys = 0;       // mean keys each query attends to
+  double kv_tokens = 0;  // KV entries read per sequence
+};
+
+LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layout& l,
+                     const PhaseWorkload& w, const Comm& comm, const StepShape& st) {
+  LayerCost c;
+  const int64_t n = l.tp;
+  const double T = st.seqs * st.q;
+  const double E = as_d(s.hidden);
+  const double qkv = as_d((s.n_heads + 2 * s.n_heads_kv) * s.head_dim);
+  const double attn_out = as_d(s.n_heads * s.head_dim);
+  const double ffn = as_d(s.is_moe() ? 0 : s.ffn_dim);
+  const double ffn_in = (s.gated_mlp ? 2.0 : 1.0) * ffn;
+
+  std::vector<Block> blocks;
+  if (l.block == BlockKind::kParallel) {
+    blocks.push_back({ffn_in + qkv, ffn + attn_out});
+  } else {
+    blocks.push_back({qkv, attn_out});
+    if (!s.is_moe()) blocks.push_back({ffn_in, ffn});
+  }
+
+  auto add_gemm = [&](double tokens, double weights) {
+    const Timed t = gemm_time(hw, w.weights, tokens, weights);
+    (t.memory_bound ? c.memory : c.compute) += t.seconds;
+    return t.seconds;
+  };
+
+  // Projections (attention + dense FFN) under the FFN layout.
+  const double dense_weights =
+      s.attention_weights() + (s.is_moe() ? 0.0 : s.ffn_weights_per_expert());
+  const int64_t N = gather_group(l.ffn, n);
+  if (N <= 1) {
+    const double gemm = add_gemm(T, dense_weights / as_d(n));
+    (void)gemm;
+    if (l.ffn == FfnLayout::k2DWeightStationary && n > 1) {
+      double best = -1;
+      // A true 2D split: 1 < X < n (X = 1 is the 1D layout).
+      for (int64_t x = 2; x < n; ++x) {
+        if (n % x != 0) continue;
+        if (l.x > 0 && x != l.x) continue;
+        const int64_t yz = n / x;
+        double t = 0;
+        for (const Block& b : blocks) {
+          t += comm.gather(T * E * kActBytes / as_d(x), yz);
+          t += comm.gather(T * b.f_in * kActBytes / as_d(yz), x);
+          t += comm.gather(T * b.f_out * kActBytes / as_d(yz), x);
+          t += comm.gather(T * E * kActBytes / as_d(x), yz);
+        }
+        if (best < 0 || t < best) {
+          best = t;
+          c.x = x;
+          c.yz = yz;
+        }
+      }
+      c.comm += std::max(best, 0.0);
+    } else {
+      for (size_t i = 0; i < blocks.size(); ++i) c.comm += 2.0 * comm.gather(T * E * kActBytes, n);
+      c.x = 1;
+      c.yz = n;
+    }
+  } else {
+    const double local_weights = dense_weights * as_d(N) / as_d(n);
+    const double gemm = add_gemm(T / as_d(N), local_weights);
+    // The next layer's weights are gathered while this layer computes.
+    const double gather_s = comm.gather(local_weights * weight_format_bytes(w.weights), N);
+    c.comm += std::max(0.0, gather_s - gemm);
+    const int64_t m = n / N;
+    for (size_t i = 0; i < blocks.size(); ++i)
+      c.comm += 2.0 * comm.gather(T / as_d(N) * E * kActBytes, m);
+  }
+
+  // Attention: the KV read and the attention FLOPs of this chip.
+  double seqs_dev = st.seqs, heads_dev = as_d(s.n_heads), kv_heads_dev = as_d(s.n_heads_kv);
+  if (l.attention == AttentionSharding::kBatch) {
+    seqs_dev = std::ceil(st.seqs / as_d(n));
+    if (n > 1) {
+      c.comm += comm.all_to_all(T * qkv * kActBytes / as_d(n), n);
+      c.comm += comm.all_to_all(T * attn_out * kActBytes / as_d(n), n);
+    }
+  } else {
+    heads_dev = as_d(s.n_heads) / as_d(n);
+    kv_heads_dev = std::ceil(as_d(s.n_heads_kv) / as_d(n));
+  }
+  const double attn_flops = 4.0 * seqs_dev * st.q * st.keys * heads_dev * as_d(s.head_dim);
+  const double kv_bytes =
+      seqs_dev * st.kv_tokens * 2.0 * kv_heads_dev * as_d(s.head_dim) * kKvBytes;
+  const double attn_rate =
+      hw.attention_flops > 0 ? hw.attention_flops : hw.peak_bf16() * hw.compute_efficiency;
+  const double attn_c = attn_flops / attn_rate;
+  const double attn_m = kv_bytes / (hw.hbm_read_Bps * hw.memory_efficiency);
+  (attn_m >= attn_c ? c.memory : c.compute) += std::max(attn_c, attn_m);
+
+  // Mixture of experts: the experts are split over the ep group and 1D over the tp group; the
+  // ep group's tokens are routed to k experts each.
+  double expert_local_weights = 0;
+  if (s.is_moe()) {
+    const int64_t e = l.ep;
+    const double k = as_d(s.n_experts_used), X = as_d(s.n_experts);
+    const double routed = T * as_d(e);  // the ep group's tokens
+    const double touched_total = X * (1.0 - std::pow(1.0 - k / X, routed));
+    const double touched_dev = touched_total / as_d(e);
+    const double per_expert = touched_total > 0 ? routed * k / touched_total : 0.0;
+    expert_local_weights = s.ffn_weights_per_expert() / as_d(n);
+    for (double i = 0; i < touched_dev; i += 1.0) {
+      const double frac = std::min(1.0, touched_dev - i);
+      const Timed t = gemm_time(hw, w.weights, std::max(1.0, per_expert), expert_local_weights);
+      (t.memory_bound ? c.memory : c.compute) += frac * t.seconds;
+    }
+    if (e > 1) c.comm += 2.0 * comm.all_to_all(T * k * E * kActBytes / as_d(n), e);
+    c.comm += 2.0 * comm.gather(T * E * kActBytes, n);
+  }
+
+  // Weights streamed from host memory (ZeRO-Inference): the next layer's copy overlaps this one.
+  if (l.residency == WeightResidency::kHostStreamed) {
+    double layer_bytes = dense_weights / as_d(n) * weight_format_bytes(w.weights);
+    if (s.is_moe()) {
+      layer_bytes +=
+          as_d(s.n_experts) / as_d(l.ep) * expert_local_weights * weight_format_bytes(w.weights);
+    }
+    const double h2d = layer_bytes / (hw.host_to_device_Bps * hw.host_link_efficiency);
+    c.host = std::max(0.0, h2d - (c.compute + c.memory + c.comm));
+  }
+  c.overhead = hw.layer_overhead_s;
+  return c;
+}
+
+}  // namespace
+
+bool has_2d_split(int64_t tp) {
+  for (int64_t x = 2; x < tp; ++x)
+    if (tp % x == 0) return true;
+  return false;
+}
+
+const char* ffn_layout_name(FfnLayout l) {
+  switch (l) {
+    case FfnLayout::k1DWeightStationary:
+      return "1D-WS";
+    case FfnLayout::k2DWeightStationary:
+      return "2D-WS";
+    case FfnLayout::kWeightGatheredX:
+      return "WG-X";
+    case FfnLayout::kWeightGatheredXY:
+      return "WG-XY";
+    case FfnLayout::kWeightGatheredXYZ:
+      return "WG-XYZ";
+  }
+  return "?";
+}
+
+const char* attention_sharding_name(AttentionSharding a) {
+  switch (a) {
+    case AttentionSharding::kHeads:
+      return "heads";
+    case AttentionSharding::kBatch:
+      return "batch";
+  }
+  return "?";
+}
+
+const char* bottleneck_name(Bottleneck b) {
+  switch (b) {
+    case Bottleneck::kCompute:
+      return "compute";
+    case Bottleneck::kMemory:
+      return "memory";
+    case Bottleneck::kCommunication:
+      return "communication";
+    case Bottleneck::kHostLink:
+      return "host link";
+  }
+  return "?";
+}
+
+std::string Layout::name() const {
+  std::string s = fmt::format("tp{}", tp);
+  if (pp > 1) s += fmt::format(" pp{}", pp);
+  if (ep > 1) s += fmt::format(" ep{}", ep);
+  if (dp > 1) s += fmt::format(" dp{}", dp);
+  if (tp > 1) {
+    s += std::string(" ") + ffn_layout_name(ffn);
+    s += std::string(" attn:") + attention_sharding_name(attention);
+  }
+  if (block == BlockKind::kParallel) s += " parallel";
+  if (residency == WeightResidency::kHostStreamed) s += " host-streamed";
+  return s;
+}
+
+double model_flops_utilization(const ModelShape& shape, const HardwareProfile& hw, double tokens,
+                               double seconds, int64_t devices) {
+  if (seconds <= 0.0 || devices <= 0 || hw.peak_bf16() <= 0.0) return 0.0;
+  return 2.0 * shape.n_active_params() * tokens / (seconds * as_d(devices) * hw.peak_bf16());
+}
+
+double max_context(const ModelShape& s, const HardwareProfile& hw, AttentionSharding sharding,
+                   int64_t devices, int64_t batch, double kv_fraction) {
+  if (devices <= 0 || batch <= 0) return 0.0;
+  double seqs_dev = as_d(batch), kv_heads_dev = 0;
+  if (sharding == AttentionSharding::kBatch) {
+    seqs_dev = std::ceil(as_d(batch) / as_d(devices));
+    kv_heads_dev = as_d(s.n_heads_kv);
+  } else {
+    kv_heads_dev = std::ceil(as_d(s.n_heads_kv) / as_d(devices));
+  }
+  const double per_token = as_d(s.n_layers) * 2.0 * kv_heads_dev * as_d(s.head_dim) * kKvBytes;
+  return kv_fraction * hw.memory_bytes / (per_token * seqs_dev);
+}
+
+Result<Estimate> estimate(const ModelShape& s, const HardwareProfile& hw, const Layout& l,
+                          const PhaseWorkload& w) {
+  if (l.tp < 1 || l.pp < 1 || l.ep < 1 || l.dp < 1)
+    return errorf(StatusCode::kInvalidArgument, "layout '{}': group sizes must be >= 1", l.name());
+  if (l.pp > s.n_layers)
+    return errorf(StatusCode::kInvalidArgument, "layout '{}': {} pipeline stages for {} layers",
+                  l.name(), l.pp, s.n_layers);
+  if (l.ep > 1 && (!s.is_moe() || s.n_experts % l.ep != 0))
+    return errorf(StatusCode::kInvalidArgument,
+                  "layout '{}': expert parallelism needs a MoE model whose {} experts divide by {}",
+                  l.name(), s.n_experts, l.ep);
+  if (l.block == BlockKind::kParallel && !s.parallel_block)
+    return errorf(StatusCode::kInvalidArgument,
+                  "layout '{}': model '{}' has a serial block (the parallel block is a different "
+                  "model)",
+                  l.name(), s.name);
+  if (l.ffn == FfnLayout::k2DWeightStationary && !has_2d_split(l.tp))
+    return errorf(StatusCode::kInvalidArgument,
+                  "layout '{}': 2D weight-stationary needs tp with a divisor 1 < X < tp", l.name());
+  if (l.x > 0 && l.tp % l.x != 0)
+    return errorf(StatusCode::kInvalidArgument, "layout '{}': X = {} does not divide tp = {}",
+                  l.name(), l.x, l.tp);
+  if (w.batch < 1 || w.prompt < 0 || w.gen < 0 || (w.phase == Phase::kPrefill && w.prompt < 1) ||
+      (w.phase == Phase::kDecode && w.gen < 1))
+    return errorf(StatusCode::kInvalidArgument,
+                  "workload: batch >= 1, prompt >= 1 for prefill, gen >= 1 for decode (got "
+                  "batch={} prompt={} gen={})",
+                  w.batch, w.prompt, w.gen);
+  if (hw.peak_flops.find(w.weights) == hw.peak_flops.end())
+    return errorf(StatusCode::kUnimplemented, "profile '{}' has no {} weights (peak_tflops)",
+                  hw.name, weight_format_name(w.weights));
+
+  Estimate est;
+  const Comm comm{hw, l.devices()};
+  // Sequences one tensor-parallel group serves: the batch over replicas and, for MoE, over the
+  // ep group (attention is data-parallel across it).
+  const double groups = as_d(l.dp * (s.is_moe() ? l.ep : 1));
+  const double seqs = std::ceil(as_d(w.batch) / groups);
+  const double microbatches = l.pp > 1 ? std::min(as_d(l.pp), seqs) : 1.0;
+  StepShape st;
+  st.seqs = seqs / microbatches;
+  if (w.phase == Phase::kPrefill) {
+    st.q = as_d(w.prompt);
+    st.keys = as_d(w.prompt + 1) / 2.0;  // causal: query i attends to i + 1 keys
+    st.kv_tokens = as_d(w.prompt);
+  } else {
+    st.q = 1.0;
+    st.keys = as_d(w.prompt) + as_d(w.gen + 1) / 2.0;  // the mean context over the steps
+    st.kv_tokens = st.keys;
+  }
+  const LayerCost layer = layer_cost(s, hw, l, w, comm, st);
+  est.x = layer.x;
+  est.yz = layer.yz;
+  const double layers_per_stage = std::ceil(as_d(s.n_layers) / as_d(l.pp));
+
+  // LM head on the last stage: vocab-parallel over tp, one row per sequence.
+  const Timed head = gemm_time(hw, w.weights, st.seqs, as_d(s.vocab * s.hidden) / as_d(l.tp));
+  const double head_gather = comm.gather(st.seqs * as_d(s.vocab) * 4.0, l.tp);
+  const double p2p =
+      l.pp > 1 ? comm.gather(st.seqs * st.q * as_d(s.hidden) * kActBytes * 2.0, 2) : 0.0;
+  const double stage = layers_per_stage * layer.total() + head.seconds + head_gather + p2p;
+  const double slots = microbatches + as_d(l.pp) - 1.0;  // pipeline fill + drain
+  est.step_seconds = slots * stage;
+  est.bubble_fraction = (as_d(l.pp) - 1.0) / slots;
+  const double scale = slots * layers_per_stage;
+  est.compute_s = scale * layer.compute + slots * (head.memory_bound ? 0.0 : head.seconds);
+  est.memory_s = scale * layer.memory + slots * (head.memory_bound ? head.seconds : 0.0);
+  est.comm_s = scale * layer.comm + slots * (head_gather + p2p);
+  est.host_s = scale * layer.host;
+  est.overhead_s = scale * layer.overhead;
+
+  if (w.phase == Phase::kPrefill) {
+    est.seconds = est.step_seconds;
+    est.tokens = as_d(w.batch * w.prompt);
+  } else {
+    est.seconds = est.step_seconds * as_d(w.gen);
+    est.tokens = as_d(w.batch * w.gen);
+  }
+  est.model_flops = 2.0 * s.n_active_params() * est.tokens;
+  est.mfu = model_flops_utilization(s, hw, est.tokens, est.seconds, l.devices());
+  est.tokens_per_s = est.tokens / est.seconds;
+
+  // Memory per device: the weights of its stage (2 layers in flight when streamed from the
+  // host), its KV cache for prompt + gen tokens, and the activations of one step.
+  const double wb = weight_format_bytes(w.weights);
+  double layer_weights = s.attention_weights() / as_d(l.tp);
+  if (s.is_moe()) {
+    layer_weights += as_d(s.n_experts) / as_d(l.ep) * s.ffn_weights_per_expert() / as_d(l.tp);
+  } else {
+    layer_weights += s.ffn_weights_per_expert() / as_d(l.tp);
+  }
+  const double embed = s.embedding_weights() / as_d(l.tp) * wb;
+  if (l.residency == WeightResidency::kHostStreamed) {
+    est.weight_bytes_per_device = 2.0 * layer_weights * wb + embed;
+  } else {
+    est.weight_bytes_per_device = layers_per_stage * layer_weights * wb + embed;
+  }
+  const int64_t N = gather_group(l.ffn, l.tp);
+  // Weight-gathered: one layer's gathered weights in flight (the matrices are gathered in chunks
+  // while the previous chunk multiplies, Section 3.5).
+  if (N > 1) est.weight_bytes_per_device += layer_weights * as_d(N) * wb;
+  // The cache is stored as the layout shards attention, except that a prefill with fewer KV
+  // heads than chips writes it sharded by batch for the decode that follows (Section 3.3: the
+  // multiquery cache is never replicated).
+  const bool store_by_batch = l.attention == AttentionSharding::kBatch ||
+                              (w.phase == Phase::kPrefill && s.n_heads_kv < l.tp);
+  double seqs_dev = seqs, kv_heads_dev = as_d(s.n_heads_kv);
+  if (store_by_batch) {
+    seqs_dev = std::ceil(seqs / as_d(l.tp));
+  } else {
+    kv_heads_dev = std::ceil(as_d(s.n_heads_kv) / as_d(l.tp));
+  }
+  est.kv_bytes_per_device = layers_per_stage * seqs_dev * as_d(w.prompt + w.gen) * 2.0 *
+                            kv_heads_dev * as_d(s.head_dim) * kKvBytes;
+  const double T = st.seqs * st.q;
+  const double widest =
+      std::max(as_d(s.hidden), (s.gated_mlp ? 2.0 : 1.0) *
+                                   as_d(s.is_moe() ? s.expert_ffn_dim : s.ffn_dim) / as_d(l.tp));
+  est.workspace_bytes_per_device = 3.0 * T / as_d(N) * widest * kActBytes;
+  est.memory_per_device =
+      est.weight_bytes_per_device + est.kv_bytes_per_device + est.workspace_bytes_per_device;
+  est.fits = est.memory_per_device <= hw.memory_bytes;
+
+  const double parts[] = {est.compute_s, est.memory_s, est.comm_s, est.host_s};
+  const Bottleneck kinds[] = {Bottleneck::kCompute, Bottleneck::kMemory, Bottleneck::kCommunication,
+                              Bottleneck::kHostLink};
+  size_t top = 0;
+  for (size_t i = 1; i < 4; ++i)
+    if (parts[i] > parts[top]) top = i;
+  est.bottleneck = kinds[top];
+  return est;
+}
+
+Result<double> offline_output_tokens_per_s(const ModelShape& s, const HardwareProfile& hw,
+                                           const Layout& l, const OfflineWorkload& w) {
+  if (w.prompts < 1 || w.prompt < 1 || w.gen < 1 || w.max_seqs < 1 ||
+      w.max_batched_tokens < w.prompt)
+    return errorf(StatusCode::kInvalidArgument,
+                  "offline workload: prompts, prompt, gen, max_seqs >= 1 and max_batched_tokens >= "
+                  "prompt (got {}, {}, {}, {}, {})",
+                  w.prompts, w.prompt, w.gen, w.max_seqs, w.max_batched_tokens);
+  const int64_t per_chunk = std::min(w.max_batched_tokens / w.prompt, w.prompts);
+  PhaseWorkload pre{Phase::kPrefill, per_chunk, w.prompt, 0, w.weights};
+  auto p = estimate(s, hw, l, pre);
+  if (!p.ok()) return p.status();
+  const double chunks = as_d(w.prompts) / as_d(per_chunk);
+  const int64_t seqs = std::min(w.max_seqs, w.prompts);
+  PhaseWorkload dec{Phase::kDecode, seqs, w.prompt, w.gen, w.weights};
+  auto d = estimate(s, hw, l, dec);
+  if (!d.ok()) return d.status();
+  const double waves = as_d(w.prompts) / as_d(seqs);
+  const double seconds = chunks * p->seconds + waves * d->seconds;
+  return as_d(w.prompts * w.gen) / seconds;
+}
+
+}  // namespace strata::planner

@@ -1,0 +1,202 @@
+// Hardware profiles: small JSON files (src/planner/profiles/*.json, embedded in the binary) or a
+// file written by `strata plan --calibrate`. Every field is documented in README.md ("strata
+// plan"); a missing required field or a non-positive number is an error naming the field.
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "planner/embedded_profiles.h"
+#include "planner/planner.h"
+
+namespace strata::planner {
+
+namespace {
+
+using nlohmann::json;
+
+Result<double> positive(const json& j, const char* key, const std::string& where, bool required,
+                        double fallback) {
+  if (!j.contains(key)) {
+    if (required) return errorf(StatusCode::kInvalidArgument, "{}: missing field '{}'", where, key);
+    return fallback;
+  }
+  const json& v = j.at(key);
+  if (!v.is_number())
+    return errorf(StatusCode::kInvalidArgument, "{}: field '{}' must be a number", where, key);
+  const double d = v.get<double>();
+  if (!(d > 0.0) || !std::isfinite(d))
+    return errorf(StatusCode::kInvalidArgument, "{}: field '{}' must be positive (got {})", where,
+                  key, d);
+  return d;
+}
+
+}  // namespace
+
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kBF16:
+      return "bf16";
+    case WeightFormat::kInt8:
+      return "int8";
+    case WeightFormat::kFp8:
+      return "fp8";
+  }
+  return "?";
+}
+
+Result<WeightFormat> parse_weight_format(const std::string& s) {
+  if (s == "bf16") return WeightFormat::kBF16;
+  if (s == "int8" || s == "i8") return WeightFormat::kInt8;
+  if (s == "fp8") return WeightFormat::kFp8;
+  return errorf(StatusCode::kInvalidArgument, "unknown weight format '{}' (bf16, int8, fp8)", s);
+}
+
+double weight_format_bytes(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kBF16:
+      return 2.0;
+    case WeightFormat::kInt8:
+      return 1.0;
+    case WeightFormat::kFp8:
+      return 1.0;
+  }
+  return 2.0;
+}
+
+double HardwareProfile::peak_bf16() const {
+  auto it = peak_flops.find(WeightFormat::kBF16);
+  return it == peak_flops.end() ? 0.0 : it->second;
+}
+
+Result<HardwareProfile> parse_hardware_profile(const std::string& json_text,
+                                               const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return errorf(StatusCode::kInvalidArgument, "{}: not valid JSON ({})", source, e.what());
+  }
+  if (!j.is_object())
+    return errorf(StatusCode::kInvalidArgument, "{}: a profile is a JSON object", source);
+  HardwareProfile p;
+  p.name = j.value("name", source);
+  p.source = j.value("source", std::string());
+  auto mem = positive(j, "memory_GB", source, true, 0);
+  if (!mem.ok()) return mem.status();
+  p.memory_bytes = *mem * 1e9;
+  if (!j.contains("peak_tflops") || !j.at("peak_tflops").is_object())
+    return errorf(StatusCode::kInvalidArgument, "{}: missing object 'peak_tflops'", source);
+  for (const auto& [key, value] : j.at("peak_tflops").items()) {
+    auto f = parse_weight_format(key);
+    if (!f.ok()) return f.status().with_context(source + ": peak_tflops");
+    auto v = positive(j.at("peak_tflops"), key.c_str(), source + ": peak_tflops", true, 0);
+    if (!v.ok()) return v.status();
+    p.peak_flops[*f] = *v * 1e12;
+  }
+  if (p.peak_bf16() <= 0.0)
+    return errorf(StatusCode::kInvalidArgument, "{}: peak_tflops needs 'bf16'", source);
+  auto hbm = positive(j, "hbm_read_GBps", source, true, 0);
+  if (!hbm.ok()) return hbm.status();
+  p.hbm_read_Bps = *hbm * 1e9;
+  auto h2d = positive(j, "host_to_device_GBps", source, true, 0);
+  if (!h2d.ok()) return h2d.status();
+  p.host_to_device_Bps = *h2d * 1e9;
+  if (!j.contains("interconnect") || !j.at("interconnect").is_object())
+    return errorf(StatusCode::kInvalidArgument, "{}: missing object 'interconnect'", source);
+  const json& ic = j.at("interconnect");
+  const std::string topo = ic.value("topology", std::string("switch"));
+  if (topo == "switch") {
+    p.topology = Topology::kSwitch;
+  } else if (topo == "torus3d") {
+    p.topology = Topology::kTorus3d;
+  } else {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: interconnect.topology '{}' (expected switch or torus3d)", source, topo);
+  }
+  auto bw = positive(ic, "bandwidth_GBps", source + ": interconnect", true, 0);
+  if (!bw.ok()) return bw.status();
+  p.link_Bps = *bw * 1e9;
+  auto lat = positive(ic, "latency_us", source + ": interconnect", true, 0);
+  if (!lat.ok()) return lat.status();
+  p.collective_latency_s = *lat * 1e-6;
+  if (j.contains("efficiency")) {
+    const json& e = j.at("efficiency");
+    const std::string where = source + ": efficiency";
+    auto c = positive(e, "compute", where, false, 1.0);
+    auto m = positive(e, "memory", where, false, 1.0);
+    auto h = positive(e, "host_link", where, false, 1.0);
+    if (!c.ok()) return c.status();
+    if (!m.ok()) return m.status();
+    if (!h.ok()) return h.status();
+    if (*c > 1.0 || *m > 1.0 || *h > 1.0)
+      return errorf(StatusCode::kInvalidArgument, "{}: efficiencies are fractions (<= 1)", where);
+    p.compute_efficiency = *c;
+    p.memory_efficiency = *m;
+    p.host_link_efficiency = *h;
+  }
+  if (j.contains("attention_tflops")) {
+    auto a = positive(j, "attention_tflops", source, true, 0);
+    if (!a.ok()) return a.status();
+    p.attention_flops = *a * 1e12;
+  }
+  if (j.contains("layer_overhead_us")) {
+    const json& v = j.at("layer_overhead_us");
+    if (!v.is_number() || v.get<double>() < 0.0)
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: field 'layer_overhead_us' must be a number >= 0", source);
+    p.layer_overhead_s = v.get<double>() * 1e-6;
+  }
+  if (j.contains("gemm_tflops")) {
+    for (const auto& [key, curve] : j.at("gemm_tflops").items()) {
+      auto f = parse_weight_format(key);
+      if (!f.ok()) return f.status().with_context(source + ": gemm_tflops");
+      std::vector<std::pair<double, double>> points;
+      if (!curve.is_array() || curve.empty())
+        return errorf(StatusCode::kInvalidArgument,
+                      "{}: gemm_tflops.{} must be a non-empty array of [tokens, TFLOP/s]", source,
+                      key);
+      for (const json& pt : curve) {
+        if (!pt.is_array() || pt.size() != 2 || !pt[0].is_number() || !pt[1].is_number() ||
+            pt[0].get<double>() < 1.0 || pt[1].get<double>() <= 0.0)
+          return errorf(StatusCode::kInvalidArgument,
+                        "{}: gemm_tflops.{}: each point is [tokens >= 1, TFLOP/s > 0]", source,
+                        key);
+        if (!points.empty() && pt[0].get<double>() <= points.back().first)
+          return errorf(StatusCode::kInvalidArgument,
+                        "{}: gemm_tflops.{}: token counts must increase", source, key);
+        points.emplace_back(pt[0].get<double>(), pt[1].get<double>() * 1e12);
+      }
+      p.gemm_curve[*f] = std::move(points);
+    }
+  }
+  return p;
+}
+
+std::vector<std::string> shipped_profile_names() {
+  std::vector<std::string> names;
+  for (const EmbeddedProfile& e : embedded_profiles()) names.emplace_back(e.name);
+  return names;
+}
+
+Result<HardwareProfile> load_hardware_profile(const std::string& name_or_path) {
+  for (const EmbeddedProfile& e : embedded_profiles()) {
+    if (name_or_path == e.name) return parse_hardware_profile(e.json, std::string(e.name));
+  }
+  std::ifstream in(name_or_path);
+  if (!in) {
+    std::string names;
+    for (const std::string& n : shipped_profile_names()) names += (names.empty() ? "" : ", ") + n;
+    return errorf(StatusCode::kNotFound,
+                  "--profile '{}': not a shipped profile ({}) and not a readable file",
+                  name_or_path, names);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_hardware_profile(ss.str(), name_or_path);
+}
+
+}  // namespace strata::planner

@@ -1,0 +1,233 @@
+// The public face of the planner (include/strata/plan.h): resolve the model and the profile,
+// rank the layouts of each phase, and print them as a table or JSON.
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "core/status.h"
+#include "planner/planner.h"
+#include "runtime/model_loader.h"
+#include "strata/plan.h"
+
+namespace strata {
+
+namespace {
+
+using planner::Phase;
+
+Result<planner::ModelShape> resolve_model(const PlanRequest& r) {
+  if (!r.model_config.empty() && !r.model.empty())
+    return errorf(StatusCode::kInvalidArgument, "give --model-config or -m, not both");
+  if (!r.model_config.empty()) return planner::model_shape_preset(r.model_config);
+  if (r.model.empty())
+    return errorf(StatusCode::kInvalidArgument,
+                  "strata plan needs a model: --model-config NAME or -m MODEL");
+  auto files = open_model(r.model, /*with_weights=*/false);
+  if (!files.ok()) return files.status();
+  return planner::model_shape_from_config(files->config, files->path);
+}
+
+PlanRow to_row(const planner::RankedLayout& r) {
+  const planner::Layout& l = r.layout;
+  const planner::Estimate& e = r.estimate;
+  PlanRow row;
+  row.layout = l.name();
+  row.tp = l.tp;
+  row.pp = l.pp;
+  row.ep = l.ep;
+  row.dp = l.dp;
+  row.ffn = planner::ffn_layout_name(l.ffn);
+  row.attention = planner::attention_sharding_name(l.attention);
+  row.parallel_block = l.block == planner::BlockKind::kParallel;
+  row.host_streamed = l.residency == planner::WeightResidency::kHostStreamed;
+  row.x = e.x;
+  row.yz = e.yz;
+  row.phase_s = e.seconds;
+  row.tokens_per_s = e.tokens_per_s;
+  row.mfu = e.mfu;
+  row.memory_per_device = e.memory_per_device;
+  row.weight_bytes = e.weight_bytes_per_device;
+  row.kv_bytes = e.kv_bytes_per_device;
+  row.compute_s = e.compute_s;
+  row.memory_s = e.memory_s;
+  row.comm_s = e.comm_s;
+  row.host_s = e.host_s;
+  row.bubble = e.bubble_fraction;
+  row.bottleneck = planner::bottleneck_name(e.bottleneck);
+  row.fits = e.fits;
+  row.meets_target = r.meets_target;
+  return row;
+}
+
+std::string human_time(double s) {
+  if (s >= 1.0) return fmt::format("{:.2f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.2f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+}  // namespace
+
+Status parse_plan_workload(const std::string& text, PlanRequest& request) {
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos)
+      return errorf(StatusCode::kInvalidArgument,
+                    "--workload '{}': expected key=value items (prompt=, gen=, batch=)", text);
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    int64_t v = 0;
+    try {
+      size_t used = 0;
+      v = std::stoll(value, &used);
+      if (used != value.size()) throw std::invalid_argument(value);
+    } catch (const std::exception&) {
+      return errorf(StatusCode::kInvalidArgument, "--workload: '{}' is not an integer ({})", value,
+                    key);
+    }
+    if (key == "prompt" && v >= 1) {
+      request.prompt = v;
+    } else if (key == "gen" && v >= 1) {
+      request.gen = v;
+    } else if (key == "batch" && v >= 1) {
+      request.batch = v;
+    } else {
+      return errorf(StatusCode::kInvalidArgument,
+                    "--workload: '{}' (keys prompt, gen, batch; values >= 1)", item);
+    }
+  }
+  return ok_status();
+}
+
+Result<PlanReport> make_plan(const PlanRequest& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto shape = resolve_model(r);
+  if (!shape.ok()) return shape.status();
+  auto hw = planner::load_hardware_profile(r.profile);
+  if (!hw.ok()) return hw.status();
+  auto weights = planner::parse_weight_format(r.weights);
+  if (!weights.ok()) return weights.status().with_context("--weights");
+  if (r.batch < 1 || r.prompt < 1 || r.gen < 1)
+    return errorf(StatusCode::kInvalidArgument,
+                  "--workload: batch, prompt and gen must be >= 1 (got {}, {}, {})", r.batch,
+                  r.prompt, r.gen);
+  PlanReport report;
+  report.model = shape->name;
+  report.n_params = shape->n_params();
+  report.n_active_params = shape->n_active_params();
+  report.profile = hw->name;
+  report.profile_source = hw->source;
+  report.gpus = r.gpus;
+  report.batch = r.batch;
+  report.prompt = r.prompt;
+  report.gen = r.gen;
+  report.weights = planner::weight_format_name(*weights);
+  for (Phase phase : {Phase::kPrefill, Phase::kDecode}) {
+    planner::PhaseWorkload w{phase, r.batch, r.prompt, r.gen, *weights};
+    planner::SearchOptions options;
+    options.max_latency_s = 1e-3 * (phase == Phase::kPrefill ? r.max_prefill_ms : r.max_decode_ms);
+    auto ranked = planner::rank_layouts(*shape, *hw, r.gpus, w, options);
+    if (!ranked.ok()) return ranked.status();
+    PhasePlan p;
+    p.phase = phase == Phase::kPrefill ? "prefill" : "decode";
+    p.considered = static_cast<int64_t>(ranked->size());
+    for (const planner::RankedLayout& rl : *ranked) {
+      if (r.top > 0 && static_cast<int64_t>(p.rows.size()) >= r.top) break;
+      PlanRow row = to_row(rl);
+      row.latency_s = phase == Phase::kPrefill ? rl.estimate.seconds : rl.estimate.step_seconds;
+      p.rows.push_back(row);
+    }
+    report.phases.push_back(std::move(p));
+  }
+  report.plan_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+std::string format_plan(const PlanReport& rep) {
+  std::string out = fmt::format(
+      "model {} ({:.2f}B parameters{}), profile {}, {} device{}, batch {}, prompt {}, gen {}, {} "
+      "weights\n",
+      rep.model, rep.n_params / 1e9,
+      rep.n_active_params < rep.n_params
+          ? fmt::format(", {:.2f}B active", rep.n_active_params / 1e9)
+          : std::string(),
+      rep.profile, rep.gpus, rep.gpus == 1 ? "" : "s", rep.batch, rep.prompt, rep.gen, rep.weights);
+  for (const PhasePlan& p : rep.phases) {
+    out += fmt::format("\n{} ({} layouts considered; latency = {})\n", p.phase, p.considered,
+                       p.phase == "prefill" ? "the whole pass" : "per generated token");
+    out += fmt::format("{:>3}  {:<40} {:>10} {:>12} {:>6} {:>10}  {}\n", "#", "layout", "latency",
+                       "tokens/s", "MFU", "mem/dev", "bottleneck");
+    int i = 0;
+    for (const PlanRow& row : p.rows) {
+      std::string note = row.bottleneck;
+      if (!row.fits) note += ", does not fit";
+      if (!row.meets_target) note += ", misses target";
+      std::string layout = row.layout;
+      if (row.ffn == "2D-WS" && row.tp > 1) layout += fmt::format(" X={}", row.x);
+      out += fmt::format("{:>3}  {:<40} {:>10} {:>12.0f} {:>5.1f}% {:>7.1f} GB  {}\n", ++i, layout,
+                         human_time(row.latency_s), row.tokens_per_s, 100 * row.mfu,
+                         row.memory_per_device / 1e9, note);
+    }
+  }
+  out += fmt::format("\nplanned in {:.1f} ms\n", rep.plan_seconds * 1e3);
+  return out;
+}
+
+std::string plan_to_json(const PlanReport& rep) {
+  nlohmann::json j;
+  j["model"] = rep.model;
+  j["n_params"] = rep.n_params;
+  j["n_active_params"] = rep.n_active_params;
+  j["profile"] = rep.profile;
+  j["profile_source"] = rep.profile_source;
+  j["gpus"] = rep.gpus;
+  j["workload"] = {
+      {"batch", rep.batch}, {"prompt", rep.prompt}, {"gen", rep.gen}, {"weights", rep.weights}};
+  j["plan_seconds"] = rep.plan_seconds;
+  for (const PhasePlan& p : rep.phases) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const PlanRow& r : p.rows) {
+      rows.push_back({{"layout", r.layout},
+                      {"tp", r.tp},
+                      {"pp", r.pp},
+                      {"ep", r.ep},
+                      {"dp", r.dp},
+                      {"ffn", r.ffn},
+                      {"attention", r.attention},
+                      {"parallel_block", r.parallel_block},
+                      {"host_streamed", r.host_streamed},
+                      {"x", r.x},
+                      {"yz", r.yz},
+                      {"latency_s", r.latency_s},
+                      {"phase_s", r.phase_s},
+                      {"tokens_per_s", r.tokens_per_s},
+                      {"mfu", r.mfu},
+                      {"memory_per_device_bytes", r.memory_per_device},
+                      {"weight_bytes_per_device", r.weight_bytes},
+                      {"kv_bytes_per_device", r.kv_bytes},
+                      {"compute_s", r.compute_s},
+                      {"memory_s", r.memory_s},
+                      {"comm_s", r.comm_s},
+                      {"host_s", r.host_s},
+                      {"bubble", r.bubble},
+                      {"bottleneck", r.bottleneck},
+                      {"fits", r.fits},
+                      {"meets_target", r.meets_target}});
+    }
+    j["phases"][p.phase] = {{"considered", p.considered}, {"layouts", rows}};
+  }
+  return j.dump(2) + "\n";
+}
+
+#if !defined(STRATA_HAS_CUDA)
+Result<std::string> calibrate_profile(const std::string& name) {
+  return errorf(StatusCode::kUnimplemented,
+                "--calibrate '{}': this strata was built without CUDA (configure with "
+                "-DSTRATA_CUDA=ON on a GPU machine)",
+                name);
+}
+#endif
+
+}  // namespace strata

@@ -1,0 +1,377 @@
+// The planner's cost model against numbers it did not produce: seed 003's Table 2 (MFU and
+// latency of PaLM 540B on 64 TPU v4) and Table 1 (context limits), and strata's own H100
+// measurements (tests/planner/data/*.json, each entry naming its source).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "planner/planner.h"
+
+namespace strata::planner {
+namespace {
+
+using nlohmann::json;
+
+const std::string kDataDir = std::string(STRATA_FIXTURE_DIR) + "/../planner/data";
+
+json read_json(const std::string& name) {
+  std::ifstream in(kDataDir + "/" + name);
+  EXPECT_TRUE(in.good()) << kDataDir << "/" << name;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str());
+}
+
+FfnLayout parse_ffn(const std::string& s) {
+  if (s == "1D-WS") return FfnLayout::k1DWeightStationary;
+  if (s == "2D-WS") return FfnLayout::k2DWeightStationary;
+  if (s == "WG-X") return FfnLayout::kWeightGatheredX;
+  if (s == "WG-XY") return FfnLayout::kWeightGatheredXY;
+  EXPECT_EQ(s, "WG-XYZ");
+  return FfnLayout::kWeightGatheredXYZ;
+}
+
+template <class T>
+T value(Result<T> r) {
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(*r);
+}
+
+// ---- seed 003 ----------------------------------------------------------------------------
+
+TEST(Seed003, Table2MfuAccounting) {
+  const json seed = read_json("seed003_palm540b.json");
+  const ModelShape palm = value(model_shape_preset(seed["model"]));
+  const HardwareProfile tpu = value(load_hardware_profile(seed["profile"]));
+  // PaLM 540B: 540.35B parameters from the published shapes.
+  EXPECT_NEAR(palm.n_params() / 1e9, 540.35, 0.1);
+  for (const json& row : seed["table2"]) {
+    const double tokens =
+        row["batch"].get<double>() *
+        (row["phase"] == "prefill" ? row["prompt"].get<double>() : row["gen"].get<double>());
+    const double mfu =
+        model_flops_utilization(palm, tpu, tokens, row["seconds"].get<double>(), seed["chips"]);
+    // The reported latencies have 2-3 significant digits and the MFU is rounded to a percent.
+    EXPECT_NEAR(mfu, row["mfu"].get<double>(), 0.01) << row["name"];
+  }
+}
+
+TEST(Seed003, Table2LatencyWithTheSeedsLayouts) {
+  const json seed = read_json("seed003_palm540b.json");
+  const ModelShape padded = value(model_shape_preset(seed["padded_model"]));
+  const ModelShape palm = value(model_shape_preset(seed["model"]));
+  const HardwareProfile tpu = value(load_hardware_profile(seed["profile"]));
+  for (const json& row : seed["table2"]) {
+    Layout l;
+    l.tp = seed["chips"];
+    l.ffn = parse_ffn(row["ffn"]);
+    l.attention =
+        row["attention"] == "batch" ? AttentionSharding::kBatch : AttentionSharding::kHeads;
+    l.block = BlockKind::kParallel;
+    PhaseWorkload w;
+    w.phase = row["phase"] == "prefill" ? Phase::kPrefill : Phase::kDecode;
+    w.batch = row["batch"];
+    w.prompt = row["prompt"];
+    w.gen = row["gen"];
+    w.weights = value(parse_weight_format(row["weights"]));
+    const Estimate e = value(estimate(padded, tpu, l, w));
+    const double reported = row["seconds"];
+    const double err = e.seconds / reported - 1.0;
+    const double mfu = model_flops_utilization(palm, tpu, e.tokens, e.seconds, l.tp);
+    std::printf(
+        "%-24s %-34s predicted %8.3f s, reported %6.2f s (%+5.1f%%), MFU %4.1f%% vs %2.0f%%, "
+        "%s-bound (c %.3f m %.3f comm %.3f s), %.1f GB/chip\n",
+        row["name"].get<std::string>().c_str(), l.name().c_str(), e.seconds, reported, 100 * err,
+        100 * mfu, 100 * row["mfu"].get<double>(), bottleneck_name(e.bottleneck),
+        e.compute_s * (e.seconds / e.step_seconds), e.memory_s * (e.seconds / e.step_seconds),
+        e.comm_s * (e.seconds / e.step_seconds), e.memory_per_device / 1e9);
+    EXPECT_LE(std::fabs(err), 0.20) << row["name"];
+    EXPECT_TRUE(e.fits) << row["name"] << ": " << e.memory_per_device / 1e9 << " GB per chip";
+  }
+}
+
+TEST(Seed003, Table1ContextLimitsFromTheMemoryModel) {
+  const json seed = read_json("seed003_palm540b.json");
+  const ModelShape palm = value(model_shape_preset(seed["model"]));
+  const HardwareProfile tpu = value(load_hardware_profile(seed["profile"]));
+  const double kv_fraction = seed["table1"]["kv_fraction"];
+  for (const json& row : seed["table1"]["rows"]) {
+    ModelShape s = palm;
+    s.n_heads_kv = row["n_heads_kv"];
+    s.head_dim = row["head_dim"];
+    const AttentionSharding a =
+        row["attention"] == "batch" ? AttentionSharding::kBatch : AttentionSharding::kHeads;
+    const double ctx = max_context(s, tpu, a, seed["chips"], row["batch"], kv_fraction);
+    const double reported = row["max_context"];
+    EXPECT_NEAR(ctx / reported, 1.0, 0.03)
+        << row["variant"] << " batch " << row["batch"] << ": " << ctx << " vs " << reported;
+  }
+}
+
+// The layout choices the seed reports (Sections 3.2-3.3, Figures 6-7) come out of the search.
+TEST(Seed003, SearchPicksThePhaseLayouts) {
+  const ModelShape palm = value(model_shape_preset("palm-540b-padded"));
+  const HardwareProfile tpu = value(load_hardware_profile("tpu-v4"));
+  PhaseWorkload big_prefill{Phase::kPrefill, 512, 2048, 0, WeightFormat::kBF16};
+  auto ranked = value(rank_layouts(palm, tpu, 64, big_prefill, {}));
+  ASSERT_FALSE(ranked.empty());
+  const FfnLayout top = ranked.front().layout.ffn;
+  EXPECT_TRUE(top == FfnLayout::kWeightGatheredXYZ || top == FfnLayout::kWeightGatheredXY ||
+              top == FfnLayout::kWeightGatheredX)
+      << ranked.front().layout.name();
+
+  PhaseWorkload decode{Phase::kDecode, 64, 2048, 64, WeightFormat::kInt8};
+  ranked = value(rank_layouts(palm, tpu, 64, decode, {}));
+  ASSERT_FALSE(ranked.empty());
+  EXPECT_EQ(ranked.front().layout.attention, AttentionSharding::kBatch)
+      << ranked.front().layout.name();
+  EXPECT_EQ(ranked.front().layout.ffn, FfnLayout::k2DWeightStationary)
+      << ranked.front().layout.name();
+  EXPECT_TRUE(ranked.front().estimate.fits);
+
+  // Figure 6: 1D weight-stationary communication stays flat as chips grow (2BLE / bw) while 2D
+  // shrinks with sqrt(n), so at 256 chips 2D communicates less than 1D.
+  // The bandwidth terms, as in Appendix A (per-hop latency grows with the chips on a torus).
+  HardwareProfile tpu_bw = tpu;
+  tpu_bw.collective_latency_s = 1e-12;
+  PhaseWorkload d512{Phase::kDecode, 512, 2048, 64, WeightFormat::kBF16};
+  auto comm = [&](int64_t chips, FfnLayout ffn) {
+    Layout l{chips, 1, 1, 1, ffn, AttentionSharding::kBatch, BlockKind::kParallel};
+    return value(estimate(palm, tpu_bw, l, d512));
+  };
+  const Estimate one_d_64 = comm(64, FfnLayout::k1DWeightStationary);
+  const Estimate one_d_256 = comm(256, FfnLayout::k1DWeightStationary);
+  const Estimate two_d_64 = comm(64, FfnLayout::k2DWeightStationary);
+  const Estimate two_d_256 = comm(256, FfnLayout::k2DWeightStationary);
+  EXPECT_GT(one_d_256.comm_s, 0.95 * one_d_64.comm_s);
+  EXPECT_LT(two_d_256.comm_s, 0.9 * two_d_64.comm_s);
+  EXPECT_LT(two_d_256.comm_s, one_d_256.comm_s);
+  EXPECT_EQ(two_d_256.x * two_d_256.yz, 256);
+  EXPECT_GT(two_d_256.x, 1);
+}
+
+// Section 4.3: the serial block makes decode at batch 512 on 64 chips ~14% slower than the
+// parallel block (one more exchange of activations per layer).
+TEST(Seed003, SerialBlockCostsDecodeLatency) {
+  const ModelShape parallel = value(model_shape_preset("palm-540b-padded"));
+  ModelShape serial = parallel;
+  serial.parallel_block = false;
+  const HardwareProfile tpu = value(load_hardware_profile("tpu-v4"));
+  PhaseWorkload w{Phase::kDecode, 512, 2048, 64, WeightFormat::kBF16};
+  Layout lp{
+      64, 1, 1, 1, FfnLayout::k2DWeightStationary, AttentionSharding::kBatch, BlockKind::kParallel};
+  Layout ls = lp;
+  ls.block = BlockKind::kSerial;
+  const double slower =
+      value(estimate(serial, tpu, ls, w)).seconds / value(estimate(parallel, tpu, lp, w)).seconds;
+  std::printf("serial / parallel block, decode batch 512 on 64 chips: %.3f (seed: ~1.14)\n",
+              slower);
+  EXPECT_GT(slower, 1.05);
+  EXPECT_LT(slower, 1.25);
+}
+
+// Appendix A.2.1: with F = 4E the 2D layout's communication is smallest at X = sqrt(n) / 2.
+TEST(Seed003, TwoDSplitIsHalfRootN) {
+  ModelShape s;
+  s.name = "ffn-only";
+  s.n_layers = 1;
+  s.hidden = 8192;
+  s.ffn_dim = 4 * 8192;
+  s.n_heads = 1;
+  s.n_heads_kv = 1;
+  s.head_dim = 1;  // attention negligible: the FFN's communication alone
+  s.vocab = 1;
+  s.gated_mlp = false;
+  s.parallel_block = true;
+  HardwareProfile hw = value(load_hardware_profile("tpu-v4"));
+  hw.collective_latency_s = 1e-12;  // bandwidth terms only, as in the appendix
+  for (int64_t n : {16, 64, 256}) {
+    Layout l{n,
+             1,
+             1,
+             1,
+             FfnLayout::k2DWeightStationary,
+             AttentionSharding::kHeads,
+             BlockKind::kParallel};
+    const Estimate e = value(estimate(s, hw, l, {Phase::kPrefill, 8, 2048, 0}));
+    EXPECT_EQ(e.x * e.x * 4, n) << "n = " << n;
+  }
+}
+
+// ---- the cost model's own terms -------------------------------------------------------------
+
+TEST(CostModel, PipelineBubbleAndExpertsAndStreaming) {
+  const HardwareProfile h100 = value(load_hardware_profile("h100"));
+  const ModelShape llama70 = value(model_shape_preset("llama3-70b"));
+  PhaseWorkload decode{Phase::kDecode, 1, 512, 16, WeightFormat::kBF16};
+  Layout pp{1, 4};
+  const Estimate e = value(estimate(llama70, h100, pp, decode));
+  // One sequence cannot fill a 4-stage pipeline: 3 of 4 slots are bubble.
+  EXPECT_NEAR(e.bubble_fraction, 0.75, 1e-9);
+  PhaseWorkload decode4 = decode;
+  decode4.batch = 4;
+  const Estimate e4 = value(estimate(llama70, h100, pp, decode4));
+  EXPECT_NEAR(e4.bubble_fraction, 3.0 / 7.0, 1e-9);
+
+  // Experts touched per step grow with the batch and saturate at n_experts.
+  const ModelShape moe = value(model_shape_preset("mixtral-8x7b"));
+  PhaseWorkload one{Phase::kDecode, 1, 256, 8, WeightFormat::kBF16};
+  PhaseWorkload many{Phase::kDecode, 64, 256, 8, WeightFormat::kBF16};
+  Layout l{2};
+  const Estimate m1 = value(estimate(moe, h100, l, one));
+  const Estimate m64 = value(estimate(moe, h100, l, many));
+  // Batch 1 reads 2 of 8 experts; batch 64 reads nearly all 8, so weight streaming time
+  // grows by close to 4x in the expert part (the attention part is shared).
+  EXPECT_GT(m64.memory_s / m1.memory_s, 2.0);
+  EXPECT_LT(moe.n_active_params(), 0.35 * moe.n_params());
+
+  // Host-streamed weights are bound by the host link: 70B bf16 over ~48 GB/s is ~3 s a step.
+  Layout host{1};
+  host.residency = WeightResidency::kHostStreamed;
+  const Estimate hs = value(estimate(llama70, h100, host, decode));
+  EXPECT_EQ(hs.bottleneck, Bottleneck::kHostLink);
+  const double expected = llama70.n_layers * llama70.layer_weights() * 2.0 / (54e9 * 0.9);
+  EXPECT_NEAR(hs.step_seconds / expected, 1.0, 0.05);
+  EXPECT_LT(hs.weight_bytes_per_device, 0.1 * llama70.n_params() * 2.0);
+}
+
+TEST(CostModel, BadInputIsAnError) {
+  const HardwareProfile h100 = value(load_hardware_profile("h100"));
+  const ModelShape llama = value(model_shape_preset("llama3-8b"));
+  Layout l;
+  l.block = BlockKind::kParallel;
+  EXPECT_FALSE(estimate(llama, h100, l, {Phase::kPrefill, 1, 128, 0}).ok());
+  EXPECT_FALSE(estimate(llama, h100, Layout{1}, {Phase::kDecode, 1, 128, 0}).ok());
+  Layout ep{1, 1, 2};
+  EXPECT_FALSE(estimate(llama, h100, ep, {Phase::kPrefill, 1, 128, 0}).ok());
+  EXPECT_FALSE(load_hardware_profile("no-such-profile").ok());
+  EXPECT_FALSE(parse_hardware_profile("{\"name\": \"x\"}", "x.json").ok());
+  EXPECT_FALSE(parse_hardware_profile("not json", "x.json").ok());
+  auto missing_bw = parse_hardware_profile(
+      R"({"memory_GB": 80, "peak_tflops": {"bf16": 100}, "hbm_read_GBps": 1000,
+          "host_to_device_GBps": 10, "interconnect": {"latency_us": 5}})",
+      "p.json");
+  ASSERT_FALSE(missing_bw.ok());
+  EXPECT_NE(missing_bw.status().message().find("bandwidth_GBps"), std::string::npos);
+  EXPECT_FALSE(model_shape_preset("no-such-model").ok());
+  const HardwareProfile a100 = value(load_hardware_profile("a100"));
+  EXPECT_FALSE(
+      estimate(llama, a100, Layout{}, {Phase::kPrefill, 1, 128, 0, WeightFormat::kFp8}).ok());
+}
+
+TEST(CostModel, EveryShippedProfileLoads) {
+  for (const std::string& name : shipped_profile_names()) {
+    auto p = load_hardware_profile(name);
+    ASSERT_TRUE(p.ok()) << name << ": " << p.status().to_string();
+    EXPECT_FALSE(p->source.empty()) << name;
+  }
+  EXPECT_GE(shipped_profile_names().size(), 4u);
+}
+
+// ---- strata on one H100 -----------------------------------------------------------------
+
+struct Prediction {
+  std::string id;
+  double measured = 0, predicted = 0;
+  bool higher_is_better = false;
+};
+
+std::vector<Prediction> predict_h100(const json& data) {
+  const HardwareProfile hw = value(load_hardware_profile(data["profile"]));
+  std::vector<Prediction> out;
+  for (const json& c : data["configurations"]) {
+    const ModelShape s = value(model_shape_preset(c["model"]));
+    const WeightFormat f = value(parse_weight_format(c["weights"]));
+    Prediction p;
+    p.id = c["id"];
+    p.measured = c["measured"];
+    const std::string kind = c["kind"];
+    if (kind == "offline_output_tok_s") {
+      OfflineWorkload w{
+          c["prompts"], c["prompt"], c["gen"], c["batch"], c["max_batched_tokens"], f};
+      p.predicted = value(offline_output_tokens_per_s(s, hw, Layout{}, w));
+      p.higher_is_better = true;
+    } else {
+      PhaseWorkload w;
+      w.phase = kind == "prefill_ms" ? Phase::kPrefill : Phase::kDecode;
+      w.batch = c["batch"];
+      w.prompt = c["prompt"];
+      w.gen = c["gen"];
+      w.weights = f;
+      const Estimate e = value(estimate(s, hw, Layout{}, w));
+      p.predicted = 1e3 * (w.phase == Phase::kPrefill ? e.seconds : e.step_seconds);
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+TEST(H100Validation, PredictionErrorAgainstMeasurements) {
+  const json data = read_json("h100_measured.json");
+  const auto preds = predict_h100(data);
+  ASSERT_EQ(preds.size(), data["count"].get<size_t>());
+  double sum = 0, worst = 0;
+  for (const Prediction& p : preds) {
+    const double err = std::fabs(p.predicted / p.measured - 1.0);
+    std::printf("%-26s measured %10.3f predicted %10.3f  %+6.1f%%\n", p.id.c_str(), p.measured,
+                p.predicted, 100 * (p.predicted / p.measured - 1.0));
+    sum += err;
+    worst = std::max(worst, err);
+  }
+  const double mean = sum / static_cast<double>(preds.size());
+  std::printf("%zu configurations: mean |error| %.1f%%, max %.1f%%\n", preds.size(), 100 * mean,
+              100 * worst);
+  EXPECT_LE(mean, 0.10);
+  EXPECT_LE(worst, 0.20);
+}
+
+TEST(H100Validation, RankingPicksTheMeasuredBest) {
+  // A scenario is a workload measured under several weight formats; the planner's fastest
+  // prediction must be within 5% of the measured best.
+  const json data = read_json("h100_measured.json");
+  const auto preds = predict_h100(data);
+  std::map<std::string, std::vector<Prediction>> scenarios;
+  for (const Prediction& p : preds) scenarios[p.id.substr(0, p.id.rfind('-'))].push_back(p);
+  int total = 0, good = 0;
+  for (const auto& [name, ps] : scenarios) {
+    if (ps.size() < 2) continue;
+    ++total;
+    auto better = [](const Prediction& p, double a, double b) {
+      return p.higher_is_better ? a > b : a < b;
+    };
+    const Prediction* pick = &ps[0];
+    const Prediction* best = &ps[0];
+    for (const Prediction& p : ps) {
+      if (better(p, p.predicted, pick->predicted)) pick = &p;
+      if (better(p, p.measured, best->measured)) best = &p;
+    }
+    const double gap = pick->higher_is_better ? best->measured / pick->measured - 1.0
+                                              : pick->measured / best->measured - 1.0;
+    std::printf("scenario %-20s pick %-24s best %-24s gap %.1f%%\n", name.c_str(), pick->id.c_str(),
+                best->id.c_str(), 100 * gap);
+    if (gap <= 0.05) ++good;
+  }
+  ASSERT_GE(total, 5);
+  EXPECT_GE(static_cast<double>(good) / total, 0.9) << good << " of " << total;
+}
+
+TEST(Planner, RankingIsFast) {
+  // A generous bound (the plan itself takes milliseconds; see the README).
+  const ModelShape palm = value(model_shape_preset("palm-540b-padded"));
+  const HardwareProfile tpu = value(load_hardware_profile("tpu-v4"));
+  const auto t0 = std::chrono::steady_clock::now();
+  PhaseWorkload w{Phase::kDecode, 512, 2048, 64, WeightFormat::kBF16};
+  auto ranked = rank_layouts(palm, tpu, 256, w, {});
+  ASSERT_TRUE(ranked.ok());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 5.0);
+}
+
+}  // namespace
+}  // namespace strata::planner
