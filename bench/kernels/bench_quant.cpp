@@ -3,9 +3,8 @@
 // cold (a ring of copies larger than the last-level cache, as in a decode step that streams
 // the whole model), next to a plain read-bandwidth probe on the same threads.
 //
-//   g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc bench/kernels/bench_quant.cpp \
-//     src/backends/cpu/quant*.cpp src/core/*.cpp -lfmt -o /tmp/bench_quant
-//   OMP_NUM_THREADS=2 /tmp/bench_quant [n_tokens]
+//   ninja -C build bench_quant
+//   OMP_NUM_THREADS=2 ./build/bench/bench_quant [n_tokens]
 #include <omp.h>
 
 #include <algorithm>

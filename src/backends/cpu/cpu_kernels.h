@@ -27,7 +27,7 @@ Status copy_rows(const CopyRowsParams& p);  // elementwise.cpp
 // Twins of the GPU executor kernels: plain loops with the same rounding points as the CUDA
 // kernels (bf16 in, f32 accumulate, bf16/f32 out).
 Status gpu_linear(const GpuLinearParams& p);              // gpu_linear.cpp
-Status norm_bf16(const NormBf16Params& p);         // fused_bf16.cpp
+Status norm_bf16(const NormBf16Params& p);                // fused_bf16.cpp
 Status gated_act_bf16(const GatedActBf16Params& p);       // fused_bf16.cpp
 Status rope_kv_append(const RopeKvAppendParams& p);       // fused_bf16.cpp
 Status varlen_attention(const VarlenAttentionParams& p);  // varlen_attention.cpp
@@ -63,5 +63,12 @@ enum class LinearPath { kAuto, kGemv, kGemm };
 // best_cpu_isa() and kAuto). The scalar variant has one path and ignores `path`.
 // kFailedPrecondition when the CPU cannot run `isa`.
 Status linear_with_isa(const LinearParams& p, CpuIsa isa, LinearPath path = LinearPath::kAuto);
+
+// The GEMM path for block-quantized weights (p.w_dtype a GGUF block type, p.w_stride in values,
+// a multiple of the block): weight panels are dequantized to f32 while they are packed, then
+// run through `isa`'s micro-kernel (f32 activations; results equal the f32 product with the
+// dequantized weights up to summation order). kFailedPrecondition when the CPU cannot run
+// `isa` or it has no dequantizer (scalar).
+Status linear_quant_gemm(const LinearParams& p, CpuIsa isa);
 
 }  // namespace strata::cpu

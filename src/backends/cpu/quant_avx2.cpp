@@ -1,6 +1,6 @@
 // AVX2 + FMA + F16C kernels for quantized dot products: the int8-activation path (its dot
 // kernels and activation quantizer, below) and the f32-activation path's decode kernels
-// (row_dot_f32_avx2 / row_dot_f32_tokens_avx2, used by quant_f32.cpp for n_tokens < 8; see
+// (row_dot_f32_avx2 / row_dot_f32_tokens_avx2, used by quant_f32.cpp for n_tokens < 16; see
 // that section).
 //
 // Each function carries __attribute__((target(...))), so this file builds without -mavx2 and
@@ -878,6 +878,148 @@ RowDotF32TokensFn row_dot_f32_tokens_avx2(DType dt) {
                             dot_q45_k_f32<true, 4>>;
     case DType::kQ6_K:
       return row_dot_tokens<row_dot_q6_k_f32, dot_q6_k_f32<2>, dot_q6_k_f32<3>, dot_q6_k_f32<4>>;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+// ---- dequantization (the GEMM path's weight packing) ------------------------------------------
+// Same f32 operations as dequantize_row in quant.cpp (a multiply, then an add or subtract for
+// offsets and mins, never fused), so the results are bit-identical to the scalar ones.
+
+template <DType kT>
+STRATA_AVX2 void dequant_blk32(const uint8_t* w, float* y, int64_t n) {
+  using B = Blk32<kT>;
+  const __m256 off = _mm256_set1_ps(B::kOffset);
+  for (int64_t j = 0; j < n / 32; ++j, y += 32) {
+    const uint8_t* b = w + j * B::kBytes;
+    const __m256 d = _mm256_set1_ps(f16_avx(b));
+    __m256 v[4];
+    values_f32<kT>(b, v);
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      __m256 r;
+      if constexpr (B::kHasMin) {
+        r = _mm256_add_ps(_mm256_mul_ps(d, v[i]), _mm256_set1_ps(f16_avx(b + 2)));
+      } else if constexpr (B::kOffset != 0.0f) {
+        r = _mm256_mul_ps(d, _mm256_sub_ps(v[i], off));
+      } else {
+        r = _mm256_mul_ps(v[i], d);
+      }
+      _mm256_storeu_ps(y + 8 * i, r);
+    }
+  }
+}
+
+template <bool kFiveBit>
+STRATA_AVX2 void dequant_q45_k(const uint8_t* w, float* y, int64_t n) {
+  constexpr int64_t kBytes = kFiveBit ? 176 : 144;
+  for (int64_t sb = 0; sb < n / kQK; ++sb) {
+    const uint8_t* b = w + sb * kBytes;
+    uint32_t scm[4];
+    k_scales_mins(b + 4, scm);
+    alignas(32) float dl[8];
+    alignas(32) float ml[8];
+    _mm256_store_ps(dl, _mm256_mul_ps(_mm256_set1_ps(f16_avx(b)), u8x8_f32(scm)));
+    _mm256_store_ps(ml, _mm256_mul_ps(_mm256_set1_ps(f16_avx(b + 2)), u8x8_f32(scm + 2)));
+    const uint8_t* qs = kFiveBit ? b + 48 : b + 16;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int i = 0; i < 4; ++i) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * i));
+      __m256i v0 = _mm256_and_si256(q, low4);
+      __m256i v1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFiveBit) {
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+        v0 = _mm256_or_si256(
+            v0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), one), 4));
+        v1 = _mm256_or_si256(
+            v1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i + 1), one), 4));
+      }
+      alignas(32) uint8_t buf[64];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(buf), v0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(buf + 32), v1);
+      STRATA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const __m256 d = _mm256_broadcast_ss(&dl[2 * i + h]);
+        const __m256 m = _mm256_broadcast_ss(&ml[2 * i + h]);
+        float* yo = y + sb * kQK + 64 * i + 32 * h;
+        STRATA_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 32 * h + 8 * k))));
+          _mm256_storeu_ps(yo + 8 * k, _mm256_sub_ps(_mm256_mul_ps(d, f), m));
+        }
+      }
+    }
+  }
+}
+
+STRATA_AVX2 void dequant_q6_k(const uint8_t* w, float* y, int64_t n) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i three = _mm256_set1_epi8(3);
+  const __m256i k32 = _mm256_set1_epi8(32);
+  for (int64_t sb = 0; sb < n / kQK; ++sb) {
+    const uint8_t* b = w + sb * 210;
+    const __m256 d = _mm256_set1_ps(f16_avx(b + 208));
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    alignas(32) float ds[16];
+    _mm256_store_ps(ds, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_store_ps(
+        ds + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const __m256i v[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
+                            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
+      alignas(32) int8_t buf[128];
+      STRATA_UNROLL
+      for (int t4 = 0; t4 < 4; ++t4) {
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t4), three);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(buf + 32 * t4),
+                           _mm256_sub_epi8(_mm256_or_si256(v[t4], _mm256_slli_epi16(hi, 4)), k32));
+      }
+      // buf[32 t4 + l] is element 128 h + 32 t4 + l, in group (128 h + 32 t4 + l) / 16.
+      float* yo = y + sb * kQK + 128 * h;
+      STRATA_UNROLL
+      for (int k = 0; k < 16; ++k) {
+        const __m256 s = _mm256_broadcast_ss(&ds[8 * h + k / 2]);
+        const __m256 f = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 8 * k))));
+        _mm256_storeu_ps(yo + 8 * k, _mm256_mul_ps(s, f));
+      }
+    }
+  }
+}
+
+DequantFn dequant_avx2(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return dequant_blk32<DType::kQ8_0>;
+    case DType::kQ4_0:
+      return dequant_blk32<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return dequant_blk32<DType::kQ4_1>;
+    case DType::kQ5_0:
+      return dequant_blk32<DType::kQ5_0>;
+    case DType::kQ5_1:
+      return dequant_blk32<DType::kQ5_1>;
+    case DType::kQ4_K:
+      return dequant_q45_k<false>;
+    case DType::kQ5_K:
+      return dequant_q45_k<true>;
+    case DType::kQ6_K:
+      return dequant_q6_k;
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:

@@ -55,7 +55,7 @@ inline void k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) {
 using TileDotFn = void (*)(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8Act& a,
                            int nt, float* out);
 
-// f32 activations (quant_f32.cpp's decode path, n_tokens < 8): each weight block is
+// f32 activations (quant_f32.cpp's decode path, n_tokens < 16): each weight block is
 // dequantized in registers, so results equal the dequantize_row + f32 dot product up to f32
 // summation order (offsets and mins are folded in as c_w * sum(x_block)). xsum holds the
 // per-32 block sums of the activation row(s): token t's at xsum + t * (n / 32).
@@ -64,6 +64,9 @@ using RowDotF32Fn = float (*)(const uint8_t* w, const float* x, const float* xsu
 // nt tokens (1..4): out[t] = dot(weight row at w, x + t * x_stride); the row is unpacked once.
 using RowDotF32TokensFn = void (*)(const uint8_t* w, int64_t n, const float* x, int64_t x_stride,
                                    const float* xsum, int nt, float* out);
+
+// y[0, n) = the n values (whole blocks) of a row starting at w, bit-identical to dequantize_row.
+using DequantFn = void (*)(const uint8_t* w, float* y, int64_t n);
 
 TileDotFn tile_dot_scalar(DType dt);
 void quantize_row_q8_scalar(const float* x, int64_t n, int8_t* qs, float* d, float* s);
@@ -74,6 +77,7 @@ TileDotFn tile_dot_avx2(DType dt);
 RowDotF32Fn row_dot_f32_avx2(DType dt);
 RowDotF32TokensFn row_dot_f32_tokens_avx2(DType dt);
 void quantize_row_q8_avx2(const float* x, int64_t n, int8_t* qs, float* d, float* s);
+DequantFn dequant_avx2(DType dt);
 #endif
 
 }  // namespace strata::cpu::quant_detail
