@@ -4,7 +4,7 @@
 // the whole model), next to a plain read-bandwidth probe on the same threads.
 //
 //   ninja -C build bench_quant
-//   OMP_NUM_THREADS=2 ./build/bench/bench_quant [n_tokens]
+//   OMP_NUM_THREADS=2 ./build/bench/bench_quant [n_tokens] [f32|i8]   (activation kernels)
 #include <omp.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/quant.h"
@@ -51,6 +52,8 @@ double best(const std::vector<double>& v) {
 }
 
 // Seconds per quant_linear call; `copies` weight matrices are used round-robin.
+bool g_int8_act = false;  // argv[2] == "i8": the int8-activation kernels
+
 double time_linear(DType dt, int64_t m, int64_t k, int64_t n, int copies, int iters) {
   const auto& info = strata::dtype_info(dt);
   const size_t bytes = static_cast<size_t>(m * k / info.block_size * info.block_bytes);
@@ -71,6 +74,7 @@ double time_linear(DType dt, int64_t m, int64_t k, int64_t n, int copies, int it
   p.out_features = m;
   p.scratch = scratch.data();
   p.scratch_bytes = scratch.size();
+  p.f32_activations = !g_int8_act;
   std::vector<double> times;
   for (int it = -copies; it < iters; ++it) {  // first pass over the ring is warm-up
     p.weight = w.data() + static_cast<size_t>((it + copies) % copies) * bytes;
@@ -104,8 +108,10 @@ double read_bandwidth() {
 
 int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : 1;
-  std::printf("quant_linear, %d threads, isa %s, n_tokens %ld\n", omp_get_max_threads(),
-              strata::cpu::quant_isa_name(strata::cpu::quant_best_isa()), static_cast<long>(n));
+  g_int8_act = argc > 2 && std::string(argv[2]) == "i8";
+  std::printf("quant_linear, %d threads, isa %s, n_tokens %ld, %s activations\n",
+              omp_get_max_threads(), strata::cpu::quant_isa_name(strata::cpu::quant_best_isa()),
+              static_cast<long>(n), g_int8_act ? "int8" : "f32");
   std::printf("read bandwidth probe (%zu MiB buffer): %.1f GB/s\n", kColdBytes >> 20,
               read_bandwidth());
   struct Shape {

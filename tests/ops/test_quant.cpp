@@ -102,11 +102,12 @@ struct Refs {
   double f32 = 0;    // sum w_i * x_i in double
   double tight = 0;  // 1e-5 * sum T_blk
   double loose = 0;  // sum d_a / 2 * sum|w_blk|
+  double i16 = 0;    // sum max|x_blk| / 65534 * sum|w_blk|: the int16-activation rounding bound
 };
 Refs reference(const float* w, const float* x, const Q8Row& q, int64_t k) {
   Refs r;
   for (int64_t b = 0; b < k / 32; ++b) {
-    double wmax = -1e300, wmin = 1e300, wabs = 0, aabs = 0, wsum_abs = 0;
+    double wmax = -1e300, wmin = 1e300, wabs = 0, aabs = 0, wsum_abs = 0, xabs = 0;
     for (int64_t i = 32 * b; i < 32 * b + 32; ++i) {
       const double a =
           static_cast<double>(q.d[static_cast<size_t>(b)]) * q.qs[static_cast<size_t>(i)];
@@ -117,7 +118,9 @@ Refs reference(const float* w, const float* x, const Q8Row& q, int64_t k) {
       wabs = std::max(wabs, std::fabs(static_cast<double>(w[i])));
       aabs += std::fabs(a);
       wsum_abs += std::fabs(static_cast<double>(w[i]));
+      xabs = std::max(xabs, std::fabs(static_cast<double>(x[i])));
     }
+    r.i16 += xabs / 65534.0 * wsum_abs;
     r.tight += 1e-5 * ((wmax - wmin) + wabs) * aabs;
     r.loose += q.d[static_cast<size_t>(b)] / 2.0 * wsum_abs;
   }
@@ -258,10 +261,11 @@ TEST_F(QuantFixture, LinearMatchesReferences) {
               const float got = out[static_cast<size_t>(tok * out_stride + r)];
               const double b = bias[static_cast<size_t>(r)];
               if (f32_act) {
-                // f32 activations: the dequantized weights exactly, f32 summation order only.
+                // f32 activations: the dequantized weights exactly, f32 summation order only
+                // (plus the int16 rounding of x in the decode kernels of 32-value types).
                 double mag = 0;
                 for (int64_t i = 0; i < k; ++i) mag += std::fabs(wref[r * k + i] * xt[i]);
-                EXPECT_NEAR(got, ref.f32 + b, 1e-5 * mag + 1e-6 * std::fabs(b))
+                EXPECT_NEAR(got, ref.f32 + b, 1e-5 * mag + ref.i16 + 1e-6 * std::fabs(b))
                     << name << " n " << n << " tok " << tok << " row " << r << " scalar " << scalar;
                 continue;
               }
@@ -311,7 +315,8 @@ TEST_F(QuantFixture, LinearOnColumnSliceWithRowStride) {
           if (f32_act) {
             double mag = 0;
             for (int64_t i = 0; i < k; ++i) mag += std::fabs(wref[r * 512 + i] * xt[i]);
-            EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.f32, 1e-5 * mag) << name;
+            EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.f32, 1e-5 * mag + ref.i16)
+                << name;
           } else {
             EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.q8, ref.tight) << name;
           }
@@ -366,7 +371,9 @@ std::vector<uint8_t> random_quant_rows(DType dt, int64_t rows, int64_t row_block
 // k-block, rows with a block count that leaves a tail after
 // groups of 8, weight rows farther apart than their length (weight_row_blocks), strided x and
 // out, and a bias. Both compute the f32 product over the dequantized weights, so they may
-// differ only by f32 summation order: within 1e-5 of sum |w_i x_i| + |bias|.
+// differ only by f32 summation order: within 1e-5 of sum |w_i x_i| + |bias|; with int16_decode
+// the 32-value types' decode kernels also round x to int16, which adds at most
+// sum_blk max|x_blk| / 65534 * sum|w_blk|.
 TEST(Quant, F32ActivationAvx2MatchesScalar) {
   if (quant_best_isa() != QuantIsa::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
   for (const TypeCase& tc : kQuantTypes) {
@@ -410,25 +417,37 @@ TEST(Quant, F32ActivationAvx2MatchesScalar) {
             p.out_stride = out_stride;
             p.weight_row_blocks = pad_blocks != 0 ? row_blocks : 0;
             p.f32_activations = true;
-            p.out = got.data();
-            ASSERT_TRUE(quant_linear(p).ok());
             p.force_scalar = true;
             p.out = want.data();
             ASSERT_TRUE(quant_linear(p).ok());
-            for (int64_t t = 0; t < n; ++t) {
-              const float* xt = x.data() + t * x_stride;
-              for (int64_t r = 0; r < m; ++r) {
-                double mag = std::fabs(bias[static_cast<size_t>(r)]);
-                for (int64_t i = 0; i < k; ++i) {
-                  mag += std::fabs(static_cast<double>(wf[static_cast<size_t>(r * k + i)]) * xt[i]);
+            for (const bool i16 : {false, true}) {
+              p.force_scalar = false;
+              p.int16_decode = i16;
+              p.out = got.data();
+              ASSERT_TRUE(quant_linear(p).ok());
+              for (int64_t t = 0; t < n; ++t) {
+                const float* xt = x.data() + t * x_stride;
+                for (int64_t r = 0; r < m; ++r) {
+                  double mag = std::fabs(bias[static_cast<size_t>(r)]);
+                  double i16_bound = 0;  // sum max|x_blk| / 65534 * sum|w_blk|
+                  for (int64_t b = 0; b < k / 32; ++b) {
+                    double xmax = 0, wsum = 0;
+                    for (int64_t i = 32 * b; i < 32 * b + 32; ++i) {
+                      const double wi = wf[static_cast<size_t>(r * k + i)];
+                      mag += std::fabs(wi * xt[i]);
+                      xmax = std::max(xmax, std::fabs(static_cast<double>(xt[i])));
+                      wsum += std::fabs(wi);
+                    }
+                    i16_bound += xmax / 65534.0 * wsum;
+                  }
+                  const size_t o = static_cast<size_t>(t * out_stride + r);
+                  EXPECT_NEAR(got[o], want[o], 1e-5 * mag + (i16 ? i16_bound : 0.0))
+                      << tc.name << " k " << k << " m " << m << " pad " << pad_blocks << " n " << n
+                      << " tok " << t << " row " << r << " int16 " << i16;
                 }
-                const size_t o = static_cast<size_t>(t * out_stride + r);
-                EXPECT_NEAR(got[o], want[o], 1e-5 * mag)
-                    << tc.name << " k " << k << " m " << m << " pad " << pad_blocks << " n " << n
-                    << " tok " << t << " row " << r;
-              }
-              for (int64_t r = m; r < out_stride; ++r) {
-                EXPECT_EQ(got[static_cast<size_t>(t * out_stride + r)], -7.0f);
+                for (int64_t r = m; r < out_stride; ++r) {
+                  EXPECT_EQ(got[static_cast<size_t>(t * out_stride + r)], -7.0f);
+                }
               }
             }
           }

@@ -891,6 +891,187 @@ RowDotF32TokensFn row_dot_f32_tokens_avx2(DType dt) {
   return nullptr;
 }
 
+// ---- int16-activation kernels (quant_f32.cpp's decode path, 32-value block types) -----------
+// x is quantized per 32 values to int16 (Q16Act: d = max|x_blk| / 32767, s = d * sum(q)), which
+// moves each element by at most d / 2 = max|x_blk| / 65534 (256x less than int8). Each block's
+// 32 weight values are widened to 16 bits (Q4: straight from the packed nibbles, in value
+// order) and meet the activation in two vpmaddwd (i16 x i16 -> i32 pairs; no overflow:
+// |q_w| <= 127, |q_a| <= 32767, 32 terms < 2^31), so a block costs about what the int8
+// kernels' maddubs + madd costs; the block sums are scaled as in dot_blk32.
+
+template <DType kT>
+STRATA_AVX2 inline __m256i block_dot16(const uint8_t* b, const int16_t* a) {
+  using B = Blk32<kT>;
+  __m256i w0, w1;  // values 0..15 and 16..31 as i16
+  if constexpr (B::kQ8) {
+    w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+    w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)));
+  } else if constexpr (!B::kFive) {
+    const __m256i q = _mm256_cvtepu8_epi16(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (B::kHasMin ? 4 : 2))));
+    w0 = _mm256_and_si256(q, _mm256_set1_epi16(0x0F));
+    w1 = _mm256_srli_epi16(q, 4);
+  } else {
+    const __m256i v = B::values(b);
+    w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
+    w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
+  }
+  return _mm256_add_epi32(
+      _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+      _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 16))));
+}
+
+// One row, kNt (1..4) tokens: out[t] = dot(row, activation of token t); token t's blocks are
+// a.qs + t * n, a.d / a.s + t * n / 32.
+template <DType kT, int kNt>
+STRATA_AVX2 void dot_blk32_i16(const uint8_t* w, int64_t n, const Q16Act& a, float* out) {
+  using B = Blk32<kT>;
+  constexpr bool kHasC = B::kHasMin || B::kOffset != 0.0f;
+  constexpr int kAcc = kNt == 1 ? 2 : 1;
+  const int64_t nb = n / 32;
+  __m256 acc[kNt][kAcc];
+  __m256 macc[kNt];
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) {
+    macc[t] = _mm256_setzero_ps();
+    STRATA_UNROLL
+    for (int u = 0; u < kAcc; ++u) acc[t][u] = _mm256_setzero_ps();
+  }
+  int64_t j = 0;
+  for (; j + 8 <= nb; j += 8) {
+    const uint8_t* wb = w + j * B::kBytes;
+    const __m256 dw = load_f16x8(wb, B::kBytes);
+    __m256 cw = _mm256_setzero_ps();
+    if constexpr (B::kHasMin) {
+      cw = load_f16x8(wb + 2, B::kBytes);
+    } else if constexpr (kHasC) {
+      cw = _mm256_mul_ps(dw, _mm256_set1_ps(-B::kOffset));
+    }
+    alignas(32) float scale[kNt][8];
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t) {
+      const int64_t ab = t * nb + j;
+      _mm256_store_ps(scale[t], _mm256_mul_ps(dw, _mm256_loadu_ps(a.d + ab)));
+      if constexpr (kHasC) macc[t] = _mm256_fmadd_ps(cw, _mm256_loadu_ps(a.s + ab), macc[t]);
+    }
+    STRATA_UNROLL
+    for (int u = 0; u < 8; ++u) {
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t) {
+        const __m256 p =
+            _mm256_cvtepi32_ps(block_dot16<kT>(wb + u * B::kBytes, a.qs + 32 * (t * nb + j + u)));
+        __m256& dst = acc[t][u % kAcc];
+        dst = _mm256_fmadd_ps(_mm256_broadcast_ss(&scale[t][u]), p, dst);
+      }
+    }
+  }
+  float ctail[kNt] = {};
+  for (; j < nb; ++j) {
+    const uint8_t* wb = w + j * B::kBytes;
+    const float dw = f16_avx(wb);
+    const float cw = B::kHasMin ? f16_avx(wb + 2) : -B::kOffset * dw;
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t) {
+      const int64_t ab = t * nb + j;
+      const __m256 p = _mm256_cvtepi32_ps(block_dot16<kT>(wb, a.qs + 32 * ab));
+      acc[t][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d[ab]), p, acc[t][0]);
+      if constexpr (kHasC) ctail[t] += cw * a.s[ab];
+    }
+  }
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) {
+    __m256 v = _mm256_add_ps(acc[t][0], macc[t]);
+    if constexpr (kAcc == 2) v = _mm256_add_ps(v, acc[t][1]);
+    out[t] = hsum(v) + ctail[t];
+  }
+}
+
+template <DType kT>
+STRATA_AVX2 void row_dot_i16(const uint8_t* w, int64_t n, const Q16Act& a, int nt, float* out) {
+  switch (nt) {
+    case 1:
+      dot_blk32_i16<kT, 1>(w, n, a, out);
+      break;
+    case 2:
+      dot_blk32_i16<kT, 2>(w, n, a, out);
+      break;
+    case 3:
+      dot_blk32_i16<kT, 3>(w, n, a, out);
+      break;
+    default:
+      dot_blk32_i16<kT, 4>(w, n, a, out);
+      break;
+  }
+}
+
+RowDotI16Fn row_dot_i16_avx2(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return row_dot_i16<DType::kQ8_0>;
+    case DType::kQ4_0:
+      return row_dot_i16<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return row_dot_i16<DType::kQ4_1>;
+    case DType::kQ5_0:
+      return row_dot_i16<DType::kQ5_0>;
+    case DType::kQ5_1:
+      return row_dot_i16<DType::kQ5_1>;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+// d = max|x_blk| / 32767, q = round-to-nearest-even(x / d) (as quantize_row_q8_avx2 with 32767).
+STRATA_AVX2 void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 lim = _mm256_set1_ps(32767.0f);
+  for (int64_t j = 0; j < n / 32; ++j) {
+    const float* xb = x + 32 * j;
+    __m256 v[4];
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+    __m256 m =
+        _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                      _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float dj = _mm_cvtss_f32(m4) / 32767.0f;
+    const __m256 idv = _mm256_set1_ps(dj != 0.0f ? 1.0f / dj : 0.0f);
+    __m256i q[4];
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      __m256 r =
+          _mm256_round_ps(_mm256_mul_ps(v[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm256_max_ps(_mm256_min_ps(r, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
+      q[i] = _mm256_cvtps_epi32(r);
+    }
+    const __m256i sum32 =
+        _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    // packs works per 128-bit lane: put the 64-bit quarters back in order.
+    const __m256i p0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+    const __m256i p1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * j), p0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * j + 16), p1);
+    d[j] = dj;
+    s[j] = dj * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
+
 // ---- dequantization (the GEMM path's weight packing) ------------------------------------------
 // Same f32 operations as dequantize_row in quant.cpp (a multiply, then an add or subtract for
 // offsets and mins, never fused), so the results are bit-identical to the scalar ones.

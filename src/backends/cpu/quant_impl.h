@@ -65,6 +65,16 @@ using RowDotF32Fn = float (*)(const uint8_t* w, const float* x, const float* xsu
 using RowDotF32TokensFn = void (*)(const uint8_t* w, int64_t n, const float* x, int64_t x_stride,
                                    const float* xsum, int nt, float* out);
 
+// One activation row quantized to int16 blocks of 32 values (the decode path's activations).
+struct Q16Act {
+  const int16_t* qs = nullptr;  // [n]
+  const float* d = nullptr;     // [n / 32] block scales: max|x_blk| / 32767
+  const float* s = nullptr;     // [n / 32] d * sum(qs over the block)
+};
+// nt tokens (1..4): out[t] = dot(weight row of n values at w, token t's activation at
+// a.qs + t * n, a.d / a.s + t * n / 32).
+using RowDotI16Fn = void (*)(const uint8_t* w, int64_t n, const Q16Act& a, int nt, float* out);
+
 // y[0, n) = the n values (whole blocks) of a row starting at w, bit-identical to dequantize_row.
 using DequantFn = void (*)(const uint8_t* w, float* y, int64_t n);
 
@@ -78,6 +88,9 @@ RowDotF32Fn row_dot_f32_avx2(DType dt);
 RowDotF32TokensFn row_dot_f32_tokens_avx2(DType dt);
 void quantize_row_q8_avx2(const float* x, int64_t n, int8_t* qs, float* d, float* s);
 DequantFn dequant_avx2(DType dt);
+// The int16-activation kernels: the 32-value block types only (nullptr for the others).
+RowDotI16Fn row_dot_i16_avx2(DType dt);
+void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s);
 #endif
 
 }  // namespace strata::cpu::quant_detail
