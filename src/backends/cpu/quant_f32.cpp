@@ -77,36 +77,44 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
   if (avx2 && p.n_tokens < kGemmTokens) {
     const int64_t n = p.n_tokens;
     const int64_t nb32 = k / 32;
-    std::vector<float> xsum(static_cast<size_t>(n * nb32));
-    for (int64_t t = 0; t < n; ++t) {
-      block_sums32_avx2(p.x + t * x_stride, nb32, xsum.data() + t * nb32);
-    }
     const quant_detail::RowDotI16Fn i16 =
         p.int16_decode ? quant_detail::row_dot_i16_avx2(p.weight_dtype) : nullptr;
     if (i16 != nullptr) {
       // int16 activations: x quantized once per call, then each thread streams its slab of
       // rows, each row unpacked once per group of <= 4 tokens.
-      std::vector<int16_t> qs(static_cast<size_t>(n * k));
-      std::vector<float> qd(static_cast<size_t>(n * nb32)), qsum(static_cast<size_t>(n * nb32));
+      // Grow-only, per calling thread: a decode step allocates nothing.
+      thread_local std::vector<int16_t> qs;
+      thread_local std::vector<float> qd, qsum;
+      qs.resize(std::max(qs.size(), static_cast<size_t>(n * k)));
+      qd.resize(std::max(qd.size(), static_cast<size_t>(n * nb32)));
+      qsum.resize(std::max(qsum.size(), static_cast<size_t>(n * nb32)));
       for (int64_t t = 0; t < n; ++t) {
         quant_detail::quantize_row_q16_avx2(p.x + t * x_stride, k, qs.data() + t * k,
                                             qd.data() + t * nb32, qsum.data() + t * nb32);
       }
       const int64_t n_groups = (n + 3) / 4;
       const int64_t group = (n + n_groups - 1) / n_groups;
+      // NOTE: pointers, not the thread_local vectors, inside the parallel region (the other
+      // threads would see their own, empty, vectors).
+      const int16_t* const aq = qs.data();
+      const float* const ad = qd.data();
+      const float* const as = qsum.data();
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < p.out_features; ++r) {
         const float bias = p.bias != nullptr ? p.bias[r] : 0.0f;
         for (int64_t t0 = 0; t0 < n; t0 += group) {
           const int nt = static_cast<int>(std::min(group, n - t0));
-          const quant_detail::Q16Act a{qs.data() + t0 * k, qd.data() + t0 * nb32,
-                                       qsum.data() + t0 * nb32};
+          const quant_detail::Q16Act a{aq + t0 * k, ad + t0 * nb32, as + t0 * nb32};
           float res[4];
           i16(w + r * row_bytes, k, a, nt, res);
           for (int i = 0; i < nt; ++i) p.out[(t0 + i) * out_stride + r] = res[i] + bias;
         }
       }
       return ok_status();
+    }
+    std::vector<float> xsum(static_cast<size_t>(n * nb32));
+    for (int64_t t = 0; t < n; ++t) {
+      block_sums32_avx2(p.x + t * x_stride, nb32, xsum.data() + t * nb32);
     }
     if (n == 1) {
       // Each thread streams its contiguous slab of rows, one row per kernel call.
