@@ -921,6 +921,100 @@ STRATA_AVX2 inline __m256i block_dot16(const uint8_t* b, const int16_t* a) {
       _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 16))));
 }
 
+// block_dot16 with the block's activations already loaded (a0 = values 0..15, a1 = 16..31).
+template <DType kT>
+STRATA_AVX2 inline __m256i block_dot16_pre(const uint8_t* b, __m256i a0, __m256i a1) {
+  using B = Blk32<kT>;
+  __m256i w0, w1;
+  if constexpr (B::kQ8) {
+    w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+    w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)));
+  } else if constexpr (!B::kFive) {
+    const __m256i q = _mm256_cvtepu8_epi16(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (B::kHasMin ? 4 : 2))));
+    w0 = _mm256_and_si256(q, _mm256_set1_epi16(0x0F));
+    w1 = _mm256_srli_epi16(q, 4);
+  } else {
+    const __m256i v = B::values(b);
+    w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
+    w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
+  }
+  return _mm256_add_epi32(_mm256_madd_epi16(w0, a0), _mm256_madd_epi16(w1, a1));
+}
+
+// One token, 4 rows (row_bytes apart): out[r] = dot(row r, activation). Each activation block
+// is loaded once for the 4 rows and the per-row costs (set-up, tail, horizontal sums) are
+// shared, which matters for short rows (576 values: 18 blocks).
+template <DType kT>
+STRATA_AVX2 void dot_blk32_i16_4rows(const uint8_t* w, int64_t row_bytes, int64_t n,
+                                     const Q16Act& a, float* out) {
+  using B = Blk32<kT>;
+  constexpr bool kHasC = B::kHasMin || B::kOffset != 0.0f;
+  constexpr int kNr = 4;
+  const int64_t nb = n / 32;
+  __m256 acc[kNr];
+  __m256 macc[kNr];
+  STRATA_UNROLL
+  for (int r = 0; r < kNr; ++r) acc[r] = macc[r] = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= nb; j += 8) {
+    alignas(32) float scale[kNr][8];
+    const __m256 ad = _mm256_loadu_ps(a.d + j);
+    STRATA_UNROLL
+    for (int r = 0; r < kNr; ++r) {
+      const uint8_t* wb = w + r * row_bytes + j * B::kBytes;
+      // NOTE: the 4 rows are read block-interleaved, which the hardware prefetchers follow
+      // poorly from DRAM; prefetch the same blocks of the tile after next (8 rows on).
+      for (int64_t off = 0; off < 8 * B::kBytes; off += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + 16 * row_bytes + off), _MM_HINT_T0);
+      }
+      const __m256 dw = load_f16x8(wb, B::kBytes);
+      _mm256_store_ps(scale[r], _mm256_mul_ps(dw, ad));
+      if constexpr (B::kHasMin) {
+        macc[r] = _mm256_fmadd_ps(load_f16x8(wb + 2, B::kBytes), _mm256_loadu_ps(a.s + j), macc[r]);
+      } else if constexpr (kHasC) {
+        macc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(-B::kOffset)),
+                                  _mm256_loadu_ps(a.s + j), macc[r]);
+      }
+    }
+    STRATA_UNROLL
+    for (int u = 0; u < 8; ++u) {
+      const int16_t* ab = a.qs + 32 * (j + u);
+      const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab));
+      const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 16));
+      STRATA_UNROLL
+      for (int r = 0; r < kNr; ++r) {
+        const __m256 p = _mm256_cvtepi32_ps(
+            block_dot16_pre<kT>(w + r * row_bytes + (j + u) * B::kBytes, a0, a1));
+        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&scale[r][u]), p, acc[r]);
+      }
+    }
+  }
+  float ctail[kNr] = {};
+  for (; j < nb; ++j) {
+    const int16_t* ab = a.qs + 32 * j;
+    const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab));
+    const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 16));
+    STRATA_UNROLL
+    for (int r = 0; r < kNr; ++r) {
+      const uint8_t* wb = w + r * row_bytes + j * B::kBytes;
+      const float dw = f16_avx(wb);
+      const __m256 p = _mm256_cvtepi32_ps(block_dot16_pre<kT>(wb, a0, a1));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d[j]), p, acc[r]);
+      if constexpr (kHasC) ctail[r] += (B::kHasMin ? f16_avx(wb + 2) : -B::kOffset * dw) * a.s[j];
+    }
+  }
+  const __m128 sums = hsum4(_mm256_add_ps(acc[0], macc[0]), _mm256_add_ps(acc[1], macc[1]),
+                            _mm256_add_ps(acc[2], macc[2]), _mm256_add_ps(acc[3], macc[3]));
+  _mm_storeu_ps(out, _mm_add_ps(sums, _mm_loadu_ps(ctail)));
+}
+
+template <DType kT>
+STRATA_AVX2 void rows4_i16(const uint8_t* w, int64_t row_bytes, int64_t n, const Q16Act& a,
+                           float* out) {
+  dot_blk32_i16_4rows<kT>(w, row_bytes, n, a, out);
+}
+
 // One row, kNt (1..4) tokens: out[t] = dot(row, activation of token t); token t's blocks are
 // a.qs + t * n, a.d / a.s + t * n / 32.
 template <DType kT, int kNt>
@@ -1016,6 +1110,34 @@ RowDotI16Fn row_dot_i16_avx2(DType dt) {
       return row_dot_i16<DType::kQ5_0>;
     case DType::kQ5_1:
       return row_dot_i16<DType::kQ5_1>;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+RowsI16Fn rows4_i16_avx2(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return rows4_i16<DType::kQ8_0>;
+    case DType::kQ4_0:
+      return rows4_i16<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return rows4_i16<DType::kQ4_1>;
+    case DType::kQ5_0:
+      return rows4_i16<DType::kQ5_0>;
+    case DType::kQ5_1:
+      return rows4_i16<DType::kQ5_1>;
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K:

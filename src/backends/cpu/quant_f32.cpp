@@ -99,6 +99,28 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
       const int16_t* const aq = qs.data();
       const float* const ad = qd.data();
       const float* const as = qsum.data();
+      if (n == 1) {
+        // One token: 4 rows per kernel call (contiguous slabs of 4-row tiles per thread), the
+        // last < 4 rows one at a time.
+        const quant_detail::RowsI16Fn rows4 = quant_detail::rows4_i16_avx2(p.weight_dtype);
+        const quant_detail::Q16Act a{aq, ad, as};
+        const int64_t tiles = p.out_features / 4;
+#pragma omp parallel for schedule(static)
+        for (int64_t rt = 0; rt <= tiles; ++rt) {
+          const int64_t r0 = rt * 4;
+          const int64_t nr = std::min<int64_t>(4, p.out_features - r0);
+          float res[4];
+          if (nr == 4) {
+            rows4(w + r0 * row_bytes, row_bytes, k, a, res);
+          } else {
+            for (int64_t i = 0; i < nr; ++i) i16(w + (r0 + i) * row_bytes, k, a, 1, res + i);
+          }
+          for (int64_t i = 0; i < nr; ++i) {
+            p.out[r0 + i] = res[i] + (p.bias != nullptr ? p.bias[r0 + i] : 0.0f);
+          }
+        }
+        return ok_status();
+      }
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < p.out_features; ++r) {
         const float bias = p.bias != nullptr ? p.bias[r] : 0.0f;

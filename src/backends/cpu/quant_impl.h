@@ -74,6 +74,9 @@ struct Q16Act {
 // nt tokens (1..4): out[t] = dot(weight row of n values at w, token t's activation at
 // a.qs + t * n, a.d / a.s + t * n / 32).
 using RowDotI16Fn = void (*)(const uint8_t* w, int64_t n, const Q16Act& a, int nt, float* out);
+// One token, 4 weight rows row_bytes apart: out[r] = dot(row r, activation) for r < 4.
+using RowsI16Fn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t n, const Q16Act& a,
+                           float* out);
 
 // y[0, n) = the n values (whole blocks) of a row starting at w, bit-identical to dequantize_row.
 using DequantFn = void (*)(const uint8_t* w, float* y, int64_t n);
@@ -90,6 +93,7 @@ void quantize_row_q8_avx2(const float* x, int64_t n, int8_t* qs, float* d, float
 DequantFn dequant_avx2(DType dt);
 // The int16-activation kernels: the 32-value block types only (nullptr for the others).
 RowDotI16Fn row_dot_i16_avx2(DType dt);
+RowsI16Fn rows4_i16_avx2(DType dt);
 void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s);
 #endif
 
