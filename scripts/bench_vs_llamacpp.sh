@@ -15,6 +15,7 @@ out=${OUT:-bench/results/cpu-smollm2-vs-llamacpp-$(date +%Y%m%d).json}
 flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|fma|f16c|amx)' | sort -u | tr '\n' ' ')
 echo "== CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), ${threads} threads"
 echo "== CPU flags: ${flags}"
+load_before=$(cat /proc/loadavg)
 echo "== load: $(uptime)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -26,7 +27,8 @@ echo "== strata"
   2> "$tmp/strata.err" || { cat "$tmp/strata.err" >&2; exit 1; }
 cat "$tmp/strata.err" >&2
 path=$(sed -n 's/^cpu kernels: //p' "$tmp/strata.err")
-python3 - "$tmp/llama.json" "$tmp/strata.json" "$out" "$threads" "$flags" "$path" "$(cat /proc/loadavg)" <<'PY'
+python3 - "$tmp/llama.json" "$tmp/strata.json" "$out" "$threads" "$flags" "$path" "$load_before" \
+  "$(cat /proc/loadavg)" <<'PY'
 import json, sys, subprocess, platform
 llama = json.load(open(sys.argv[1])); strata = json.load(open(sys.argv[2]))
 def pick(rows, pp):
@@ -37,7 +39,7 @@ l_pp, l_tg, s_pp, s_tg = pick(llama, True), pick(llama, False), pick(strata, Tru
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 res = {"what": "CPU pp512/tg128 tokens/s, strata vs llama.cpp, same GGUF, same machine, one run",
        "cpu": cpu, "cpu_flags": sys.argv[5].split(), "strata_cpu_kernels": sys.argv[6],
-       "loadavg_before": sys.argv[7], "threads": int(sys.argv[4]),
+       "loadavg_before": sys.argv[7], "loadavg_after_runs": sys.argv[8], "threads": int(sys.argv[4]),
        "commit": subprocess.check_output(["git", "rev-parse", "HEAD"]).decode().strip(),
        "llama_cpp": {"build_commit": l_pp.get("build_commit"), "pp512": l_pp["avg_ts"], "pp512_std": l_pp["stddev_ts"],
                      "tg128": l_tg["avg_ts"], "tg128_std": l_tg["stddev_ts"]},
