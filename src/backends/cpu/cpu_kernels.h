@@ -27,7 +27,7 @@ Status copy_rows(const CopyRowsParams& p);  // elementwise.cpp
 // Twins of the GPU executor kernels: plain loops with the same rounding points as the CUDA
 // kernels (bf16 in, f32 accumulate, bf16/f32 out).
 Status gpu_linear(const GpuLinearParams& p);              // gpu_linear.cpp
-Status norm_bf16(const NormBf16Params& p);                // fused_bf16.cpp
+Status norm_bf16(const NormBf16Params& p);         // fused_bf16.cpp
 Status gated_act_bf16(const GatedActBf16Params& p);       // fused_bf16.cpp
 Status rope_kv_append(const RopeKvAppendParams& p);       // fused_bf16.cpp
 Status varlen_attention(const VarlenAttentionParams& p);  // varlen_attention.cpp
