@@ -97,6 +97,7 @@ int run_llama_bench(const BenchOptions& opt, Benchmark& e) {
   char model_name[96];
   std::snprintf(model_name, sizeof(model_name), "%s %.0fM %s", info.architecture.c_str(),
                 static_cast<double>(info.n_params) / 1e6, info.dtype.c_str());
+  if (info.backend == "CPU") std::fprintf(stderr, "cpu kernels: %s\n", cpu_kernel_path().c_str());
   if (!to_stdout) {
     std::printf("| %-28s | %12s | %10s | %-7s | %7s | %8s | %20s |\n", "model", "size", "params",
                 "backend", "threads", "test", "t/s");

@@ -74,6 +74,7 @@ void add_info_command(CLI::App& app, std::vector<Command>& commands) {
                      human_bytes(static_cast<double>(i.weight_bytes) + kv).c_str());
          std::printf("tokenizer      %s\n", i.has_tokenizer ? "yes" : "no");
          std::printf("chat template  %s\n", i.has_chat_template ? "yes" : "no");
+         std::printf("cpu kernels    %s\n", cpu_kernel_path().c_str());
          return 0;
        }});
 }

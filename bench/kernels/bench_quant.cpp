@@ -3,9 +3,8 @@
 // cold (a ring of copies larger than the last-level cache, as in a decode step that streams
 // the whole model), next to a plain read-bandwidth probe on the same threads.
 //
-//   g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc bench/kernels/bench_quant.cpp \
-//     src/backends/cpu/quant*.cpp src/core/*.cpp -lfmt -o /tmp/bench_quant
-//   OMP_NUM_THREADS=2 /tmp/bench_quant [n_tokens]
+//   ninja -C build bench_quant
+//   OMP_NUM_THREADS=2 ./build/bench/bench_quant [n_tokens] [i16|f32|i8]   (activations)
 #include <omp.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/quant.h"
@@ -52,6 +52,10 @@ double best(const std::vector<double>& v) {
 }
 
 // Seconds per quant_linear call; `copies` weight matrices are used round-robin.
+// argv[2]: "i16" (default: int16 activations in the decode kernels of 32-value types), "f32"
+// (f32 activations everywhere) or "i8" (the int8-activation kernels).
+std::string g_act = "i16";
+
 double time_linear(DType dt, int64_t m, int64_t k, int64_t n, int copies, int iters) {
   const auto& info = strata::dtype_info(dt);
   const size_t bytes = static_cast<size_t>(m * k / info.block_size * info.block_bytes);
@@ -72,6 +76,8 @@ double time_linear(DType dt, int64_t m, int64_t k, int64_t n, int copies, int it
   p.out_features = m;
   p.scratch = scratch.data();
   p.scratch_bytes = scratch.size();
+  p.f32_activations = g_act != "i8";
+  p.int16_decode = g_act == "i16";
   std::vector<double> times;
   for (int it = -copies; it < iters; ++it) {  // first pass over the ring is warm-up
     p.weight = w.data() + static_cast<size_t>((it + copies) % copies) * bytes;
@@ -105,8 +111,14 @@ double read_bandwidth() {
 
 int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : 1;
-  std::printf("quant_linear, %d threads, isa %s, n_tokens %ld\n", omp_get_max_threads(),
-              strata::cpu::quant_isa_name(strata::cpu::quant_best_isa()), static_cast<long>(n));
+  if (argc > 2) g_act = argv[2];
+  if (g_act != "i16" && g_act != "f32" && g_act != "i8") {
+    std::fprintf(stderr, "bench_quant: activations must be i16, f32 or i8, not %s\n", argv[2]);
+    return 2;
+  }
+  std::printf("quant_linear, %d threads, isa %s, n_tokens %ld, %s activations\n",
+              omp_get_max_threads(), strata::cpu::quant_isa_name(strata::cpu::quant_best_isa()),
+              static_cast<long>(n), g_act.c_str());
   std::printf("read bandwidth probe (%zu MiB buffer): %.1f GB/s\n", kColdBytes >> 20,
               read_bandwidth());
   struct Shape {

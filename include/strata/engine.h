@@ -97,6 +97,10 @@ struct ModelInfo {
 
 Result<ModelInfo> inspect_model(const std::string& model);
 
+// The CPU kernel variant this process runs, chosen by CPUID at start, and the features seen:
+// e.g. "avx2 (avx2 fma f16c; no avx512f/bw/dq/vl)".
+std::string cpu_kernel_path();
+
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
   std::string content;

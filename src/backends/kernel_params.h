@@ -271,6 +271,11 @@ struct QuantLinearParams {
   // f32 summation order). false: activations are rounded to int8 blocks first (llama.cpp's
   // scheme; faster, but moves logits by ~1e-1 on real models).
   bool f32_activations = true;
+  // With f32_activations, the decode kernels (n_tokens < 16) of the 32-value block types
+  // (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) on AVX2 round x to int16 per 32 values first: each element
+  // moves by at most max|x_blk| / 65534 (256x less than int8), at about the int8 kernels'
+  // speed. false: those kernels too keep x in f32.
+  bool int16_decode = true;
 };
 
 // ---- GPU executor kernels (bf16 activations into GEMMs, bf16 paged KV cache) ----------------

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/quant_impl.h"
 #include "core/half.h"
 #include "io/gguf.h"
 
@@ -100,11 +102,12 @@ struct Refs {
   double f32 = 0;    // sum w_i * x_i in double
   double tight = 0;  // 1e-5 * sum T_blk
   double loose = 0;  // sum d_a / 2 * sum|w_blk|
+  double i16 = 0;    // sum max|x_blk| / 65534 * sum|w_blk|: the int16-activation rounding bound
 };
 Refs reference(const float* w, const float* x, const Q8Row& q, int64_t k) {
   Refs r;
   for (int64_t b = 0; b < k / 32; ++b) {
-    double wmax = -1e300, wmin = 1e300, wabs = 0, aabs = 0, wsum_abs = 0;
+    double wmax = -1e300, wmin = 1e300, wabs = 0, aabs = 0, wsum_abs = 0, xabs = 0;
     for (int64_t i = 32 * b; i < 32 * b + 32; ++i) {
       const double a =
           static_cast<double>(q.d[static_cast<size_t>(b)]) * q.qs[static_cast<size_t>(i)];
@@ -115,7 +118,9 @@ Refs reference(const float* w, const float* x, const Q8Row& q, int64_t k) {
       wabs = std::max(wabs, std::fabs(static_cast<double>(w[i])));
       aabs += std::fabs(a);
       wsum_abs += std::fabs(static_cast<double>(w[i]));
+      xabs = std::max(xabs, std::fabs(static_cast<double>(x[i])));
     }
+    r.i16 += xabs / 65534.0 * wsum_abs;
     r.tight += 1e-5 * ((wmax - wmin) + wabs) * aabs;
     r.loose += q.d[static_cast<size_t>(b)] / 2.0 * wsum_abs;
   }
@@ -256,10 +261,11 @@ TEST_F(QuantFixture, LinearMatchesReferences) {
               const float got = out[static_cast<size_t>(tok * out_stride + r)];
               const double b = bias[static_cast<size_t>(r)];
               if (f32_act) {
-                // f32 activations: the dequantized weights exactly, f32 summation order only.
+                // f32 activations: the dequantized weights exactly, f32 summation order only
+                // (plus the int16 rounding of x in the decode kernels of 32-value types).
                 double mag = 0;
                 for (int64_t i = 0; i < k; ++i) mag += std::fabs(wref[r * k + i] * xt[i]);
-                EXPECT_NEAR(got, ref.f32 + b, 1e-5 * mag + 1e-6 * std::fabs(b))
+                EXPECT_NEAR(got, ref.f32 + b, 1e-5 * mag + ref.i16 + 1e-6 * std::fabs(b))
                     << name << " n " << n << " tok " << tok << " row " << r << " scalar " << scalar;
                 continue;
               }
@@ -309,7 +315,8 @@ TEST_F(QuantFixture, LinearOnColumnSliceWithRowStride) {
           if (f32_act) {
             double mag = 0;
             for (int64_t i = 0; i < k; ++i) mag += std::fabs(wref[r * 512 + i] * xt[i]);
-            EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.f32, 1e-5 * mag) << name;
+            EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.f32, 1e-5 * mag + ref.i16)
+                << name;
           } else {
             EXPECT_NEAR(out[static_cast<size_t>(tok * m + r)], ref.q8, ref.tight) << name;
           }
@@ -357,12 +364,16 @@ std::vector<uint8_t> random_quant_rows(DType dt, int64_t rows, int64_t row_block
   return w;
 }
 
-// The AVX2 f32-activation kernels (decode path, n_tokens < 8) against the scalar f32 path
-// (force_scalar: dequantize_row + scalar dot) for every block type: n_tokens 1..7, row counts
-// that are not multiples of the 4-row tile, rows with a block count that leaves a tail after
+// The AVX2 f32-activation kernels (the fused decode kernels for n_tokens < 16, the dequantizing
+// GEMM above) against the scalar f32 path (force_scalar: dequantize_row + scalar dot) for every
+// block type: n_tokens 1..7, 9, 15 (token groups), 16, 23, 40 (GEMM: partial 6-token panels),
+// row counts that are not multiples of the 4-row tile or the 16-row panel, k past one 256-value
+// k-block, rows with a block count that leaves a tail after
 // groups of 8, weight rows farther apart than their length (weight_row_blocks), strided x and
 // out, and a bias. Both compute the f32 product over the dequantized weights, so they may
-// differ only by f32 summation order: within 1e-5 of sum |w_i x_i| + |bias|.
+// differ only by f32 summation order: within 1e-5 of sum |w_i x_i| + |bias|; with int16_decode
+// the 32-value types' decode kernels also round x to int16, which adds at most
+// sum_blk max|x_blk| / 65534 * sum|w_blk|.
 TEST(Quant, F32ActivationAvx2MatchesScalar) {
   if (quant_best_isa() != QuantIsa::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
   for (const TypeCase& tc : kQuantTypes) {
@@ -373,7 +384,7 @@ TEST(Quant, F32ActivationAvx2MatchesScalar) {
     const std::vector<int64_t> ks =
         kq ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 288, 608};
     for (const int64_t k : ks) {
-      for (const int64_t m : {1, 6, 13}) {
+      for (const int64_t m : {1, 6, 13, 37}) {
         for (const int64_t pad_blocks : {0, 3}) {
           const int64_t row_blocks = k / info.block_size + pad_blocks;
           const std::vector<uint8_t> w = random_quant_rows(
@@ -387,7 +398,7 @@ TEST(Quant, F32ActivationAvx2MatchesScalar) {
           std::vector<float> bias(static_cast<size_t>(m));
           for (int64_t r = 0; r < m; ++r)
             bias[static_cast<size_t>(r)] = 0.1f * static_cast<float>(r % 5) - 0.2f;
-          for (int64_t n = 1; n <= 7; ++n) {
+          for (const int64_t n : {1, 2, 3, 4, 5, 6, 7, 9, 15, 16, 23, 40}) {
             const int64_t x_stride = k + 8;
             const int64_t out_stride = m + 2;
             const std::vector<float> x =
@@ -406,29 +417,116 @@ TEST(Quant, F32ActivationAvx2MatchesScalar) {
             p.out_stride = out_stride;
             p.weight_row_blocks = pad_blocks != 0 ? row_blocks : 0;
             p.f32_activations = true;
-            p.out = got.data();
-            ASSERT_TRUE(quant_linear(p).ok());
             p.force_scalar = true;
             p.out = want.data();
             ASSERT_TRUE(quant_linear(p).ok());
-            for (int64_t t = 0; t < n; ++t) {
-              const float* xt = x.data() + t * x_stride;
-              for (int64_t r = 0; r < m; ++r) {
-                double mag = std::fabs(bias[static_cast<size_t>(r)]);
-                for (int64_t i = 0; i < k; ++i) {
-                  mag += std::fabs(static_cast<double>(wf[static_cast<size_t>(r * k + i)]) * xt[i]);
+            for (const bool i16 : {false, true}) {
+              p.force_scalar = false;
+              p.int16_decode = i16;
+              p.out = got.data();
+              ASSERT_TRUE(quant_linear(p).ok());
+              for (int64_t t = 0; t < n; ++t) {
+                const float* xt = x.data() + t * x_stride;
+                for (int64_t r = 0; r < m; ++r) {
+                  double mag = std::fabs(bias[static_cast<size_t>(r)]);
+                  double i16_bound = 0;  // sum max|x_blk| / 65534 * sum|w_blk|
+                  for (int64_t b = 0; b < k / 32; ++b) {
+                    double xmax = 0, wsum = 0;
+                    for (int64_t i = 32 * b; i < 32 * b + 32; ++i) {
+                      const double wi = wf[static_cast<size_t>(r * k + i)];
+                      mag += std::fabs(wi * xt[i]);
+                      xmax = std::max(xmax, std::fabs(static_cast<double>(xt[i])));
+                      wsum += std::fabs(wi);
+                    }
+                    i16_bound += xmax / 65534.0 * wsum;
+                  }
+                  const size_t o = static_cast<size_t>(t * out_stride + r);
+                  EXPECT_NEAR(got[o], want[o], 1e-5 * mag + (i16 ? i16_bound : 0.0))
+                      << tc.name << " k " << k << " m " << m << " pad " << pad_blocks << " n " << n
+                      << " tok " << t << " row " << r << " int16 " << i16;
                 }
-                const size_t o = static_cast<size_t>(t * out_stride + r);
-                EXPECT_NEAR(got[o], want[o], 1e-5 * mag)
-                    << tc.name << " k " << k << " m " << m << " pad " << pad_blocks << " n " << n
-                    << " tok " << t << " row " << r;
-              }
-              for (int64_t r = m; r < out_stride; ++r) {
-                EXPECT_EQ(got[static_cast<size_t>(t * out_stride + r)], -7.0f);
+                for (int64_t r = m; r < out_stride; ++r) {
+                  EXPECT_EQ(got[static_cast<size_t>(t * out_stride + r)], -7.0f);
+                }
               }
             }
           }
         }
+      }
+    }
+  }
+}
+
+// The AVX2 dequantizers (the GEMM's weight packing) reproduce dequantize_row bit for bit.
+TEST(Quant, DequantAvx2MatchesScalarBitExactly) {
+  if (quant_best_isa() != QuantIsa::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (const TypeCase& tc : kQuantTypes) {
+    const DTypeInfo& info = dtype_info(tc.dtype);
+    const int64_t blocks = 5;
+    const int64_t n = blocks * info.block_size;
+    const std::vector<uint8_t> w = random_quant_rows(tc.dtype, 1, blocks, 77);
+    std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n), -1.0f);
+    ASSERT_TRUE(dequantize_row(tc.dtype, w.data(), want.data(), n).ok());
+    quant_detail::DequantFn fn = quant_detail::dequant_avx2(tc.dtype);
+    ASSERT_NE(fn, nullptr) << tc.name;
+    fn(w.data(), got.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::memcmp(&got[static_cast<size_t>(i)], &want[static_cast<size_t>(i)], 4), 0)
+          << tc.name << " value " << i << ": " << got[static_cast<size_t>(i)] << " vs "
+          << want[static_cast<size_t>(i)];
+    }
+  }
+}
+
+// linear_quant_gemm on every SIMD variant this CPU runs (AVX2, AVX-512) against the scalar
+// reference (dequantize_row + double dot), for a 32-value and a K-quant type, with a bias,
+// strides and shapes that leave partial panels; the scalar variant is refused.
+TEST(Quant, QuantGemmEveryIsaMatchesReference) {
+  for (const DType dt : {DType::kQ4_1, DType::kQ6_K}) {
+    const DTypeInfo& info = dtype_info(dt);
+    const int64_t k = 3 * 256, m = 45, n = 19, row_blocks = k / info.block_size + 1;
+    const std::vector<uint8_t> w = random_quant_rows(dt, m, row_blocks, 5);
+    std::vector<float> wf(static_cast<size_t>(m * k));
+    for (int64_t r = 0; r < m; ++r) {
+      ASSERT_TRUE(
+          dequantize_row(dt, w.data() + r * row_blocks * info.block_bytes, wf.data() + r * k, k)
+              .ok());
+    }
+    const std::vector<float> x = random_rows(n, k + 4, 9);
+    std::vector<float> bias(static_cast<size_t>(m));
+    for (int64_t r = 0; r < m; ++r) bias[static_cast<size_t>(r)] = 0.01f * static_cast<float>(r);
+    for (const CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+      std::vector<float> out(static_cast<size_t>(n * (m + 1)), -7.0f);
+      const LinearParams p{.x = x.data(),
+                           .x_stride = k + 4,
+                           .w = w.data(),
+                           .w_dtype = dt,
+                           .w_stride = row_blocks * info.block_size,
+                           .bias = bias.data(),
+                           .out = out.data(),
+                           .out_stride = m + 1,
+                           .n_tokens = n,
+                           .in_features = k,
+                           .out_features = m};
+      const Status st = linear_quant_gemm(p, isa);
+      if (isa == CpuIsa::kScalar || !cpu_supports(isa)) {
+        EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << cpu_isa_name(isa);
+        continue;
+      }
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t r = 0; r < m; ++r) {
+          double want = bias[static_cast<size_t>(r)], mag = std::fabs(want);
+          for (int64_t i = 0; i < k; ++i) {
+            const double v = static_cast<double>(wf[static_cast<size_t>(r * k + i)]) *
+                             x[static_cast<size_t>(t * (k + 4) + i)];
+            want += v;
+            mag += std::fabs(v);
+          }
+          EXPECT_NEAR(out[static_cast<size_t>(t * (m + 1) + r)], want, 1e-5 * mag)
+              << info.name << " " << cpu_isa_name(isa) << " tok " << t << " row " << r;
+        }
+        EXPECT_EQ(out[static_cast<size_t>(t * (m + 1) + m)], -7.0f);
       }
     }
   }

@@ -1,6 +1,9 @@
 // Which SIMD variants of the CPU kernels this machine can run, detected once per process.
 // __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0).
+#include <string>
+
 #include "backends/cpu/cpu_kernels.h"
+#include "strata/engine.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -66,3 +69,15 @@ const char* cpu_isa_name(CpuIsa isa) {
 }
 
 }  // namespace strata::cpu
+
+namespace strata {
+
+std::string cpu_kernel_path() {
+  using cpu::CpuIsa;
+  std::string s = cpu::cpu_isa_name(cpu::best_cpu_isa());
+  s += cpu::cpu_supports(CpuIsa::kAvx2) ? " (avx2 fma f16c; " : " (no avx2/fma/f16c; ";
+  s += cpu::cpu_supports(CpuIsa::kAvx512) ? "avx512f/bw/dq/vl)" : "no avx512f/bw/dq/vl)";
+  return s;
+}
+
+}  // namespace strata

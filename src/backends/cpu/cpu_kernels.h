@@ -64,4 +64,11 @@ enum class LinearPath { kAuto, kGemv, kGemm };
 // kFailedPrecondition when the CPU cannot run `isa`.
 Status linear_with_isa(const LinearParams& p, CpuIsa isa, LinearPath path = LinearPath::kAuto);
 
+// The GEMM path for block-quantized weights (p.w_dtype a GGUF block type, p.w_stride in values,
+// a multiple of the block): weight panels are dequantized to f32 while they are packed, then
+// run through `isa`'s micro-kernel (f32 activations; results equal the f32 product with the
+// dequantized weights up to summation order). kFailedPrecondition when the CPU cannot run
+// `isa` or it has no dequantizer (scalar).
+Status linear_quant_gemm(const LinearParams& p, CpuIsa isa);
+
 }  // namespace strata::cpu

@@ -25,6 +25,7 @@
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/linear_impl.h"
 #include "backends/cpu/quant.h"
+#include "backends/cpu/quant_impl.h"
 #include "core/status.h"
 
 namespace strata::cpu {
@@ -106,7 +107,32 @@ Status run_gemv(const LinearParams& p, const IsaKernels& isa) {
   return ok_status();
 }
 
-Status run_gemm(const LinearParams& p, const GemmKernel& g) {
+// Block-quantized weights in the GEMM: the packer dequantizes the k-block of each NR-row panel
+// into a per-thread buffer (row after row, kc a multiple of every block size) and packs that
+// with the ISA's f32 packer, so every weight is unpacked once per call.
+struct QuantPack {
+  quant_detail::DequantFn dequant;
+  int64_t row_bytes;    // bytes per weight row
+  int64_t block_size;   // values per block
+  int64_t block_bytes;  // bytes per block
+};
+
+void pack_w_quant(const LinearParams& p, const GemmKernel& g, const QuantPack& qp, int64_t j0,
+                  int64_t nj, int64_t k0, int64_t kc, float* dst, float* tmp) {
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  const int64_t k_byte = k0 / qp.block_size * qp.block_bytes;
+  for (int64_t q0 = 0; q0 < nj; q0 += g.nr) {
+    const int64_t rows = std::min(g.nr, nj - q0);
+    for (int64_t r = 0; r < rows; ++r) {
+      qp.dequant(w + (j0 + q0 + r) * qp.row_bytes + k_byte, tmp + r * kc, kc);
+    }
+    const LinearParams t{
+        .w = tmp, .w_dtype = DType::kF32, .w_stride = kc, .in_features = kc, .out_features = rows};
+    g.pack_w(t, 0, rows, 0, kc, dst + q0 * kc, -1, 0);
+  }
+}
+
+Status run_gemm(const LinearParams& p, const GemmKernel& g, const QuantPack* qp = nullptr) {
   const int64_t n = p.n_tokens;
   const int64_t m = p.out_features;
   const int64_t k = p.in_features;
@@ -123,7 +149,8 @@ Status run_gemm(const LinearParams& p, const GemmKernel& g) {
   const int64_t nc = round_up(ceil_div(m, nthreads * blocks_per_thread), g.nr);
   const int64_t n_blocks = ceil_div(m, nc);
   const size_t xp_floats = static_cast<size_t>(mc * n_kblocks * kc_max);
-  const size_t wp_floats = static_cast<size_t>(nc * kc_max);
+  // With quantized weights each thread's area also holds one dequantized NR-row panel.
+  const size_t wp_floats = static_cast<size_t>(nc * kc_max + (qp ? g.nr * kc_max : 0));
   const size_t total = xp_floats + static_cast<size_t>(nthreads) * wp_floats;
   float* const scratch = thread_scratch(total);
   if (!scratch) {
@@ -164,7 +191,11 @@ Status run_gemm(const LinearParams& p, const GemmKernel& g) {
           const bool last_kb = kb + 1 == n_kblocks;
           const int64_t next_j0 = !last_kb ? j0 : b + 1 < b_end ? j0 + nc : -1;
           const int64_t next_k0 = !last_kb ? (kb + 1) * kc_max : 0;
-          g.pack_w(p, j0, nj, kb * kc_max, kc, wp, next_j0, next_k0);
+          if (qp) {
+            pack_w_quant(p, g, *qp, j0, nj, kb * kc_max, kc, wp, wp + nc * kc_max);
+          } else {
+            g.pack_w(p, j0, nj, kb * kc_max, kc, wp, next_j0, next_k0);
+          }
           const float* xblock = xp + kb * kc_max * mc;
           for (int64_t jr = 0; jr < nj; jr += g.nr) {
             for (int64_t q = 0; q < n_panels; ++q) {
@@ -241,6 +272,27 @@ Status linear_with_isa(const LinearParams& p, CpuIsa isa, LinearPath path) {
   }
   return errorf(StatusCode::kUnimplemented, "linear: weight dtype {} is not supported on the CPU",
                 dtype_name(p.w_dtype));
+}
+
+Status linear_quant_gemm(const LinearParams& p, CpuIsa isa) {
+  const DTypeInfo& info = dtype_info(p.w_dtype);
+  quant_detail::DequantFn dequant = nullptr;
+#if defined(STRATA_QUANT_HAVE_AVX2)
+  if (isa != CpuIsa::kScalar && cpu_supports(isa)) dequant = quant_detail::dequant_avx2(p.w_dtype);
+#endif
+  if (dequant == nullptr || !info.is_quantized || p.w_stride % info.block_size != 0) {
+    return errorf(StatusCode::kFailedPrecondition,
+                  "linear_quant_gemm: no {} kernels for {} weights (row stride {})",
+                  cpu_isa_name(isa), info.name, p.w_stride);
+  }
+  if (p.n_tokens == 0 || p.out_features == 0) return ok_status();
+  const QuantPack qp{.dequant = dequant,
+                     .row_bytes = p.w_stride / info.block_size * info.block_bytes,
+                     .block_size = info.block_size,
+                     .block_bytes = info.block_bytes};
+  const IsaKernels& k =
+      isa == CpuIsa::kAvx512 ? linear_detail::avx512_kernels() : linear_detail::avx2_kernels();
+  return run_gemm(p, k.gemm, &qp);
 }
 
 Status linear(const LinearParams& p) {

@@ -1,6 +1,6 @@
 // AVX2 + FMA + F16C kernels for quantized dot products: the int8-activation path (its dot
 // kernels and activation quantizer, below) and the f32-activation path's decode kernels
-// (row_dot_f32_avx2 / row_dot_f32_tokens_avx2, used by quant_f32.cpp for n_tokens < 8; see
+// (row_dot_f32_avx2 / row_dot_f32_tokens_avx2, used by quant_f32.cpp for n_tokens < 16; see
 // that section).
 //
 // Each function carries __attribute__((target(...))), so this file builds without -mavx2 and
@@ -878,6 +878,451 @@ RowDotF32TokensFn row_dot_f32_tokens_avx2(DType dt) {
                             dot_q45_k_f32<true, 4>>;
     case DType::kQ6_K:
       return row_dot_tokens<row_dot_q6_k_f32, dot_q6_k_f32<2>, dot_q6_k_f32<3>, dot_q6_k_f32<4>>;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+// ---- int16-activation kernels (quant_f32.cpp's decode path, 32-value block types) -----------
+// x is quantized per 32 values to int16 (Q16Act: d = max|x_blk| / 32767, s = d * sum(q)), which
+// moves each element by at most d / 2 = max|x_blk| / 65534 (256x less than int8). Each block's
+// 32 weight values are widened to 16 bits (Q4: straight from the packed nibbles, in value
+// order) and meet the activation in two vpmaddwd (i16 x i16 -> i32 pairs; no overflow:
+// |q_w| <= 127, |q_a| <= 32767, 32 terms < 2^31), so a block costs about what the int8
+// kernels' maddubs + madd costs; the block sums are scaled as in dot_blk32.
+
+template <DType kT>
+STRATA_AVX2 inline __m256i block_dot16(const uint8_t* b, const int16_t* a) {
+  using B = Blk32<kT>;
+  __m256i w0, w1;  // values 0..15 and 16..31 as i16
+  if constexpr (B::kQ8) {
+    w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+    w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)));
+  } else if constexpr (!B::kFive) {
+    const __m256i q = _mm256_cvtepu8_epi16(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (B::kHasMin ? 4 : 2))));
+    w0 = _mm256_and_si256(q, _mm256_set1_epi16(0x0F));
+    w1 = _mm256_srli_epi16(q, 4);
+  } else {
+    const __m256i v = B::values(b);
+    w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
+    w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
+  }
+  return _mm256_add_epi32(
+      _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+      _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 16))));
+}
+
+// block_dot16 with the block's activations already loaded (a0 = values 0..15, a1 = 16..31).
+template <DType kT>
+STRATA_AVX2 inline __m256i block_dot16_pre(const uint8_t* b, __m256i a0, __m256i a1) {
+  using B = Blk32<kT>;
+  __m256i w0, w1;
+  if constexpr (B::kQ8) {
+    w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+    w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)));
+  } else if constexpr (!B::kFive) {
+    const __m256i q = _mm256_cvtepu8_epi16(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (B::kHasMin ? 4 : 2))));
+    w0 = _mm256_and_si256(q, _mm256_set1_epi16(0x0F));
+    w1 = _mm256_srli_epi16(q, 4);
+  } else {
+    const __m256i v = B::values(b);
+    w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
+    w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
+  }
+  return _mm256_add_epi32(_mm256_madd_epi16(w0, a0), _mm256_madd_epi16(w1, a1));
+}
+
+// One token, 4 rows (row_bytes apart): out[r] = dot(row r, activation). Each activation block
+// is loaded once for the 4 rows and the per-row costs (set-up, tail, horizontal sums) are
+// shared, which matters for short rows (576 values: 18 blocks).
+template <DType kT>
+STRATA_AVX2 void dot_blk32_i16_4rows(const uint8_t* w, int64_t row_bytes, int64_t n,
+                                     const Q16Act& a, float* out) {
+  using B = Blk32<kT>;
+  constexpr bool kHasC = B::kHasMin || B::kOffset != 0.0f;
+  constexpr int kNr = 4;
+  const int64_t nb = n / 32;
+  __m256 acc[kNr];
+  __m256 macc[kNr];
+  STRATA_UNROLL
+  for (int r = 0; r < kNr; ++r) acc[r] = macc[r] = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= nb; j += 8) {
+    alignas(32) float scale[kNr][8];
+    const __m256 ad = _mm256_loadu_ps(a.d + j);
+    STRATA_UNROLL
+    for (int r = 0; r < kNr; ++r) {
+      const uint8_t* wb = w + r * row_bytes + j * B::kBytes;
+      // NOTE: the 4 rows are read block-interleaved, which the hardware prefetchers follow
+      // poorly from DRAM; prefetch the same blocks of the tile after next (8 rows on).
+      for (int64_t off = 0; off < 8 * B::kBytes; off += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + 16 * row_bytes + off), _MM_HINT_T0);
+      }
+      const __m256 dw = load_f16x8(wb, B::kBytes);
+      _mm256_store_ps(scale[r], _mm256_mul_ps(dw, ad));
+      if constexpr (B::kHasMin) {
+        macc[r] = _mm256_fmadd_ps(load_f16x8(wb + 2, B::kBytes), _mm256_loadu_ps(a.s + j), macc[r]);
+      } else if constexpr (kHasC) {
+        macc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(-B::kOffset)),
+                                  _mm256_loadu_ps(a.s + j), macc[r]);
+      }
+    }
+    STRATA_UNROLL
+    for (int u = 0; u < 8; ++u) {
+      const int16_t* ab = a.qs + 32 * (j + u);
+      const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab));
+      const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 16));
+      STRATA_UNROLL
+      for (int r = 0; r < kNr; ++r) {
+        const __m256 p = _mm256_cvtepi32_ps(
+            block_dot16_pre<kT>(w + r * row_bytes + (j + u) * B::kBytes, a0, a1));
+        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&scale[r][u]), p, acc[r]);
+      }
+    }
+  }
+  float ctail[kNr] = {};
+  for (; j < nb; ++j) {
+    const int16_t* ab = a.qs + 32 * j;
+    const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab));
+    const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab + 16));
+    STRATA_UNROLL
+    for (int r = 0; r < kNr; ++r) {
+      const uint8_t* wb = w + r * row_bytes + j * B::kBytes;
+      const float dw = f16_avx(wb);
+      const __m256 p = _mm256_cvtepi32_ps(block_dot16_pre<kT>(wb, a0, a1));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d[j]), p, acc[r]);
+      if constexpr (kHasC) ctail[r] += (B::kHasMin ? f16_avx(wb + 2) : -B::kOffset * dw) * a.s[j];
+    }
+  }
+  const __m128 sums = hsum4(_mm256_add_ps(acc[0], macc[0]), _mm256_add_ps(acc[1], macc[1]),
+                            _mm256_add_ps(acc[2], macc[2]), _mm256_add_ps(acc[3], macc[3]));
+  _mm_storeu_ps(out, _mm_add_ps(sums, _mm_loadu_ps(ctail)));
+}
+
+template <DType kT>
+STRATA_AVX2 void rows4_i16(const uint8_t* w, int64_t row_bytes, int64_t n, const Q16Act& a,
+                           float* out) {
+  dot_blk32_i16_4rows<kT>(w, row_bytes, n, a, out);
+}
+
+// One row, kNt (1..4) tokens: out[t] = dot(row, activation of token t); token t's blocks are
+// a.qs + t * n, a.d / a.s + t * n / 32.
+template <DType kT, int kNt>
+STRATA_AVX2 void dot_blk32_i16(const uint8_t* w, int64_t n, const Q16Act& a, float* out) {
+  using B = Blk32<kT>;
+  constexpr bool kHasC = B::kHasMin || B::kOffset != 0.0f;
+  constexpr int kAcc = kNt == 1 ? 2 : 1;
+  const int64_t nb = n / 32;
+  __m256 acc[kNt][kAcc];
+  __m256 macc[kNt];
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) {
+    macc[t] = _mm256_setzero_ps();
+    STRATA_UNROLL
+    for (int u = 0; u < kAcc; ++u) acc[t][u] = _mm256_setzero_ps();
+  }
+  int64_t j = 0;
+  for (; j + 8 <= nb; j += 8) {
+    const uint8_t* wb = w + j * B::kBytes;
+    const __m256 dw = load_f16x8(wb, B::kBytes);
+    __m256 cw = _mm256_setzero_ps();
+    if constexpr (B::kHasMin) {
+      cw = load_f16x8(wb + 2, B::kBytes);
+    } else if constexpr (kHasC) {
+      cw = _mm256_mul_ps(dw, _mm256_set1_ps(-B::kOffset));
+    }
+    alignas(32) float scale[kNt][8];
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t) {
+      const int64_t ab = t * nb + j;
+      _mm256_store_ps(scale[t], _mm256_mul_ps(dw, _mm256_loadu_ps(a.d + ab)));
+      if constexpr (kHasC) macc[t] = _mm256_fmadd_ps(cw, _mm256_loadu_ps(a.s + ab), macc[t]);
+    }
+    STRATA_UNROLL
+    for (int u = 0; u < 8; ++u) {
+      STRATA_UNROLL
+      for (int t = 0; t < kNt; ++t) {
+        const __m256 p =
+            _mm256_cvtepi32_ps(block_dot16<kT>(wb + u * B::kBytes, a.qs + 32 * (t * nb + j + u)));
+        __m256& dst = acc[t][u % kAcc];
+        dst = _mm256_fmadd_ps(_mm256_broadcast_ss(&scale[t][u]), p, dst);
+      }
+    }
+  }
+  float ctail[kNt] = {};
+  for (; j < nb; ++j) {
+    const uint8_t* wb = w + j * B::kBytes;
+    const float dw = f16_avx(wb);
+    const float cw = B::kHasMin ? f16_avx(wb + 2) : -B::kOffset * dw;
+    STRATA_UNROLL
+    for (int t = 0; t < kNt; ++t) {
+      const int64_t ab = t * nb + j;
+      const __m256 p = _mm256_cvtepi32_ps(block_dot16<kT>(wb, a.qs + 32 * ab));
+      acc[t][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d[ab]), p, acc[t][0]);
+      if constexpr (kHasC) ctail[t] += cw * a.s[ab];
+    }
+  }
+  STRATA_UNROLL
+  for (int t = 0; t < kNt; ++t) {
+    __m256 v = _mm256_add_ps(acc[t][0], macc[t]);
+    if constexpr (kAcc == 2) v = _mm256_add_ps(v, acc[t][1]);
+    out[t] = hsum(v) + ctail[t];
+  }
+}
+
+template <DType kT>
+STRATA_AVX2 void row_dot_i16(const uint8_t* w, int64_t n, const Q16Act& a, int nt, float* out) {
+  switch (nt) {
+    case 1:
+      dot_blk32_i16<kT, 1>(w, n, a, out);
+      break;
+    case 2:
+      dot_blk32_i16<kT, 2>(w, n, a, out);
+      break;
+    case 3:
+      dot_blk32_i16<kT, 3>(w, n, a, out);
+      break;
+    default:
+      dot_blk32_i16<kT, 4>(w, n, a, out);
+      break;
+  }
+}
+
+RowDotI16Fn row_dot_i16_avx2(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return row_dot_i16<DType::kQ8_0>;
+    case DType::kQ4_0:
+      return row_dot_i16<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return row_dot_i16<DType::kQ4_1>;
+    case DType::kQ5_0:
+      return row_dot_i16<DType::kQ5_0>;
+    case DType::kQ5_1:
+      return row_dot_i16<DType::kQ5_1>;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+RowsI16Fn rows4_i16_avx2(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return rows4_i16<DType::kQ8_0>;
+    case DType::kQ4_0:
+      return rows4_i16<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return rows4_i16<DType::kQ4_1>;
+    case DType::kQ5_0:
+      return rows4_i16<DType::kQ5_0>;
+    case DType::kQ5_1:
+      return rows4_i16<DType::kQ5_1>;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kFP8E4M3:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+// d = max|x_blk| / 32767, q = round-to-nearest-even(x / d) (as quantize_row_q8_avx2 with 32767).
+STRATA_AVX2 void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 lim = _mm256_set1_ps(32767.0f);
+  for (int64_t j = 0; j < n / 32; ++j) {
+    const float* xb = x + 32 * j;
+    __m256 v[4];
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+    __m256 m =
+        _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                      _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float dj = _mm_cvtss_f32(m4) / 32767.0f;
+    const __m256 idv = _mm256_set1_ps(dj != 0.0f ? 1.0f / dj : 0.0f);
+    __m256i q[4];
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      __m256 r =
+          _mm256_round_ps(_mm256_mul_ps(v[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm256_max_ps(_mm256_min_ps(r, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
+      q[i] = _mm256_cvtps_epi32(r);
+    }
+    const __m256i sum32 =
+        _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    // packs works per 128-bit lane: put the 64-bit quarters back in order.
+    const __m256i p0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+    const __m256i p1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * j), p0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * j + 16), p1);
+    d[j] = dj;
+    s[j] = dj * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
+
+// ---- dequantization (the GEMM path's weight packing) ------------------------------------------
+// Same f32 operations as dequantize_row in quant.cpp (a multiply, then an add or subtract for
+// offsets and mins, never fused), so the results are bit-identical to the scalar ones.
+
+template <DType kT>
+STRATA_AVX2 void dequant_blk32(const uint8_t* w, float* y, int64_t n) {
+  using B = Blk32<kT>;
+  const __m256 off = _mm256_set1_ps(B::kOffset);
+  for (int64_t j = 0; j < n / 32; ++j, y += 32) {
+    const uint8_t* b = w + j * B::kBytes;
+    const __m256 d = _mm256_set1_ps(f16_avx(b));
+    __m256 v[4];
+    values_f32<kT>(b, v);
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      __m256 r;
+      if constexpr (B::kHasMin) {
+        r = _mm256_add_ps(_mm256_mul_ps(d, v[i]), _mm256_set1_ps(f16_avx(b + 2)));
+      } else if constexpr (B::kOffset != 0.0f) {
+        r = _mm256_mul_ps(d, _mm256_sub_ps(v[i], off));
+      } else {
+        r = _mm256_mul_ps(v[i], d);
+      }
+      _mm256_storeu_ps(y + 8 * i, r);
+    }
+  }
+}
+
+template <bool kFiveBit>
+STRATA_AVX2 void dequant_q45_k(const uint8_t* w, float* y, int64_t n) {
+  constexpr int64_t kBytes = kFiveBit ? 176 : 144;
+  for (int64_t sb = 0; sb < n / kQK; ++sb) {
+    const uint8_t* b = w + sb * kBytes;
+    uint32_t scm[4];
+    k_scales_mins(b + 4, scm);
+    alignas(32) float dl[8];
+    alignas(32) float ml[8];
+    _mm256_store_ps(dl, _mm256_mul_ps(_mm256_set1_ps(f16_avx(b)), u8x8_f32(scm)));
+    _mm256_store_ps(ml, _mm256_mul_ps(_mm256_set1_ps(f16_avx(b + 2)), u8x8_f32(scm + 2)));
+    const uint8_t* qs = kFiveBit ? b + 48 : b + 16;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int i = 0; i < 4; ++i) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * i));
+      __m256i v0 = _mm256_and_si256(q, low4);
+      __m256i v1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFiveBit) {
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+        v0 = _mm256_or_si256(
+            v0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), one), 4));
+        v1 = _mm256_or_si256(
+            v1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i + 1), one), 4));
+      }
+      alignas(32) uint8_t buf[64];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(buf), v0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(buf + 32), v1);
+      STRATA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const __m256 d = _mm256_broadcast_ss(&dl[2 * i + h]);
+        const __m256 m = _mm256_broadcast_ss(&ml[2 * i + h]);
+        float* yo = y + sb * kQK + 64 * i + 32 * h;
+        STRATA_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 32 * h + 8 * k))));
+          _mm256_storeu_ps(yo + 8 * k, _mm256_sub_ps(_mm256_mul_ps(d, f), m));
+        }
+      }
+    }
+  }
+}
+
+STRATA_AVX2 void dequant_q6_k(const uint8_t* w, float* y, int64_t n) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i three = _mm256_set1_epi8(3);
+  const __m256i k32 = _mm256_set1_epi8(32);
+  for (int64_t sb = 0; sb < n / kQK; ++sb) {
+    const uint8_t* b = w + sb * 210;
+    const __m256 d = _mm256_set1_ps(f16_avx(b + 208));
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    alignas(32) float ds[16];
+    _mm256_store_ps(ds, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_store_ps(
+        ds + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const __m256i v[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
+                            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
+      alignas(32) int8_t buf[128];
+      STRATA_UNROLL
+      for (int t4 = 0; t4 < 4; ++t4) {
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t4), three);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(buf + 32 * t4),
+                           _mm256_sub_epi8(_mm256_or_si256(v[t4], _mm256_slli_epi16(hi, 4)), k32));
+      }
+      // buf[32 t4 + l] is element 128 h + 32 t4 + l, in group (128 h + 32 t4 + l) / 16.
+      float* yo = y + sb * kQK + 128 * h;
+      STRATA_UNROLL
+      for (int k = 0; k < 16; ++k) {
+        const __m256 s = _mm256_broadcast_ss(&ds[8 * h + k / 2]);
+        const __m256 f = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + 8 * k))));
+        _mm256_storeu_ps(yo + 8 * k, _mm256_mul_ps(s, f));
+      }
+    }
+  }
+}
+
+DequantFn dequant_avx2(DType dt) {
+  switch (dt) {
+    case DType::kQ8_0:
+      return dequant_blk32<DType::kQ8_0>;
+    case DType::kQ4_0:
+      return dequant_blk32<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return dequant_blk32<DType::kQ4_1>;
+    case DType::kQ5_0:
+      return dequant_blk32<DType::kQ5_0>;
+    case DType::kQ5_1:
+      return dequant_blk32<DType::kQ5_1>;
+    case DType::kQ4_K:
+      return dequant_q45_k<false>;
+    case DType::kQ5_K:
+      return dequant_q45_k<true>;
+    case DType::kQ6_K:
+      return dequant_q6_k;
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:

@@ -4,13 +4,13 @@
 // rounds x to 8 bits per element, which moved SmolLM2's logits by up to ~1.5).
 //
 // Variants:
-//   n_tokens < 8 (decode), AVX2: the fused unpack-and-FMA kernels of quant_avx2.cpp
+//   n_tokens < 16 (decode), AVX2: the fused unpack-and-FMA kernels of quant_avx2.cpp
 //     (row_dot_f32_avx2, row_dot_f32_tokens_avx2) for all eight block types, with the
 //     activation's per-32 block sums computed once per call for the offset / min terms.
-//     Threads split the rows into contiguous slabs and read them row after row; with 2..7
+//     Threads split the rows into contiguous slabs and read them row after row; with 2..15
 //     tokens each row is unpacked once per group of up to 4 tokens.
-//   n_tokens >= 8 (prefill): panels of rows are dequantized to f32 and run through the f32
-//     GEMM of linear.cpp.
+//   n_tokens >= 16 (prefill, batched decode): the f32 GEMM of linear.cpp (linear_quant_gemm),
+//     whose packer dequantizes each panel of weight rows with the AVX2 dequantizers.
 //   force_scalar, or no AVX2: dequantize_row + dot per row (the reference the AVX2 kernels
 //     are tested against).
 #include <immintrin.h>
@@ -66,12 +66,74 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
                         int64_t row_bytes) {
   const int64_t k = p.in_features;
   const bool avx2 = !p.force_scalar && cpu_supports(CpuIsa::kAvx2);
+  const int64_t block = dtype_info(p.weight_dtype).block_size;
+  const int64_t info_bytes = dtype_info(p.weight_dtype).block_bytes;
   const auto* w = static_cast<const uint8_t*>(p.weight);
-  constexpr int64_t kGemmTokens = 8;
+  // Measured on an AVX2 Zen 3 core (bench_quant, 1536 x 576 Q4_1): the fused kernels take
+  // 143 us at 4 tokens (~36 us per token); the GEMM 405 us at 8 and 527 us at 16 (its packing,
+  // ~0.3 ns per weight, is paid once per call). So the fused kernels serve up to 15 tokens.
+  constexpr int64_t kGemmTokens = 16;
 
   if (avx2 && p.n_tokens < kGemmTokens) {
     const int64_t n = p.n_tokens;
     const int64_t nb32 = k / 32;
+    const quant_detail::RowDotI16Fn i16 =
+        p.int16_decode ? quant_detail::row_dot_i16_avx2(p.weight_dtype) : nullptr;
+    if (i16 != nullptr) {
+      // int16 activations: x quantized once per call, then each thread streams its slab of
+      // rows, each row unpacked once per group of <= 4 tokens.
+      // Grow-only, per calling thread: a decode step allocates nothing.
+      thread_local std::vector<int16_t> qs;
+      thread_local std::vector<float> qd, qsum;
+      qs.resize(std::max(qs.size(), static_cast<size_t>(n * k)));
+      qd.resize(std::max(qd.size(), static_cast<size_t>(n * nb32)));
+      qsum.resize(std::max(qsum.size(), static_cast<size_t>(n * nb32)));
+      for (int64_t t = 0; t < n; ++t) {
+        quant_detail::quantize_row_q16_avx2(p.x + t * x_stride, k, qs.data() + t * k,
+                                            qd.data() + t * nb32, qsum.data() + t * nb32);
+      }
+      const int64_t n_groups = (n + 3) / 4;
+      const int64_t group = (n + n_groups - 1) / n_groups;
+      // NOTE: pointers, not the thread_local vectors, inside the parallel region (the other
+      // threads would see their own, empty, vectors).
+      const int16_t* const aq = qs.data();
+      const float* const ad = qd.data();
+      const float* const as = qsum.data();
+      if (n == 1) {
+        // One token: 4 rows per kernel call (contiguous slabs of 4-row tiles per thread), the
+        // last < 4 rows one at a time.
+        const quant_detail::RowsI16Fn rows4 = quant_detail::rows4_i16_avx2(p.weight_dtype);
+        const quant_detail::Q16Act a{aq, ad, as};
+        const int64_t tiles = p.out_features / 4;
+#pragma omp parallel for schedule(static)
+        for (int64_t rt = 0; rt <= tiles; ++rt) {
+          const int64_t r0 = rt * 4;
+          const int64_t nr = std::min<int64_t>(4, p.out_features - r0);
+          float res[4];
+          if (nr == 4) {
+            rows4(w + r0 * row_bytes, row_bytes, k, a, res);
+          } else {
+            for (int64_t i = 0; i < nr; ++i) i16(w + (r0 + i) * row_bytes, k, a, 1, res + i);
+          }
+          for (int64_t i = 0; i < nr; ++i) {
+            p.out[r0 + i] = res[i] + (p.bias != nullptr ? p.bias[r0 + i] : 0.0f);
+          }
+        }
+        return ok_status();
+      }
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < p.out_features; ++r) {
+        const float bias = p.bias != nullptr ? p.bias[r] : 0.0f;
+        for (int64_t t0 = 0; t0 < n; t0 += group) {
+          const int nt = static_cast<int>(std::min(group, n - t0));
+          const quant_detail::Q16Act a{aq + t0 * k, ad + t0 * nb32, as + t0 * nb32};
+          float res[4];
+          i16(w + r * row_bytes, k, a, nt, res);
+          for (int i = 0; i < nt; ++i) p.out[(t0 + i) * out_stride + r] = res[i] + bias;
+        }
+      }
+      return ok_status();
+    }
     std::vector<float> xsum(static_cast<size_t>(n * nb32));
     for (int64_t t = 0; t < n; ++t) {
       block_sums32_avx2(p.x + t * x_stride, nb32, xsum.data() + t * nb32);
@@ -86,11 +148,12 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
       }
       return ok_status();
     }
-    // 2..7 tokens: each row is unpacked once per group of <= 4 tokens; the groups split the
-    // tokens evenly (5 = 3 + 2, 6 = 3 + 3, 7 = 4 + 3), so a row is unpacked at most twice.
+    // 2..15 tokens: each row is unpacked once per group of <= 4 tokens; the groups split the
+    // tokens evenly (5 = 3 + 2, 7 = 4 + 3, 9 = 3 + 3 + 3, ...).
     const quant_detail::RowDotF32TokensFn rows =
         quant_detail::row_dot_f32_tokens_avx2(p.weight_dtype);
-    const int64_t group = n <= 4 ? n : (n + 1) / 2;
+    const int64_t n_groups = (n + 3) / 4;
+    const int64_t group = (n + n_groups - 1) / n_groups;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < p.out_features; ++r) {
       const float bias = p.bias != nullptr ? p.bias[r] : 0.0f;
@@ -104,39 +167,22 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
     return ok_status();
   }
 
-  // Prefill-sized batches: dequantize panels of rows to f32 (in parallel) and run the f32
-  // GEMM of linear.cpp on each panel, so every weight is unpacked once per call and the
-  // multiply gets the register-blocked GEMM.
-  if (p.n_tokens >= kGemmTokens && !p.force_scalar) {
-    const int64_t panel =
-        std::max<int64_t>(16, std::min<int64_t>(256, (int64_t{1} << 20) / (4 * k)));
-    std::vector<float> buf(static_cast<size_t>(panel * k));
-    for (int64_t r0 = 0; r0 < p.out_features; r0 += panel) {
-      const int64_t rows = std::min(panel, p.out_features - r0);
-      Status st = ok_status();
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-        Status s = dequantize_row(p.weight_dtype, w + (r0 + r) * row_bytes, buf.data() + r * k, k);
-        if (!s.ok()) {
-#pragma omp critical
-          st = s;
-        }
-      }
-      STRATA_RETURN_IF_ERROR(st);
-      STRATA_RETURN_IF_ERROR(linear({.x = p.x,
-                                     .x_stride = x_stride,
-                                     .w = buf.data(),
-                                     .w_dtype = DType::kF32,
-                                     .w_stride = k,
-                                     .bias = p.bias != nullptr ? p.bias + r0 : nullptr,
-                                     .bias_dtype = DType::kF32,
-                                     .out = p.out + r0,
-                                     .out_stride = out_stride,
-                                     .n_tokens = p.n_tokens,
-                                     .in_features = k,
-                                     .out_features = rows}));
-    }
-    return ok_status();
+  // Prefill and larger batches: the GEMM of linear.cpp, its packer dequantizing each panel of
+  // weights (every weight is unpacked once per call, the multiply is register-blocked).
+  if (avx2) {
+    return linear_quant_gemm({.x = p.x,
+                              .x_stride = x_stride,
+                              .w = p.weight,
+                              .w_dtype = p.weight_dtype,
+                              .w_stride = row_bytes / info_bytes * block,
+                              .bias = p.bias,
+                              .bias_dtype = DType::kF32,
+                              .out = p.out,
+                              .out_stride = out_stride,
+                              .n_tokens = p.n_tokens,
+                              .in_features = k,
+                              .out_features = p.out_features},
+                             best_cpu_isa());
   }
 
   // The reference path (force_scalar, or no AVX2): dequantize each row, then scalar dots.

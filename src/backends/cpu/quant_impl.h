@@ -55,7 +55,7 @@ inline void k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) {
 using TileDotFn = void (*)(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8Act& a,
                            int nt, float* out);
 
-// f32 activations (quant_f32.cpp's decode path, n_tokens < 8): each weight block is
+// f32 activations (quant_f32.cpp's decode path, n_tokens < 16): each weight block is
 // dequantized in registers, so results equal the dequantize_row + f32 dot product up to f32
 // summation order (offsets and mins are folded in as c_w * sum(x_block)). xsum holds the
 // per-32 block sums of the activation row(s): token t's at xsum + t * (n / 32).
@@ -64,6 +64,22 @@ using RowDotF32Fn = float (*)(const uint8_t* w, const float* x, const float* xsu
 // nt tokens (1..4): out[t] = dot(weight row at w, x + t * x_stride); the row is unpacked once.
 using RowDotF32TokensFn = void (*)(const uint8_t* w, int64_t n, const float* x, int64_t x_stride,
                                    const float* xsum, int nt, float* out);
+
+// One activation row quantized to int16 blocks of 32 values (the decode path's activations).
+struct Q16Act {
+  const int16_t* qs = nullptr;  // [n]
+  const float* d = nullptr;     // [n / 32] block scales: max|x_blk| / 32767
+  const float* s = nullptr;     // [n / 32] d * sum(qs over the block)
+};
+// nt tokens (1..4): out[t] = dot(weight row of n values at w, token t's activation at
+// a.qs + t * n, a.d / a.s + t * n / 32).
+using RowDotI16Fn = void (*)(const uint8_t* w, int64_t n, const Q16Act& a, int nt, float* out);
+// One token, 4 weight rows row_bytes apart: out[r] = dot(row r, activation) for r < 4.
+using RowsI16Fn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t n, const Q16Act& a,
+                           float* out);
+
+// y[0, n) = the n values (whole blocks) of a row starting at w, bit-identical to dequantize_row.
+using DequantFn = void (*)(const uint8_t* w, float* y, int64_t n);
 
 TileDotFn tile_dot_scalar(DType dt);
 void quantize_row_q8_scalar(const float* x, int64_t n, int8_t* qs, float* d, float* s);
@@ -74,6 +90,11 @@ TileDotFn tile_dot_avx2(DType dt);
 RowDotF32Fn row_dot_f32_avx2(DType dt);
 RowDotF32TokensFn row_dot_f32_tokens_avx2(DType dt);
 void quantize_row_q8_avx2(const float* x, int64_t n, int8_t* qs, float* d, float* s);
+DequantFn dequant_avx2(DType dt);
+// The int16-activation kernels: the 32-value block types only (nullptr for the others).
+RowDotI16Fn row_dot_i16_avx2(DType dt);
+RowsI16Fn rows4_i16_avx2(DType dt);
+void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s);
 #endif
 
 }  // namespace strata::cpu::quant_detail
