@@ -163,6 +163,7 @@ int run(const Options& o) {
 }  // namespace strata
 
 int main(int argc, char** argv) {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);  // ranks sharing a GPU (see tp_executor.cpp)
   strata::Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

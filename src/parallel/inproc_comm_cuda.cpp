@@ -83,7 +83,7 @@ Status init_in_process_device(Communicator& c, int device_index, int64_t max_byt
     STRATA_CUDA_RETURN_IF_ERROR(
         cudaMalloc(reinterpret_cast<void**>(&s.counters[me]), 3 * sizeof(uint32_t)));
     STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(s.counters[me], 0, 3 * sizeof(uint32_t)));
-    return ok_status();
+    return cuda::oneshot_preload();
   }();
   // Every rank's buffers exist before anyone builds its tables (a failed rank still meets the
   // barriers, so the others get its error instead of a hang).

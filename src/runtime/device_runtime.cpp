@@ -63,6 +63,7 @@ Result<std::unique_ptr<DeviceRuntime>> make_cuda_runtime(int, bool) {
                 "with the CUDA toolkit)");
 }
 int cuda_device_count() { return 0; }
+bool cuda_lazy_module_loading() { return false; }
 #endif
 
 }  // namespace strata

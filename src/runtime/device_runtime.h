@@ -57,5 +57,9 @@ class DeviceRuntime {
 Result<std::unique_ptr<DeviceRuntime>> make_cuda_runtime(int index, bool profile);
 // CUDA devices visible to this process (0 without CUDA or without a driver).
 int cuda_device_count();
+// Whether CUDA loads kernels on first launch (CUDA_MODULE_LOADING=LAZY, the default) in this
+// process; false without CUDA. Tensor-parallel ranks that share one GPU need eager loading: a
+// lazy load waits for the whole context, where a peer's collective kernel may be spinning.
+bool cuda_lazy_module_loading();
 
 }  // namespace strata

@@ -222,7 +222,25 @@ class CudaRuntime final : public DeviceRuntime {
 
 }  // namespace
 
-int cuda_device_count() { return cuda::cuda_device_count(); }
+int cuda_device_count() {
+  return cuda::cuda_device_count();
+}
+
+bool cuda_lazy_module_loading() {
+  // cuModuleGetLoadingMode through the runtime's driver entry points (no link to libcuda).
+  using Fn = int (*)(int*);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    (void)cudaGetLastError();
+    return true;  // unknown: assume the default
+  }
+  int mode = 0;
+  if (reinterpret_cast<Fn>(fn)(&mode) != 0) return true;
+  return mode == 0x2;  // CU_MODULE_LAZY_LOADING
+}
 
 Result<std::unique_ptr<DeviceRuntime>> make_cuda_runtime(int index, bool profile) {
   return CudaRuntime::create(index, profile);

@@ -177,6 +177,13 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
   auto rank_device = [&](int r) {
     return cuda && !shared_gpu ? Device::cuda(options.device.index + r) : options.device;
   };
+  if (shared_gpu && tp > 1 && cuda_lazy_module_loading()) {
+    return Status(
+        StatusCode::kFailedPrecondition,
+        "tensor-parallel ranks sharing one GPU need CUDA_MODULE_LOADING=EAGER in the "
+        "environment before the process starts (a kernel loaded lazily waits for the "
+        "peer's collective, which waits for it); the strata command sets it for --tp > 1");
+  }
   if (cuda && tp > 1) {
     // Device collectives, set up on every rank at once: the one-shot kernels (peers' buffers
     // read directly) for decode-sized messages; across GPUs, NCCL above oneshot_max_bytes. On a

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -26,6 +27,12 @@
 
 namespace strata {
 namespace {
+
+// Ranks that share one GPU need kernels loaded eagerly (tp_executor.cpp says why); CUDA reads
+// this when it starts, which in this binary is after static initialization.
+[[maybe_unused]] const bool kEagerLoading = [] {
+  return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0;
+}();
 
 bool have_gpu() {
   return cuda::cuda_device_count() > 0;

@@ -27,11 +27,6 @@ Status layer_norm(const LaunchCtx& ctx, const LayerNormParams& p);
 // twin returns kOutOfRange instead); ids of other vocab shards give zero rows, as on the CPU.
 Status embedding(const LaunchCtx& ctx, const EmbeddingParams& p);
 
-
-
-
-
-
 // kernels/elementwise.cu. add's out may equal a or b (same stride); bias dtype f32, f16 or bf16;
 // softcap needs cap > 0.
 Status add(const LaunchCtx& ctx, const AddParams& p);
@@ -102,6 +97,11 @@ struct OneShotParams {
 };
 Status oneshot(const LaunchCtx& ctx, const OneShotParams& p, bool gather);
 int oneshot_blocks(int64_t bytes);
+// Loads the one-shot kernels into the current device's context now. With lazy module loading
+// (CUDA's default) the first launch of a kernel loads it, and a load can wait for the whole
+// context: if a peer's one-shot kernel is already spinning on that GPU waiting for this rank,
+// neither ever proceeds. Every rank calls this while registering (before any collective).
+Status oneshot_preload();
 
 // kernels/convert.cu: dst_bf16[i] = bf16(src_f32[i]); dst_f32[i] = f32(src_bf16[i]).
 Status f32_to_bf16(const LaunchCtx& ctx, const float* src, uint16_t* dst, int64_t n);

@@ -141,6 +141,15 @@ int oneshot_blocks(int64_t bytes) {
       std::clamp<int64_t>((bytes + kBytesPerBlock - 1) / kBytesPerBlock, 1, kOneShotMaxBlocks));
 }
 
+Status oneshot_preload() {
+  cudaFuncAttributes a{};
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<float, false>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<float, true>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<uint16_t, false>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<uint16_t, true>));
+  return ok_status();
+}
+
 Status oneshot(const LaunchCtx& ctx, const OneShotParams& p, bool gather) {
   if (p.n_ranks < 1 || p.n_ranks > kOneShotMaxRanks || p.rank < 0 || p.rank >= p.n_ranks ||
       p.count < 0 || p.staging == nullptr || p.flags == nullptr || p.epoch == nullptr ||
