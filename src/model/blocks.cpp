@@ -171,6 +171,25 @@ Status residual_linear(const Model& m, ForwardArgs& a, const Tensor& in,
   return ops::add(a.ctx, x, y, x);
 }
 
+Status residual_linear_norm(const Model& m, ForwardArgs& a, const Tensor& in,
+                            const ops::LinearWeight& w, const ops::NormWeight& next,
+                            const char* norm_section) {
+  const int64_t n = a.step.n_tokens;
+  Tensor x = rows(a.ws.x, n), h = rows(a.ws.h, n);
+  if (m.parallel().tp_size == 1) {
+    STRATA_RETURN_IF_ERROR(residual_linear(m, a, in, w));
+    ops::section(a.ctx, norm_section);
+    return ops::norm(a.ctx, x, next, norm_args(m.config()), h);
+  }
+  Tensor y = rows(a.ws.y, n);
+  ops::LinearArgs la;
+  la.bias = false;
+  STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, in, w, y, la));
+  ops::section(a.ctx, "all_reduce");
+  const Tensor* bias = w.parts[0].bias.defined() ? &w.parts[0].bias : nullptr;
+  return ops::all_reduce_add_norm(a.ctx, a.comm, y, bias, x, next, norm_args(m.config()), h);
+}
+
 }  // namespace blocks
 
 const LayerProgram& layer_program(ArchFamily family) {

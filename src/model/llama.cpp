@@ -6,9 +6,9 @@
 //   q, cache <- rope(q, k), v                  one fused kernel
 //   a = attention(q, cache)
 //   x += all_reduce(a Wo^T)                    row-parallel; residual add in the GEMM epilogue
-//   h = rms_norm(x)
+//   h = rms_norm(x)                            with TP: fused into the all-reduce (one kernel)
 //   g = silu(h Wg^T) * (h Wu^T)                one GEMM with the activation in its epilogue
-//   x += all_reduce(g Wd^T)
+//   x += all_reduce(g Wd^T)                    with TP: + the next layer's input norm
 #include "model/program.h"
 
 namespace strata {
@@ -20,15 +20,27 @@ Status llama_layer(const Model& m, ForwardArgs& a, int64_t layer) {
   Tensor x = blocks::rows(a.ws.x, n), h = blocks::rows(a.ws.h, n);
   const bool sliding = c.sliding_window > 0 && (c.layer_is_sliding.empty() ||
                                                 c.layer_is_sliding[static_cast<size_t>(layer)]);
-  ops::section(a.ctx, "attn_norm");
-  STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, blocks::norm_args(c), h));
+  if (a.next_norm_done) {
+    a.next_norm_done = false;  // the previous layer's all-reduce wrote h
+  } else {
+    ops::section(a.ctx, "attn_norm");
+    STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, blocks::norm_args(c), h));
+  }
   STRATA_RETURN_IF_ERROR(blocks::self_attention(m, a, layer, sliding));
   ops::section(a.ctx, "o_proj");
-  STRATA_RETURN_IF_ERROR(blocks::residual_linear(m, a, blocks::rows(a.ws.attn, n), L.o));
-  ops::section(a.ctx, "ffn_norm");
-  STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.ffn_norm, blocks::norm_args(c), h));
+  STRATA_RETURN_IF_ERROR(
+      blocks::residual_linear_norm(m, a, blocks::rows(a.ws.attn, n), L.o, L.ffn_norm, "ffn_norm"));
   STRATA_RETURN_IF_ERROR(blocks::mlp_in(m, a, layer));
   ops::section(a.ctx, "down");
+  const int64_t last = a.last_layer < 0 ? c.n_layers : a.last_layer;
+  if (m.parallel().tp_size > 1 && layer + 1 < last) {
+    // Tensor parallel: the down projection's all-reduce also writes the next layer's input norm.
+    const LayerWeights& next = m.weights().layers[static_cast<size_t>(layer + 1)];
+    STRATA_RETURN_IF_ERROR(blocks::residual_linear_norm(m, a, blocks::rows(a.ws.act, n), L.down,
+                                                        next.attn_norm, "attn_norm"));
+    a.next_norm_done = true;
+    return ok_status();
+  }
   return blocks::residual_linear(m, a, blocks::rows(a.ws.act, n), L.down);
 }
 

@@ -91,6 +91,9 @@ struct ForwardArgs {
   int64_t first_layer = 0;
   int64_t last_layer = -1;  // -1: n_layers
   HeadArgs head;
+  // Set by a layer whose last all-reduce already wrote the next layer's input norm into ws.h
+  // (blocks::residual_linear_norm); that layer skips its own and clears it.
+  bool next_norm_done = false;
 };
 
 class Model;

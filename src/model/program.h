@@ -52,6 +52,11 @@ Status mlp_in(const Model& m, ForwardArgs& a, int64_t layer);
 // epilogue when there is nothing to reduce).
 Status residual_linear(const Model& m, ForwardArgs& a, const Tensor& in,
                        const ops::LinearWeight& w);
+// residual_linear, then ws.h = norm(x) with `next` (the following norm): with tensor parallelism
+// one ops::all_reduce_add_norm (a single kernel on the one-shot path), else the two ops.
+Status residual_linear_norm(const Model& m, ForwardArgs& a, const Tensor& in,
+                            const ops::LinearWeight& w, const ops::NormWeight& next,
+                            const char* norm_section);
 
 }  // namespace blocks
 }  // namespace strata

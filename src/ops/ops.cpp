@@ -848,6 +848,41 @@ Status all_reduce(Context& ctx, Communicator& comm, Tensor& x) {
   return comm.all_reduce(x.data, x.numel(), x.dtype, comm_stream(ctx)).with_context(kOp);
 }
 
+Status all_reduce_add_norm(Context& ctx, Communicator& comm, Tensor& y, const Tensor* bias,
+                           Tensor& x, const NormWeight& w, const NormArgs& args, Tensor& h) {
+  constexpr const char* kOp = "all_reduce_add_norm";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&y, &x, &h}));
+  const bool has_bias = bias != nullptr && bias->defined();
+  const bool fusable = comm.size() > 1 && ctx.device.is_cuda() && args.kind == NormKind::kRms &&
+                       !w.b.defined() && w.w.defined() && y.dtype == DType::kF32 &&
+                       x.dtype == DType::kF32 && h.dtype == DType::kBF16 && y.is_contiguous() &&
+                       x.is_contiguous() && h.is_contiguous() && y.rows() == x.rows() &&
+                       y.cols() == x.cols() && h.rows() == x.rows() && h.cols() == x.cols() &&
+                       w.w.numel() == x.cols() && w.w.is_contiguous() &&
+                       (!has_bias || (bias->is_contiguous() && bias->numel() == x.cols()));
+  if (fusable && comm.supports(ctx.device)) {
+    AllReduceAddNorm a;
+    a.y = f32(y);
+    if (has_bias) {
+      a.bias = bias->data;
+      a.bias_dtype = bias->dtype;
+    }
+    a.x = f32(x);
+    a.weight = w.w.data;
+    a.weight_dtype = w.w.dtype;
+    a.weight_offset = args.weight_offset;
+    a.eps = args.eps;
+    a.h = bf16(h);
+    a.rows = x.rows();
+    a.cols = x.cols();
+    const Status st = comm.all_reduce_add_norm(a, comm_stream(ctx));
+    if (st.code() != StatusCode::kUnimplemented) return st.with_context(kOp);
+  }
+  STRATA_RETURN_IF_ERROR(all_reduce(ctx, comm, y));
+  if (has_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, y, *bias));
+  return norm(ctx, x, w, args, h, &y);
+}
+
 Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv) {
   constexpr const char* kOp = "all_gather";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&send, &recv}));

@@ -226,5 +226,11 @@ Status quantize_rows(Context& ctx, const Tensor& w_bf16, Tensor& q, Tensor& scal
 Status all_reduce(Context& ctx, Communicator& comm, Tensor& x);
 // recv [size * n, cols] rank-major = every rank's send [n, cols] (f32).
 Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv);
+// The end of a row-parallel layer and the next norm: y = all_reduce(y) (+ bias); x += y;
+// h = norm(x). y, x f32 [n, hidden]. One kernel where the communicator fuses it (the one-shot
+// all-reduce with RMSNorm into bf16, contiguous rows); otherwise all_reduce, add_bias and
+// norm(..., residual = y), which is also its CPU twin.
+Status all_reduce_add_norm(Context& ctx, Communicator& comm, Tensor& y, const Tensor* bias,
+                           Tensor& x, const NormWeight& w, const NormArgs& args, Tensor& h);
 
 }  // namespace strata::ops

@@ -32,6 +32,22 @@ struct CommStream {
   static CommStream host() { return {}; }
 };
 
+// The all-reduce of a row-parallel layer fused with the residual add and the next RMSNorm
+// (ops::all_reduce_add_norm): y = all_reduce(y) (+ bias); x += y; h = bf16(rms_norm(x) *
+// (weight + weight_offset)). y, x f32 and h bf16, all [rows, cols] contiguous on the device.
+struct AllReduceAddNorm {
+  float* y = nullptr;
+  const void* bias = nullptr;  // [cols] or null
+  DType bias_dtype = DType::kF32;
+  float* x = nullptr;
+  const void* weight = nullptr;  // [cols]
+  DType weight_dtype = DType::kF32;
+  float weight_offset = 0.0f;
+  float eps = 1e-6f;
+  uint16_t* h = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -65,6 +81,13 @@ class Communicator {
   // An error a device collective left behind once its stream has been synchronized (a one-shot
   // kernel that gave up waiting for a peer, NCCL's asynchronous errors); ok for the rest.
   virtual Status health() { return ok_status(); }
+  // AllReduceAddNorm in one kernel where the communicator has one (the one-shot kernels);
+  // kUnimplemented elsewhere, and the caller composes all_reduce, the bias add and the norm.
+  virtual Status all_reduce_add_norm(const AllReduceAddNorm& a, const CommStream& s) {
+    (void)a;
+    (void)s;
+    return Status(StatusCode::kUnimplemented, "no fused all-reduce + norm");
+  }
   // Subgroups: the ranks that pass the same color form one communicator, ordered by key (as
   // MPI_Comm_split). Every rank must call it.
   virtual Result<std::unique_ptr<Communicator>> split(int color, int key) = 0;

@@ -18,6 +18,8 @@ Status inproc_device_all_reduce(InProcessGroup& g, int rank, void* data, int64_t
                                 void* stream);
 Status inproc_device_all_gather(InProcessGroup& g, int rank, const void* send, int64_t count,
                                 DType dt, void* recv, void* stream);
+Status inproc_device_all_reduce_add_norm(InProcessGroup& g, int rank, const AllReduceAddNorm& a,
+                                         void* stream);
 void destroy_in_process_device(InProcessDeviceState* s);
 Status inproc_device_health(InProcessGroup& g, int rank);
 #endif
@@ -76,6 +78,13 @@ class InProcessCommunicator final : public Communicator {
   const char* name() const override { return "in-process"; }
   bool supports(Device d) const override { return d.is_cpu() || g_->device != nullptr; }
   InProcessGroup& group() { return *g_; }
+
+  Status all_reduce_add_norm(const AllReduceAddNorm& a, const CommStream& s) override {
+#if STRATA_HAS_CUDA
+    if (!s.device.is_cpu()) return inproc_device_all_reduce_add_norm(*g_, rank_, a, s.cuda_stream);
+#endif
+    return Communicator::all_reduce_add_norm(a, s);
+  }
 
   Status all_reduce(void* data, int64_t count, DType dt, const CommStream& s) override {
     STRATA_RETURN_IF_ERROR(check_count("all-reduce", count, {data}));

@@ -160,6 +160,45 @@ Status device_collective(InProcessGroup& g, int rank, const void* in, void* out,
 
 }  // namespace
 
+Status inproc_device_all_reduce_add_norm(InProcessGroup& g, int rank, const AllReduceAddNorm& a,
+                                         void* stream) {
+  if (g.device == nullptr || g.device->staging_table[static_cast<size_t>(rank)] == nullptr) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "in-process device collective before init_in_process_device");
+  }
+  InProcessDeviceState& s = *g.device;
+  if (dtype_bytes(DType::kF32, a.rows * a.cols) > s.staging_bytes / 2) {
+    return Status(StatusCode::kUnimplemented, "fused all-reduce larger than the staging buffer");
+  }
+  const size_t me = static_cast<size_t>(rank);
+  cuda::LaunchCtx ctx;
+  ctx.stream = static_cast<cudaStream_t>(stream);
+  cuda::OneShotParams p;
+  p.n_ranks = g.n;
+  p.rank = rank;
+  p.staging = s.staging_table[me];
+  p.staging_bytes = s.staging_bytes;
+  p.flags = s.flags_table[me];
+  p.epoch = s.counters[me];
+  p.done = s.counters[me] + 1;
+  p.error = s.counters[me] + 2;
+  p.dtype = DType::kF32;
+  p.in = a.y;
+  p.count = a.rows * a.cols;
+  cuda::OneShotAddNormParams f;
+  f.bias = a.bias;
+  f.bias_dtype = a.bias_dtype;
+  f.x = a.x;
+  f.weight = a.weight;
+  f.weight_dtype = a.weight_dtype;
+  f.weight_offset = a.weight_offset;
+  f.eps = a.eps;
+  f.h = a.h;
+  f.rows = a.rows;
+  f.cols = a.cols;
+  return cuda::oneshot_add_norm(ctx, p, f);
+}
+
 Status inproc_device_health(InProcessGroup& g, int rank) {
   if (g.device == nullptr || g.device->counters[static_cast<size_t>(rank)] == nullptr) {
     return ok_status();

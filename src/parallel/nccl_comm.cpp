@@ -155,6 +155,13 @@ class NcclCommunicator final : public Communicator {
         api_->all_reduce(data, data, static_cast<size_t>(count), t, ncclSum, comm_, stream(s)),
         "all-reduce");
   }
+  Status all_reduce_add_norm(const AllReduceAddNorm& a, const CommStream& s) override {
+    // Fused only where the one-shot kernels take the message; NCCL sizes compose.
+    if (!s.device.is_cpu() && to_host(s, dtype_bytes(DType::kF32, a.rows * a.cols))) {
+      return host_->all_reduce_add_norm(a, s);
+    }
+    return Communicator::all_reduce_add_norm(a, s);
+  }
   Status all_gather(const void* send, int64_t count, DType dt, void* recv,
                     const CommStream& s) override {
     STRATA_RETURN_IF_ERROR(check_count("all-gather", count, {send, recv}));

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -154,6 +155,136 @@ TEST(OneShotCuda, AllReduceAndGatherMatchHostTwin) {
         });
         EXPECT_EQ(err, "");
       }
+    }
+  }
+}
+
+// The fused all-reduce + bias + residual + RMSNorm (one kernel per rank) against a host
+// reference written out here: the rank-order f32 sum (reduce_sum_host), the bias, x += y exactly,
+// and h from a double sum of squares (within one bf16 ulp). Two calls per case, so both staging
+// halves (epoch parities) are used; rows beyond the 32 blocks wrap.
+TEST(OneShotCuda, AllReduceAddNormMatchesHostReference) {
+  REQUIRE_GPU();
+  struct Shape {
+    int n;
+    int64_t rows, cols;
+    bool bias;
+    float offset;
+  };
+  for (const Shape& sh : {Shape{2, 1, 64, false, 0.0f}, Shape{2, 7, 4100, true, 0.0f},
+                          Shape{3, 40, 256, true, 1.0f}, Shape{4, 3, 1000, false, 0.0f}}) {
+    const int n = sh.n;
+    const int64_t R = sh.rows, C = sh.cols, count = R * C;
+    SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(R) + "x" + std::to_string(C));
+    auto comms = make_in_process_communicators(n);
+    std::mt19937 rng(static_cast<uint32_t>(R * 131 + C));
+    std::uniform_real_distribution<float> d(-2, 2);
+    std::vector<std::vector<float>> y(static_cast<size_t>(n), std::vector<float>(count));
+    for (auto& v : y) {
+      for (float& e : v) e = d(rng);
+    }
+    std::vector<float> x0(static_cast<size_t>(count)), bias(static_cast<size_t>(C));
+    std::vector<uint16_t> w(static_cast<size_t>(C));
+    for (float& e : x0) e = d(rng);
+    for (float& e : bias) e = d(rng);
+    for (uint16_t& e : w) e = f32_to_bf16(d(rng));
+    // Reference after `calls` fused calls (x accumulates the reduced y each time).
+    auto reference = [&](int calls, std::vector<float>* x, std::vector<uint16_t>* h) {
+      std::vector<const void*> ins;
+      for (auto& v : y) ins.push_back(v.data());
+      std::vector<float> sum(static_cast<size_t>(count));
+      ASSERT_TRUE(reduce_sum_host(ins.data(), n, count, DType::kF32, sum.data()).ok());
+      *x = x0;
+      for (int c = 0; c < calls; ++c) {
+        for (int64_t i = 0; i < count; ++i) {
+          const float yi = sh.bias ? sum[static_cast<size_t>(i)] + bias[static_cast<size_t>(i % C)]
+                                   : sum[static_cast<size_t>(i)];
+          (*x)[static_cast<size_t>(i)] = (*x)[static_cast<size_t>(i)] + yi;
+        }
+      }
+      h->assign(static_cast<size_t>(count), 0);
+      for (int64_t r = 0; r < R; ++r) {
+        double ss = 0;
+        for (int64_t i = 0; i < C; ++i) {
+          const double v = (*x)[static_cast<size_t>(r * C + i)];
+          ss += v * v;
+        }
+        const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(C)) + 1e-6f);
+        for (int64_t i = 0; i < C; ++i) {
+          (*h)[static_cast<size_t>(r * C + i)] =
+              f32_to_bf16((*x)[static_cast<size_t>(r * C + i)] * inv *
+                          (bf16_to_f32(w[static_cast<size_t>(i)]) + sh.offset));
+        }
+      }
+    };
+    std::vector<float> want_x;
+    std::vector<uint16_t> want_h;
+    reference(2, &want_x, &want_h);
+    std::vector<std::vector<float>> got_x(static_cast<size_t>(n));
+    std::vector<std::vector<uint16_t>> got_h(static_cast<size_t>(n));
+    const std::string err = on_ranks(n, [&](int r) -> Status {
+      const size_t ri = static_cast<size_t>(r);
+      auto dev = cuda::CudaDevice::create(0);
+      if (!dev.ok()) return dev.status();
+      STRATA_RETURN_IF_ERROR(init_in_process_device(*comms[ri], 0, count * 4));
+      cudaStream_t stream = (*dev)->launch_ctx().stream;
+      float *dy = nullptr, *dx = nullptr, *db = nullptr;
+      uint16_t *dh = nullptr, *dw = nullptr;
+      const size_t fb = static_cast<size_t>(count) * 4, hb = static_cast<size_t>(count) * 2;
+      const bool allocated = cudaMalloc(&dy, fb) == cudaSuccess &&
+                             cudaMalloc(&dx, fb) == cudaSuccess &&
+                             cudaMalloc(&dh, hb) == cudaSuccess &&
+                             cudaMalloc(&db, static_cast<size_t>(C) * 4) == cudaSuccess &&
+                             cudaMalloc(&dw, static_cast<size_t>(C) * 2) == cudaSuccess;
+      if (allocated) {
+        cudaMemcpy(dx, x0.data(), fb, cudaMemcpyHostToDevice);
+        cudaMemcpy(db, bias.data(), static_cast<size_t>(C) * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dw, w.data(), static_cast<size_t>(C) * 2, cudaMemcpyHostToDevice);
+      }
+      STRATA_RETURN_IF_ERROR(comms[ri]->barrier());  // no allocation while a peer spins
+      if (!allocated) return Status(StatusCode::kOutOfMemory, "cudaMalloc");
+      CommStream s;
+      s.device = Device::cuda(0);
+      s.cuda_stream = stream;
+      Status st = ok_status();
+      for (int call = 0; call < 2 && st.ok(); ++call) {
+        cudaMemcpyAsync(dy, y[ri].data(), fb, cudaMemcpyHostToDevice, stream);
+        AllReduceAddNorm a;
+        a.y = dy;
+        a.bias = sh.bias ? db : nullptr;
+        a.x = dx;
+        a.weight = dw;
+        a.weight_dtype = DType::kBF16;
+        a.weight_offset = sh.offset;
+        a.h = dh;
+        a.rows = R;
+        a.cols = C;
+        st = comms[ri]->all_reduce_add_norm(a, s);
+        cudaStreamSynchronize(stream);
+      }
+      got_x[ri].resize(static_cast<size_t>(count));
+      got_h[ri].resize(static_cast<size_t>(count));
+      cudaMemcpy(got_x[ri].data(), dx, fb, cudaMemcpyDeviceToHost);
+      cudaMemcpy(got_h[ri].data(), dh, hb, cudaMemcpyDeviceToHost);
+      if (st.ok()) st = comms[ri]->health();
+      const Status met = comms[ri]->barrier();
+      for (void* p : {static_cast<void*>(dy), static_cast<void*>(dx), static_cast<void*>(dh),
+                      static_cast<void*>(db), static_cast<void*>(dw)}) {
+        cudaFree(p);
+      }
+      return st.ok() ? met : st;
+    });
+    ASSERT_EQ(err, "");
+    for (int r = 0; r < n; ++r) {
+      const size_t ri = static_cast<size_t>(r);
+      EXPECT_EQ(got_x[ri], want_x) << "rank " << r << ": the residual stream differs";
+      int64_t off_by_more = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        const int diff = std::abs(static_cast<int>(got_h[ri][static_cast<size_t>(i)]) -
+                                  static_cast<int>(want_h[static_cast<size_t>(i)]));
+        if (diff > 1) ++off_by_more;
+      }
+      EXPECT_EQ(off_by_more, 0) << "rank " << r << ": normalized rows more than 1 bf16 ulp off";
     }
   }
 }

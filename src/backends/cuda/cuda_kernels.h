@@ -96,6 +96,26 @@ struct OneShotParams {
   DType dtype = DType::kF32;  // kF32 or kBF16 (summed in f32, rank order)
 };
 Status oneshot(const LaunchCtx& ctx, const OneShotParams& p, bool gather);
+// The all-reduce of a row-parallel layer's f32 partial sums fused with what follows it
+// (TensorRT-LLM's and FlashInfer's all-reduce + residual + RMSNorm fusion): per row r,
+//   y = sum over ranks of y[r, :] (rank order, f32)  (+ bias)
+//   x[r, :] += y;   h[r, :] = bf16(rms_norm(x[r, :]) * (weight + weight_offset))
+// Same epochs and flags as oneshot(); blocks own whole rows. p.in = y (f32 [rows, cols],
+// contiguous), p.count = rows * cols, p.dtype = kF32; p.out unused. CPU twin: the composition
+// all_reduce -> add_bias -> norm_bf16 with the residual (ops::all_reduce_add_norm).
+struct OneShotAddNormParams {
+  const void* bias = nullptr;  // [cols] in bias_dtype, or null
+  DType bias_dtype = DType::kF32;
+  float* x = nullptr;            // residual stream f32 [rows, cols], contiguous, updated in place
+  const void* weight = nullptr;  // [cols] f32 / f16 / bf16
+  DType weight_dtype = DType::kF32;
+  float weight_offset = 0.0f;
+  float eps = 1e-6f;
+  uint16_t* h = nullptr;  // bf16 [rows, cols], contiguous
+  int64_t rows = 0, cols = 0;
+};
+Status oneshot_add_norm(const LaunchCtx& ctx, const OneShotParams& p,
+                        const OneShotAddNormParams& f);
 int oneshot_blocks(int64_t bytes);
 // Loads the one-shot kernels into the current device's context now. With lazy module loading
 // (CUDA's default) the first launch of a kernel loads it, and a load can wait for the whole

@@ -133,6 +133,82 @@ __global__ void __launch_bounds__(kThreads) oneshot_kernel(const OneShotParams p
   }
 }
 
+__device__ __forceinline__ float load_as_f32(const void* p, DType dt, int64_t i) {
+  if (dt == DType::kBF16) return bf16_value(static_cast<const uint16_t*>(p)[i]);
+  if (dt == DType::kF16) return __half2float(static_cast<const __half*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+// Blocks own rows b, b + B, ...; steps 1-3 and 5 are the protocol of oneshot_kernel, step 4 reads
+// the peers' rows, adds the bias and the residual, and normalizes the row.
+template <class W>
+__global__ void __launch_bounds__(kThreads)
+    oneshot_add_norm_kernel(const OneShotParams p, const OneShotAddNormParams f) {
+  const int b = static_cast<int>(blockIdx.x);
+  const int nb = static_cast<int>(gridDim.x);
+  const uint32_t epoch = *p.epoch + 1;
+  const int64_t off = static_cast<int64_t>(epoch & 1u) * (p.staging_bytes / 2);
+  const int64_t cols = f.cols;
+  const int tid = static_cast<int>(threadIdx.x);
+  float* mine = reinterpret_cast<float*>(static_cast<char*>(p.staging[p.rank]) + off);
+  const float* y = static_cast<const float*>(p.in);
+  for (int64_t r = b; r < f.rows; r += nb) {
+    for (int64_t i = tid; i < cols; i += blockDim.x) mine[r * cols + i] = y[r * cols + i];
+  }
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence_system();
+    for (int q = 0; q < p.n_ranks; ++q) {
+      *reinterpret_cast<volatile uint32_t*>(p.flags[q] + p.rank * kOneShotMaxBlocks + b) = epoch;
+    }
+  }
+  if (tid < p.n_ranks) {
+    const uint32_t* fl = p.flags[p.rank] + tid * kOneShotMaxBlocks + b;
+    const int64_t t0 = clock64();
+    while (static_cast<int32_t>(load_volatile(fl) - epoch) < 0) {
+      if (clock64() - t0 > kSpinLimit) {
+        atomicExch(p.error, 1u);
+        break;
+      }
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();
+  __threadfence();
+  const W* w = static_cast<const W*>(f.weight);
+  for (int64_t r = b; r < f.rows; r += nb) {
+    float* x = f.x + r * cols;
+    float sum_sq = 0.0f;
+    for (int64_t i = tid; i < cols; i += blockDim.x) {
+      float s = 0.0f;
+      for (int q = 0; q < p.n_ranks; ++q) {
+        const float* src =
+            reinterpret_cast<const float*>(static_cast<const char*>(p.staging[q]) + off);
+        const float v = __ldcg(src + r * cols + i);
+        s = q == 0 ? v : __fadd_rn(s, v);
+      }
+      if (f.bias != nullptr) s = __fadd_rn(s, load_as_f32(f.bias, f.bias_dtype, i));
+      const float v = __fadd_rn(x[i], s);
+      x[i] = v;
+      sum_sq += v * v;
+    }
+    const float mean_sq = block_reduce_sum(sum_sq) / static_cast<float>(cols);
+    const float inv = 1.0f / sqrtf(mean_sq + f.eps);
+    uint16_t* h = f.h + r * cols;
+    for (int64_t i = tid; i < cols; i += blockDim.x) {
+      h[i] = bf16_bits(x[i] * inv * (to_f32(w[i]) + f.weight_offset));
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    if (atomicAdd(p.done, 1u) == static_cast<uint32_t>(nb - 1)) {
+      *p.done = 0;
+      *p.epoch = epoch;
+    }
+  }
+}
+
 }  // namespace
 
 int oneshot_blocks(int64_t bytes) {
@@ -147,6 +223,9 @@ Status oneshot_preload() {
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<float, true>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<uint16_t, false>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<uint16_t, true>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<float>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__half>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__nv_bfloat16>));
   return ok_status();
 }
 
@@ -181,6 +260,48 @@ Status oneshot(const LaunchCtx& ctx, const OneShotParams& p, bool gather) {
     }
   }
   return kernel_launch_status("oneshot_kernel");
+}
+
+}  // namespace strata::cuda
+
+namespace strata::cuda {
+
+Status oneshot_add_norm(const LaunchCtx& ctx, const OneShotParams& p,
+                        const OneShotAddNormParams& f) {
+  if (p.n_ranks < 1 || p.n_ranks > kOneShotMaxRanks || p.rank < 0 || p.rank >= p.n_ranks ||
+      p.staging == nullptr || p.flags == nullptr || p.epoch == nullptr || p.done == nullptr ||
+      p.error == nullptr) {
+    return invalid_argument("oneshot_add_norm", "bad rank or registration");
+  }
+  if (p.dtype != DType::kF32 || f.rows < 0 || f.cols < 1 || p.count != f.rows * f.cols) {
+    return invalid_argument("oneshot_add_norm", "y must be f32 [rows, cols]");
+  }
+  if (dtype_bytes(DType::kF32, p.count) > p.staging_bytes / 2) {
+    return invalid_argument("oneshot_add_norm", "message exceeds half the staging buffer");
+  }
+  if (f.rows == 0) return ok_status();
+  if (p.in == nullptr || f.x == nullptr || f.h == nullptr || f.weight == nullptr) {
+    return invalid_argument("oneshot_add_norm", "null y, x, h or weight");
+  }
+  if (f.bias != nullptr && f.bias_dtype != DType::kF32 && f.bias_dtype != DType::kF16 &&
+      f.bias_dtype != DType::kBF16) {
+    return invalid_argument("oneshot_add_norm", "bias must be f32, f16 or bf16");
+  }
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(f.rows, kOneShotMaxBlocks)));
+  switch (f.weight_dtype) {
+    case DType::kF32:
+      oneshot_add_norm_kernel<float><<<grid, kThreads, 0, ctx.stream>>>(p, f);
+      break;
+    case DType::kF16:
+      oneshot_add_norm_kernel<__half><<<grid, kThreads, 0, ctx.stream>>>(p, f);
+      break;
+    case DType::kBF16:
+      oneshot_add_norm_kernel<__nv_bfloat16><<<grid, kThreads, 0, ctx.stream>>>(p, f);
+      break;
+    default:
+      return invalid_argument("oneshot_add_norm", "norm weight must be f32, f16 or bf16");
+  }
+  return kernel_launch_status("oneshot_add_norm_kernel");
 }
 
 }  // namespace strata::cuda
