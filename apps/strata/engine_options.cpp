@@ -35,6 +35,14 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                   "Tensor-parallel ranks (default 1): processes launched with mpirun -np N (one "
                   "GPU each with --device cuda), or, with --device cuda and no mpirun, N threads "
                   "of this process on GPUs index..index+N-1 (all on one GPU when there are fewer)");
+  sub->add_option("--pp,--pipeline-parallel-size", e.parallel.pp,
+                  "Pipeline stages (default 1): the layers split into N contiguous stages run as "
+                  "threads of this process (embedding on the first, LM head on the last), on GPUs "
+                  "index..index+N-1 with --device cuda (all on one GPU when there are fewer)");
+  sub->add_option("--pp-layers", e.parallel.pp_layers,
+                  "Layers per pipeline stage, e.g. 10,12,10 (default: an even split, the first "
+                  "stages one layer longer)")
+      ->delimiter(',');
   sub->add_flag(
       "--no-cuda-graphs", [&e](int64_t) { e.cuda_graphs = false; },
       "CUDA: launch decode steps kernel by kernel instead of replaying CUDA graphs");

@@ -33,12 +33,15 @@ enum class Quantization : uint8_t { kNone, kInt8, kFp8 };
 enum class LoadFormat : uint8_t { kAuto, kDummy };
 
 // The parallel layout of the world: tensor, pipeline, expert and data parallel sizes. Their
-// product is the number of ranks (launched with mpirun -np N).
+// product is the number of ranks (launched with mpirun -np N, or, for tensor parallelism alone
+// or pipeline stages alone, run as threads of one process).
 struct ParallelSizes {
   int tp = 1;
   int pp = 1;
   int ep = 1;
   int dp = 1;
+  // Layers per pipeline stage (--pp-layers 10,12,10); empty: an even split.
+  std::vector<int64_t> pp_layers;
   int world() const { return tp * pp * ep * dp; }
 };
 
@@ -142,7 +145,6 @@ class Engine {
   // Logits for every position of `tokens` run as one fresh sequence: [n, vocab] row-major.
   virtual Result<std::vector<float>> score(const std::vector<int32_t>& tokens) = 0;
   virtual Result<std::vector<int32_t>> tokenize(const std::string& text, bool add_special) = 0;
-
 };
 
 }  // namespace strata

@@ -55,6 +55,7 @@ EnvConfig read_env() {
     c.oneshot_max_bytes = std::max(0, get_int({"STRATA_ONESHOT_MAX_BYTES"}, 0));
   }
   c.tp_one_gpu = flag("STRATA_TP_ONE_GPU");
+  c.no_fused_allreduce = flag("STRATA_NO_FUSED_ALLREDUCE");
   return c;
 }
 

@@ -25,6 +25,9 @@ struct EnvConfig {
   // kernels when ranks can read each other's memory; larger ones NCCL (-1: the default).
   long long oneshot_max_bytes = -1;
   bool tp_one_gpu = false;  // STRATA_TP_ONE_GPU=1: in-process ranks share one GPU (testing)
+  // STRATA_NO_FUSED_ALLREDUCE=1: a row-parallel layer's all-reduce, bias, residual add and next
+  // norm run as separate kernels (A/B of the fused one-shot kernel).
+  bool no_fused_allreduce = false;
 };
 
 const EnvConfig& env_config();

@@ -12,6 +12,7 @@ KvPool::KvPool(const KvPoolConfig& c, Buffer storage)
       blocks_(c.n_blocks, c.block_size, c.enable_prefix_caching) {
   const int64_t per = (c.n_blocks + 1) * c.block_size * c.n_heads_kv * c.head_dim;
   char* base = static_cast<char*>(storage_.data());
+  layers_.resize(static_cast<size_t>(c.first_layer));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     ops::KvLayer layer;
     for (int which = 0; which < 2; ++which) {
@@ -25,8 +26,8 @@ KvPool::KvPool(const KvPoolConfig& c, Buffer storage)
 }
 
 Result<KvPool> KvPool::create(const KvPoolConfig& c, Allocator& alloc) {
-  if (c.n_layers <= 0 || c.n_blocks <= 0 || c.block_size <= 0 || c.n_heads_kv <= 0 ||
-      c.head_dim <= 0 || (c.dtype != DType::kF32 && c.dtype != DType::kBF16)) {
+  if (c.n_layers <= 0 || c.first_layer < 0 || c.n_blocks <= 0 || c.block_size <= 0 ||
+      c.n_heads_kv <= 0 || c.head_dim <= 0 || (c.dtype != DType::kF32 && c.dtype != DType::kBF16)) {
     return errorf(
         StatusCode::kInvalidArgument,
         "KV cache: invalid configuration ({} layers, {} blocks of {}, {} heads of {}, {})",
@@ -51,8 +52,8 @@ Status KvPool::copy_block_to_host(ops::Context& ctx, int32_t block, void* host) 
   char* h = static_cast<char*>(host);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     for (int which = 0; which < 2; ++which) {
-      const Tensor& pool =
-          which == 0 ? layers_[static_cast<size_t>(l)].k : layers_[static_cast<size_t>(l)].v;
+      const ops::KvLayer& layer = layers_[static_cast<size_t>(c.first_layer + l)];
+      const Tensor& pool = which == 0 ? layer.k : layer.v;
       const Tensor src = pool.slice_rows(block, block + 1);
       STRATA_RETURN_IF_ERROR(
           ops::download(ctx, src, h + dtype_bytes(c.dtype, (2 * l + which) * per)));
@@ -68,8 +69,8 @@ Status KvPool::copy_block_from_host(ops::Context& ctx, int32_t block, const void
   const char* h = static_cast<const char*>(host);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     for (int which = 0; which < 2; ++which) {
-      const Tensor& pool =
-          which == 0 ? layers_[static_cast<size_t>(l)].k : layers_[static_cast<size_t>(l)].v;
+      const ops::KvLayer& layer = layers_[static_cast<size_t>(c.first_layer + l)];
+      const Tensor& pool = which == 0 ? layer.k : layer.v;
       Tensor dst = pool.slice_rows(block, block + 1);
       STRATA_RETURN_IF_ERROR(
           ops::upload(ctx, h + dtype_bytes(c.dtype, (2 * l + which) * per), dst));

@@ -19,8 +19,9 @@
 namespace strata {
 
 struct KvPoolConfig {
-  int64_t n_layers = 0;
-  int64_t n_blocks = 0;  // usable blocks (ids [0, n_blocks)); the pool holds one more (scratch)
+  int64_t n_layers = 0;     // layers held: [first_layer, first_layer + n_layers)
+  int64_t first_layer = 0;  // a pipeline stage holds only its own layers' K and V
+  int64_t n_blocks = 0;     // usable blocks (ids [0, n_blocks)); the pool holds one more (scratch)
   int64_t block_size = 16;
   int64_t n_heads_kv = 0;  // heads held by this rank
   int64_t head_dim = 0;
@@ -46,7 +47,8 @@ class KvPool {
   size_t bytes() const { return storage_.bytes(); }
   int64_t scratch_block() const { return config_.n_blocks; }
 
-  // The per-layer views the ops read and write.
+  // The per-layer views the ops read and write, indexed by the model's layer number (entries
+  // before first_layer are empty).
   std::vector<ops::KvLayer>& layers() { return layers_; }
   BlockManager& blocks() { return blocks_; }
   const BlockManager& blocks() const { return blocks_; }
@@ -55,8 +57,8 @@ class KvPool {
   }
 
   // Swapping a preempted sequence: one block (every layer's K and V) to / from a host slot of
-  // block_bytes() bytes laid out [n_layers, 2, block_size, n_heads_kv, head_dim]. Ordered on
-  // ctx's stream and waited for.
+  // block_bytes() bytes laid out [n_layers, 2, block_size, n_heads_kv, head_dim] (the layers held).
+  // Ordered on ctx's stream and waited for.
   Status copy_block_to_host(ops::Context& ctx, int32_t block, void* host);
   Status copy_block_from_host(ops::Context& ctx, int32_t block, const void* host);
 

@@ -159,8 +159,9 @@ int64_t device_bytes(const ModelConfig& c, const ParallelConfig& par, DType wdt)
   const int64_t V = par.padded_chunk(c.vocab), H = c.hidden;
   const int64_t emb = V * H * 2;  // the embedding table stays bf16
   const int64_t head = c.tie_word_embeddings && wdt == DType::kBF16 ? 0 : V * H * per;
-  const int64_t body =
+  int64_t body =
       (c.parameter_count() - c.vocab * H * (c.tie_word_embeddings ? 1 : 2)) / par.tp_size * per;
+  if (c.n_layers > 0) body = body / c.n_layers * (par.stage_end(c.n_layers) - par.first_layer);
   return emb + head + body;
 }
 
@@ -221,6 +222,7 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
   const bool norm_bias = c.norm == NormType::kLayerNorm;
   w.layers.resize(static_cast<size_t>(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (!par.has_layer(l)) continue;  // another pipeline stage's layer
     LayerWeights& d = w.layers[static_cast<size_t>(l)];
     const LayerWeights* L = hw ? &hw->layers[static_cast<size_t>(l)] : nullptr;
     auto norm = [&](const ops::NormWeight LayerWeights::*f, int64_t n,

@@ -164,6 +164,7 @@ Status Model::load_weights() {
       STRATA_ASSIGN_OR_RETURN(Tensor emb, fetch(src, "model.embed_tokens.weight", {c.vocab, H}));
       w_.tok_embeddings = emb.slice_rows(vocab_range_.begin, vocab_range_.end);
       for (int64_t l = 0; l < c.n_layers; ++l) {
+        if (!par_.has_layer(l)) continue;  // another pipeline stage's layer
         LayerWeights& L = w_.layers[static_cast<size_t>(l)];
         const std::string p = "model.layers." + std::to_string(l) + ".";
         STRATA_ASSIGN_OR_RETURN(L.attn_norm.w, fetch(src, p + "input_layernorm.weight", {H}));
@@ -234,6 +235,7 @@ Status Model::load_weights() {
       STRATA_ASSIGN_OR_RETURN(w_.pos_embeddings,
                               fetch(src, root + "wpe.weight", {c.max_position_embeddings, H}));
       for (int64_t l = 0; l < c.n_layers; ++l) {
+        if (!par_.has_layer(l)) continue;  // another pipeline stage's layer
         LayerWeights& L = w_.layers[static_cast<size_t>(l)];
         const std::string p = root + "h." + std::to_string(l) + ".";
         STRATA_ASSIGN_OR_RETURN(L.attn_norm.w, fetch(src, p + "ln_1.weight", {H}));
@@ -274,6 +276,7 @@ Status Model::load_weights() {
       w_.tok_embeddings = emb.slice_rows(vocab_range_.begin, vocab_range_.end);
       const int64_t hl = heads.size();
       for (int64_t l = 0; l < c.n_layers; ++l) {
+        if (!par_.has_layer(l)) continue;  // another pipeline stage's layer
         LayerWeights& L = w_.layers[static_cast<size_t>(l)];
         const std::string p = "gpt_neox.layers." + std::to_string(l) + ".";
         STRATA_ASSIGN_OR_RETURN(L.attn_norm.w, fetch(src, p + "input_layernorm.weight", {H}));

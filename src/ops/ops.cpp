@@ -11,6 +11,7 @@
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/quant.h"
+#include "core/env.h"
 #include "core/half.h"
 #include "core/status.h"
 #include "fmt/format.h"
@@ -860,7 +861,7 @@ Status all_reduce_add_norm(Context& ctx, Communicator& comm, Tensor& y, const Te
                        y.cols() == x.cols() && h.rows() == x.rows() && h.cols() == x.cols() &&
                        w.w.numel() == x.cols() && w.w.is_contiguous() &&
                        (!has_bias || (bias->is_contiguous() && bias->numel() == x.cols()));
-  if (fusable && comm.supports(ctx.device)) {
+  if (fusable && comm.supports(ctx.device) && !env_config().no_fused_allreduce) {
     AllReduceAddNorm a;
     a.y = f32(y);
     if (has_bias) {

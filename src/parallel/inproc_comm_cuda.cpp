@@ -167,6 +167,11 @@ Status inproc_device_all_reduce_add_norm(InProcessGroup& g, int rank, const AllR
                   "in-process device collective before init_in_process_device");
   }
   InProcessDeviceState& s = *g.device;
+  // Decode-sized batches only: one block per row keeps prefill's many rows on a few blocks,
+  // slower than the all-reduce kernel and a separate norm (the caller composes those).
+  if (a.rows > cuda::kOneShotMaxBlocks) {
+    return Status(StatusCode::kUnimplemented, "fused all-reduce + norm above 32 rows");
+  }
   if (dtype_bytes(DType::kF32, a.rows * a.cols) > s.staging_bytes / 2) {
     return Status(StatusCode::kUnimplemented, "fused all-reduce larger than the staging buffer");
   }

@@ -1,6 +1,7 @@
-// ParallelConfig: tensor-parallel rank math as a value type (pipeline/expert/data parallel
-// sizes join it later). The sharding rules themselves live in the model loader, which asks
-// this struct which slice of each dimension its rank owns.
+// ParallelConfig: this rank's place in the parallel world as a value type: its tensor-parallel
+// rank (Megatron shards) and its pipeline stage (a contiguous layer range). The sharding rules
+// themselves live in the model loader, which asks this struct which slice of each dimension and
+// which layers its rank owns.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,17 @@ struct ShardRange {
 struct ParallelConfig {
   int tp_size = 1;
   int tp_rank = 0;
+  // Pipeline stage pp_rank of pp_size runs layers [first_layer, last_layer) (last_layer -1: to
+  // the last layer); the embedding runs on the first stage, the head on the last.
+  int pp_size = 1;
+  int pp_rank = 0;
+  int64_t first_layer = 0;
+  int64_t last_layer = -1;
+
+  bool has_layer(int64_t l) const { return l >= first_layer && (last_layer < 0 || l < last_layer); }
+  int64_t stage_end(int64_t n_layers) const { return last_layer < 0 ? n_layers : last_layer; }
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp_size - 1; }
 
   // Even split of n items (n % tp_size == 0 required by the caller, e.g. attention heads).
   ShardRange even_shard(int64_t n) const {

@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "model/presets.h"
 #include "runtime/device_runtime.h"
 #include "runtime/model_loader.h"
+#include "runtime/pipeline_schedule.h"
 #include "runtime/step.h"
 
 namespace strata {
@@ -20,7 +22,7 @@ class ModelRunner final : public Executor {
   static Result<std::unique_ptr<ModelRunner>> create(const ModelConfig& config,
                                                      const ParallelConfig& par,
                                                      std::unique_ptr<Model> host,
-                                                     Communicator& comm,
+                                                     Communicator& comm, Communicator* pipeline,
                                                      const RunnerOptions& options);
 
   const ModelConfig& config() const override { return model_->config(); }
@@ -50,17 +52,19 @@ class ModelRunner final : public Executor {
   }
   int64_t graph_captures() const override { return runtime_->graph_captures(); }
   int64_t graph_replays() const override { return runtime_->graph_replays(); }
+  double wait_seconds() const override { return wait_seconds_; }
 
   const Model& model() const { return *model_; }
   DeviceRuntime& runtime() { return *runtime_; }
   const RunnerOptions& options() const { return opt_; }
 
  private:
-  ModelRunner(Communicator& comm) : comm_(comm) {}
+  ModelRunner(Communicator& comm, Communicator* pipeline) : comm_(comm), pipe_(pipeline) {}
   Status allocate(const RunnerOptions& o);
   Status run(const ForwardBatch& b, float* out_logits, int32_t* out_ids);
 
-  Communicator& comm_;
+  Communicator& comm_;  // the tensor-parallel group: the layer program's collectives
+  Communicator* pipe_;  // the pipeline group (stage s = rank s), null without stages
   RunnerOptions opt_;
   std::unique_ptr<DeviceRuntime> runtime_;
   std::unique_ptr<Model> model_;
@@ -70,14 +74,21 @@ class ModelRunner final : public Executor {
   std::unique_ptr<StepPacker> packer_;
   PackedStep step_;
   Buffer host_logits_, host_ids_;  // staging for the results (pinned on a GPU)
+  Buffer host_hidden_;             // a pipeline stage's hidden states in transit (GPU)
+  double wait_seconds_ = 0.0;      // time blocked receiving them
 };
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& config,
                                                          const ParallelConfig& par,
                                                          std::unique_ptr<Model> host,
-                                                         Communicator& comm,
+                                                         Communicator& comm, Communicator* pipeline,
                                                          const RunnerOptions& options) {
-  std::unique_ptr<ModelRunner> r(new ModelRunner(comm));
+  if (par.pp_size > 1 &&
+      (pipeline == nullptr || pipeline->size() != par.pp_size || pipeline->rank() != par.pp_rank)) {
+    return errorf(StatusCode::kInvalidArgument, "pipeline stage {} of {} needs its stage group",
+                  par.pp_rank, par.pp_size);
+  }
+  std::unique_ptr<ModelRunner> r(new ModelRunner(comm, pipeline));
   r->opt_ = options;
   RunnerOptions& o = r->opt_;
   if (o.act_dtype != DType::kF32 && o.act_dtype != DType::kBF16) {
@@ -103,6 +114,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   }
   STRATA_ASSIGN_OR_RETURN(r->runtime_, DeviceRuntime::create(o.device, o.profile));
   if (o.profile || !r->runtime_->supports_graphs()) o.cuda_graphs = false;
+  // Pipeline stages hand hidden states over through host memory between steps: eager for now.
+  if (par.pp_size > 1) o.cuda_graphs = false;
   DeviceRuntime& rt = *r->runtime_;
   if (device_layout) {
     DeviceLayout layout;
@@ -166,9 +179,15 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
   }
   STRATA_ASSIGN_OR_RETURN(host_logits_, rt.allocate_staging(static_cast<size_t>(R * c.vocab) * 4));
   STRATA_ASSIGN_OR_RETURN(host_ids_, rt.allocate_staging(static_cast<size_t>(R) * 4));
+  const ParallelConfig& par = m.parallel();
+  if (par.pp_size > 1 && rt.device().is_cuda()) {
+    STRATA_ASSIGN_OR_RETURN(host_hidden_,
+                            rt.allocate_staging(static_cast<size_t>(T * c.hidden) * 4));
+  }
   // The KV pool: what is asked for, or on a GPU what fits under gpu_memory_utilization.
   KvPoolConfig kc;
-  kc.n_layers = c.n_layers;
+  kc.first_layer = par.first_layer;  // a pipeline stage holds its own layers' K and V
+  kc.n_layers = par.stage_end(c.n_layers) - par.first_layer;
   kc.block_size = o.block_size;
   kc.n_heads_kv = m.n_heads_kv_local();
   kc.head_dim = c.head_dim;
@@ -223,27 +242,55 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
     STRATA_RETURN_IF_ERROR(ops::upload(ctx, packer_->staging(), dst));
   }
   step_.head.argmax = true;  // always: one graph serves both logits and greedy ids
-  ForwardArgs args{ctx, step_.args, ws_, kv_->layers(), comm_, 0, -1, step_.head};
+  const ParallelConfig& par = model_->parallel();
+  const bool pipeline = par.pp_size > 1;
+  const int64_t H = model_->config().hidden;
+  const int64_t n_tok = step_.args.n_tokens;
+  Tensor hidden = ws_.x.slice_rows(0, n_tok);
+  if (pipeline && !par.first_stage()) {
+    // The previous stage's residual stream is this stage's input.
+    void* dst = rt.device().is_cuda() ? host_hidden_.data() : hidden.data;
+    const auto t0 = std::chrono::steady_clock::now();
+    STRATA_RETURN_IF_ERROR(
+        pipe_->recv(dst, n_tok * H, DType::kF32, par.pp_rank - 1, CommStream::host()));
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rt.device().is_cuda())
+      STRATA_RETURN_IF_ERROR(ops::upload(ctx, host_hidden_.data(), hidden));
+  }
+  ForwardArgs args{
+      ctx, step_.args, ws_, kv_->layers(), comm_, par.first_layer, par.last_layer, step_.head};
   rt.begin_step(step_.args.max_q_len == 1);
   STRATA_RETURN_IF_ERROR(
       rt.run(step_.graph, step_.graph_key, [&] { return model_->forward(args); }));
+  if (pipeline && !par.last_stage()) {
+    void* src = hidden.data;
+    if (rt.device().is_cuda()) {
+      STRATA_RETURN_IF_ERROR(ops::download(ctx, hidden, host_hidden_.data()));
+      STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+      src = host_hidden_.data();
+    }
+    STRATA_RETURN_IF_ERROR(
+        pipe_->send(src, n_tok * H, DType::kF32, par.pp_rank + 1, CommStream::host()));
+  }
   const int64_t n_out = step_.n_out;
   const int64_t V = model_->config().vocab;
-  if (n_out > 0 && out_logits != nullptr) {
+  const bool has_head = !pipeline || par.last_stage();
+  if (has_head && n_out > 0 && out_logits != nullptr) {
     STRATA_RETURN_IF_ERROR(
         ops::download(ctx, ws_.logits.slice_rows(0, n_out), host_logits_.data()));
   }
-  if (n_out > 0 && out_ids != nullptr) {
+  if (has_head && n_out > 0 && out_ids != nullptr) {
     Tensor ids = Tensor::make(ws_.ids.data, DType::kI32, {n_out}, ws_.ids.device);
     STRATA_RETURN_IF_ERROR(ops::download(ctx, ids, host_ids_.data()));
   }
   STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
   if (comm_.size() > 1) STRATA_RETURN_IF_ERROR(comm_.health());
   rt.collect_profile();
-  if (n_out > 0 && out_logits != nullptr) {
+  // A pipeline's results are the last stage's (the executor asks that stage for them).
+  if (has_head && n_out > 0 && out_logits != nullptr) {
     std::memcpy(out_logits, host_logits_.data(), static_cast<size_t>(n_out * V) * 4);
   }
-  if (n_out > 0 && out_ids != nullptr) {
+  if (has_head && n_out > 0 && out_ids != nullptr) {
     std::memcpy(out_ids, host_ids_.data(), static_cast<size_t>(n_out) * 4);
   }
   return ok_status();
@@ -253,18 +300,31 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
 
 Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const ParallelConfig& par,
                                               std::unique_ptr<Model> host, Communicator& comm,
-                                              const RunnerOptions& options) {
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r,
-                          ModelRunner::create(config, par, std::move(host), comm, options));
+                                              const RunnerOptions& options,
+                                              Communicator* pipeline) {
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelRunner> r,
+      ModelRunner::create(config, par, std::move(host), comm, pipeline, options));
   return std::unique_ptr<Executor>(std::move(r));
 }
 
 Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOptions& eo) {
   LoadedExecutor out;
   const bool cuda = cfg.device.is_cuda();
-  if (cfg.parallel.pp != 1 || cfg.parallel.ep != 1 || cfg.parallel.dp != 1) {
+  if (cfg.parallel.ep != 1 || cfg.parallel.dp != 1) {
     return Status(StatusCode::kUnimplemented,
-                  "pipeline, expert and data parallel sizes other than 1 are not built yet");
+                  "expert and data parallel sizes other than 1 are not built yet");
+  }
+  const int pp = cfg.parallel.pp;
+  if (pp < 1) return errorf(StatusCode::kInvalidArgument, "--pipeline-parallel-size must be >= 1");
+  if (pp == 1 && !cfg.parallel.pp_layers.empty()) {
+    return Status(StatusCode::kInvalidArgument, "--pp-layers needs --pipeline-parallel-size > 1");
+  }
+  if (pp > 1 && (cfg.parallel.tp > 1 || env_config().launcher_size > 1)) {
+    return Status(StatusCode::kUnimplemented,
+                  "pipeline parallelism runs its stages as threads of one process for now: "
+                  "--pipeline-parallel-size with --tensor-parallel-size > 1 or under mpirun is not "
+                  "built yet");
   }
   // A shape preset has no files to read: it implies dummy weights.
   const bool dummy = cfg.load_format == LoadFormat::kDummy || !cfg.model_config.empty();
@@ -296,12 +356,12 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     out.max_len = loaded.max_len;
     out.comm = std::move(loaded.comm);
     out.tokenizer = std::move(loaded.tokenizer);
-    const Model& m = *loaded.model;
+    const ModelConfig config = loaded.config;
     KvPoolConfig kc;
-    kc.n_layers = m.config().n_layers;
+    kc.n_layers = config.n_layers;
     kc.block_size = eo.block_size;
-    kc.n_heads_kv = m.n_heads_kv_local();
-    kc.head_dim = m.config().head_dim;
+    kc.n_heads_kv = loaded.model ? loaded.model->n_heads_kv_local() : config.n_heads_kv;
+    kc.head_dim = config.head_dim;
     kc.dtype = DType::kF32;
     int64_t n_blocks = eo.cpu_blocks;
     if (n_blocks <= 0 && eo.cpu_kv_bytes > 0) {
@@ -321,10 +381,17 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     ro.max_num_seqs = std::max<int64_t>(64, std::max<int64_t>(cfg.max_num_seqs, eo.cpu_seqs));
     ro.max_logit_rows = ro.max_num_tokens;
     ro.cuda_graphs = false;
-    const ModelConfig config = m.config();
-    const ParallelConfig par = m.parallel();
-    STRATA_ASSIGN_OR_RETURN(out.exec,
-                            make_runner(config, par, std::move(loaded.model), *out.comm, ro));
+    if (pp > 1) {
+      STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds,
+                              pipeline_bounds(config.n_layers, pp, cfg.parallel.pp_layers));
+      std::shared_ptr<TensorSource> weights = loaded.weights;
+      auto load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
+      STRATA_ASSIGN_OR_RETURN(out.exec, make_in_process_pp_executor(config, load, bounds, ro));
+    } else {
+      const ParallelConfig par = loaded.model->parallel();
+      STRATA_ASSIGN_OR_RETURN(out.exec,
+                              make_runner(config, par, std::move(loaded.model), *out.comm, ro));
+    }
     out.info.kv_cache_blocks = n_blocks;
     out.info.kv_block_size = eo.block_size;
     return out;
@@ -387,7 +454,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     par.tp_rank = out.comm->rank();
     STRATA_ASSIGN_OR_RETURN(out.comm, make_nccl_communicator(std::move(out.comm), ro.device.index));
     STRATA_ASSIGN_OR_RETURN(out.exec, make_runner(config, par, std::move(host), *out.comm, ro));
-  } else if (cfg.parallel.tp == 1 && !dummy) {
+  } else if (cfg.parallel.tp == 1 && pp == 1 && !dummy) {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
     out.info = std::move(loaded.info);
     out.tokenizer = std::move(loaded.tokenizer);
@@ -407,7 +474,15 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       out.tokenizer = std::move(files.tokenizer);
       weights = files.weights;
     }
-    if (cfg.parallel.tp > 1) {
+    if (pp > 1) {
+      // Pipeline stages as threads of this process, one GPU each (or all on one GPU).
+      STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds,
+                              pipeline_bounds(config.n_layers, pp, cfg.parallel.pp_layers));
+      std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)> load;
+      if (weights)
+        load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
+      STRATA_ASSIGN_OR_RETURN(out.exec, make_in_process_pp_executor(config, load, bounds, ro));
+    } else if (cfg.parallel.tp > 1) {
       // Ranks as threads of this process, one GPU each (or all on one GPU when there are fewer).
       std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)> load;
       if (weights)

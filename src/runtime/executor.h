@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "memory/kv_pool.h"
 #include "model/config.h"
@@ -43,6 +44,11 @@ class Executor {
   // CUDA-graph counters (0 on the CPU).
   virtual int64_t graph_captures() const = 0;
   virtual int64_t graph_replays() const = 0;
+  // Seconds spent blocked on another rank's data (a pipeline stage waiting for its input).
+  virtual double wait_seconds() const { return 0.0; }
+  // The pipeline bubble of the forward passes so far (idle stage-time over all stage-time,
+  // measured), or -1 when this executor is not a pipeline.
+  virtual double measured_bubble() const { return -1.0; }
 };
 
 // How a ModelRunner lays a model out on its device.
@@ -62,14 +68,18 @@ struct RunnerOptions {
   bool cuda_graphs = true;              // replay captured decode steps
   bool profile = false;                 // time named sections (eager launches; no graphs)
   uint64_t seed = 0;                    // random weights
+  // Pipeline stages: a prompt step is cut into micro-batches of at least this many tokens.
+  int64_t pp_min_micro_batch_tokens = 256;
 };
 
 // A runner over `host` (the model loaded as stored on the CPU; moved to the device layout when
-// options ask for it), or over random weights of `config` when host is null. `comm` must outlive
-// the runner.
+// options ask for it), or over random weights of `config` when host is null. `comm` is the
+// tensor-parallel group (the layer program's collectives); `pipeline` the pipeline group when
+// par.pp_size > 1 (stage par.pp_rank = its rank). Both must outlive the runner.
 Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const ParallelConfig& par,
                                               std::unique_ptr<Model> host, Communicator& comm,
-                                              const RunnerOptions& options);
+                                              const RunnerOptions& options,
+                                              Communicator* pipeline = nullptr);
 
 // Tensor parallelism inside one process: `tp` ranks as threads, each a ModelRunner over its
 // Megatron shard (load(par) returns the host model sharded for rank par.tp_rank; null `load`
@@ -80,6 +90,20 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
     const RunnerOptions& options);
+
+// Pipeline parallelism inside one process: stage s (a thread) runs layers [bounds[s],
+// bounds[s + 1]) (runtime/pipeline_schedule.h, pipeline_bounds) with its own KV pool for those
+// layers, on GPU index + s when there are that many GPUs, else all stages share GPU index. The
+// embedding runs on stage 0, the head on the last stage; hidden states pass with send/recv
+// (through pinned host memory on a GPU). Each forward pass is cut into micro-batches that flow
+// through the stages as a pipeline (stage s runs micro-batch m while stage s + 1 runs m - 1):
+// a decode step into min(stages, sequences) groups, a prompt step into prompt_micro_batches()
+// chunks of at least options.pp_min_micro_batch_tokens tokens. load(par) returns the host model
+// holding stage par.pp_rank's layers (null: random weights).
+Result<std::unique_ptr<Executor>> make_in_process_pp_executor(
+    const ModelConfig& config,
+    const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load,
+    const std::vector<int64_t>& bounds, const RunnerOptions& options);
 
 // Tensor parallelism across processes, for the serving engine: on rank 0, an executor that
 // broadcasts every call (the step's arrays, swaps) on `control` before running it on `local`;

@@ -190,7 +190,11 @@ Result<LoadedModel> load_model(const EngineConfig& cfg) {
   ParallelConfig par;
   par.tp_size = out.comm->size();
   par.tp_rank = out.comm->rank();
-  STRATA_ASSIGN_OR_RETURN(out.model, Model::load(config, par, files.weights));
+  if (cfg.parallel.pp <= 1) {
+    STRATA_ASSIGN_OR_RETURN(out.model, Model::load(config, par, files.weights));
+  }
+  out.config = config;
+  out.weights = files.weights;
   out.tokenizer = std::move(files.tokenizer);
   return out;
 }

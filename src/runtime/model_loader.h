@@ -21,8 +21,10 @@ struct LoadedModel {
   ModelInfo info;
   int64_t max_len = 0;  // context length: EngineConfig::max_model_len capped by the model's
   std::unique_ptr<Communicator> comm;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<Model> model;          // null with pipeline stages: each stage loads its layers
   std::unique_ptr<Tokenizer> tokenizer;  // null when the checkpoint has no tokenizer.json
+  ModelConfig config;
+  std::shared_ptr<TensorSource> weights;  // the checkpoint, for loading stages
 };
 
 // A model's files opened: `model` is a HF checkpoint directory, a .gguf file, or an alias

@@ -5,10 +5,15 @@
 // Every forward pass runs on all ranks at once, one host thread each (rank 0 on the caller's);
 // the engines see rank 0's logits and rank 0's block accounting (every rank's pool has the same
 // block ids). This is how tensor-parallel logic is tested on one GPU, and on the CPU in CI.
+// Pipeline stages (make_in_process_pp_executor) run the same way: one runner per stage over its
+// layer range, the hidden states passed stage to stage with send/recv, the last stage's results
+// sent back to stage 0.
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -17,6 +22,7 @@
 #include "parallel/inproc_comm.h"
 #include "runtime/device_runtime.h"
 #include "runtime/executor.h"
+#include "runtime/pipeline_schedule.h"
 
 namespace strata {
 
@@ -89,10 +95,11 @@ class RankPool {
 class InProcessTpExecutor final : public Executor {
  public:
   InProcessTpExecutor(std::vector<std::unique_ptr<Communicator>> comms,
-                      std::vector<std::unique_ptr<Executor>> ranks)
+                      std::vector<std::unique_ptr<Executor>> ranks, std::string label)
       : comms_(std::move(comms)),
         ranks_(std::move(ranks)),
-        pool_(static_cast<int>(ranks_.size())) {}
+        pool_(static_cast<int>(ranks_.size())),
+        label_(std::move(label)) {}
 
   const ModelConfig& config() const override { return ranks_[0]->config(); }
   KvPool& cache() override { return ranks_[0]->cache(); }
@@ -142,8 +149,8 @@ class InProcessTpExecutor final : public Executor {
     const std::string first = ranks_[0]->device_name();
     bool same = true;
     for (const auto& e : ranks_) same = same && e->device_name() == first;
-    return (same ? first : first + ", ...") + " (" + std::to_string(ranks_.size()) +
-           " tensor-parallel ranks)";
+    return (same ? first : first + ", ...") + " (" + std::to_string(ranks_.size()) + " " + label_ +
+           ")";
   }
   int64_t device_weight_bytes() const override {
     int64_t total = 0;
@@ -157,8 +164,157 @@ class InProcessTpExecutor final : public Executor {
   std::vector<std::unique_ptr<Communicator>> comms_;  // before ranks_: the runners refer to them
   std::vector<std::unique_ptr<Executor>> ranks_;
   RankPool pool_;
+  std::string label_;  // "tensor-parallel ranks", "pipeline stages"
   std::vector<std::vector<float>> scratch_;
   std::vector<std::vector<int32_t>> ids_;
+};
+
+// Pipeline stages as threads: each forward pass is cut into micro-batches (contiguous token
+// ranges) that every stage runs in order; a stage's send is buffered, so stage s starts
+// micro-batch m + 1 while stage s + 1 still runs m. The KV of a prompt chunk is written by a
+// stage before it runs the next chunk of the same sequence, so chunks see their prefix as in
+// chunked prefill. The last stage writes the results straight into the caller's buffers.
+class InProcessPpExecutor final : public Executor {
+ public:
+  InProcessPpExecutor(std::vector<std::unique_ptr<Communicator>> comms,
+                      std::vector<std::unique_ptr<Communicator>> singles,
+                      std::vector<std::unique_ptr<Executor>> stages, int64_t min_tokens)
+      : comms_(std::move(comms)),
+        singles_(std::move(singles)),
+        stages_(std::move(stages)),
+        pool_(static_cast<int>(stages_.size())),
+        min_tokens_(min_tokens),
+        busy_(stages_.size(), 0.0) {}
+
+  const ModelConfig& config() const override { return stages_[0]->config(); }
+  KvPool& cache() override { return stages_[0]->cache(); }
+  std::string backend_name() const override { return stages_[0]->backend_name(); }
+  Status forward(const ForwardBatch& b, float* logits) override { return run(b, logits, nullptr); }
+  Status forward_argmax(const ForwardBatch& b, int32_t* ids) override {
+    return run(b, nullptr, ids);
+  }
+  size_t block_bytes() const override {
+    size_t total = 0;
+    for (const auto& e : stages_) total += e->block_bytes();
+    return total;
+  }
+  Status copy_block_to_host(int32_t block, void* host) override {
+    char* p = static_cast<char*>(host);
+    for (const auto& e : stages_) {
+      STRATA_RETURN_IF_ERROR(e->copy_block_to_host(block, p));
+      p += e->block_bytes();
+    }
+    return ok_status();
+  }
+  Status copy_block_from_host(int32_t block, const void* host) override {
+    const char* p = static_cast<const char*>(host);
+    for (const auto& e : stages_) {
+      STRATA_RETURN_IF_ERROR(e->copy_block_from_host(block, p));
+      p += e->block_bytes();
+    }
+    return ok_status();
+  }
+  int64_t max_model_len() const override { return stages_[0]->max_model_len(); }
+  std::string device_name() const override {
+    const std::string first = stages_[0]->device_name();
+    bool same = true;
+    for (const auto& e : stages_) same = same && e->device_name() == first;
+    return (same ? first : first + ", ...") + " (" + std::to_string(stages_.size()) +
+           " pipeline stages)";
+  }
+  int64_t device_weight_bytes() const override {
+    int64_t total = 0;
+    for (const auto& e : stages_) total += e->device_weight_bytes();
+    return total;
+  }
+  int64_t graph_captures() const override { return stages_.back()->graph_captures(); }
+  int64_t graph_replays() const override { return stages_.back()->graph_replays(); }
+  double measured_bubble() const override { return strata::measured_bubble(busy_, wall_); }
+
+ private:
+  struct Micro {
+    ForwardBatch b;
+    std::vector<int32_t> rows;  // logit rows within the micro-batch
+    int64_t out_offset = 0;     // its first result row in the caller's buffers
+  };
+
+  // Contiguous token ranges, cut only where the logit rows stay in order.
+  std::vector<Micro> split(const ForwardBatch& b) const {
+    const int64_t n = static_cast<int64_t>(b.tokens.size());
+    const int P = static_cast<int>(stages_.size());
+    bool decode = true, ordered = true;
+    for (int64_t i = 1; i < n; ++i) {
+      if (b.token_seq[static_cast<size_t>(i)] == b.token_seq[static_cast<size_t>(i - 1)])
+        decode = false;
+    }
+    for (size_t i = 1; i < b.logit_rows.size(); ++i) {
+      if (b.logit_rows[i] <= b.logit_rows[i - 1]) ordered = false;
+    }
+    int64_t m = decode ? std::min<int64_t>(P, n) : prompt_micro_batches(P, n, min_tokens_);
+    if (!ordered) m = 1;
+    m = std::clamp<int64_t>(m, 1, std::max<int64_t>(n, 1));
+    std::vector<Micro> out(static_cast<size_t>(m));
+    size_t row = 0;
+    int64_t offset = 0;
+    for (int64_t k = 0; k < m; ++k) {
+      const int64_t t0 = n * k / m, t1 = n * (k + 1) / m;
+      Micro& mb = out[static_cast<size_t>(k)];
+      mb.b = b;
+      mb.b.tokens = b.tokens.subspan(static_cast<size_t>(t0), static_cast<size_t>(t1 - t0));
+      mb.b.token_seq = b.token_seq.subspan(static_cast<size_t>(t0), static_cast<size_t>(t1 - t0));
+      mb.b.token_pos = b.token_pos.subspan(static_cast<size_t>(t0), static_cast<size_t>(t1 - t0));
+      while (row < b.logit_rows.size() && b.logit_rows[row] < t1) {
+        mb.rows.push_back(static_cast<int32_t>(b.logit_rows[row] - t0));
+        ++row;
+      }
+      mb.out_offset = offset;
+      offset += static_cast<int64_t>(mb.rows.size());
+    }
+    for (Micro& mb : out) mb.b.logit_rows = mb.rows;
+    return out;
+  }
+
+  Status run(const ForwardBatch& b, float* logits, int32_t* ids) {
+    if (b.tokens.empty()) return ok_status();
+    const std::vector<Micro> micro = split(b);
+    const int P = static_cast<int>(stages_.size());
+    const int64_t V = config().vocab;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<double> busy(static_cast<size_t>(P), 0.0);
+    Status st = pool_.run([&](int s) -> Status {
+      Executor& e = *stages_[static_cast<size_t>(s)];
+      const double wait0 = e.wait_seconds();
+      const auto s0 = std::chrono::steady_clock::now();
+      for (const Micro& mb : micro) {
+        if (s < P - 1) {
+          STRATA_RETURN_IF_ERROR(e.forward(mb.b, nullptr));
+        } else if (logits != nullptr) {
+          STRATA_RETURN_IF_ERROR(e.forward(mb.b, logits + mb.out_offset * V));
+        } else {
+          STRATA_RETURN_IF_ERROR(e.forward_argmax(mb.b, ids + mb.out_offset));
+        }
+      }
+      busy[static_cast<size_t>(s)] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() -
+          (e.wait_seconds() - wait0);
+      return ok_status();
+    });
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (st.ok()) {
+      wall_ += wall;
+      for (int s = 0; s < P; ++s) busy_[static_cast<size_t>(s)] += busy[static_cast<size_t>(s)];
+    }
+    return st;
+  }
+
+  std::vector<std::unique_ptr<Communicator>> comms_;    // the pipeline group
+  std::vector<std::unique_ptr<Communicator>> singles_;  // each stage's tensor-parallel group
+  std::vector<std::unique_ptr<Executor>> stages_;       // last: the runners refer to the above
+  RankPool pool_;
+  int64_t min_tokens_;
+  std::vector<double> busy_;  // per stage: seconds computing (not waiting for its input)
+  double wall_ = 0.0;
 };
 
 }  // namespace
@@ -244,8 +400,52 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     if (r == 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;  // the same ids on every rank
     ranks.push_back(std::move(*e));
   }
-  return std::unique_ptr<Executor>(
-      std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks)));
+  return std::unique_ptr<Executor>(std::make_unique<InProcessTpExecutor>(
+      std::move(comms), std::move(ranks), "tensor-parallel ranks"));
+}
+
+Result<std::unique_ptr<Executor>> make_in_process_pp_executor(
+    const ModelConfig& config,
+    const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load,
+    const std::vector<int64_t>& bounds, const RunnerOptions& options) {
+  const int pp = static_cast<int>(bounds.size()) - 1;
+  if (pp < 1 || bounds.front() != 0 || bounds.back() != config.n_layers) {
+    return errorf(StatusCode::kInvalidArgument, "pipeline bounds for {} stages of {} layers", pp,
+                  config.n_layers);
+  }
+  std::vector<std::unique_ptr<Communicator>> comms = make_in_process_communicators(pp);
+  // Stage s on GPU index + s when there are that many, else all stages share GPU index, each
+  // with its share of --gpu-memory-utilization. Hidden states go through pinned host memory, so
+  // no device collective is involved (nor CUDA_MODULE_LOADING=EAGER needed).
+  const bool cuda = options.device.is_cuda();
+  const bool shared_gpu = cuda && options.device.index + pp > cuda_device_count();
+  std::vector<std::unique_ptr<Communicator>> singles;
+  std::vector<std::unique_ptr<Executor>> stages;
+  RunnerOptions o = options;
+  for (int s = 0; s < pp; ++s) {
+    singles.push_back(make_single_rank_communicator());
+    ParallelConfig par;
+    par.pp_size = pp;
+    par.pp_rank = s;
+    par.first_layer = bounds[static_cast<size_t>(s)];
+    par.last_layer = bounds[static_cast<size_t>(s) + 1];
+    std::unique_ptr<Model> host;
+    if (load) {
+      STRATA_ASSIGN_OR_RETURN(host, load(par));
+    }
+    RunnerOptions ro = o;
+    if (cuda && !shared_gpu) ro.device = Device::cuda(options.device.index + s);
+    if (shared_gpu && o.num_kv_blocks <= 0) {
+      ro.gpu_memory_utilization = o.gpu_memory_utilization * (s + 1) / pp;
+    }
+    Result<std::unique_ptr<Executor>> e = make_runner(config, par, std::move(host), *singles.back(),
+                                                      ro, comms[static_cast<size_t>(s)].get());
+    if (!e.ok()) return e.status().with_context("pipeline stage " + std::to_string(s));
+    if (s == 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;  // the same ids on every stage
+    stages.push_back(std::move(*e));
+  }
+  return std::unique_ptr<Executor>(std::make_unique<InProcessPpExecutor>(
+      std::move(comms), std::move(singles), std::move(stages), options.pp_min_micro_batch_tokens));
 }
 
 }  // namespace strata

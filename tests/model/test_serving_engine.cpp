@@ -185,6 +185,17 @@ TEST_P(ServingFixture, PreemptionByRecomputeKeepsOutputs) {
   check_matches_engine(GetParam(), cfg, true);
 }
 
+// Pipeline stages under the serving engine: three stages of one layer each, KV blocks swapped
+// out and back across every stage's pool; outputs equal the single-rank engine's.
+TEST(ServingPipeline, ThreeStagesWithSwapKeepOutputs) {
+  ServingConfig cfg = base_config("llama");
+  cfg.engine.parallel.pp = 3;
+  cfg.block_size = 4;
+  cfg.num_kv_blocks = 24;
+  cfg.preemption_mode = PreemptionMode::kSwap;
+  check_matches_engine("llama", cfg, true);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, ServingFixture, ::testing::Values("llama", "qwen2"),
                          [](const auto& info) { return std::string(info.param); });
 

@@ -140,9 +140,13 @@ __device__ __forceinline__ float load_as_f32(const void* p, DType dt, int64_t i)
 }
 
 // Blocks own rows b, b + B, ...; steps 1-3 and 5 are the protocol of oneshot_kernel, step 4 reads
-// the peers' rows, adds the bias and the residual, and normalizes the row.
-template <class W>
-__global__ void __launch_bounds__(kThreads)
+// the peers' rows, adds the bias and the residual, and normalizes the row. 1024 threads: a
+// decode row of 4096 features is one float4 per thread (kVec4: cols % 4 == 0 and every row
+// 16-byte aligned), so the row's reads, adds and stores are one wide access each.
+constexpr int kNormThreads = 1024;
+
+template <class W, bool kVec4>
+__global__ void __launch_bounds__(kNormThreads)
     oneshot_add_norm_kernel(const OneShotParams p, const OneShotAddNormParams f) {
   const int b = static_cast<int>(blockIdx.x);
   const int nb = static_cast<int>(gridDim.x);
@@ -150,10 +154,19 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t off = static_cast<int64_t>(epoch & 1u) * (p.staging_bytes / 2);
   const int64_t cols = f.cols;
   const int tid = static_cast<int>(threadIdx.x);
+  const int64_t step = kVec4 ? 4 * static_cast<int64_t>(blockDim.x) : blockDim.x;
+  const int64_t first = kVec4 ? 4 * static_cast<int64_t>(tid) : tid;
   float* mine = reinterpret_cast<float*>(static_cast<char*>(p.staging[p.rank]) + off);
   const float* y = static_cast<const float*>(p.in);
   for (int64_t r = b; r < f.rows; r += nb) {
-    for (int64_t i = tid; i < cols; i += blockDim.x) mine[r * cols + i] = y[r * cols + i];
+    for (int64_t i = first; i < cols; i += step) {
+      if constexpr (kVec4) {
+        *reinterpret_cast<float4*>(mine + r * cols + i) =
+            *reinterpret_cast<const float4*>(y + r * cols + i);
+      } else {
+        mine[r * cols + i] = y[r * cols + i];
+      }
+    }
   }
   __syncthreads();
   if (tid == 0) {
@@ -179,24 +192,59 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t r = b; r < f.rows; r += nb) {
     float* x = f.x + r * cols;
     float sum_sq = 0.0f;
-    for (int64_t i = tid; i < cols; i += blockDim.x) {
-      float s = 0.0f;
+    for (int64_t i = first; i < cols; i += step) {
+      constexpr int kN = kVec4 ? 4 : 1;
+      float s[kN];
       for (int q = 0; q < p.n_ranks; ++q) {
         const float* src =
-            reinterpret_cast<const float*>(static_cast<const char*>(p.staging[q]) + off);
-        const float v = __ldcg(src + r * cols + i);
-        s = q == 0 ? v : __fadd_rn(s, v);
+            reinterpret_cast<const float*>(static_cast<const char*>(p.staging[q]) + off) +
+            r * cols + i;
+        float v[kN];
+        if constexpr (kVec4) {
+          const float4 t = __ldcg(reinterpret_cast<const float4*>(src));
+          v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+        } else {
+          v[0] = __ldcg(src);
+        }
+#pragma unroll
+        for (int k = 0; k < kN; ++k) s[k] = q == 0 ? v[k] : __fadd_rn(s[k], v[k]);
       }
-      if (f.bias != nullptr) s = __fadd_rn(s, load_as_f32(f.bias, f.bias_dtype, i));
-      const float v = __fadd_rn(x[i], s);
-      x[i] = v;
-      sum_sq += v * v;
+      float xv[kN];
+      if constexpr (kVec4) {
+        const float4 t = *reinterpret_cast<const float4*>(x + i);
+        xv[0] = t.x, xv[1] = t.y, xv[2] = t.z, xv[3] = t.w;
+      } else {
+        xv[0] = x[i];
+      }
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        if (f.bias != nullptr) s[k] = __fadd_rn(s[k], load_as_f32(f.bias, f.bias_dtype, i + k));
+        xv[k] = __fadd_rn(xv[k], s[k]);
+        sum_sq += xv[k] * xv[k];
+      }
+      if constexpr (kVec4) {
+        *reinterpret_cast<float4*>(x + i) = make_float4(xv[0], xv[1], xv[2], xv[3]);
+      } else {
+        x[i] = xv[0];
+      }
     }
     const float mean_sq = block_reduce_sum(sum_sq) / static_cast<float>(cols);
     const float inv = 1.0f / sqrtf(mean_sq + f.eps);
     uint16_t* h = f.h + r * cols;
-    for (int64_t i = tid; i < cols; i += blockDim.x) {
-      h[i] = bf16_bits(x[i] * inv * (to_f32(w[i]) + f.weight_offset));
+    for (int64_t i = first; i < cols; i += step) {
+      if constexpr (kVec4) {
+        const float4 t = *reinterpret_cast<const float4*>(x + i);
+        const float o = f.weight_offset;
+        const uint32_t lo = static_cast<uint32_t>(bf16_bits(t.x * inv * (to_f32(w[i]) + o))) |
+                            static_cast<uint32_t>(bf16_bits(t.y * inv * (to_f32(w[i + 1]) + o)))
+                                << 16;
+        const uint32_t hi = static_cast<uint32_t>(bf16_bits(t.z * inv * (to_f32(w[i + 2]) + o))) |
+                            static_cast<uint32_t>(bf16_bits(t.w * inv * (to_f32(w[i + 3]) + o)))
+                                << 16;
+        *reinterpret_cast<uint2*>(h + i) = make_uint2(lo, hi);
+      } else {
+        h[i] = bf16_bits(x[i] * inv * (to_f32(w[i]) + f.weight_offset));
+      }
     }
   }
   __syncthreads();
@@ -206,6 +254,17 @@ __global__ void __launch_bounds__(kThreads)
       *p.done = 0;
       *p.epoch = epoch;
     }
+  }
+}
+
+template <class W>
+void launch_add_norm(const LaunchCtx& ctx, const OneShotParams& p, const OneShotAddNormParams& f,
+                     bool vec4) {
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(f.rows, kOneShotMaxBlocks)));
+  if (vec4) {
+    oneshot_add_norm_kernel<W, true><<<grid, kNormThreads, 0, ctx.stream>>>(p, f);
+  } else {
+    oneshot_add_norm_kernel<W, false><<<grid, kNormThreads, 0, ctx.stream>>>(p, f);
   }
 }
 
@@ -223,9 +282,14 @@ Status oneshot_preload() {
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<float, true>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<uint16_t, false>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<uint16_t, true>));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<float>));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__half>));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__nv_bfloat16>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<float, false>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<float, true>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__half, false>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__half, true>));
+  STRATA_CUDA_RETURN_IF_ERROR(
+      cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__nv_bfloat16, false>));
+  STRATA_CUDA_RETURN_IF_ERROR(
+      cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__nv_bfloat16, true>));
   return ok_status();
 }
 
@@ -287,16 +351,19 @@ Status oneshot_add_norm(const LaunchCtx& ctx, const OneShotParams& p,
       f.bias_dtype != DType::kBF16) {
     return invalid_argument("oneshot_add_norm", "bias must be f32, f16 or bf16");
   }
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(f.rows, kOneShotMaxBlocks)));
+  // Rows as float4 when every row start is 16-byte aligned (the staging halves are).
+  auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
+  const bool vec4 = f.cols % 4 == 0 && aligned(p.in) && aligned(f.x) && aligned(f.h) &&
+                    aligned(p.staging[p.rank]) && (p.staging_bytes / 2) % 16 == 0;
   switch (f.weight_dtype) {
     case DType::kF32:
-      oneshot_add_norm_kernel<float><<<grid, kThreads, 0, ctx.stream>>>(p, f);
+      launch_add_norm<float>(ctx, p, f, vec4);
       break;
     case DType::kF16:
-      oneshot_add_norm_kernel<__half><<<grid, kThreads, 0, ctx.stream>>>(p, f);
+      launch_add_norm<__half>(ctx, p, f, vec4);
       break;
     case DType::kBF16:
-      oneshot_add_norm_kernel<__nv_bfloat16><<<grid, kThreads, 0, ctx.stream>>>(p, f);
+      launch_add_norm<__nv_bfloat16>(ctx, p, f, vec4);
       break;
     default:
       return invalid_argument("oneshot_add_norm", "norm weight must be f32, f16 or bf16");

@@ -1,0 +1,245 @@
+// Pipeline parallelism with stages as threads of one process (make_in_process_pp_executor), on
+// the CPU: 2 and 3 stages (even and uneven splits) against one stage on the fixtures, for the f32
+// reference and for the device layout on the bf16 twins. A stage passes its f32 residual stream
+// unchanged, so the logits must be bit-identical to one stage's, and so must the swapped KV
+// blocks (each stage holds its own layers' K and V). Also: stage bounds, --pp-layers errors, the
+// hybrid schedule tables and their bubble, and the Engine path (--pp on the command line).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "core/mapped_file.h"
+#include "fixture_util.h"
+#include "io/checkpoint.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "runtime/executor.h"
+#include "runtime/pipeline_schedule.h"
+#include "runtime/sequence.h"
+#include "strata/engine.h"
+
+namespace strata {
+namespace {
+
+struct PpRun {
+  std::vector<float> logits;
+  std::vector<int32_t> ids;         // argmax of the last row, step by step (greedy)
+  std::vector<uint8_t> block_host;  // KV block 0 after the prompt, as swapped out
+};
+
+// chunk: prompt tokens per forward call; min_tokens: the smallest prompt micro-batch (the
+// default keeps a chunk whole; 2 cuts it into several that flow through the stages).
+Result<PpRun> pp_run(const std::string& dir, const std::vector<int64_t>& layers_per_stage,
+                     DType act, const std::vector<int32_t>& ids, int64_t chunk = 5,
+                     int64_t min_tokens = 256, double* bubble = nullptr) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
+  STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
+  std::shared_ptr<TensorSource> src = ckpt;
+  RunnerOptions o;
+  o.act_dtype = act;
+  o.max_model_len = 64;
+  o.num_kv_blocks = 12;
+  o.block_size = 4;
+  o.max_num_tokens = 64;
+  o.max_num_seqs = 4;
+  o.pp_min_micro_batch_tokens = min_tokens;
+  const int pp = static_cast<int>(layers_per_stage.size());
+  STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds,
+                          pipeline_bounds(config.n_layers, pp, layers_per_stage));
+  auto load = [&](const ParallelConfig& par) { return Model::load(config, par, src); };
+  STRATA_ASSIGN_OR_RETURN(auto exec, make_in_process_pp_executor(config, load, bounds, o));
+  PpRun out;
+  out.logits.resize(ids.size() * static_cast<size_t>(config.vocab));
+  SequenceKv seq;
+  const ForwardFn fn = [&](const ForwardBatch& b, float* l) { return exec->forward(b, l); };
+  STRATA_RETURN_IF_ERROR(forward_sequence(fn, 64, config.vocab, exec->cache(), seq, ids, true,
+                                          out.logits.data(), chunk));
+  out.block_host.resize(exec->block_bytes());
+  STRATA_RETURN_IF_ERROR(exec->copy_block_to_host(seq.block_table[0], out.block_host.data()));
+  // Greedy decode through forward_argmax, one token at a time.
+  int32_t next = ids.back();
+  for (int step = 0; step < 6; ++step) {
+    const int32_t pos = static_cast<int32_t>(seq.length);
+    STRATA_RETURN_IF_ERROR(seq.reserve(exec->cache(), pos + 1));
+    const int32_t tok[1] = {next}, seq_id[1] = {0}, tpos[1] = {pos}, row[1] = {0};
+    ForwardBatch b;
+    b.tokens = tok;
+    b.token_seq = seq_id;
+    b.token_pos = tpos;
+    b.block_tables = seq.block_table.data();
+    b.max_blocks_per_seq = static_cast<int64_t>(seq.block_table.size());
+    b.n_seqs = 1;
+    b.logit_rows = row;
+    STRATA_RETURN_IF_ERROR(exec->forward_argmax(b, &next));
+    seq.length = pos + 1;
+    out.ids.push_back(next);
+  }
+  if (bubble != nullptr) *bubble = exec->measured_bubble();
+  return out;
+}
+
+struct Case {
+  const char* model;
+  std::vector<int64_t> layers;  // per stage
+};
+
+class PpInProcess : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PpInProcess, BitIdenticalToOneStage) {
+  const Case& c = GetParam();
+  const std::string dir = testing::fixture_model(c.model);
+  auto ref = testing::load_reference(dir);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  const std::vector<int32_t>& ids = ref->inputs[1];
+  int64_t n_layers = 0;
+  for (int64_t l : c.layers) n_layers += l;
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    auto one = pp_run(dir, {n_layers}, act, ids);
+    ASSERT_TRUE(one.ok()) << one.status().to_string();
+    auto many = pp_run(dir, c.layers, act, ids);
+    ASSERT_TRUE(many.ok()) << many.status().to_string();
+    const char* what = act == DType::kF32 ? "f32" : "bf16 twins";
+    ASSERT_EQ(many->logits.size(), one->logits.size());
+    EXPECT_EQ(std::memcmp(many->logits.data(), one->logits.data(), one->logits.size() * 4), 0)
+        << c.model << " " << what << ": " << testing::relative_error(many->logits, one->logits);
+    EXPECT_EQ(many->ids, one->ids) << c.model << " " << what;
+    ASSERT_EQ(many->block_host.size(), one->block_host.size());
+    EXPECT_TRUE(many->block_host == one->block_host) << c.model << " " << what << " KV block";
+    if (act == DType::kF32) {
+      // And the one-stage run is the model: within the fixture tolerance of transformers.
+      EXPECT_LE(testing::relative_error(one->logits, ref->logits[1]), 1e-4) << c.model;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PpInProcess,
+                         ::testing::Values(Case{"llama", {2, 1}}, Case{"llama", {1, 1, 1}},
+                                           Case{"qwen2", {1, 1}}, Case{"gpt2", {1, 1}},
+                                           Case{"neox", {1, 1}}, Case{"gemma3", {1, 1, 1}},
+                                           Case{"mistral", {1, 1}}),
+                         [](const auto& info) {
+                           std::string name = std::string(info.param.model) + "_pp";
+                           for (int64_t l : info.param.layers) name += std::to_string(l);
+                           return name;
+                         });
+
+// Prompts cut into micro-batches of 2+ tokens that flow through the stages concurrently (stage
+// s on micro-batch m while s + 1 runs m - 1): a micro-batch's attention reads the KV its
+// predecessors wrote, so the logits equal one stage's up to the kernels' row-count dependence.
+TEST(PpMicroBatches, PromptChunksFlowThroughStages) {
+  for (const char* model : {"llama", "gemma3", "gpt2"}) {
+    const std::string dir = testing::fixture_model(model);
+    auto ref = testing::load_reference(dir);
+    ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+    const std::vector<int32_t>& ids = ref->inputs[1];
+    const std::vector<int64_t> stages =
+        std::string(model) == "gpt2" ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{1, 1, 1};
+    for (DType act : {DType::kF32, DType::kBF16}) {
+      auto one = pp_run(dir, {stages.size() == 2 ? 2 : 3}, act, ids, 64);
+      ASSERT_TRUE(one.ok()) << one.status().to_string();
+      double bubble = -1;
+      auto many = pp_run(dir, stages, act, ids, 64, 2, &bubble);
+      ASSERT_TRUE(many.ok()) << many.status().to_string();
+      const double err = testing::relative_error(many->logits, one->logits);
+      std::printf(
+          "[ info ] %s %zu stages, prompt micro-batches of 2+ tokens, %s: %.2e of "
+          "max|logit|; bubble %.2f\n",
+          model, stages.size(), act == DType::kF32 ? "f32" : "bf16 twins", err, bubble);
+      EXPECT_LE(err, act == DType::kF32 ? 1e-5 : 2e-2) << model;
+      EXPECT_EQ(many->ids, one->ids) << model;
+      EXPECT_GE(bubble, 0.0);
+      EXPECT_LT(bubble, 1.0);
+    }
+  }
+}
+
+TEST(PipelineBounds, EvenAndExplicitSplits) {
+  auto even = pipeline_bounds(32, 3, {});
+  ASSERT_TRUE(even.ok());
+  EXPECT_EQ(*even, (std::vector<int64_t>{0, 11, 22, 32}));
+  auto four = pipeline_bounds(32, 4, {});
+  ASSERT_TRUE(four.ok());
+  EXPECT_EQ(*four, (std::vector<int64_t>{0, 8, 16, 24, 32}));
+  auto given = pipeline_bounds(32, 3, {10, 12, 10});
+  ASSERT_TRUE(given.ok());
+  EXPECT_EQ(*given, (std::vector<int64_t>{0, 10, 22, 32}));
+  auto sum = pipeline_bounds(32, 3, {10, 12, 11});
+  ASSERT_FALSE(sum.ok());
+  EXPECT_NE(sum.status().message().find("sums to 33"), std::string::npos);
+  EXPECT_FALSE(pipeline_bounds(32, 3, {10, 22}).ok());  // two entries for three stages
+  EXPECT_FALSE(pipeline_bounds(32, 2, {0, 32}).ok());   // an empty stage
+  EXPECT_FALSE(pipeline_bounds(3, 4, {}).ok());         // more stages than layers
+  EXPECT_FALSE(pipeline_bounds(32, 0, {}).ok());
+}
+
+TEST(PipelineSchedule, PromptFillsAndDrains) {
+  const PipelineSchedule s = prompt_schedule(3, 4);
+  ASSERT_EQ(s.ticks(), 6);  // M + P - 1
+  // Stage s runs micro-batch t - s.
+  for (int t = 0; t < s.ticks(); ++t) {
+    for (int st = 0; st < 3; ++st) {
+      const int m = t - st;
+      EXPECT_EQ(s.slot[t][st], m >= 0 && m < 4 ? m : -1) << "t=" << t << " s=" << st;
+    }
+  }
+  EXPECT_DOUBLE_EQ(s.bubble(), 6.0 / 18.0);  // (P - 1) / (M + P - 1)
+  EXPECT_EQ(s.to_string().substr(0, s.to_string().find('\n')), "t=0 | s0 m0.0 | s1 - | s2 -");
+  // More, smaller micro-batches shrink the bubble.
+  EXPECT_LT(prompt_schedule(3, 12).bubble(), s.bubble());
+}
+
+TEST(PipelineSchedule, GenerationKeepsEveryStageBusy) {
+  // As many micro-batches as stages: after the fill, every stage works at every tick, and a
+  // micro-batch's next token enters stage 0 only after its previous one left the last stage.
+  const int P = 4, M = 4, N = 5;
+  const PipelineSchedule s = generation_schedule(P, M, N);
+  ASSERT_EQ(s.ticks(), (N - 1) * P + M + P - 1);
+  for (int t = P - 1; t < s.ticks() - (P - 1); ++t) {
+    for (int st = 0; st < P; ++st) EXPECT_GE(s.slot[t][st], 0) << "t=" << t << " s=" << st;
+  }
+  std::vector<int> last_exit(M, -1);
+  for (int t = 0; t < s.ticks(); ++t) {
+    if (s.slot[t][0] >= 0) {
+      EXPECT_GT(t, last_exit[s.slot[t][0]]) << "micro-batch " << s.slot[t][0] << " at t=" << t;
+    }
+    if (s.slot[t][P - 1] >= 0) last_exit[s.slot[t][P - 1]] = t;
+  }
+  EXPECT_DOUBLE_EQ(s.bubble(), 1.0 - double(M * N * P) / double(s.ticks() * P));
+  // Fewer micro-batches than stages leave stages idle every round.
+  EXPECT_GT(generation_schedule(P, 2, N).bubble(), 0.5);
+  EXPECT_EQ(prompt_micro_batches(4, 2048, 128), 16);
+  EXPECT_EQ(prompt_micro_batches(4, 300, 128), 2);
+  EXPECT_NEAR(measured_bubble({0.5, 1.0}, 1.0), 0.25, 1e-12);
+}
+
+TEST(PipelineEngine, GenerateMatchesOneStage) {
+  GenerateRequest req;
+  req.prompt_tokens = {1, 17, 33, 80, 5, 9, 120, 44};
+  req.max_tokens = 12;
+  req.sampling.temperature = 0.0f;
+  req.ignore_eos = true;
+  std::vector<std::vector<int32_t>> outs;
+  for (int pp : {1, 3}) {
+    EngineConfig cfg;
+    cfg.model = testing::fixture_model("llama");
+    cfg.parallel.pp = pp;
+    auto engine = Engine::create(cfg);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    auto r = (*engine)->generate(req, [](std::string_view) { return true; });
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    outs.push_back(r->tokens);
+  }
+  EXPECT_EQ(outs[0].size(), 12u);
+  EXPECT_EQ(outs[1], outs[0]);
+  EngineConfig bad;
+  bad.model = testing::fixture_model("llama");
+  bad.parallel.pp = 2;
+  bad.parallel.pp_layers = {1, 1};  // the fixture has 3 layers
+  auto e = Engine::create(bad);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--pp-layers"), std::string::npos) << e.status().to_string();
+}
+
+}  // namespace
+}  // namespace strata
