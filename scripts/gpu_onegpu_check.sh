@@ -8,7 +8,8 @@
 #   4. Llama-3-8B shape, random bf16 weights, KV 256, decode at batch 1 and 16, alternating in
 #      rounds: TP = 1; TP = 2 on this GPU with the fused all-reduce + norm; TP = 2 with separate
 #      kernels (STRATA_NO_FUSED_ALLREDUCE=1); PP = 2 stages on this GPU
-# Logs come back in $OUT (summary.txt + logs.tgz).
+# SKIP_TESTS=1 runs only the benchmarks; ROUNDS=0 only the tests. Logs come back in $OUT
+# (summary.txt + logs.tgz).
 #
 #   BUILD=.gpu_carry/bin SRC_ROOT=/work/wt-core scripts/gpu_onegpu_check.sh
 set -uo pipefail
@@ -36,6 +37,7 @@ fi
 } 2>&1 | tee "$OUT/machine.txt" >> "$OUT/summary.txt"
 rc=0
 
+if [ -z "${SKIP_TESTS:-}" ]; then
 stamp "CUDA tests"
 "$BUILD/tests/test_cuda" --gtest_output="json:$FINAL/test_cuda.json" > "$OUT/test_cuda.log" 2>&1 || rc=1
 grep -E "^\[  FAILED|\[ info \].*(PP=|TP=)" "$OUT/test_cuda.log" | head -n 40 | tee -a "$OUT/summary.txt"
@@ -55,6 +57,7 @@ echo "one-shot fresh processes: $pass / 4 passed" | tee -a "$OUT/summary.txt"
 stamp "op table on the GPU"
 "$BUILD/tests/test_backend_ops" --require-cuda > "$OUT/backend_ops.log" 2>&1 || rc=1
 tail -n 2 "$OUT/backend_ops.log" | tee -a "$OUT/summary.txt"
+fi
 
 STRATA="$BUILD/strata"
 bench() {  # label, env..., -- args
