@@ -97,9 +97,10 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
 // embedding runs on stage 0, the head on the last stage; hidden states pass with send/recv
 // (through pinned host memory on a GPU). Each forward pass is cut into micro-batches that flow
 // through the stages as a pipeline (stage s runs micro-batch m while stage s + 1 runs m - 1):
-// a decode step into min(stages, sequences) groups, a prompt step into prompt_micro_batches()
-// chunks of at least options.pp_min_micro_batch_tokens tokens. load(par) returns the host model
-// holding stage par.pp_rank's layers (null: random weights).
+// a prompt step into prompt_micro_batches() chunks of at least options.pp_min_micro_batch_tokens
+// tokens, a decode step into up to `stages` groups of at least that many sequences (each
+// micro-batch reads the weights again: small decode batches stay whole). load(par) returns the host
+// model holding stage par.pp_rank's layers (null: random weights).
 Result<std::unique_ptr<Executor>> make_in_process_pp_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load,

@@ -250,7 +250,11 @@ class InProcessPpExecutor final : public Executor {
     for (size_t i = 1; i < b.logit_rows.size(); ++i) {
       if (b.logit_rows[i] <= b.logit_rows[i - 1]) ordered = false;
     }
-    int64_t m = decode ? std::min<int64_t>(P, n) : prompt_micro_batches(P, n, min_tokens_);
+    // Every micro-batch reads the stage's weights once more, so a decode step is cut only when
+    // its groups stay large (min_tokens each): a small decode batch is bound by the weight
+    // stream, and halving it halves nothing but the GEMM rows.
+    int64_t m = decode ? std::clamp<int64_t>(n / std::max<int64_t>(1, min_tokens_), 1, P)
+                       : prompt_micro_batches(P, n, min_tokens_);
     if (!ordered) m = 1;
     m = std::clamp<int64_t>(m, 1, std::max<int64_t>(n, 1));
     std::vector<Micro> out(static_cast<size_t>(m));

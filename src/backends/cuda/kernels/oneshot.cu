@@ -351,10 +351,12 @@ Status oneshot_add_norm(const LaunchCtx& ctx, const OneShotParams& p,
       f.bias_dtype != DType::kBF16) {
     return invalid_argument("oneshot_add_norm", "bias must be f32, f16 or bf16");
   }
-  // Rows as float4 when every row start is 16-byte aligned (the staging halves are).
+  // Rows as float4 when every row start is 16-byte aligned (the staging buffers come from
+  // cudaMalloc, so their halves are when half the size is a multiple of 16; p.staging is a
+  // device array the host does not read).
   auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
   const bool vec4 = f.cols % 4 == 0 && aligned(p.in) && aligned(f.x) && aligned(f.h) &&
-                    aligned(p.staging[p.rank]) && (p.staging_bytes / 2) % 16 == 0;
+                    (p.staging_bytes / 2) % 16 == 0;
   switch (f.weight_dtype) {
     case DType::kF32:
       launch_add_norm<float>(ctx, p, f, vec4);
