@@ -6,9 +6,12 @@
 #      host twin, TP = 2 / 3 / 4 fixture models across GPUs against TP = 1, the one-shot kernels
 #   3. all-reduce latency, 1 KB - 256 MB bf16: one-shot vs NCCL, eager and in CUDA graphs, for 2
 #      ranks and for every GPU (bench_allreduce), which gives the one-shot / NCCL crossover
-#   4. Llama-3-70B-shape decode and prefill at TP = 2 (and TP = 4 / 8 when the GPUs exist),
-#      random weights, CUDA graphs; then the same with STRATA_CUDA_PROFILE=1 (eager launches,
-#      per-section times: the share of all_reduce / all_gather in a step)
+#   4. Llama-3-8B shape: one GPU vs TP = 2 vs PP = 2 (whole and micro-batched), decode at batch
+#      1 / 16 / 64 and prefill 1x2048, with the measured pipeline bubble
+#   5. Llama-3-70B-shape decode (KV 256 and 2048) and prefill at TP = 2 (and TP = 4 / 8 when the
+#      GPUs exist), random weights, CUDA graphs; then the same with STRATA_CUDA_PROFILE=1 (eager
+#      launches, per-section times: the share of all_reduce / all_gather in a step); PP = 2
+# STAGES="tests allreduce 8b 70b" (the default) picks the parts, to split them over device calls.
 # Ranks are threads of one strata process, one GPU each (no mpirun needed on the GPU machines).
 # Logs come back in $OUT as logs.tgz plus summary.txt.
 #
@@ -43,12 +46,19 @@ NGPU=$(nvidia-smi -L | wc -l)
 } 2>&1 | tee "$OUT/machine.txt"
 rc=0
 
+STAGES=${STAGES:-tests allreduce 8b 70b}
+has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
+B8="--model-config llama3-8b --batch 1,16,64 --ctx 256 --prefill 1x2048 -r 5"
+
+if has tests; then
 stamp "multi-GPU CUDA tests ($NGPU GPUs)"
-"$BUILD/tests/test_cuda" --gtest_filter='NcclCuda.*:Fixtures/TpCuda.*:OneShotCuda.*' \
+"$BUILD/tests/test_cuda" --gtest_filter='NcclCuda.*:Fixtures/TpCuda.*:Fixtures/PpCuda.*:OneShotCuda.*' \
   > "$OUT/test_multi.log" 2>&1 || rc=1
 grep -E "^\[  FAILED|\[ info \]|PASSED" "$OUT/test_multi.log" | head -n 30
 summary+=("tests: $(grep -E "PASSED|FAILED  \]" "$OUT/test_multi.log" | head -n 2 | tr '\n' ' ')")
+fi
 
+if has allreduce; then
 for n in 2 "$NGPU"; do
   [ "$n" -le "$NGPU" ] || continue
   stamp "all-reduce latency, $n ranks"
@@ -57,20 +67,44 @@ for n in 2 "$NGPU"; do
   cat "$OUT/allreduce_$n.txt"
   [ "$n" = 2 ] && [ "$NGPU" = 2 ] && break
 done
+fi
 
+if has 8b; then
+# Llama-3-8B shape: one GPU, TP = 2, PP = 2 (whole batches), PP = 2 cut into micro-batches of 32.
+for cfg in "tp1:" "tp2:--tp 2" "pp2:--pp 2" "pp2_mb32:--pp 2 --pp-micro-batch 32"; do
+  name=${cfg%%:*}; args=${cfg#*:}
+  stamp "llama3-8b shape, $name"
+  # shellcheck disable=SC2086
+  "$BUILD/strata" bench --device cuda $B8 $args --json "$OUT/8b_$name.json" \
+    > "$OUT/8b_$name.txt" 2>&1 || rc=1
+  grep -E "^\| (decode|prefill)|bubble|error" "$OUT/8b_$name.txt"
+  summary+=("8b $name: $(grep -E "^\| (decode|prefill)" "$OUT/8b_$name.txt" | awk -F'|' '{printf "%s b%s %s ms; ", $2, $3, $5}')")
+done
+fi
+
+if has 70b; then
 for tp in 2 4 8; do
   [ "$tp" -le "$NGPU" ] || continue
   stamp "llama3-70b shape, TP=$tp"
   "$BUILD/strata" bench --device cuda --model-config llama3-70b --tensor-parallel-size "$tp" \
-    --batch 1,16,64 --ctx 256 --prefill 1x2048 -p 128 -r 5 --json "$OUT/tp${tp}_70b.json" \
-    > "$OUT/tp${tp}_70b.txt" 2>&1 || rc=1
+    --gpu-memory-utilization 0.97 --batch 1,16,64 --ctx 256 --prefill 1x2048 -r 5 \
+    --json "$OUT/tp${tp}_70b.json" > "$OUT/tp${tp}_70b.txt" 2>&1 || rc=1
   cat "$OUT/tp${tp}_70b.txt"
+  "$BUILD/strata" bench --device cuda --model-config llama3-70b --tensor-parallel-size "$tp" \
+    --gpu-memory-utilization 0.97 --batch 1,64 --ctx 2048 -r 3 \
+    --json "$OUT/tp${tp}_70b_ctx2048.json" > "$OUT/tp${tp}_70b_ctx2048.txt" 2>&1 || rc=1
+  grep -E "^\| decode|error" "$OUT/tp${tp}_70b_ctx2048.txt"
   stamp "llama3-70b shape, TP=$tp, profiled sections (eager)"
   STRATA_CUDA_PROFILE=1 "$BUILD/strata" bench --device cuda --model-config llama3-70b \
-    --tensor-parallel-size "$tp" --batch 1,64 --ctx 256 -p 128 -r 3 \
+    --tensor-parallel-size "$tp" --gpu-memory-utilization 0.97 --batch 1,64 --ctx 256 -r 3 \
     > "$OUT/tp${tp}_70b_profile.txt" 2>&1 || rc=1
-  grep -E "all_reduce|all_gather|total|decode/" "$OUT/tp${tp}_70b_profile.txt" | head -n 40
+  grep -E "all_reduce|all_gather|total|decode/|collective" "$OUT/tp${tp}_70b_profile.txt" | head -n 40
 done
+stamp "llama3-70b shape, PP=2"
+"$BUILD/strata" bench --device cuda --model-config llama3-70b --pp 2 --gpu-memory-utilization 0.97 \
+  --batch 1,64 --ctx 256 --prefill 1x2048 -r 3 --json "$OUT/pp2_70b.json" > "$OUT/pp2_70b.txt" 2>&1 || rc=1
+grep -E "^\| (decode|prefill)|bubble|error" "$OUT/pp2_70b.txt"
+fi
 
 stamp "done (rc=$rc)"
 printf '%s\n' "${summary[@]}" | tee "$FINAL/summary.txt"

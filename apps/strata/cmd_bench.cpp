@@ -217,6 +217,14 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     j["weight_bytes"] = weights;
     return j;
   };
+  // Pipeline stages: the bubble of the row's last repetition, in the JSON row and on stderr.
+  auto pipeline_bubble = [&](nlohmann::ordered_json& j, const char* test, int64_t b) {
+    const double bubble = e.pipeline_bubble();
+    if (bubble < 0) return;
+    j["pipeline_bubble"] = bubble;
+    std::fprintf(stderr, "strata: %s batch %lld: pipeline bubble %.1f%% (measured)\n", test,
+                 static_cast<long long>(b), 100 * bubble);
+  };
   // Decode: ms per step at KV length ctx (the first step attends to ctx positions).
   for (int64_t b : opt.batch) {
     std::vector<double> ms;
@@ -235,6 +243,7 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     const double tflops = 2.0 * matmul_params * static_cast<double>(b) / t / 1e12;
     print_row("decode", b, b, st.median, static_cast<double>(b) / t, gbps, tflops);
     auto j = base("decode");
+    pipeline_bubble(j, "decode", b);
     j["batch"] = b;
     j["ctx"] = ctx;
     j["steps"] = opt.decode_steps;
@@ -273,6 +282,7 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
                           t / 1e12;
     print_row("prefill", b, b * l, st.median, tokens / t, 0, tflops);
     auto j = base("prefill");
+    pipeline_bubble(j, "prefill", b);
     j["batch"] = b;
     j["tokens"] = l;
     j["ms"] = st.median;

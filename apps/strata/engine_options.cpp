@@ -43,6 +43,9 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                   "Layers per pipeline stage, e.g. 10,12,10 (default: an even split, the first "
                   "stages one layer longer)")
       ->delimiter(',');
+  sub->add_option("--pp-micro-batch", e.parallel.pp_micro_batch,
+                  "Pipeline stages: the fewest tokens per micro-batch when a forward pass is cut "
+                  "into micro-batches that flow through the stages (default 256)");
   sub->add_flag(
       "--no-cuda-graphs", [&e](int64_t) { e.cuda_graphs = false; },
       "CUDA: launch decode steps kernel by kernel instead of replaying CUDA graphs");

@@ -30,6 +30,9 @@ class Benchmark {
   virtual Result<double> time_prefill_batch(int64_t batch, int64_t n_prompt, uint64_t seed) = 0;
   virtual Result<double> time_decode_batch(int64_t batch, int64_t n_context, int64_t n_gen,
                                            uint64_t seed) = 0;
+  // With pipeline stages: the measured bubble (idle stage-time over all stage-time) of the last
+  // batched prefill or of the decode steps of the last batched decode; -1 without stages.
+  virtual double pipeline_bubble() const { return -1.0; }
 };
 
 }  // namespace strata

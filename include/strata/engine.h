@@ -42,6 +42,8 @@ struct ParallelSizes {
   int dp = 1;
   // Layers per pipeline stage (--pp-layers 10,12,10); empty: an even split.
   std::vector<int64_t> pp_layers;
+  // The smallest micro-batch (tokens) a pipeline cuts a forward pass into (--pp-micro-batch).
+  int64_t pp_micro_batch = 256;
   int world() const { return tp * pp * ep * dp; }
 };
 

@@ -92,8 +92,10 @@ Status init_in_process_device(Communicator& c, int device_index, int64_t max_byt
   for (int q = 0; q < g->n; ++q) {
     if (s.device[static_cast<size_t>(q)] != device_index) {
       const cudaError_t e = cudaDeviceEnablePeerAccess(s.device[static_cast<size_t>(q)], 0);
+      // "Already enabled" (a second communicator in this process) is fine, but it stays the
+      // thread's last error: clear it, or the next kernel launch check reports it.
+      if (e != cudaSuccess) (void)cudaGetLastError();
       if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
-        (void)cudaGetLastError();
         st = errorf(StatusCode::kUnimplemented,
                     "in-process device collectives: GPU {} cannot read GPU {} ({})", device_index,
                     s.device[static_cast<size_t>(q)], cudaGetErrorString(e));

@@ -21,6 +21,7 @@ constexpr int64_t kPrefillChunk = 512;
 class BenchmarkImpl final : public Benchmark {
  public:
   const ModelInfo& info() const override { return info_; }
+  double pipeline_bubble() const override { return exec_->measured_bubble(); }
   int rank() const override { return comm_->rank(); }
 
   Status init(const EngineConfig& cfg) {
@@ -133,6 +134,7 @@ class BenchmarkImpl final : public Benchmark {
       toks.push_back(random_tokens(n_prompt, seed * 7919 + static_cast<uint64_t>(i)));
     std::vector<int32_t> ids;
     double s = 0;
+    exec_->reset_pipeline_stats();
     Status st = prefill_batch(seqs, toks, &ids, &s);
     for (auto& q : seqs) q.release(exec_->cache());
     if (!st.ok()) return st;
@@ -180,6 +182,7 @@ class BenchmarkImpl final : public Benchmark {
       rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     }
     double total = 0;
+    exec_->reset_pipeline_stats();  // the decode steps' bubble, not the prefill's
     for (int64_t g = 0; g < n_gen; ++g) {
       Status st = ok_status();
       for (auto& q : seqs) {

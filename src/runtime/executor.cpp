@@ -317,6 +317,9 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   }
   const int pp = cfg.parallel.pp;
   if (pp < 1) return errorf(StatusCode::kInvalidArgument, "--pipeline-parallel-size must be >= 1");
+  if (cfg.parallel.pp_micro_batch < 1) {
+    return errorf(StatusCode::kInvalidArgument, "--pp-micro-batch must be >= 1");
+  }
   if (pp == 1 && !cfg.parallel.pp_layers.empty()) {
     return Status(StatusCode::kInvalidArgument, "--pp-layers needs --pipeline-parallel-size > 1");
   }
@@ -350,6 +353,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   ro.block_size = eo.block_size;
   ro.max_model_len = cfg.max_model_len;
   ro.profile = env_config().cuda_profile;
+  ro.pp_min_micro_batch_tokens = cfg.parallel.pp_micro_batch;
   if (!cuda) {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
     out.info = std::move(loaded.info);

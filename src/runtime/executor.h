@@ -49,6 +49,7 @@ class Executor {
   // The pipeline bubble of the forward passes so far (idle stage-time over all stage-time,
   // measured), or -1 when this executor is not a pipeline.
   virtual double measured_bubble() const { return -1.0; }
+  virtual void reset_pipeline_stats() {}
 };
 
 // How a ModelRunner lays a model out on its device.

@@ -230,6 +230,10 @@ class InProcessPpExecutor final : public Executor {
   int64_t graph_captures() const override { return stages_.back()->graph_captures(); }
   int64_t graph_replays() const override { return stages_.back()->graph_replays(); }
   double measured_bubble() const override { return strata::measured_bubble(busy_, wall_); }
+  void reset_pipeline_stats() override {
+    std::fill(busy_.begin(), busy_.end(), 0.0);
+    wall_ = 0.0;
+  }
 
  private:
   struct Micro {
