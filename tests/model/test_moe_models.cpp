@@ -250,5 +250,22 @@ TEST(MoeCheckpoint, DeviceLayoutRefusesMoe) {
   EXPECT_EQ(r.status().to_string().find('\n'), std::string::npos);
 }
 
+// The presets' shapes give the published sizes: Qwen3-30B-A3B 30.5B parameters with 3.3B
+// active, Mixtral-8x7B 46.7B with 12.9B active (per token).
+TEST(MoePresets, PublishedParameterCounts) {
+  auto q3 = inspect_model("dummy:qwen3-30b-a3b");
+  ASSERT_TRUE(q3.ok()) << q3.status().to_string();
+  EXPECT_EQ(q3->n_experts, 128);
+  EXPECT_EQ(q3->n_experts_used, 8);
+  EXPECT_NEAR(static_cast<double>(q3->n_params) / 1e9, 30.5, 0.1);
+  EXPECT_NEAR(static_cast<double>(q3->n_active_params) / 1e9, 3.3, 0.1);
+  auto mx = inspect_model("dummy:mixtral-8x7b");
+  ASSERT_TRUE(mx.ok()) << mx.status().to_string();
+  EXPECT_EQ(mx->n_experts, 8);
+  EXPECT_EQ(mx->n_experts_used, 2);
+  EXPECT_NEAR(static_cast<double>(mx->n_params) / 1e9, 46.7, 0.1);
+  EXPECT_NEAR(static_cast<double>(mx->n_active_params) / 1e9, 12.9, 0.1);
+}
+
 }  // namespace
 }  // namespace strata
