@@ -96,8 +96,9 @@ MODELS = {
     "qwen3_moe_bf16": (Qwen3MoeForCausalLM, qwen3_moe_config, torch.bfloat16, 4, 0.2),
     "olmoe": (OlmoeForCausalLM, olmoe_config, torch.float32, 22, 0.2),
 }
-# name: GGUF architecture
-GGUF_MODELS = {"qwen2_moe": "qwen2moe"}
+# name: GGUF architecture. Mixtral is llama.cpp's "llama" with experts (Q/K rows permuted for
+# interleaved rotary pairs, as convert_hf_to_gguf.py writes them); its tensors stay bf16.
+GGUF_MODELS = {"qwen2_moe": "qwen2moe", "mixtral_bf16": "llama"}
 
 
 def build(name, vocab):
@@ -131,15 +132,41 @@ def min_router_gap(d: Path, inputs: dict) -> float:
 # ---- GGUF -----------------------------------------------------------------------------------
 
 
+def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute: rotate_half pairs -> interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def bf16_bits(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
 def write_gguf(d: Path, arch: str) -> Path:
-    """The safetensors model in llama.cpp's GGUF layout (f32 tensors; the HF [out, in] matrices
-    are stored as they are, GGUF's dims being reversed)."""
+    """The safetensors model in llama.cpp's GGUF layout (the HF [out, in] matrices are stored as
+    they are, GGUF's dims being reversed; bf16 checkpoints keep their bf16 bits)."""
     cfg = mf.read_json(d / "config.json")
-    w = load_file(str(d / "model.safetensors"))
-    w = {k: v.float().numpy() for k, v in w.items()}
+    raw = load_file(str(d / "model.safetensors"))
+    bf16 = next(iter(raw.values())).dtype == torch.bfloat16
+    llama = arch == "llama"
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    def prepare(name, t):
+        if llama and name.endswith("self_attn.q_proj.weight"):
+            t = torch.from_numpy(llama_permute(t.float().numpy(), nh)).to(t.dtype)
+        if llama and name.endswith("self_attn.k_proj.weight"):
+            t = torch.from_numpy(llama_permute(t.float().numpy(), nkv)).to(t.dtype)
+        return t
+
+    w = {k: prepare(k, v) for k, v in raw.items()}
+    # Mixtral's names, mapped onto the Qwen/OLMoE ones used below.
+    for k in list(w):
+        m = k.replace("block_sparse_moe.gate.", "mlp.gate.").replace("block_sparse_moe.experts.", "mlp.experts.")
+        m = m.replace(".w1.", ".gate_proj.").replace(".w3.", ".up_proj.").replace(".w2.", ".down_proj.")
+        w[m] = w.pop(k)
     path = d / "model.gguf"
     g = gguf.GGUFWriter(str(path), arch)
-    L, E = cfg["num_hidden_layers"], cfg["num_experts"]
+    L = cfg["num_hidden_layers"]
+    E = cfg.get("num_experts") or cfg["num_local_experts"]
     g.add_block_count(L)
     g.add_context_length(cfg["max_position_embeddings"])
     g.add_embedding_length(cfg["hidden_size"])
@@ -150,14 +177,20 @@ def write_gguf(d: Path, arch: str) -> Path:
     g.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     g.add_expert_count(E)
     g.add_expert_used_count(cfg["num_experts_per_tok"])
-    g.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    g.add_expert_feed_forward_length(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
     if cfg.get("shared_expert_intermediate_size"):
         g.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     g.add_uint32("tokenizer.ggml.bos_token_id", cfg["bos_token_id"])
     g.add_uint32("tokenizer.ggml.eos_token_id", cfg["eos_token_id"])
 
-    def t(name, arr):
-        g.add_tensor(name, np.ascontiguousarray(arr.astype(np.float32)))
+    def t(name, x):
+        if isinstance(x, np.ndarray):
+            x = torch.from_numpy(x)
+        if bf16 and x.dim() >= 2:  # matrices keep their bf16 bits, vectors (norms) go to f32
+            g.add_tensor(name, np.ascontiguousarray(bf16_bits(x.to(torch.bfloat16))),
+                         raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            g.add_tensor(name, np.ascontiguousarray(x.float().numpy()))
 
     t("token_embd.weight", w["model.embed_tokens.weight"])
     t("output_norm.weight", w["model.norm.weight"])
@@ -175,7 +208,7 @@ def write_gguf(d: Path, arch: str) -> Path:
             t(b + "ffn_gate_inp.weight", w[p + "mlp.gate.weight"])
             for hf, gg in (("gate", "gate"), ("up", "up"), ("down", "down")):
                 t(b + f"ffn_{gg}_exps.weight",
-                  np.stack([w[p + f"mlp.experts.{e}.{hf}_proj.weight"] for e in range(E)]))
+                  torch.stack([w[p + f"mlp.experts.{e}.{hf}_proj.weight"] for e in range(E)]))
             if p + "mlp.shared_expert.gate_proj.weight" in w:
                 for hf in ("gate", "up", "down"):
                     t(b + f"ffn_{hf}_shexp.weight", w[p + f"mlp.shared_expert.{hf}_proj.weight"])
@@ -259,6 +292,45 @@ def gguf_forward(path: Path, ids: np.ndarray) -> np.ndarray:
     return rms(x, T["output_norm.weight"]) @ T["output.weight"].T
 
 
+def check_llama_gguf(path: Path, d: Path) -> None:
+    """Read the Mixtral GGUF back: each tensor, un-permuted and un-stacked, is bit-identical to
+    the safetensors tensor it came from."""
+    cfg = mf.read_json(d / "config.json")
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    st = {k: v.float().numpy() for k, v in load_file(str(d / "model.safetensors")).items()}
+    r = gguf.GGUFReader(str(path))
+    got = {}
+    for t in r.tensors:
+        a = np.array(t.data).reshape(-1)
+        if t.tensor_type == gguf.GGMLQuantizationType.BF16:  # raw bytes of bf16 values
+            a = (a.view(np.uint8).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        got[t.name] = a.reshape([int(x) for x in reversed(t.shape)]).astype(np.float32)
+
+    def inv_permute(w, n_head):
+        return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    pairs = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight",
+             "output_norm.weight": "model.norm.weight"}
+    n = 0
+    for i in range(cfg["num_hidden_layers"]):
+        b, p = f"blk.{i}.", f"model.layers.{i}."
+        pairs.update({b + "attn_norm.weight": p + "input_layernorm.weight",
+                      b + "attn_v.weight": p + "self_attn.v_proj.weight",
+                      b + "attn_output.weight": p + "self_attn.o_proj.weight",
+                      b + "ffn_norm.weight": p + "post_attention_layernorm.weight",
+                      b + "ffn_gate_inp.weight": p + "block_sparse_moe.gate.weight"})
+        assert np.array_equal(inv_permute(got[b + "attn_q.weight"], nh), st[p + "self_attn.q_proj.weight"])
+        assert np.array_equal(inv_permute(got[b + "attn_k.weight"], nkv), st[p + "self_attn.k_proj.weight"])
+        for gg, hf in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
+            for e in range(cfg["num_local_experts"]):
+                assert np.array_equal(got[b + f"ffn_{gg}_exps.weight"][e],
+                                      st[p + f"block_sparse_moe.experts.{e}.{hf}.weight"]), (i, gg, e)
+                n += 1
+    for gk, hk in pairs.items():
+        assert np.array_equal(got[gk], st[hk]), gk
+    assert len(got) == len(pairs) + 5 * cfg["num_hidden_layers"], sorted(set(got) - set(pairs))
+
+
 # ----------------------------------------------------------------------------------------------
 
 
@@ -297,7 +369,12 @@ def generate_all(only=None) -> None:
         meta["generator"] = "scripts/make_moe_fixtures.py"
         meta["router_min_topk_gap"] = f"{min_router_gap(d, inputs):.6f}"
         mf.write_safetensors(d / "reference.safetensors", ref, meta)
-        if name in GGUF_MODELS:
+        if GGUF_MODELS.get(name) == "llama":
+            path = write_gguf(d, "llama")
+            check_llama_gguf(path, d)
+            print(f"  {path.relative_to(mf.ROOT)}: every tensor equals the safetensors one "
+                  "(Q/K un-permuted)")
+        elif name in GGUF_MODELS:
             path = write_gguf(d, GGUF_MODELS[name])
             got = gguf_forward(path, inputs["input_ids_1"])
             err = np.abs(got - ref["logits_1"].numpy()).max() / np.abs(ref["logits_1"].numpy()).max()

@@ -1,9 +1,10 @@
 // Mixture-of-experts families against Hugging Face transformers on tiny random checkpoints
 // (tests/fixtures/moe, made by scripts/make_moe_fixtures.py): Mixtral (f32 and bf16), Qwen2-MoE
 // (shared expert, a dense layer between sparse ones), Qwen3-MoE (bf16, q/k norms per head,
-// decoder_sparse_step 2), OLMoE (q/k norms over the whole projection). Then the GGUF form of the
-// Qwen2-MoE fixture (llama.cpp's stacked expert tensors) against the same reference, the
-// configuration and checkpoint errors, and the device layout's refusal.
+// decoder_sparse_step 2), OLMoE (q/k norms over the whole projection). Then the
+// configuration and checkpoint errors, and the device layout's refusal. The GGUF forms of
+// Qwen2-MoE (f32, qwen2moe) and Mixtral (bf16, llama with experts: Q/K rows permuted) hold
+// llama.cpp's stacked expert tensors and must meet the same transformers reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -85,7 +86,8 @@ INSTANTIATE_TEST_SUITE_P(
     All, MoeFixture,
     ::testing::Values(Case{"mixtral", "", 1e-4}, Case{"mixtral_bf16", "", 1e-4},
                       Case{"qwen2_moe", "", 1e-4}, Case{"qwen3_moe_bf16", "", 1e-4},
-                      Case{"olmoe", "", 1e-4}, Case{"qwen2_moe", "/model.gguf", 1e-4}),
+                      Case{"olmoe", "", 1e-4}, Case{"qwen2_moe", "/model.gguf", 1e-4},
+                      Case{"mixtral_bf16", "/model.gguf", 1e-4}),
     [](const auto& info) {
       return std::string(info.param.name) + (info.param.model[0] != '\0' ? "_gguf" : "");
     });
