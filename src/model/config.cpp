@@ -578,6 +578,15 @@ Status ModelConfig::validate(const std::string& source) const {
                     "{}: {} experts used per token must be in [1, {} experts]", source,
                     n_experts_used, n_experts);
     }
+    // NOTE: bounds the expert arithmetic of parameter_count() (no overflow for any parsed
+    // config); the largest published MoE layers hold ~2^32 expert weights.
+    if (n_experts > 4096 || expert_ffn_dim > (int64_t{1} << 20) ||
+        shared_expert_ffn_dim > (int64_t{1} << 20) ||
+        n_experts * expert_ffn_dim * hidden > (int64_t{1} << 40)) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: {} experts of FFN size {} at hidden size {} are out of range", source,
+                    n_experts, expert_ffn_dim, hidden);
+    }
     if (expert_ffn_dim < 1 || static_cast<int64_t>(layer_is_moe.size()) != n_layers) {
       return errorf(StatusCode::kInvalidArgument,
                     "{}: a MoE model needs the expert FFN size and one sparse/dense flag per layer",

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/half.h"
 #include "op_test_util.h"
 #include "ops/ops.h"
 
@@ -208,6 +209,68 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoeBlock,
                                            BlockCase{1, 8, 2, 48, 24, false},
                                            BlockCase{7, 4, 1, 33, 17, true},
                                            BlockCase{5, 3, 3, 29, 11, false}));
+
+// The bf16 layout (the GPU's, run by the CPU twins): bf16 activations permuted unchanged, each
+// expert's [gate; up] as one bf16 part and down bf16, through the gated SBI-GeMM twin for small
+// groups and GEMM + activation for large ones; within bf16 rounding of the f32 reference on the
+// same (bf16-valued) weights.
+TEST(MoeBlock, Bf16LayoutMatchesF32Reference) {
+  const int64_t n = 29, E = 5, k = 2, H = 40, F = 24, S = n * k;
+  ops::Context ctx{Device::cpu()};
+  std::vector<float> x = random_floats(static_cast<size_t>(n * H), 7);
+  for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+  std::vector<float> logits = random_floats(static_cast<size_t>(n * E), 8, -2.0f, 2.0f);
+  for (int64_t t = 0; t < n; ++t) logits[t * E + 1] = t < 20 ? 9.0f : -9.0f;  // a large group
+  std::vector<std::vector<float>> gu_f(E), d_f(E);
+  std::vector<std::vector<uint16_t>> gu_b(E), d_b(E);
+  std::vector<ops::LinearWeight> gu32(E), d32(E), gu16(E), d16(E);
+  for (int64_t e = 0; e < E; ++e) {
+    gu_f[e] =
+        random_floats(static_cast<size_t>(2 * F * H), 40 + static_cast<uint32_t>(e), -0.3f, 0.3f);
+    d_f[e] = random_floats(static_cast<size_t>(H * F), 60 + static_cast<uint32_t>(e), -0.3f, 0.3f);
+    for (float& v : gu_f[e]) v = bf16_to_f32(f32_to_bf16(v));
+    for (float& v : d_f[e]) v = bf16_to_f32(f32_to_bf16(v));
+    for (float v : gu_f[e]) gu_b[e].push_back(f32_to_bf16(v));
+    for (float v : d_f[e]) d_b[e].push_back(f32_to_bf16(v));
+    gu32[e].add(t2(gu_f[e].data(), DType::kF32, 2 * F, H));
+    d32[e].add(t2(d_f[e].data(), DType::kF32, H, F));
+    gu16[e].add(t2(gu_b[e].data(), DType::kBF16, 2 * F, H));
+    d16[e].add(t2(d_b[e].data(), DType::kBF16, H, F));
+  }
+  std::vector<uint16_t> xb;
+  for (float v : x) xb.push_back(f32_to_bf16(v));
+  std::vector<int32_t> ids(S), offsets(E + 1), perm(S);
+  std::vector<float> w(S);
+  Tensor lt = t2(logits.data(), DType::kF32, n, E), it = t2(ids.data(), DType::kI32, n, k),
+         wt = t2(w.data(), DType::kF32, n, k), ot = t2(offsets.data(), DType::kI32, 1, E + 1),
+         pt = t2(perm.data(), DType::kI32, 1, S);
+  ASSERT_TRUE(ops::moe_route(ctx, lt, {k, false}, it, wt).ok());
+  ASSERT_TRUE(ops::moe_offsets(ctx, it, E, ot).ok());
+  ASSERT_GT(offsets[2] - offsets[1], 16) << "expert 1 takes the GEMM path";
+  auto run = [&](DType act, const void* xin, std::vector<ops::LinearWeight>& gu,
+                 std::vector<ops::LinearWeight>& dn) {
+    const int64_t eb = dtype_bytes(act, 1);
+    std::vector<uint8_t> xp(S * H * eb), scratch(S * 2 * F * eb), a(S * F * eb);
+    std::vector<float> yp(S * H), out(n * H, 0.0f);
+    Tensor xt = Tensor::make(const_cast<void*>(xin), act, {n, H}),
+           xpt = Tensor::make(xp.data(), act, {S, H}),
+           st = Tensor::make(scratch.data(), act, {S, 2 * F}),
+           at = Tensor::make(a.data(), act, {S, F}), ypt = t2(yp.data(), DType::kF32, S, H),
+           outt = t2(out.data(), DType::kF32, n, H);
+    EXPECT_TRUE(ops::moe_permute(ctx, xt, it, ot, xpt, pt).ok());
+    const ops::MoeExperts ex{gu.data(), dn.data(), E};
+    const Status s = ops::moe_experts(ctx, xpt, ot, ex, Activation::kSilu, st, at, ypt);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    EXPECT_TRUE(ops::moe_combine(ctx, ypt, pt, wt, outt, false).ok());
+    return out;
+  };
+  const std::vector<float> ref = run(DType::kF32, x.data(), gu32, d32);
+  const std::vector<float> twin = run(DType::kBF16, xb.data(), gu16, d16);
+  std::vector<double> want(ref.begin(), ref.end());
+  const double err = testing::rel_err(twin, want);
+  EXPECT_LE(err, 2e-2);
+  EXPECT_GT(err, 0.0) << "the bf16 path rounds the activation";
+}
 
 TEST(MoeCombine, OverwriteAndNonPermutation) {
   ops::Context ctx{Device::cpu()};
