@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -16,7 +17,9 @@
 #include "core/status.h"
 #include "fixture_util.h"
 #include "io/checkpoint.h"
+#include "io/gguf.h"
 #include "model/config.h"
+#include "model/gguf_model.h"
 #include "model/model.h"
 #include "parallel/comm.h"
 #include "runtime/executor.h"
@@ -161,6 +164,32 @@ TEST(MoeConfig, ErrorsNameTheField) {
       edited("qwen3_moe_bf16", "\"moe_intermediate_size\": 20", "\"moe_intermediate_size\": -3"),
       "moe_intermediate_size");
   expect_error(edited("olmoe", "\"clip_qkv\": null", "\"clip_qkv\": 8.0"), "clip_qkv");
+}
+
+// GGUF metadata errors name the file and the key: the Qwen2-MoE fixture with
+// qwen2moe.expert_used_count patched (the u32 after the key's name and its type tag).
+TEST(MoeConfig, GgufErrorsNameTheKey) {
+  const std::string src = moe_dir("qwen2_moe") + "/model.gguf";
+  std::ifstream in(src, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = "qwen2moe.expert_used_count";
+  const size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const size_t value = at + key.size() + 4;  // past the u32 type tag (4 = UINT32)
+  ASSERT_EQ(static_cast<uint8_t>(bytes[at + key.size()]), 4u);
+  for (uint32_t used : {9u, 0u}) {
+    std::memcpy(&bytes[value], &used, 4);
+    const std::string path = ::testing::TempDir() + "moe_bad_" + std::to_string(used) + ".gguf";
+    std::ofstream(path, std::ios::binary) << bytes;
+    auto file = GgufFile::open(path);
+    ASSERT_TRUE(file.ok()) << file.status().to_string();
+    auto c = model_config_from_gguf(*file);
+    ASSERT_FALSE(c.ok()) << used;
+    const std::string msg = c.status().to_string();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find(key + " = " + std::to_string(used)), std::string::npos) << msg;
+    std::filesystem::remove(path);
+  }
 }
 
 // ---- checkpoint errors --------------------------------------------------------------------
