@@ -39,15 +39,22 @@ std::string human_count(double n) {
 void add_info_command(CLI::App& app, std::vector<Command>& commands) {
   auto model = std::make_shared<std::string>();
   auto ctx = std::make_shared<int64_t>(0);
+  auto preset = std::make_shared<std::string>();
   CLI::App* sub = app.add_subcommand("info", "Print a model's architecture, size and memory needs");
   sub->add_option("-m,--model", *model,
-                  "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias")
-      ->required();
+                  "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias");
+  sub->add_option(
+      "--model-config", *preset,
+      "Instead of -m: a named model shape (llama3-8b, qwen3-30b-a3b, mixtral-8x7b, ...)");
   sub->add_option("-c,--ctx-size,--max-model-len", *ctx,
                   "Context length for the KV-cache estimate; 0 = the model's own (default 0)");
   commands.push_back(
-      {sub, [model, ctx]() -> int {
-         auto info = inspect_model(*model);
+      {sub, [model, ctx, preset]() -> int {
+         if (model->empty() == preset->empty()) {
+           std::fprintf(stderr, "error: strata info needs one of -m/--model or --model-config\n");
+           return 2;
+         }
+         auto info = inspect_model(preset->empty() ? *model : "dummy:" + *preset);
          if (!info.ok()) return report(info.status());
          const ModelInfo& i = *info;
          const int64_t ctx_len = *ctx > 0 ? *ctx : i.context_length;
@@ -64,6 +71,19 @@ void add_info_command(CLI::App& app, std::vector<Command>& commands) {
                      static_cast<long long>(i.n_heads), static_cast<long long>(i.n_heads_kv),
                      static_cast<long long>(i.head_dim));
          std::printf("ffn            %lld\n", static_cast<long long>(i.ffn_dim));
+         if (i.n_experts > 0) {
+           std::printf(
+               "experts        %lld, top-k %lld, expert ffn %lld (%lld of %lld layers sparse)\n",
+               static_cast<long long>(i.n_experts), static_cast<long long>(i.n_experts_used),
+               static_cast<long long>(i.expert_ffn_dim), static_cast<long long>(i.n_moe_layers),
+               static_cast<long long>(i.n_layers));
+           if (i.shared_expert_ffn_dim > 0) {
+             std::printf("shared expert  ffn %lld, sigmoid-gated\n",
+                         static_cast<long long>(i.shared_expert_ffn_dim));
+           }
+           std::printf("active params  %s per token\n",
+                       human_count(static_cast<double>(i.n_active_params)).c_str());
+         }
          std::printf("vocab          %lld\n", static_cast<long long>(i.vocab));
          std::printf("context        %lld\n", static_cast<long long>(i.context_length));
          std::printf("weights        %s\n",

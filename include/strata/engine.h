@@ -85,6 +85,11 @@ struct ModelInfo {
   std::string dtype;  // weight dtype(s), e.g. "bf16" or "q4_1 (+ f32 norms)"
   int64_t n_params = 0;
   int64_t n_layers = 0, hidden = 0, n_heads = 0, n_heads_kv = 0, head_dim = 0, ffn_dim = 0;
+  // Mixture of experts (0 experts: a dense model): experts per sparse layer, experts each token
+  // uses, their FFN size, the shared expert's FFN size, the sparse layers, and the parameters one
+  // token reads.
+  int64_t n_experts = 0, n_experts_used = 0, expert_ffn_dim = 0, shared_expert_ffn_dim = 0;
+  int64_t n_moe_layers = 0, n_active_params = 0;
   int64_t vocab = 0;
   int64_t context_length = 0;
   int64_t weight_bytes = 0;        // bytes of weight data in the files
@@ -100,6 +105,7 @@ struct ModelInfo {
   int64_t kv_block_size = 0;
 };
 
+// `model` may also be "dummy:NAME" for a --model-config preset's shapes.
 Result<ModelInfo> inspect_model(const std::string& model);
 
 // The CPU kernel variant this process runs, chosen by CPUID at start, and the features seen:

@@ -117,6 +117,14 @@ Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool slidin
   Tensor h = rows(a.ws.h, n);
   Tensor qkv = rows(a.ws.qkv, n);
   STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, h, L.qkv, qkv));
+  if (c.qk_norm_full) {
+    // OLMoE: RMSNorm over the whole q and k projections (in place in the qkv rows).
+    ops::section(a.ctx, "qk_norm");
+    const int64_t Q = m.n_heads_local() * D, KV = m.n_heads_kv_local() * D;
+    Tensor q_all = qkv.slice_cols(0, Q), k_all = qkv.slice_cols(Q, Q + KV);
+    STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, q_all, L.q_norm, norm_args(c), q_all));
+    STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, k_all, L.k_norm, norm_args(c), k_all));
+  }
   ops::section(a.ctx, "rope_kv");
   ops::RopeArgs r;
   if (c.pos_embedding == PosEmbedding::kRope) {
@@ -124,8 +132,8 @@ Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool slidin
     r.rotary_dim = c.rotary_dim;
   }
   r.neox_style = c.rope_neox_style;
-  if (L.q_norm.defined()) r.q_norm = &L.q_norm;
-  if (L.k_norm.defined()) r.k_norm = &L.k_norm;
+  if (L.q_norm.defined() && !c.qk_norm_full) r.q_norm = &L.q_norm;
+  if (L.k_norm.defined() && !c.qk_norm_full) r.k_norm = &L.k_norm;
   r.norm_eps = c.norm_eps;
   r.norm_weight_offset = c.norm_weight_offset;
   Tensor q = Tensor::make(a.ws.q.data, a.ws.q.dtype, {n, m.n_heads_local(), D}, a.ws.q.device);
@@ -146,7 +154,11 @@ Status mlp_in(const Model& m, ForwardArgs& a, int64_t layer) {
   const LayerWeights& L = m.weights().layers[static_cast<size_t>(layer)];
   const int64_t n = a.step.n_tokens;
   ops::section(a.ctx, "gate_up_act");
-  Tensor h = rows(a.ws.h, n), ff = rows(a.ws.ff, n), act = rows(a.ws.act, n);
+  Tensor h = rows(a.ws.h, n), ff = rows(a.ws.ff, n);
+  // The activation's width is the weight's (the workspace may be wider: a MoE model's shared
+  // expert).
+  const int64_t F = c.gated_mlp ? L.gate_up.rows() / 2 : L.gate_up.rows();
+  Tensor act = rows(a.ws.act, n).slice_cols(0, F);
   return ops::linear_act(a.ctx, h, L.gate_up, c.activation, c.gated_mlp, ff, act);
 }
 
@@ -197,6 +209,7 @@ const LayerProgram& layer_program(ArchFamily family) {
   static const LayerProgram kGemma3{"gemma3", gemma3_layer};
   static const LayerProgram kGpt2{"gpt2", gpt2_layer};
   static const LayerProgram kNeoX{"gpt-neox", neox_layer};
+  static const LayerProgram kMoe{"moe", moe_layer};
   switch (family) {
     case ArchFamily::kLlama:
       return kLlama;
@@ -206,6 +219,8 @@ const LayerProgram& layer_program(ArchFamily family) {
       return kGpt2;
     case ArchFamily::kGptNeoX:
       return kNeoX;
+    case ArchFamily::kMoe:
+      return kMoe;
   }
   return kLlama;
 }
@@ -223,7 +238,8 @@ struct Slot {
 std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
   const ModelConfig& c = m.config();
   const int64_t T = std::max<int64_t>(1, l.max_tokens), R = std::max<int64_t>(1, l.max_logit_rows);
-  const int64_t H = c.hidden, D = c.head_dim, hq = m.n_heads_local(), F = m.ffn_local();
+  const int64_t H = c.hidden, D = c.head_dim, hq = m.n_heads_local();
+  const int64_t F = std::max(m.ffn_local(), c.shared_expert_ffn_dim);
   const int tp = m.parallel().tp_size;
   const int64_t chunk = m.parallel().padded_chunk(c.vocab);
   std::vector<Slot> s = {
@@ -234,6 +250,19 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
       {&Workspace::sel, DType::kF32, {R, H}}, {&Workspace::logits, DType::kF32, {R, c.vocab}},
       {&Workspace::ids, DType::kI32, {R}},
   };
+  if (c.is_moe()) {
+    const int64_t E = c.n_experts, K = c.n_experts_used, Fe = c.expert_ffn_dim;
+    s.push_back({&Workspace::moe_logits, DType::kF32, {T, E}});
+    s.push_back({&Workspace::moe_ids, DType::kI32, {T, K}});
+    s.push_back({&Workspace::moe_w, DType::kF32, {T, K}});
+    s.push_back({&Workspace::moe_offsets, DType::kI32, {E + 1}});
+    s.push_back({&Workspace::moe_perm, DType::kI32, {T * K}});
+    s.push_back({&Workspace::moe_x, l.act, {T * K, H}});
+    s.push_back({&Workspace::moe_ff, l.act, {T * K, 2 * Fe}});
+    s.push_back({&Workspace::moe_act, l.act, {T * K, Fe}});
+    s.push_back({&Workspace::moe_y, DType::kF32, {T * K, H}});
+    s.push_back({&Workspace::moe_gate, DType::kF32, {T, 1}});
+  }
   if (tp > 1) {
     s.push_back({&Workspace::logits_local, DType::kF32, {R, chunk}});
     s.push_back({&Workspace::gathered, DType::kF32, {tp * R, chunk}});

@@ -157,12 +157,109 @@ void parse_eos(const json& root, ModelConfig* c) {
   }
 }
 
+// The mixture-of-experts families: Llama-style attention (Qwen2-MoE with q/k/v biases, Qwen3-MoE
+// with per-head q/k norms, OLMoE with q/k norms over the whole projection) and a router over
+// experts in the sparse layers.
+Status parse_moe(const json& root, Fields& f, const std::string& source, ModelConfig* out) {
+  ModelConfig& c = *out;
+  const std::string& a = c.architecture;
+  const bool mixtral = a == "MixtralForCausalLM", qwen2 = a == "Qwen2MoeForCausalLM",
+             qwen3 = a == "Qwen3MoeForCausalLM", olmoe = a == "OlmoeForCausalLM";
+  c.family = ArchFamily::kMoe;
+  c.vocab = f.required_int("vocab_size");
+  c.hidden = f.required_int("hidden_size");
+  c.n_layers = f.required_int("num_hidden_layers");
+  c.n_heads = f.required_int("num_attention_heads");
+  c.n_heads_kv = f.int_or("num_key_value_heads", c.n_heads);
+  c.max_position_embeddings = f.int_or("max_position_embeddings", 4096);
+  c.norm = NormType::kRmsNorm;
+  c.norm_eps = static_cast<float>(f.num_or("rms_norm_eps", olmoe ? 1e-5 : 1e-6));
+  c.gated_mlp = true;
+  c.qkv_bias = qwen2 ? f.bool_or("qkv_bias", true) : f.bool_or("attention_bias", false);
+  c.o_bias = !qwen2 && f.bool_or("attention_bias", false);
+  c.qk_norm = qwen3;
+  c.qk_norm_full = olmoe;
+  c.tie_word_embeddings = f.bool_or("tie_word_embeddings", false);
+  c.pos_embedding = PosEmbedding::kRope;
+  c.rope_neox_style = true;
+  STRATA_ASSIGN_OR_RETURN(c.activation,
+                          parse_activation(f.string_or("hidden_act", "silu"), source));
+  if (c.activation != ops::Activation::kSilu) {
+    return errorf(StatusCode::kUnimplemented, "{}: field 'hidden_act' must be silu for {}", source,
+                  a);
+  }
+  const bool sliding = mixtral ? true : f.bool_or("use_sliding_window", false);
+  if (sliding && f.has("sliding_window")) c.sliding_window = f.int_or("sliding_window", 0);
+  if (olmoe && f.has("clip_qkv")) {
+    return errorf(StatusCode::kUnimplemented, "{}: field 'clip_qkv' is not supported", source);
+  }
+  // Mixtral names it num_local_experts, the others num_experts (transformers 5 also writes
+  // num_local_experts for Qwen3-MoE).
+  const char* experts_key = f.has("num_experts") ? "num_experts" : "num_local_experts";
+  c.n_experts = f.required_int(experts_key);
+  c.n_experts_used = f.required_int("num_experts_per_tok");
+  c.ffn_dim = f.required_int("intermediate_size");
+  c.expert_ffn_dim = (qwen2 || qwen3) ? f.required_int("moe_intermediate_size") : c.ffn_dim;
+  c.moe_renormalize = mixtral ? true : f.bool_or("norm_topk_prob", false);
+  if (qwen2) c.shared_expert_ffn_dim = f.int_or("shared_expert_intermediate_size", 0);
+  STRATA_RETURN_IF_ERROR(f.status());
+  if (c.n_experts < 1 || c.n_experts > 4096) {
+    return errorf(StatusCode::kInvalidArgument, "{}: field '{}' = {} is out of range (1..4096)",
+                  source, experts_key, c.n_experts);
+  }
+  if (c.n_experts_used < 1 || c.n_experts_used > c.n_experts) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: field 'num_experts_per_tok' = {} must be in [1, {}] ({} experts)", source,
+                  c.n_experts_used, c.n_experts, experts_key);
+  }
+  if (c.expert_ffn_dim < 1 || c.expert_ffn_dim > (int64_t{1} << 20)) {
+    return errorf(StatusCode::kInvalidArgument, "{}: field '{}' = {} is out of range", source,
+                  (qwen2 || qwen3) ? "moe_intermediate_size" : "intermediate_size",
+                  c.expert_ffn_dim);
+  }
+  if (c.shared_expert_ffn_dim < 0 || c.shared_expert_ffn_dim > (int64_t{1} << 20)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: field 'shared_expert_intermediate_size' = {} is out of range", source,
+                  c.shared_expert_ffn_dim);
+  }
+  // Sparse layers: every decoder_sparse_step-th layer not listed in mlp_only_layers.
+  const int64_t n_layers = std::clamp<int64_t>(c.n_layers, 0, 4096);
+  c.layer_is_moe.assign(static_cast<size_t>(n_layers), true);
+  if (qwen2 || qwen3) {
+    const int64_t step = f.int_or("decoder_sparse_step", 1);
+    STRATA_RETURN_IF_ERROR(f.status());
+    if (step < 1) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: field 'decoder_sparse_step' = {} must be >= 1", source, step);
+    }
+    for (int64_t l = 0; l < n_layers; ++l)
+      c.layer_is_moe[static_cast<size_t>(l)] = (l + 1) % step == 0;
+    if (f.has("mlp_only_layers")) {
+      const json& m = root.at("mlp_only_layers");
+      if (!m.is_array()) {
+        return errorf(StatusCode::kInvalidArgument,
+                      "{}: field 'mlp_only_layers' must be a list of layer indices", source);
+      }
+      for (const json& v : m) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= n_layers) {
+          return errorf(StatusCode::kInvalidArgument,
+                        "{}: field 'mlp_only_layers' holds {}, not a layer index below {}", source,
+                        v.dump().substr(0, 20), n_layers);
+        }
+        c.layer_is_moe[static_cast<size_t>(v.get<int64_t>())] = false;
+      }
+    }
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 const std::vector<std::string>& supported_hf_architectures() {
-  static const std::vector<std::string> kArchs = {"LlamaForCausalLM",   "MistralForCausalLM",
-                                                  "Qwen2ForCausalLM",   "GPT2LMHeadModel",
-                                                  "GPTNeoXForCausalLM", "Gemma3ForCausalLM"};
+  static const std::vector<std::string> kArchs = {
+      "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",   "GPT2LMHeadModel",
+      "GPTNeoXForCausalLM",  "Gemma3ForCausalLM",  "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+      "Qwen3MoeForCausalLM", "OlmoeForCausalLM"};
   return kArchs;
 }
 
@@ -192,6 +289,14 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
       c.architecture = "GPTNeoXForCausalLM";
     else if (mt == "gemma3_text")
       c.architecture = "Gemma3ForCausalLM";
+    else if (mt == "mixtral")
+      c.architecture = "MixtralForCausalLM";
+    else if (mt == "qwen2_moe")
+      c.architecture = "Qwen2MoeForCausalLM";
+    else if (mt == "qwen3_moe")
+      c.architecture = "Qwen3MoeForCausalLM";
+    else if (mt == "olmoe")
+      c.architecture = "OlmoeForCausalLM";
     else
       c.architecture = mt;
   } else {
@@ -224,6 +329,9 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
                             parse_activation(f.string_or("hidden_act", "silu"), source));
     const bool sliding = qwen ? f.bool_or("use_sliding_window", false) : true;
     if (sliding && f.has("sliding_window")) c.sliding_window = f.int_or("sliding_window", 0);
+  } else if (a == "MixtralForCausalLM" || a == "Qwen2MoeForCausalLM" ||
+             a == "Qwen3MoeForCausalLM" || a == "OlmoeForCausalLM") {
+    STRATA_RETURN_IF_ERROR(parse_moe(root, f, source, &c));
   } else if (a == "GPT2LMHeadModel") {
     c.family = ArchFamily::kGpt2;
     c.vocab = f.required_int("vocab_size");
@@ -408,16 +516,33 @@ Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::str
 int64_t ModelConfig::parameter_count() const {
   const int64_t q = n_heads * head_dim, kv = n_heads_kv * head_dim;
   int64_t per_layer = hidden * (q + 2 * kv) + q * hidden;  // attention
-  per_layer += (gated_mlp ? 3 : 2) * hidden * ffn_dim;     // mlp
+  per_layer += (gated_mlp ? 3 : 2) * hidden * ffn_dim;     // mlp (dense layers)
   per_layer += 2 * hidden;                                 // norms
   if (qkv_bias) per_layer += q + 2 * kv;
   if (o_bias) per_layer += hidden;
   if (mlp_bias) per_layer += (gated_mlp ? 2 : 1) * ffn_dim + hidden;
   if (norm == NormType::kLayerNorm) per_layer += 2 * hidden;
+  if (qk_norm) per_layer += 2 * head_dim;
+  if (qk_norm_full) per_layer += q + kv;
   int64_t total = n_layers * per_layer + vocab * hidden + hidden;
+  // Sparse layers: the router and all experts (and the shared expert) replace the dense MLP.
+  for (int64_t l = 0; l < n_layers; ++l) {
+    if (!layer_moe(l)) continue;
+    total -= 3 * hidden * ffn_dim;
+    total += n_experts * (hidden + 3 * hidden * expert_ffn_dim);
+    if (shared_expert_ffn_dim > 0) total += 3 * hidden * shared_expert_ffn_dim + hidden;
+  }
   if (norm == NormType::kLayerNorm) total += hidden;
   if (!tie_word_embeddings) total += vocab * hidden;
   if (pos_embedding == PosEmbedding::kLearned) total += max_position_embeddings * hidden;
+  return total;
+}
+
+int64_t ModelConfig::active_parameter_count() const {
+  int64_t total = parameter_count();
+  for (int64_t l = 0; l < n_layers; ++l) {
+    if (layer_moe(l)) total -= (n_experts - n_experts_used) * 3 * hidden * expert_ffn_dim;
+  }
   return total;
 }
 
@@ -446,6 +571,27 @@ Status ModelConfig::validate(const std::string& source) const {
   if (pos_embedding == PosEmbedding::kRope && (rotary_dim < 2 || rotary_dim % 2 != 0)) {
     return errorf(StatusCode::kInvalidArgument, "{}: rotary dimension {} must be even and >= 2",
                   source, rotary_dim);
+  }
+  if (n_experts > 0) {
+    if (n_experts_used < 1 || n_experts_used > n_experts) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: {} experts used per token must be in [1, {} experts]", source,
+                    n_experts_used, n_experts);
+    }
+    // NOTE: bounds the expert arithmetic of parameter_count() (no overflow for any parsed
+    // config); the largest published MoE layers hold ~2^32 expert weights.
+    if (n_experts > 4096 || expert_ffn_dim > (int64_t{1} << 20) ||
+        shared_expert_ffn_dim > (int64_t{1} << 20) ||
+        n_experts * expert_ffn_dim * hidden > (int64_t{1} << 40)) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: {} experts of FFN size {} at hidden size {} are out of range", source,
+                    n_experts, expert_ffn_dim, hidden);
+    }
+    if (expert_ffn_dim < 1 || static_cast<int64_t>(layer_is_moe.size()) != n_layers) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: a MoE model needs the expert FFN size and one sparse/dense flag per layer",
+                    source);
+    }
   }
   if (!(norm_eps >= 0.0f) || sliding_window < 0) {
     return errorf(StatusCode::kInvalidArgument, "{}: negative norm eps or sliding window", source);

@@ -13,7 +13,7 @@
 
 namespace strata {
 
-enum class ArchFamily { kLlama, kGpt2, kGptNeoX, kGemma3 };
+enum class ArchFamily { kLlama, kGpt2, kGptNeoX, kGemma3, kMoe };
 enum class NormType { kRmsNorm, kLayerNorm };
 enum class PosEmbedding { kRope, kLearned };
 enum class RopeScalingType { kNone, kLinear, kLlama3 };
@@ -49,7 +49,8 @@ struct ModelConfig {
   bool o_bias = false;
   bool mlp_bias = false;
   bool tie_word_embeddings = false;
-  bool qk_norm = false;          // Gemma-3 per-head q/k RMSNorm
+  bool qk_norm = false;          // Gemma-3 / Qwen3-MoE per-head q/k RMSNorm
+  bool qk_norm_full = false;     // OLMoE: RMSNorm over the whole q / k projection
   bool post_norms = false;       // Gemma-3 post-attention / post-ffw norms
   float embedding_scale = 1.0f;  // Gemma: sqrt(hidden)
 
@@ -66,6 +67,17 @@ struct ModelConfig {
   float attn_logit_softcap = 0.0f;     // tanh soft-capping of attention scores; 0 = off
   float final_logit_softcap = 0.0f;
 
+  // Mixture of experts (family kMoe: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE). A sparse layer's
+  // MLP is a router over n_experts experts of expert_ffn_dim each, n_experts_used per token,
+  // plus (Qwen2-MoE) a shared expert of shared_expert_ffn_dim behind a sigmoid gate; a dense
+  // layer (layer_is_moe false) has the plain gated MLP of ffn_dim.
+  int64_t n_experts = 0;  // 0: not a MoE model
+  int64_t n_experts_used = 0;
+  int64_t expert_ffn_dim = 0;
+  int64_t shared_expert_ffn_dim = 0;  // 0: no shared expert
+  bool moe_renormalize = false;       // top-k weights divided by their sum (norm_topk_prob)
+  std::vector<bool> layer_is_moe;     // per layer, when n_experts > 0
+
   DType weight_dtype = DType::kF32;  // dtype of the checkpoint's weights (torch_dtype)
 
   int64_t bos_token_id = -1;
@@ -73,6 +85,13 @@ struct ModelConfig {
 
   // Parameter count implied by the shapes (embedding counted once when tied).
   int64_t parameter_count() const;
+  // Parameters one token reads (the experts it is routed to, not all of them).
+  int64_t active_parameter_count() const;
+  bool is_moe() const { return n_experts > 0; }
+  bool layer_moe(int64_t layer) const {
+    return n_experts > 0 && layer >= 0 && layer < static_cast<int64_t>(layer_is_moe.size()) &&
+           layer_is_moe[static_cast<size_t>(layer)];
+  }
   Status validate(const std::string& source) const;
 };
 

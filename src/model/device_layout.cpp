@@ -182,6 +182,12 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
                                                   const ParallelConfig& par, const Model* host,
                                                   const DeviceLayout& layout, ops::Context& ctx,
                                                   Allocator& alloc) {
+  if (config.is_moe()) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: mixture-of-experts models ({} experts) run on the CPU only so far: the "
+                  "device layout (CUDA, bf16 twins) has no expert kernels yet; use --device cpu",
+                  config.architecture, config.n_experts);
+  }
   const DType wdt = layout.weight_dtype;
   if (wdt != DType::kBF16 && wdt != DType::kI8 && wdt != DType::kFP8E4M3) {
     return errorf(StatusCode::kInvalidArgument, "weight dtype {} (use bf16, int8 or fp8)",

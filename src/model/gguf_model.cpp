@@ -1,5 +1,6 @@
 #include "model/gguf_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -36,6 +37,23 @@ const std::map<std::string, std::string>& layer_names(ArchFamily family) {
     m["self_attn.k_norm.weight"] = "attn_k_norm.weight";
     return m;
   }();
+  // Mixture of experts (llama.cpp's names): the router, the experts stacked into 3-D tensors
+  // [E, F, H] / [E, H, F] (no HF equivalent: the loader asks for these names), the shared expert.
+  static const std::map<std::string, std::string> kMoe = [] {
+    std::map<std::string, std::string> m = kLlama;
+    m["self_attn.q_norm.weight"] = "attn_q_norm.weight";
+    m["self_attn.k_norm.weight"] = "attn_k_norm.weight";
+    m["mlp.gate.weight"] = "ffn_gate_inp.weight";
+    m["mlp.gate_exps.weight"] = "ffn_gate_exps.weight";
+    m["mlp.up_exps.weight"] = "ffn_up_exps.weight";
+    m["mlp.down_exps.weight"] = "ffn_down_exps.weight";
+    m["mlp.shared_expert.gate_proj.weight"] = "ffn_gate_shexp.weight";
+    m["mlp.shared_expert.up_proj.weight"] = "ffn_up_shexp.weight";
+    m["mlp.shared_expert.down_proj.weight"] = "ffn_down_shexp.weight";
+    m["mlp.shared_expert_gate.weight"] = "ffn_gate_inp_shexp.weight";
+    return m;
+  }();
+  if (family == ArchFamily::kMoe) return kMoe;
   return family == ArchFamily::kGemma3 ? kGemma3 : kLlama;
 }
 
@@ -85,6 +103,52 @@ std::shared_ptr<TensorSource> make_gguf_tensor_source(std::shared_ptr<const Gguf
   return std::make_shared<GgufTensorSource>(std::move(file), family);
 }
 
+namespace {
+
+// <arch>.expert_count / expert_used_count / expert_feed_forward_length /
+// expert_shared_feed_forward_length; a layer is sparse where blk.N.ffn_gate_inp exists.
+Status moe_config_from_gguf(const GgufFile& f, const std::string& arch, ModelConfig* out) {
+  ModelConfig& c = *out;
+  const std::string a = arch + ".";
+  auto opt_int = [&](const std::string& key, int64_t fallback) -> Result<int64_t> {
+    return f.has(a + key) ? f.get_int(a + key) : Result<int64_t>(fallback);
+  };
+  STRATA_ASSIGN_OR_RETURN(c.n_experts, f.get_int(a + "expert_count"));
+  STRATA_ASSIGN_OR_RETURN(c.n_experts_used, f.get_int(a + "expert_used_count"));
+  STRATA_ASSIGN_OR_RETURN(c.expert_ffn_dim, opt_int("expert_feed_forward_length", c.ffn_dim));
+  STRATA_ASSIGN_OR_RETURN(c.shared_expert_ffn_dim, opt_int("expert_shared_feed_forward_length", 0));
+  if (c.n_experts < 1 || c.n_experts > 4096) {
+    return errorf(StatusCode::kInvalidArgument, "{}: {}expert_count = {} is out of range (1..4096)",
+                  f.name(), a, c.n_experts);
+  }
+  if (c.n_experts_used < 1 || c.n_experts_used > c.n_experts) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: {}expert_used_count = {} must be in [1, {}] ({}expert_count)", f.name(), a,
+                  c.n_experts_used, c.n_experts, a);
+  }
+  if (c.shared_expert_ffn_dim > 0 && f.find_tensor("blk.0.ffn_gate_inp_shexp.weight") == nullptr) {
+    // llama.cpp's qwen2moe always has the gate; without it the shared expert would be ungated.
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: a shared expert without ffn_gate_inp_shexp is not supported", f.name());
+  }
+  // Renormalised top-k weights: Mixtral and Qwen3-MoE as llama.cpp runs them, unless the file
+  // says otherwise.
+  c.moe_renormalize = arch == "llama" || arch == "qwen3moe";
+  if (f.has(a + "expert_weights_norm")) {
+    STRATA_ASSIGN_OR_RETURN(c.moe_renormalize, f.get_bool(a + "expert_weights_norm"));
+  }
+  c.qk_norm = arch == "qwen3moe";
+  c.qk_norm_full = arch == "olmoe";
+  c.layer_is_moe.assign(static_cast<size_t>(std::clamp<int64_t>(c.n_layers, 0, 4096)), false);
+  for (int64_t l = 0; l < static_cast<int64_t>(c.layer_is_moe.size()); ++l) {
+    c.layer_is_moe[static_cast<size_t>(l)] =
+        f.find_tensor("blk." + std::to_string(l) + ".ffn_gate_inp.weight") != nullptr;
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
   STRATA_ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
   ModelConfig c;
@@ -94,10 +158,14 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
   } else if (arch == "gemma3") {
     c.family = ArchFamily::kGemma3;
     c.architecture = "gemma3";
+  } else if (arch == "qwen2moe" || arch == "qwen3moe" || arch == "olmoe") {
+    c.family = ArchFamily::kMoe;
+    c.architecture = arch;
   } else {
     return errorf(StatusCode::kUnimplemented,
-                  "{}: unsupported GGUF architecture '{}' (supported: llama, gemma3)", f.name(),
-                  arch);
+                  "{}: unsupported GGUF architecture '{}' (supported: llama (and Mixtral), "
+                  "gemma3, qwen2moe, qwen3moe, olmoe)",
+                  f.name(), arch);
   }
   const std::string a = arch + ".";
   auto req = [&](const char* key) { return f.get_int(a + key); };
@@ -109,7 +177,12 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
   };
   STRATA_ASSIGN_OR_RETURN(c.hidden, req("embedding_length"));
   STRATA_ASSIGN_OR_RETURN(c.n_layers, req("block_count"));
-  STRATA_ASSIGN_OR_RETURN(c.ffn_dim, req("feed_forward_length"));
+  const bool moe_arch = c.family == ArchFamily::kMoe || f.has(a + "expert_count");
+  if (moe_arch && !f.has(a + "feed_forward_length")) {
+    STRATA_ASSIGN_OR_RETURN(c.ffn_dim, req("expert_feed_forward_length"));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(c.ffn_dim, req("feed_forward_length"));
+  }
   STRATA_ASSIGN_OR_RETURN(c.n_heads, req("attention.head_count"));
   STRATA_ASSIGN_OR_RETURN(c.n_heads_kv, opt_int("attention.head_count_kv", c.n_heads));
   STRATA_ASSIGN_OR_RETURN(c.max_position_embeddings, opt_int("context_length", 2048));
@@ -142,9 +215,14 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
                   "{}: per-frequency rope factors (rope_freqs.weight) are not supported yet",
                   f.name());
   }
-  if (c.family == ArchFamily::kLlama) {
+  if (c.family == ArchFamily::kLlama && moe_arch) c.family = ArchFamily::kMoe;  // Mixtral
+  if (c.family == ArchFamily::kLlama || c.family == ArchFamily::kMoe) {
     c.activation = ops::Activation::kSilu;
-    c.rope_neox_style = false;  // Q/K rows were permuted for interleaved pairs by the converter
+    // llama (and Mixtral): Q/K rows were permuted for interleaved pairs by the converter; the
+    // Qwen and OLMoE converters keep HF's rotate_half layout.
+    c.rope_neox_style = arch != "llama";
+    c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+    if (moe_arch) STRATA_RETURN_IF_ERROR(moe_config_from_gguf(f, arch, &c));
   } else {
     // Gemma-3: GeGLU, q/k RMSNorm, sandwich norms, sqrt(hidden) embedding scale, local (sliding)
     // layers with theta 10000 and a global layer every 6th, norm weights stored with the +1.

@@ -69,6 +69,11 @@ Status Model::init_shapes() {
                   "{}: intermediate size {} cannot be split over tensor-parallel size {}", where,
                   c.ffn_dim, tp);
   }
+  if (c.is_moe() && tp > 1) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: mixture-of-experts models run on one rank so far (tensor-parallel size {})",
+                  where, tp);
+  }
   n_heads_local_ = c.n_heads / tp;
   n_kv_local_ = c.n_heads_kv >= tp ? c.n_heads_kv / tp : 1;
   ffn_local_ = c.ffn_dim / tp;
@@ -156,10 +161,20 @@ Status Model::load_weights() {
     return fetch(src, name, shape);
   };
 
+  // A norm weight as f32 (the f32 rope path reads q/k norms as f32).
+  auto f32_norm = [&](const std::string& name, int64_t n) -> Result<Tensor> {
+    STRATA_ASSIGN_OR_RETURN(Tensor t, fetch(src, name, {n}));
+    if (t.dtype == DType::kF32) return t;
+    STRATA_ASSIGN_OR_RETURN(Tensor f, own(DType::kF32, {n}));
+    STRATA_RETURN_IF_ERROR(ops::host_to_f32(t, static_cast<float*>(f.data)));
+    return f;
+  };
+
   w_.layers.resize(static_cast<size_t>(c.n_layers));
   switch (c.family) {
     case ArchFamily::kLlama:
-    case ArchFamily::kGemma3: {
+    case ArchFamily::kGemma3:
+    case ArchFamily::kMoe: {
       const int64_t Q = c.n_heads * D, KV = c.n_heads_kv * D;
       STRATA_ASSIGN_OR_RETURN(Tensor emb, fetch(src, "model.embed_tokens.weight", {c.vocab, H}));
       w_.tok_embeddings = emb.slice_rows(vocab_range_.begin, vocab_range_.end);
@@ -198,6 +213,17 @@ Status Model::load_weights() {
         } else {
           STRATA_ASSIGN_OR_RETURN(L.ffn_norm.w,
                                   fetch(src, p + "post_attention_layernorm.weight", {H}));
+        }
+        if (c.qk_norm && c.family == ArchFamily::kMoe) {  // Qwen3-MoE: per head
+          STRATA_ASSIGN_OR_RETURN(L.q_norm.w, f32_norm(p + "self_attn.q_norm.weight", D));
+          STRATA_ASSIGN_OR_RETURN(L.k_norm.w, f32_norm(p + "self_attn.k_norm.weight", D));
+        } else if (c.qk_norm_full) {  // OLMoE: the whole projection
+          STRATA_ASSIGN_OR_RETURN(L.q_norm.w, f32_norm(p + "self_attn.q_norm.weight", Q));
+          STRATA_ASSIGN_OR_RETURN(L.k_norm.w, f32_norm(p + "self_attn.k_norm.weight", KV));
+        }
+        if (c.layer_moe(l)) {
+          STRATA_RETURN_IF_ERROR(load_moe_layer(l, L));
+          continue;
         }
         STRATA_ASSIGN_OR_RETURN(Tensor g, fetch(src, p + "mlp.gate_proj.weight", {c.ffn_dim, H}));
         STRATA_ASSIGN_OR_RETURN(Tensor u, fetch(src, p + "mlp.up_proj.weight", {c.ffn_dim, H}));
@@ -339,6 +365,96 @@ Status Model::load_weights() {
   return ok_status();
 }
 
+// One sparse layer's router, experts and (Qwen2-MoE) gated shared expert. The experts are read
+// from whichever form the checkpoint holds:
+//   Hugging Face, per expert   {mlp|block_sparse_moe}.experts.E.{gate,up,down}_proj (Mixtral:
+//                              w1 = gate, w3 = up, w2 = down)
+//   GGUF, stacked              mlp.{gate,up,down}_exps.weight: [E, F, H] / [E, H, F] (the GGUF
+//                              source's names for blk.N.ffn_{gate,up,down}_exps)
+Status Model::load_moe_layer(int64_t l, LayerWeights& L) {
+  const ModelConfig& c = config_;
+  const TensorSource& src = *store_.source();
+  const int64_t H = c.hidden, E = c.n_experts, F = c.expert_ffn_dim;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  const bool mixtral = src.has(p + "block_sparse_moe.gate.weight");
+  const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  STRATA_ASSIGN_OR_RETURN(Tensor router, fetch(src, moe + "gate.weight", {E, H}));
+  L.router.add(router);
+  L.expert_gate_up.resize(static_cast<size_t>(E));
+  L.expert_down.resize(static_cast<size_t>(E));
+  if (src.has(moe + "gate_exps.weight")) {
+    STRATA_ASSIGN_OR_RETURN(Tensor g, fetch(src, moe + "gate_exps.weight", {E, F, H}));
+    STRATA_ASSIGN_OR_RETURN(Tensor u, fetch(src, moe + "up_exps.weight", {E, F, H}));
+    STRATA_ASSIGN_OR_RETURN(Tensor d, fetch(src, moe + "down_exps.weight", {E, H, F}));
+    for (const Tensor* t : {&g, &u, &d}) {
+      if (!t->is_contiguous()) {
+        return errorf(StatusCode::kInvalidArgument,
+                      "{}: stacked expert tensors of layer {} are "
+                      "not contiguous",
+                      src.describe(), l);
+      }
+    }
+    // Expert e of a stacked [E, R, C] tensor: the [R, C] matrix at e R C elements.
+    auto expert = [](const Tensor& t, int64_t e) {
+      const int64_t R = t.dim(1), C = t.dim(2);
+      return Tensor::make(static_cast<char*>(t.data) + dtype_bytes(t.dtype, e * R * C), t.dtype,
+                          {R, C}, t.device);
+    };
+    for (int64_t e = 0; e < E; ++e) {
+      L.expert_gate_up[static_cast<size_t>(e)].add(expert(g, e));
+      L.expert_gate_up[static_cast<size_t>(e)].add(expert(u, e));
+      L.expert_down[static_cast<size_t>(e)].add(expert(d, e));
+    }
+  } else {
+    const char* gn = mixtral ? "w1" : "gate_proj";
+    const char* un = mixtral ? "w3" : "up_proj";
+    const char* dn = mixtral ? "w2" : "down_proj";
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string ep = moe + "experts." + std::to_string(e) + ".";
+      if (!src.has(ep + gn + ".weight")) {
+        return errorf(StatusCode::kNotFound,
+                      "{}: expert {} of layer {} is missing (no tensor '{}{}.weight'; the config "
+                      "says {} experts)",
+                      src.describe(), e, l, ep, gn, E);
+      }
+      STRATA_ASSIGN_OR_RETURN(Tensor g, fetch(src, ep + gn + ".weight", {F, H}));
+      STRATA_ASSIGN_OR_RETURN(Tensor u, fetch(src, ep + un + ".weight", {F, H}));
+      STRATA_ASSIGN_OR_RETURN(Tensor d, fetch(src, ep + dn + ".weight", {H, F}));
+      L.expert_gate_up[static_cast<size_t>(e)].add(g);
+      L.expert_gate_up[static_cast<size_t>(e)].add(u);
+      L.expert_down[static_cast<size_t>(e)].add(d);
+    }
+    if (src.has(moe + "experts." + std::to_string(E) + "." + gn + ".weight")) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: layer {} has more than the {} experts the config declares", src.describe(),
+                    l, E);
+    }
+  }
+  const int64_t S = c.shared_expert_ffn_dim;
+  if (S > 0) {
+    const std::string sp = moe + "shared_expert.";
+    STRATA_ASSIGN_OR_RETURN(Tensor g, fetch(src, sp + "gate_proj.weight", {S, H}));
+    STRATA_ASSIGN_OR_RETURN(Tensor u, fetch(src, sp + "up_proj.weight", {S, H}));
+    STRATA_ASSIGN_OR_RETURN(Tensor d, fetch(src, sp + "down_proj.weight", {H, S}));
+    L.shared_gate_up.add(g);
+    L.shared_gate_up.add(u);
+    L.shared_down.add(d);
+    STRATA_ASSIGN_OR_RETURN(Tensor sg, src.tensor(moe + "shared_expert_gate.weight"));
+    if (sg.numel() != H || !sg.is_contiguous() || !dtype_info(sg.dtype).is_float) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: tensor '{}shared_expert_gate.weight' has shape {}, expected [1, {}]",
+                    src.describe(), moe, sg.shape_string(), H);
+    }
+    L.shared_gate.add(Tensor::make(sg.data, sg.dtype, {1, H}, sg.device));
+  } else if (src.has(moe + "shared_expert.gate_proj.weight")) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: layer {} has a shared expert but the config declares none "
+                  "(shared_expert_intermediate_size)",
+                  src.describe(), l);
+  }
+  return ok_status();
+}
+
 void Model::count_weight_bytes() {
   // Bytes this rank reads per token: every weight it holds once (scales count; the tied
   // embedding once).
@@ -355,7 +471,12 @@ void Model::count_weight_bytes() {
     }
   };
   for (const LayerWeights& L : w_.layers) {
-    for (const ops::LinearWeight* lw : {&L.qkv, &L.o, &L.gate_up, &L.down}) add_linear(*lw);
+    for (const ops::LinearWeight* lw : {&L.qkv, &L.o, &L.gate_up, &L.down, &L.router,
+                                        &L.shared_gate_up, &L.shared_down, &L.shared_gate}) {
+      add_linear(*lw);
+    }
+    for (const auto& lw : L.expert_gate_up) add_linear(lw);
+    for (const auto& lw : L.expert_down) add_linear(lw);
   }
   if (w_.lm_head.defined() && w_.lm_head.parts[0].w.data != w_.tok_embeddings.data) {
     add_linear(w_.lm_head);

@@ -64,6 +64,17 @@ struct Workspace {
   Tensor gathered;      // f32 [tp, R, vocab chunk]: every rank's shard (tensor parallel)
   Tensor ids;           // i32 [R]: argmax of each logit row
   Tensor attn_ws;       // u8: split-K attention scratch (may be empty)
+  // Mixture-of-experts layers (T tokens, K = n_experts_used, E experts, Fe = expert_ffn_dim):
+  Tensor moe_logits;   // f32 [T, E]: router logits
+  Tensor moe_ids;      // i32 [T, K]: chosen experts
+  Tensor moe_w;        // f32 [T, K]: their weights
+  Tensor moe_offsets;  // i32 [E + 1]: per-expert row ranges of the permuted batch
+  Tensor moe_perm;     // i32 [T K]: permuted row -> slot
+  Tensor moe_x;        // act [T K, hidden]: rows grouped by expert
+  Tensor moe_ff;       // act [T K, 2 Fe]: expert gate/up GEMM output (scratch)
+  Tensor moe_act;      // act [T K, Fe]
+  Tensor moe_y;        // f32 [T K, hidden]: expert outputs, permuted
+  Tensor moe_gate;     // f32 [T, 1]: shared-expert gate logits
 };
 
 struct WorkspaceLimits {
@@ -154,6 +165,7 @@ class Model {
                                                            Allocator&);
   Model() = default;
   Status load_weights();
+  Status load_moe_layer(int64_t layer, LayerWeights& L);
   Status init_shapes();
   void count_weight_bytes();
 

@@ -1,5 +1,6 @@
 // Model shapes by name for `--model-config` (random weights): llama3-8b, llama2-7b,
-// qwen2.5-7b, llama3-70b, llama3.2-1b. kNotFound lists the names.
+// qwen2.5-7b, llama3-70b, llama3.2-1b, and the mixture-of-experts qwen3-30b-a3b and
+// mixtral-8x7b. kNotFound lists the names.
 #pragma once
 
 #include <string>

@@ -28,6 +28,7 @@ Status llama_layer(const Model& m, ForwardArgs& a, int64_t layer);   // Llama, M
 Status gemma3_layer(const Model& m, ForwardArgs& a, int64_t layer);  // Gemma-3
 Status gpt2_layer(const Model& m, ForwardArgs& a, int64_t layer);    // GPT-2
 Status neox_layer(const Model& m, ForwardArgs& a, int64_t layer);    // GPT-NeoX / Pythia
+Status moe_layer(const Model& m, ForwardArgs& a, int64_t layer);     // Mixtral, Qwen2/3-MoE, OLMoE
 
 // Shared blocks (model/blocks.cpp).
 namespace blocks {

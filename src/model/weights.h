@@ -20,15 +20,26 @@
 namespace strata {
 
 struct LayerWeights {
-  ops::NormWeight attn_norm;       // input_layernorm / ln_1 [hidden]
-  ops::LinearWeight qkv;           // [(hq + 2 hkv) head_dim, hidden]: q rows, then k, then v
-  ops::LinearWeight o;             // [hidden, hq head_dim], row-parallel
-  ops::NormWeight q_norm, k_norm;  // per-head [head_dim] (Gemma-3), else undefined
+  ops::NormWeight attn_norm;  // input_layernorm / ln_1 [hidden]
+  ops::LinearWeight qkv;      // [(hq + 2 hkv) head_dim, hidden]: q rows, then k, then v
+  ops::LinearWeight o;        // [hidden, hq head_dim], row-parallel
+  // per-head [head_dim] (Gemma-3, Qwen3-MoE), whole projection [hq head_dim] / [hkv head_dim]
+  // (OLMoE), else undefined
+  ops::NormWeight q_norm, k_norm;
   ops::NormWeight post_attn_norm;  // Gemma-3, else undefined
   ops::NormWeight ffn_norm;        // post_attention_layernorm / ln_2 [hidden]
   ops::LinearWeight gate_up;  // gated MLP: [gate; up] [2 ffn, hidden]; plain MLP: up [ffn, hidden]
   ops::LinearWeight down;     // [hidden, ffn], row-parallel
   ops::NormWeight post_ffn_norm;  // Gemma-3, else undefined
+
+  // Sparse (mixture-of-experts) layers, instead of gate_up / down:
+  ops::LinearWeight router;                       // [n_experts, hidden]
+  std::vector<ops::LinearWeight> expert_gate_up;  // n_experts x [gate; up] [2 expert_ffn, hidden]
+  std::vector<ops::LinearWeight> expert_down;     // n_experts x [hidden, expert_ffn]
+  ops::LinearWeight
+      shared_gate_up;             // Qwen2-MoE shared expert [2 shared_ffn, hidden], else undefined
+  ops::LinearWeight shared_down;  // [hidden, shared_ffn]
+  ops::LinearWeight shared_gate;  // [1, hidden]: sigmoid gate of the shared expert's output
 };
 
 struct ModelWeights {

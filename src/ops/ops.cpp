@@ -902,3 +902,194 @@ Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& 
 }
 
 }  // namespace strata::ops
+
+// ---- mixture of experts ---------------------------------------------------------------------
+
+namespace strata::ops {
+namespace {
+
+Status moe_cpu_only(const Context& ctx, const char* op) {
+  if (ctx.device.is_cpu()) return ok_status();
+  return errorf(StatusCode::kUnimplemented, "{}: mixture-of-experts ops run on the CPU only so far",
+                op);
+}
+
+Status want_shape(const Tensor& t, const char* op, const char* name, int64_t rows, int64_t cols,
+                  DType dt) {
+  if (!t.defined() || !t.is_contiguous() || t.dtype != dt || t.numel() != rows * cols ||
+      t.cols() != cols) {
+    return invalid(
+        op,
+        fmt::format("{} must be a contiguous {} [{}, {}], got {} {}", name, dtype_name(dt), rows,
+                    cols, t.defined() ? dtype_name(t.dtype) : "undefined", t.shape_string()));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status moe_route(Context& ctx, const Tensor& logits, const MoeRouteArgs& args, Tensor& topk_ids,
+                 Tensor& topk_w) {
+  constexpr const char* kOp = "moe_route";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&logits, &topk_ids, &topk_w}));
+  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
+  STRATA_ASSIGN_OR_RETURN(Mat lm, mat(logits, kOp, "logits"));
+  STRATA_RETURN_IF_ERROR(want_dtype(logits, DType::kF32, kOp, "logits"));
+  if (args.k < 1 || args.k > lm.cols) {
+    return invalid(kOp, fmt::format("top-k {} must be in [1, {} experts]", args.k, lm.cols));
+  }
+  STRATA_RETURN_IF_ERROR(want_shape(topk_ids, kOp, "topk_ids", lm.rows, args.k, DType::kI32));
+  STRATA_RETURN_IF_ERROR(want_shape(topk_w, kOp, "topk_w", lm.rows, args.k, DType::kF32));
+  MoeRouteParams p;
+  p.logits = f32(logits);
+  p.logits_stride = lm.stride;
+  p.topk_ids = static_cast<int32_t*>(topk_ids.data);
+  p.topk_w = f32(topk_w);
+  p.n_tokens = lm.rows;
+  p.n_experts = lm.cols;
+  p.k = args.k;
+  p.renormalize = args.renormalize;
+  return cpu::moe_route(p);
+}
+
+Status moe_offsets(Context& ctx, const Tensor& topk_ids, int64_t n_experts, Tensor& offsets) {
+  constexpr const char* kOp = "moe_offsets";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&topk_ids, &offsets}));
+  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
+  if (!topk_ids.defined() || !topk_ids.is_contiguous() || topk_ids.dtype != DType::kI32) {
+    return invalid(kOp, "topk_ids must be contiguous i32");
+  }
+  if (n_experts < 1) return invalid(kOp, "n_experts must be >= 1");
+  STRATA_RETURN_IF_ERROR(want_shape(offsets, kOp, "offsets", 1, n_experts + 1, DType::kI32));
+  MoeOffsetsParams p;
+  p.topk_ids = static_cast<const int32_t*>(topk_ids.data);
+  p.n_slots = topk_ids.numel();
+  p.n_experts = n_experts;
+  p.offsets = static_cast<int32_t*>(offsets.data);
+  return cpu::moe_offsets(p);
+}
+
+Status moe_permute(Context& ctx, const Tensor& x, const Tensor& topk_ids, const Tensor& offsets,
+                   Tensor& x_perm, Tensor& perm) {
+  constexpr const char* kOp = "moe_permute";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &topk_ids, &offsets, &x_perm, &perm}));
+  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
+  STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
+  STRATA_RETURN_IF_ERROR(act_dtype(x, kOp, "x"));
+  if (topk_ids.ndim != 2 || topk_ids.dim(0) != xm.rows) {
+    return invalid(kOp,
+                   fmt::format("topk_ids {} must be [{}, k]", topk_ids.shape_string(), xm.rows));
+  }
+  const int64_t k = topk_ids.dim(1), n_experts = offsets.numel() - 1;
+  STRATA_RETURN_IF_ERROR(want_shape(topk_ids, kOp, "topk_ids", xm.rows, k, DType::kI32));
+  if (n_experts < 1) return invalid(kOp, "offsets must hold n_experts + 1 >= 2 entries");
+  STRATA_RETURN_IF_ERROR(want_shape(offsets, kOp, "offsets", 1, n_experts + 1, DType::kI32));
+  STRATA_RETURN_IF_ERROR(want_shape(x_perm, kOp, "x_perm", xm.rows * k, xm.cols, x.dtype));
+  STRATA_RETURN_IF_ERROR(want_shape(perm, kOp, "perm", 1, xm.rows * k, DType::kI32));
+  MoePermuteParams p;
+  p.x = x.data;
+  p.x_stride = xm.stride;
+  p.dtype = x.dtype;
+  p.topk_ids = static_cast<const int32_t*>(topk_ids.data);
+  p.offsets = static_cast<const int32_t*>(offsets.data);
+  p.n_tokens = xm.rows;
+  p.k = k;
+  p.n_experts = n_experts;
+  p.hidden = xm.cols;
+  p.x_perm = x_perm.data;
+  p.perm = static_cast<int32_t*>(perm.data);
+  return cpu::moe_permute(p);
+}
+
+Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
+                   const MoeExperts& experts, Activation act_fn, Tensor& scratch, Tensor& act,
+                   Tensor& y_perm) {
+  constexpr const char* kOp = "moe_experts";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x_perm, &offsets, &scratch, &act, &y_perm}));
+  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
+  STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x_perm, kOp, "x_perm"));
+  STRATA_ASSIGN_OR_RETURN(Mat ym, mat(y_perm, kOp, "y_perm"));
+  STRATA_RETURN_IF_ERROR(want_dtype(y_perm, DType::kF32, kOp, "y_perm"));
+  const int64_t E = experts.n_experts;
+  if (E < 1 || experts.gate_up == nullptr || experts.down == nullptr) {
+    return invalid(kOp, "no experts");
+  }
+  STRATA_RETURN_IF_ERROR(want_shape(offsets, kOp, "offsets", 1, E + 1, DType::kI32));
+  if (ym.rows != xm.rows) return invalid(kOp, "x_perm and y_perm differ in rows");
+  // NOTE: the group sizes are read on the host: the CPU runs each non-empty group as its own
+  // GEMMs. A GPU version reads them on the device (no host sync inside a graph).
+  const int32_t* off = static_cast<const int32_t*>(offsets.data);
+  if (off[0] != 0 || off[E] != xm.rows) {
+    return invalid(kOp, fmt::format("offsets cover {} rows, x_perm has {}", off[E], xm.rows));
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = off[e], r1 = off[e + 1];
+    if (r1 < r0 || r1 > xm.rows) return invalid(kOp, "offsets are not a prefix sum");
+    if (r1 == r0) continue;
+    const LinearWeight& gu = experts.gate_up[e];
+    const int64_t F = gu.rows() / 2;
+    Tensor xe = x_perm.slice_rows(r0, r1);
+    Tensor se = scratch.slice_rows(r0, r1);
+    Tensor ae = act.slice_rows(r0, r1).slice_cols(0, F);
+    Tensor ye = y_perm.slice_rows(r0, r1);
+    STRATA_RETURN_IF_ERROR(
+        linear_act(ctx, xe, gu, act_fn, /*gated=*/true, se, ae).with_context(kOp));
+    STRATA_RETURN_IF_ERROR(linear(ctx, ae, experts.down[e], ye).with_context(kOp));
+  }
+  return ok_status();
+}
+
+Status moe_combine(Context& ctx, const Tensor& y_perm, const Tensor& perm, const Tensor& topk_w,
+                   Tensor& out, bool accumulate) {
+  constexpr const char* kOp = "moe_combine";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&y_perm, &perm, &topk_w, &out}));
+  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
+  STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
+  STRATA_RETURN_IF_ERROR(want_dtype(out, DType::kF32, kOp, "out"));
+  if (topk_w.ndim != 2 || topk_w.dim(0) != om.rows) {
+    return invalid(kOp, fmt::format("topk_w {} must be [{}, k]", topk_w.shape_string(), om.rows));
+  }
+  const int64_t k = topk_w.dim(1);
+  STRATA_RETURN_IF_ERROR(want_shape(topk_w, kOp, "topk_w", om.rows, k, DType::kF32));
+  STRATA_RETURN_IF_ERROR(want_shape(perm, kOp, "perm", 1, om.rows * k, DType::kI32));
+  STRATA_RETURN_IF_ERROR(want_shape(y_perm, kOp, "y_perm", om.rows * k, om.cols, DType::kF32));
+  MoeCombineParams p;
+  p.y_perm = f32(y_perm);
+  p.perm = static_cast<const int32_t*>(perm.data);
+  p.topk_w = f32(topk_w);
+  p.out = f32(out);
+  p.out_stride = om.stride;
+  p.n_tokens = om.rows;
+  p.k = k;
+  p.hidden = om.cols;
+  p.accumulate = accumulate;
+  return cpu::moe_combine(p);
+}
+
+Status sigmoid_gate_add(Context& ctx, const Tensor& y, const Tensor& gate, Tensor& out) {
+  constexpr const char* kOp = "sigmoid_gate_add";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&y, &gate, &out}));
+  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
+  STRATA_ASSIGN_OR_RETURN(Mat ym, mat(y, kOp, "y"));
+  STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
+  STRATA_ASSIGN_OR_RETURN(Mat gm, mat(gate, kOp, "gate"));
+  STRATA_RETURN_IF_ERROR(want_dtype(y, DType::kF32, kOp, "y"));
+  STRATA_RETURN_IF_ERROR(want_dtype(gate, DType::kF32, kOp, "gate"));
+  STRATA_RETURN_IF_ERROR(want_dtype(out, DType::kF32, kOp, "out"));
+  if (ym.rows != om.rows || ym.cols != om.cols || gm.rows != om.rows || gm.cols != 1) {
+    return invalid(kOp, fmt::format("y {}, gate {} and out {} do not fit [n, H], [n, 1], [n, H]",
+                                    y.shape_string(), gate.shape_string(), out.shape_string()));
+  }
+  SigmoidGateAddParams p;
+  p.y = f32(y);
+  p.y_stride = ym.stride;
+  p.gate = f32(gate);
+  p.gate_stride = gm.stride;
+  p.out = f32(out);
+  p.out_stride = om.stride;
+  p.n_tokens = om.rows;
+  p.hidden = om.cols;
+  return cpu::sigmoid_gate_add(p);
+}
+
+}  // namespace strata::ops

@@ -201,6 +201,46 @@ Status argmax(Context& ctx, const Tensor& x, Tensor& ids);
 // dst[r, :] = src[r, :] for same-shaped 2-D tensors of one dtype on the ops' device.
 Status copy(Context& ctx, const Tensor& src, Tensor& dst);
 
+// ---- mixture of experts ------------------------------------------------------------------------
+// One MoE block of a layer (the data flow and layouts: backends/moe_params.h): the router's
+// logits come from ops::linear; then
+//   moe_route    ids, w [n, k] = top-k(softmax(logits)), ties to the lower expert, optionally
+//                renormalised to sum 1
+//   moe_offsets  offsets [E + 1]: per-expert row ranges of the permuted batch (prefix sum)
+//   moe_permute  x_perm [n k, H] = the rows of x grouped by expert (stable), perm [n k]
+//   moe_experts  y_perm [n k, H] = down_e(act(gate_e(x)) * up_e(x)) over each expert's rows
+//   moe_combine  out [n, H] (+)= sum_j w[t, j] y_perm[row of (t, j)]
+// and sigmoid_gate_add for Qwen2-MoE's gated shared expert. ids / offsets / perm are i32 and
+// w f32 on the ops' device; x_perm is in the activation dtype (f32 or bf16).
+
+struct MoeRouteArgs {
+  int64_t k = 1;             // experts per token (n_experts_used)
+  bool renormalize = false;  // divide the k weights by their sum
+};
+Status moe_route(Context& ctx, const Tensor& logits, const MoeRouteArgs& args, Tensor& topk_ids,
+                 Tensor& topk_w);
+Status moe_offsets(Context& ctx, const Tensor& topk_ids, int64_t n_experts, Tensor& offsets);
+Status moe_permute(Context& ctx, const Tensor& x, const Tensor& topk_ids, const Tensor& offsets,
+                   Tensor& x_perm, Tensor& perm);
+
+// The experts of one layer: expert e's gated MLP is gate_up[e] ([gate; up], 2 F rows, as
+// ops::linear_act reads it) then down[e] ([H, F]).
+struct MoeExperts {
+  const LinearWeight* gate_up = nullptr;  // [n_experts]
+  const LinearWeight* down = nullptr;     // [n_experts]
+  int64_t n_experts = 0;
+};
+// The grouped expert MLP over variable group sizes: rows [offsets[e], offsets[e + 1]) of x_perm
+// through expert e (empty groups are skipped). scratch [n k, 2 F] and act [n k, F] in the
+// activation dtype; y_perm [n k, H] f32.
+Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
+                   const MoeExperts& experts, Activation act_fn, Tensor& scratch, Tensor& act,
+                   Tensor& y_perm);
+Status moe_combine(Context& ctx, const Tensor& y_perm, const Tensor& perm, const Tensor& topk_w,
+                   Tensor& out, bool accumulate);
+// out[t, :] += sigmoid(gate[t, 0]) * y[t, :]: y, out f32 [n, H]; gate f32 [n, 1].
+Status sigmoid_gate_add(Context& ctx, const Tensor& y, const Tensor& gate, Tensor& out);
+
 // ---- memory ---------------------------------------------------------------------------------
 // Copies between the host and a contiguous tensor on the ops' device, ordered on its stream
 // (the host memory must stay valid until synchronize()).

@@ -20,6 +20,7 @@
 #include "model/config.h"
 #include "model/gguf_model.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "parallel/comm.h"
 #include "runtime/executor.h"
 #include "runtime/model_loader.h"
@@ -196,6 +197,10 @@ class EngineImpl final : public Engine {
 }  // namespace
 
 Result<ModelInfo> inspect_model(const std::string& model) {
+  if (model.rfind("dummy:", 0) == 0) {
+    STRATA_ASSIGN_OR_RETURN(ModelConfig config, model_config_preset(model.substr(6)));
+    return make_model_info(model, config);
+  }
   STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(model, /*with_weights=*/false));
   return std::move(files.info);
 }

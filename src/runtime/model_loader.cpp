@@ -64,6 +64,12 @@ ModelInfo make_model_info(const std::string& path, const ModelConfig& c) {
   info.n_heads_kv = c.n_heads_kv;
   info.head_dim = c.head_dim;
   info.ffn_dim = c.ffn_dim;
+  info.n_experts = c.n_experts;
+  info.n_experts_used = c.n_experts_used;
+  info.expert_ffn_dim = c.expert_ffn_dim;
+  info.shared_expert_ffn_dim = c.shared_expert_ffn_dim;
+  for (int64_t l = 0; l < c.n_layers; ++l) info.n_moe_layers += c.layer_moe(l) ? 1 : 0;
+  info.n_active_params = c.active_parameter_count();
   info.vocab = c.vocab;
   info.context_length = c.max_position_embeddings;
   info.tied_embeddings = c.tie_word_embeddings;

@@ -206,6 +206,25 @@ TEST(Cli, BenchThroughputRunsAllRequests) {
   EXPECT_NE(r.out.find("output tokens/s"), std::string::npos) << r.out;
 }
 
+// `strata info` on mixture-of-experts models: the experts and top-k of a checkpoint and of a
+// --model-config preset.
+TEST(CliInfo, PrintsExpertsAndTopK) {
+  const CliRun ck = run_strata("info -m " + std::string(STRATA_FIXTURE_DIR) + "/moe/qwen2_moe");
+  EXPECT_EQ(ck.exit_code, 0) << ck.err;
+  EXPECT_NE(ck.out.find("experts        8, top-k 2, expert ffn 20 (2 of 3 layers sparse)"),
+            std::string::npos)
+      << ck.out;
+  EXPECT_NE(ck.out.find("shared expert  ffn 28"), std::string::npos) << ck.out;
+  const CliRun q3 = run_strata("info --model-config qwen3-30b-a3b");
+  EXPECT_EQ(q3.exit_code, 0) << q3.err;
+  EXPECT_NE(q3.out.find("experts        128, top-k 8, expert ffn 768 (48 of 48 layers sparse)"),
+            std::string::npos)
+      << q3.out;
+  const CliRun dense = run_strata("info -m " + fixture("llama"));
+  EXPECT_EQ(dense.exit_code, 0) << dense.err;
+  EXPECT_EQ(dense.out.find("experts"), std::string::npos) << dense.out;
+}
+
 }  // namespace
 
 // ---- strata plan ---------------------------------------------------------------------------

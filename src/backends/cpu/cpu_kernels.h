@@ -3,6 +3,7 @@
 #pragma once
 
 #include "backends/kernel_params.h"
+#include "backends/moe_params.h"
 #include "strata/status.h"
 
 namespace strata::cpu {
@@ -24,10 +25,18 @@ Status softmax(const SoftmaxParams& p);
 Status argmax(const ArgmaxParams& p);
 Status copy_rows(const CopyRowsParams& p);  // elementwise.cpp
 
+// Mixture of experts (moe.cpp; the data flow in backends/moe_params.h). f32 arithmetic; the
+// permute copies f32 or bf16 rows unchanged, so these serve the reference and the bf16 layout.
+Status moe_route(const MoeRouteParams& p);
+Status moe_offsets(const MoeOffsetsParams& p);
+Status moe_permute(const MoePermuteParams& p);
+Status moe_combine(const MoeCombineParams& p);
+Status sigmoid_gate_add(const SigmoidGateAddParams& p);
+
 // Twins of the GPU executor kernels: plain loops with the same rounding points as the CUDA
 // kernels (bf16 in, f32 accumulate, bf16/f32 out).
 Status gpu_linear(const GpuLinearParams& p);              // gpu_linear.cpp
-Status norm_bf16(const NormBf16Params& p);         // fused_bf16.cpp
+Status norm_bf16(const NormBf16Params& p);                // fused_bf16.cpp
 Status gated_act_bf16(const GatedActBf16Params& p);       // fused_bf16.cpp
 Status rope_kv_append(const RopeKvAppendParams& p);       // fused_bf16.cpp
 Status varlen_attention(const VarlenAttentionParams& p);  // varlen_attention.cpp
