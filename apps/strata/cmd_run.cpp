@@ -44,9 +44,8 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_option("--repeat-penalty,--repetition-penalty", opt->request.sampling.repetition_penalty,
                   "Penalty for tokens already in the context; 1 = off (default 1)");
   add_engine_device_options(sub, opt->engine);
-  sub->add_option("-s,--seed", opt->request.sampling.seed, "Random seed (default 0)");
-  sub->add_option("-t,--threads", opt->engine.num_threads,
-                  "CPU threads; 0 = all cores (default 0)");
+  add_seed_option(sub, opt->request.sampling.seed, "Random seed (default 0)");
+  add_threads_option(sub, opt->engine.num_threads);
   sub->add_option("-c,--ctx-size,--max-model-len", opt->engine.max_model_len,
                   "Context length; 0 = the model's own (default 0)");
   sub->add_flag("--ignore-eos", opt->request.ignore_eos, "Keep generating past end-of-sequence");
@@ -61,6 +60,8 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
 
   commands.push_back(
       {sub, [opt]() -> int {
+         if (Status s = check_before_load(opt->engine, &opt->request.sampling); !s.ok())
+           return report(s);
          auto engine = Engine::create(opt->engine);
          if (!engine.ok()) return report(engine.status());
          Engine& e = **engine;

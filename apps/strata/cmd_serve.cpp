@@ -27,7 +27,35 @@ struct ServeOptions {
   double shutdown_timeout = 30;
 };
 
+// The flags that need no model, checked before listening.
+Status check_serve_options(const ServeOptions& opt) {
+  STRATA_RETURN_IF_ERROR(check_before_load(opt.serving.engine, nullptr));
+  auto positive = [](double v, const char* flag) -> Status {
+    if (!(v > 0)) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", v);
+      return Status(StatusCode::kInvalidArgument,
+                    std::string(flag) + " " + buf + " must be > 0 (seconds)");
+    }
+    return ok_status();
+  };
+  STRATA_RETURN_IF_ERROR(positive(opt.http.read_timeout_seconds, "--timeout"));
+  if (!(opt.shutdown_timeout >= 0 && opt.shutdown_timeout < 1e9)) {
+    return Status(StatusCode::kInvalidArgument, "--shutdown-timeout must be >= 0 (seconds)");
+  }
+  if (opt.http.threads < 1 || opt.http.threads > 1024) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--http-threads " + std::to_string(opt.http.threads) + " must be in [1, 1024]");
+  }
+  if (opt.serving.max_num_seqs < 1) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--max-num-seqs " + std::to_string(opt.serving.max_num_seqs) + " must be >= 1");
+  }
+  return ok_status();
+}
+
 int serve(const ServeOptions& opt) {
+  if (Status s = check_serve_options(opt); !s.ok()) return report(s);
   // Signals are taken synchronously by this thread; every thread started below inherits the mask.
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -142,8 +170,7 @@ void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching",
                 opt->serving.enable_prefix_caching,
                 "Reuse KV blocks of shared prompt prefixes (default on)");
-  sub->add_option("-t,--threads", opt->serving.engine.num_threads,
-                  "CPU threads; 0 = all cores (default 0)");
+  add_threads_option(sub, opt->serving.engine.num_threads);
   add_engine_device_options(sub, opt->serving.engine, /*with_dummy=*/true,
                             /*with_batch_tokens=*/false);
   sub->add_option("--http-threads", opt->http.threads, "HTTP I/O threads (default 4)");

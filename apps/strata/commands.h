@@ -31,6 +31,15 @@ void add_plan_command(CLI::App& app, std::vector<Command>& commands);
 void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy = false,
                                bool with_batch_tokens = true);
 
+// -s/--seed as an integer in [0, 2^64) (2^64 and more is an error, not 2^64 - 1), and
+// -t/--threads.
+void add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help);
+void add_threads_option(CLI::App* sub, int& threads);
+
+// The flag values that need no model (threads, tp, context length, and the sampling values when
+// given), checked before a model is loaded.
+Status check_before_load(const EngineConfig& engine, const SamplingParams* sampling);
+
 // Print "strata: error: <message>" to stderr and return exit code 1.
 int report(const Status& status);
 

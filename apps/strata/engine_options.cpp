@@ -1,4 +1,6 @@
 // Flags shared by the commands that create an Engine: where it runs and how weights are held.
+#include <charconv>
+
 #include "commands.h"
 
 namespace strata::app {
@@ -12,7 +14,35 @@ T parsed(Result<T> r) {
   return *r;
 }
 
+// A seed: an integer in [0, 2^64). CLI11 would saturate 2^64 and more to 2^64 - 1 silently.
+Result<uint64_t> parse_seed(const std::string& text) {
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--seed '" + text + "' must be an integer in [0, 18446744073709551615]");
+  }
+  return v;
+}
+
 }  // namespace
+
+void add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help) {
+  sub->add_option_function<std::string>(
+      "-s,--seed", [&seed](const std::string& v) { seed = parsed(parse_seed(v)); }, help);
+}
+
+void add_threads_option(CLI::App* sub, int& threads) {
+  sub->add_option("-t,--threads", threads,
+                  "CPU threads; 0 = all cores (default 0; at most 4 per CPU)");
+}
+
+Status check_before_load(const EngineConfig& engine, const SamplingParams* sampling) {
+  STRATA_RETURN_IF_ERROR(check_engine_config(engine));
+  if (sampling != nullptr) STRATA_RETURN_IF_ERROR(validate_sampling(*sampling));
+  return ok_status();
+}
 
 void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                                bool with_batch_tokens) {

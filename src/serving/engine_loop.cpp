@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <mutex>
@@ -577,7 +578,9 @@ void ServingEngineImpl::finish(RequestState& r, CompletionEvent ev, const char* 
                   static_cast<double>(r.generated.size() - 1));
   }
   e2e_.observe(seconds_between(r.arrival, now));
-  ++finished_total_;
+  // request_success_total counts requests that ran to their end (stop or length), as vLLM's;
+  // cancelled ("abort") and failed ("error") requests are not successes.
+  if (std::strcmp(reason, "stop") == 0 || std::strcmp(reason, "length") == 0) ++finished_total_;
   const uint64_t id = r.id;
   if (r.on_event) r.on_event(ev);
   requests_.erase(id);

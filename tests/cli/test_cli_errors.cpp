@@ -1,6 +1,7 @@
 // The strata binary on bad input: one line "strata: error: ..." naming the file, tensor or
 // field; exit status 1; no crash (a crash would show as a signal or an ASan report).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -19,12 +20,15 @@ struct CliRun {
   std::string out;  // stdout
 };
 
-CliRun run_strata(const std::string& args) {
+// `timeout_s` > 0: killed after that many seconds (exit 124), for inputs that used to hang.
+CliRun run_strata(const std::string& args, int timeout_s = 0) {
   static int counter = 0;
   const std::string err_file =
       fs::temp_directory_path() /
       ("strata_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-  const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
+  const std::string prefix =
+      timeout_s > 0 ? "timeout -k 2 " + std::to_string(timeout_s) + " " : std::string();
+  const std::string cmd = prefix + std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -190,6 +194,112 @@ TEST(Cli, DeviceErrors) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   expect_clean_error(run_strata("bench --model-config llama9-1t --batch 1 --device cuda"),
                      "llama9-1t");
+}
+
+// ---- issue 16: hardening --------------------------------------------------------------------
+
+// Item 4: a FIFO in place of a model file made strata wait forever for a writer.
+TEST(Cli, FifoModelFilesFailFast) {
+  for (const char* name : {"model.safetensors", "config.json", "tokenizer.json"}) {
+    ScratchModel m("llama");
+    fs::remove(m.file(name));
+    ASSERT_EQ(mkfifo(m.file(name).c_str(), 0600), 0);
+    const CliRun r = run_strata("run -m " + m.path() + " -p hi -n 2 -q", /*timeout_s=*/20);
+    expect_clean_error(r, name);
+    EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << r.err;
+  }
+}
+
+// Item 5: --threads is bounded (10,000 threads made no progress) and never negative.
+TEST(Cli, ThreadsOutOfRange) {
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi -t 10000"),
+                     "--threads 10000 must be in [0, ");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --threads=-5"),
+                     "--threads -5");
+  expect_clean_error(run_strata("serve -m " + fixture("llama") + " --port 0 -t 10000", 20),
+                     "--threads 10000");
+}
+
+// Item 9: a seed of 2^64 or more is an error, not 2^64 - 1.
+TEST(Cli, SeedOutOfRange) {
+  expect_clean_error(
+      run_strata("run -m " + fixture("llama") + " -p hi -n 2 -s 18446744073709551616"),
+      "--seed '18446744073709551616'");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi -n 2 --seed=-1"),
+                     "--seed '-1'");
+  const CliRun ok =
+      run_strata("run -m " + fixture("llama") + " -p hi -n 2 -q -s 18446744073709551615");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// Item 9: serve's --timeout 0 would drop every connection at once.
+TEST(Cli, ServeTimeoutMustBePositive) {
+  expect_clean_error(run_strata("serve -m " + fixture("llama") + " --port 0 --timeout 0", 20),
+                     "--timeout 0 must be > 0");
+  expect_clean_error(run_strata("serve -m " + fixture("llama") + " --port 0 --http-threads 0", 20),
+                     "--http-threads 0");
+}
+
+// Item 16: CLI11's own errors in the house style (exit 1, not 104/106/109).
+TEST(Cli, ParseErrorsInHouseStyle) {
+  expect_clean_error(run_strata("run -m " + fixture("llama")), "--prompt");  // required
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --bogus"), "--bogus");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi -n lots"), "lots");
+  expect_clean_error(run_strata("nosuchcommand"), "nosuchcommand");
+  expect_clean_error(run_strata(""), "subcommand");
+  const CliRun help = run_strata("run --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--prompt"), std::string::npos);
+}
+
+// Item 16: sampling values are checked before a model is loaded (here: none exists).
+TEST(Cli, SamplingCheckedBeforeLoad) {
+  expect_clean_error(run_strata("run -m /nonexistent/model -p hi --top-p 1.5"), "top_p");
+  expect_clean_error(run_strata("run -m /nonexistent/model -p hi --temp -1"), "temperature");
+  expect_clean_error(run_strata("run -m /nonexistent/model -p hi --min-p 2"), "min_p");
+}
+
+// Item 16: a name that is neither a path nor an alias lists the aliases.
+TEST(Cli, UnknownModelNameListsAliases) {
+  const CliRun r = run_strata("run -m smolm2 -p hi");
+  expect_clean_error(r, "smolm2");
+  EXPECT_NE(r.err.find("smollm2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("gemma3-270m"), std::string::npos) << r.err;
+}
+
+// Item 9: eos_token_id outside the vocabulary (431 tokens) is refused at load.
+TEST(Cli, EosTokenOutsideVocabulary) {
+  ScratchModel m("llama");
+  std::string cfg = m.read("config.json");
+  const size_t at = cfg.find("\"eos_token_id\": 2");
+  ASSERT_NE(at, std::string::npos);
+  cfg.replace(at, 17, "\"eos_token_id\": 431");
+  m.write("config.json", cfg);
+  expect_clean_error(run_strata("info -m " + m.path()), "eos_token_id 431");
+}
+
+// Item 8: a rotary dimension the kernels cannot take fails `info` (at load), not the first run.
+TEST(Cli, RotaryDimensionCheckedAtLoad) {
+  ScratchModel m("llama");
+  std::string cfg = m.read("config.json");
+  const size_t at = cfg.find("\"head_dim\": 16");
+  ASSERT_NE(at, std::string::npos);
+  cfg.replace(at, 14, "\"head_dim\": 2048");
+  m.write("config.json", cfg);
+  expect_clean_error(run_strata("info -m " + m.path()), "rotary dimension 2048");
+}
+
+// Item 11: the automatic context covers the default lengths (here tg128 with -p 8 on a 256-token
+// fixture: it was sized to 8 and refused), and -p/-n take comma lists as documented.
+TEST(Cli, BenchDefaultsAndLists) {
+  CliRun r = run_strata("bench -m " + fixture("llama") + " -p 8 -r 1 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"tg128\""), std::string::npos) << r.out;
+  r = run_strata("bench -m " + fixture("llama") + " -p 16,32 -n 4,8 -r 1 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* test : {"\"pp16\"", "\"pp32\"", "\"tg4\"", "\"tg8\""}) {
+    EXPECT_NE(r.out.find(test), std::string::npos) << test << " missing in " << r.out;
+  }
 }
 
 TEST(Cli, BenchThroughputRunsAllRequests) {

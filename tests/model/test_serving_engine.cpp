@@ -249,6 +249,8 @@ TEST(ServingEngine, CancelAbortsAndFreesBlocks) {
   EXPECT_EQ(m.waiting, 0);
   EXPECT_EQ(m.kv_blocks_used, 0);
   EXPECT_EQ(m.kv_blocks_total, 256);
+  // Issue 16 item 9: an aborted request is not a success.
+  EXPECT_EQ(m.requests_finished_total, 0);
 }
 
 TEST(ServingEngine, StopStringsAreNotEmitted) {
