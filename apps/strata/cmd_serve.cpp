@@ -54,6 +54,39 @@ Status check_serve_options(const ServeOptions& opt) {
   return ok_status();
 }
 
+// The startup line that says what the KV cache reserved and why.
+void log_kv_reservation(const ServeOptions& opt, ServingEngine& e) {
+  const ModelInfo& i = e.info();
+  const int64_t blocks = i.kv_cache_blocks, tokens = blocks * i.kv_block_size;
+  const double mib = 1024.0 * 1024.0;
+  std::string why;
+  if (opt.serving.num_kv_blocks > 0) {
+    why = "--num-kv-blocks";
+  } else if (i.backend != "CPU") {
+    why = "--gpu-memory-utilization";
+  } else if (opt.serving.kv_cache_bytes > 0) {
+    why = "--kv-cache-bytes";
+  } else {
+    const int64_t want = opt.serving.max_num_seqs * e.max_model_len();
+    why = "--max-num-seqs " + std::to_string(opt.serving.max_num_seqs) + " x --max-model-len " +
+          std::to_string(e.max_model_len());
+    if (tokens < want) why += ", capped at 1 GiB; set --kv-cache-bytes for more";
+  }
+  if (i.backend == "CPU") {
+    std::fprintf(stderr,
+                 "strata: KV cache: %lld blocks of %lld tokens = %lld tokens, %.1f MiB (%s); "
+                 "swap space %.1f MiB; host memory is committed as blocks are used\n",
+                 static_cast<long long>(blocks), static_cast<long long>(i.kv_block_size),
+                 static_cast<long long>(tokens),
+                 static_cast<double>(tokens * i.kv_bytes_per_token) / mib, why.c_str(),
+                 static_cast<double>(opt.serving.swap_space_bytes) / mib);
+  } else {
+    std::fprintf(stderr, "strata: KV cache: %lld blocks of %lld tokens = %lld tokens (%s)\n",
+                 static_cast<long long>(blocks), static_cast<long long>(i.kv_block_size),
+                 static_cast<long long>(tokens), why.c_str());
+  }
+}
+
 int serve(const ServeOptions& opt) {
   if (Status s = check_serve_options(opt); !s.ok()) return report(s);
   // Signals are taken synchronously by this thread; every thread started below inherits the mask.
@@ -97,6 +130,7 @@ int serve(const ServeOptions& opt) {
       return;
     }
     routes->set_engine(std::shared_ptr<ServingEngine>(std::move(*engine)));
+    log_kv_reservation(opt, *routes->engine());
     std::fprintf(stderr, "strata: ready: serving '%s' (max_model_len %lld)\n",
                  routes->engine()->model_name().c_str(),
                  static_cast<long long>(routes->engine()->max_model_len()));
@@ -164,7 +198,8 @@ void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_option("--num-kv-blocks", opt->serving.num_kv_blocks,
                   "KV-cache blocks; 0 = from --kv-cache-bytes");
   sub->add_option("--kv-cache-bytes", opt->serving.kv_cache_bytes,
-                  "KV-cache size in bytes (default 1 GiB)");
+                  "CPU KV-cache size in bytes; 0 = --max-num-seqs sequences of --max-model-len, "
+                  "at most 1 GiB (default 0)");
   sub->add_option("--swap-space-bytes", opt->serving.swap_space_bytes,
                   "Host memory for preempted KV blocks, bytes (default 1 GiB)");
   sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching",

@@ -119,7 +119,7 @@ class ServingEngineImpl final : public ServingEngine {
 
   // Loop thread only.
   std::unique_ptr<Scheduler> sched_;
-  std::vector<uint8_t> swap_;  // [num_swap_blocks, block_bytes_]
+  Buffer swap_;  // [num_swap_blocks, block_bytes_]
   std::vector<int32_t> greedy_ids_;
   std::unordered_map<uint64_t, std::unique_ptr<RequestState>> requests_;
   std::vector<std::unique_ptr<RequestState>> incoming_local_;
@@ -160,6 +160,8 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
   eo.block_size = cfg.block_size;
   eo.cpu_blocks = cfg.num_kv_blocks;
   eo.cpu_kv_bytes = cfg.kv_cache_bytes;
+  eo.cpu_seqs = cfg.max_num_seqs;  // kv_cache_bytes 0: max_num_seqs sequences of max_model_len,
+  eo.cpu_kv_max_bytes = kAutoKvCacheBytes;  // at most this
   eo.cuda_blocks = cfg.num_kv_blocks;
   EngineConfig ecfg = cfg.engine;
   if (ecfg.max_num_seqs <= 0) ecfg.max_num_seqs = cfg.max_num_seqs;
@@ -189,7 +191,8 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
   const auto block_bytes = static_cast<int64_t>(block_bytes_);
   num_blocks_ = exec_->cache().config().n_blocks;
   const int64_t num_swap = cfg.swap_space_bytes / block_bytes;
-  swap_.assign(static_cast<size_t>(num_swap) * block_bytes_, 0);
+  // Committed as blocks are swapped out (an anonymous mapping), not at start.
+  STRATA_ASSIGN_OR_RETURN(swap_, allocate_host(static_cast<size_t>(num_swap) * block_bytes_));
 
   SchedulerConfig sc;
   sc.num_blocks = num_blocks_;
@@ -353,14 +356,14 @@ void ServingEngineImpl::run_step() {
   Status swap_st = ok_status();
   for (const BlockCopy& c : step.swap_out) {
     if (swap_st.ok()) {
-      swap_st =
-          exec_->copy_block_to_host(c.device_block, swap_.data() + c.host_slot * block_bytes_);
+      swap_st = exec_->copy_block_to_host(
+          c.device_block, static_cast<uint8_t*>(swap_.data()) + c.host_slot * block_bytes_);
     }
   }
   for (const BlockCopy& c : step.swap_in) {
     if (swap_st.ok()) {
-      swap_st =
-          exec_->copy_block_from_host(c.device_block, swap_.data() + c.host_slot * block_bytes_);
+      swap_st = exec_->copy_block_from_host(
+          c.device_block, static_cast<uint8_t*>(swap_.data()) + c.host_slot * block_bytes_);
     }
   }
   if (!swap_st.ok()) {
