@@ -11,6 +11,7 @@
 #include "serving/engine_loop.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -23,6 +24,7 @@
 
 #include "chat/chat_template.h"
 #include "core/env.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "memory/kv_pool.h"
 #include "runtime/executor.h"
@@ -119,6 +121,7 @@ class ServingEngineImpl final : public ServingEngine {
 
   // Loop thread only.
   std::unique_ptr<Scheduler> sched_;
+  std::atomic<bool> warned_no_template_{false};
   Buffer swap_;  // [num_swap_blocks, block_bytes_]
   std::vector<int32_t> greedy_ids_;
   std::unordered_map<uint64_t, std::unique_ptr<RequestState>> requests_;
@@ -215,13 +218,18 @@ Result<std::string> ServingEngineImpl::apply_chat_template(const std::string& me
                                                            bool add_generation_prompt,
                                                            const std::string& tools_json) {
   if (!tokenizer_) return no_tokenizer();
-  if (tokenizer_->chat_template().empty()) {
-    return errorf(StatusCode::kFailedPrecondition, "{}: the model has no chat template",
-                  info_.path);
-  }
   nlohmann::ordered_json messages = nlohmann::ordered_json::parse(messages_json, nullptr, false);
   if (messages.is_discarded() || !messages.is_array()) {
     return errorf(StatusCode::kInvalidArgument, "messages: expected a JSON array");
+  }
+  if (tokenizer_->chat_template().empty()) {
+    // Base models ship no template: the messages as plain text, with a warning once.
+    if (!warned_no_template_.exchange(true)) {
+      log_warn("{}: the model has no chat template; chat requests are sent as plain text",
+               info_.path);
+    }
+    const int32_t bos = tokenizer_->bos_id();
+    return plain_chat_prompt(messages, bos >= 0 ? tokenizer_->id_to_token(bos) : std::string());
   }
   nlohmann::ordered_json tools = nullptr;
   if (!tools_json.empty()) {

@@ -1,8 +1,12 @@
 // The strata binary on bad input: one line "strata: error: ..." naming the file, tensor or
 // field; exit status 1; no crash (a crash would show as a signal or an ASan report).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -242,7 +246,9 @@ TEST(Cli, ServeTimeoutMustBePositive) {
 
 // Item 16: CLI11's own errors in the house style (exit 1, not 104/106/109).
 TEST(Cli, ParseErrorsInHouseStyle) {
-  expect_clean_error(run_strata("run -m " + fixture("llama")), "--prompt");  // required
+  expect_clean_error(run_strata("run -m " + fixture("llama")), "-p TEXT or -f FILE");  // no prompt
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p a -f b"), "excludes");
+  expect_clean_error(run_strata("run -p hi"), "--model");  // required
   expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --bogus"), "--bogus");
   expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi -n lots"), "lots");
   expect_clean_error(run_strata("nosuchcommand"), "nosuchcommand");
@@ -300,6 +306,103 @@ TEST(Cli, BenchDefaultsAndLists) {
   for (const char* test : {"\"pp16\"", "\"pp32\"", "\"tg4\"", "\"tg8\""}) {
     EXPECT_NE(r.out.find(test), std::string::npos) << test << " missing in " << r.out;
   }
+}
+
+// Item 17: -f FILE reads the prompt; without -s the seed is random and printed.
+TEST(Cli, PromptFileAndPrintedSeed) {
+  const std::string file =
+      (fs::temp_directory_path() / ("strata_prompt_" + std::to_string(getpid()))).string();
+  std::ofstream(file) << "The license is\n";
+  const CliRun f = run_strata("run -m " + fixture("llama") + " -f " + file + " -n 4 --temp 0 -q");
+  const CliRun p =
+      run_strata("run -m " + fixture("llama") + " -p 'The license is' -n 4 --temp 0 -q");
+  fs::remove(file);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_EQ(f.out, p.out);  // the same prompt, the trailing newline dropped
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -f /nonexistent/prompt.txt"),
+                     "/nonexistent/prompt.txt");
+  const CliRun s = run_strata("run -m " + fixture("llama") + " -p hi -n 2");
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_NE(s.err.find("strata: seed "), std::string::npos) << s.err;
+}
+
+// Item 17: `strata serve MODEL` as `vllm serve MODEL` (a check that fails before listening shows
+// the positional model was taken).
+TEST(Cli, ServeTakesThePositionalModel) {
+  expect_clean_error(run_strata("serve " + fixture("llama") + " --port 0 --timeout 0", 20),
+                     "--timeout 0");
+  expect_clean_error(run_strata("serve --port 0", 20), "a model is required");
+  expect_clean_error(run_strata("serve /nonexistent/model --port 0 -t 10000", 20), "--threads");
+}
+
+// Item 13: Ctrl-C at the chat prompt quits cleanly (it killed the program), and a reply cut by
+// -n says so.
+TEST(Cli, ChatCtrlCAndLengthNotice) {
+  int in_pipe[2], err_pipe[2];
+  ASSERT_EQ(pipe(in_pipe), 0);
+  ASSERT_EQ(pipe(err_pipe), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(in_pipe[0], 0);
+    dup2(err_pipe[1], 2);
+    const int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    close(in_pipe[1]);
+    close(err_pipe[0]);
+    const std::string model = fixture("llama");
+    execl(STRATA_BINARY, STRATA_BINARY, "chat", "-m", model.c_str(), "-n", "3", "--temp", "0",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(in_pipe[0]);
+  close(err_pipe[1]);
+  std::string err;
+  auto read_until = [&](const std::string& what) {
+    char buf[512];
+    while (err.find(what) == std::string::npos) {
+      pollfd pfd{err_pipe[0], POLLIN, 0};
+      if (poll(&pfd, 1, 15000) <= 0) return false;  // nothing for 15 s
+      const ssize_t n = read(err_pipe[0], buf, sizeof buf);
+      if (n <= 0) return false;
+      err.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  };
+  ASSERT_TRUE(read_until("strata chat:")) << err;  // loaded, at the prompt
+  const std::string line = "The license is\n";
+  ASSERT_EQ(write(in_pipe[1], line.data(), line.size()), static_cast<ssize_t>(line.size()));
+  EXPECT_TRUE(read_until("(reply stopped at -n 3 tokens)")) << err;
+  usleep(200 * 1000);  // back at the prompt, blocked reading
+  kill(pid, SIGINT);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 100 && (done = waitpid(pid, &status, WNOHANG)) == 0; ++i) usleep(50 * 1000);
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "chat did not quit on Ctrl-C at the prompt";
+  }
+  close(in_pipe[1]);
+  close(err_pipe[0]);
+  EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  if (WIFEXITED(status)) EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Item 14: a model without a chat template (a base model) runs --chat on the plain prompt,
+// with a warning, instead of failing.
+TEST(Cli, ChatWithoutTemplateFallsBackToPlainText) {
+  ScratchModel m("llama");
+  std::string cfg = m.read("tokenizer_config.json");
+  const size_t at = cfg.find("\"chat_template\"");
+  ASSERT_NE(at, std::string::npos);
+  cfg.replace(at, 15, "\"no_chat_template\"");
+  m.write("tokenizer_config.json", cfg);
+  const CliRun r =
+      run_strata("run -m " + m.path() + " --chat -p 'The license is' -n 4 --temp 0 -q");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("no chat template"), std::string::npos) << r.err;
+  EXPECT_FALSE(r.out.empty());
 }
 
 TEST(Cli, BenchThroughputRunsAllRequests) {
