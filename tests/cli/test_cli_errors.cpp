@@ -1,9 +1,12 @@
 // The strata binary on bad input: one line "strata: error: ..." naming the file, tensor or
 // field; exit status 1; no crash (a crash would show as a signal or an ASan report).
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -387,6 +390,76 @@ TEST(Cli, ChatCtrlCAndLengthNotice) {
   close(err_pipe[0]);
   EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
   if (WIFEXITED(status)) EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Item 17: memory flags take units (a later check failing shows the size parsed).
+TEST(Cli, MemoryFlagsTakeUnits) {
+  expect_clean_error(run_strata("serve " + fixture("llama") +
+                                    " --port 0 --kv-cache-bytes 4MiB --swap-space-bytes 1.5GiB "
+                                    "--swap-space 0.5 --timeout 0",
+                                20),
+                     "--timeout 0");
+  expect_clean_error(run_strata("serve " + fixture("llama") + " --port 0 --kv-cache-bytes 4XB", 20),
+                     "--kv-cache-bytes '4XB'");
+  expect_clean_error(
+      run_strata("serve " + fixture("llama") + " --port 0 --swap-space-bytes 1.5", 20),
+      "--swap-space-bytes '1.5'");
+}
+
+// Item 17: one log line per request (method, path, status, tokens, latency).
+TEST(Cli, ServeLogsOneLinePerRequest) {
+  int err_pipe[2];
+  ASSERT_EQ(pipe(err_pipe), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(err_pipe[1], 2);
+    close(err_pipe[0]);
+    const std::string model = fixture("llama");
+    execl(STRATA_BINARY, STRATA_BINARY, "serve", model.c_str(), "--port", "0",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(err_pipe[1]);
+  std::string err;
+  auto read_until = [&](const std::string& what) {
+    char buf[512];
+    while (err.find(what) == std::string::npos) {
+      pollfd pfd{err_pipe[0], POLLIN, 0};
+      if (poll(&pfd, 1, 15000) <= 0) return false;
+      const ssize_t n = read(err_pipe[0], buf, sizeof buf);
+      if (n <= 0) return false;
+      err.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  };
+  bool ok = read_until("strata: ready");
+  const size_t at = err.find("http://127.0.0.1:");
+  const int port = at == std::string::npos ? 0 : std::atoi(err.c_str() + at + 17);
+  if (ok && port > 0) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    const std::string body = R"({"prompt": "hi", "max_tokens": 3, "temperature": 0})";
+    const std::string req =
+        "POST /v1/completions HTTP/1.0\r\nContent-Length: " + std::to_string(body.size()) +
+        "\r\n\r\n" + body;
+    ok = ok && write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size());
+    char buf[4096];
+    while (ok && read(fd, buf, sizeof buf) > 0) {
+    }
+    close(fd);
+    ok = ok && read_until("strata: POST /v1/completions 200 3 tokens ");
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(err_pipe[0]);
+  EXPECT_TRUE(ok) << err;
+  EXPECT_NE(err.find(" ms\n", err.find("POST /v1/completions 200")), std::string::npos) << err;
 }
 
 // Item 14: a model without a chat template (a base model) runs --chat on the plain prompt,
