@@ -301,10 +301,10 @@ TEST(Cli, RotaryDimensionCheckedAtLoad) {
 // Item 11: the automatic context covers the default lengths (here tg128 with -p 8 on a 256-token
 // fixture: it was sized to 8 and refused), and -p/-n take comma lists as documented.
 TEST(Cli, BenchDefaultsAndLists) {
-  CliRun r = run_strata("bench -m " + fixture("llama") + " -p 8 -r 1 --json -");
+  CliRun r = run_strata("bench -m " + fixture("llama") + " -p 8 -r 1 -t 1 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("\"tg128\""), std::string::npos) << r.out;
-  r = run_strata("bench -m " + fixture("llama") + " -p 16,32 -n 4,8 -r 1 --json -");
+  r = run_strata("bench -m " + fixture("llama") + " -p 16,32 -n 4,8 -r 1 -t 1 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* test : {"\"pp16\"", "\"pp32\"", "\"tg4\"", "\"tg8\""}) {
     EXPECT_NE(r.out.find(test), std::string::npos) << test << " missing in " << r.out;
