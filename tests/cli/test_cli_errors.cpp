@@ -462,6 +462,21 @@ TEST(Cli, ServeLogsOneLinePerRequest) {
   EXPECT_NE(err.find(" ms\n", err.find("POST /v1/completions 200")), std::string::npos) << err;
 }
 
+// Item 17: bench-serve takes vLLM's spellings; the server named by --base-url is the one tried.
+TEST(Cli, BenchServeTakesVllmFlags) {
+  const CliRun r = run_strata(
+      "bench-serve --base-url http://127.0.0.1:1/v1 --dataset-name random --random-input-len 8 "
+      "--random-output-len 4 --random-range-ratio 0.5 --num-prompts 1",
+      20);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("127.0.0.1:1"), std::string::npos) << r.err;
+  expect_clean_error(run_strata("bench-serve --base-url ftp://x --num-prompts 1", 20),
+                     "--base-url 'ftp://x'");
+  expect_clean_error(run_strata("bench-serve --base-url http://h:1 --port 2", 20), "excludes");
+  expect_clean_error(run_strata("bench-serve --port 1 --timeout 0", 20), "--timeout must be > 0");
+}
+
 // Item 14: a model without a chat template (a base model) runs --chat on the plain prompt,
 // with a warning, instead of failing.
 TEST(Cli, ChatWithoutTemplateFallsBackToPlainText) {
