@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "model/gguf_model.h"
+#include "text/gguf_tokenizer.h"
 
 #include <cmath>
 #include <cstdio>
@@ -552,6 +553,31 @@ Status gguf_model_status(const std::vector<uint8_t>& bytes) {
   auto f = GgufFile::parse(bytes.data(), bytes.size(), "model.gguf");
   if (!f.ok()) return f.status();
   return model_config_from_gguf(*f).status();
+}
+
+// A GGUF string array value (type id included).
+std::vector<uint8_t> str_array(const std::vector<std::string>& items) {
+  std::vector<uint8_t> out;
+  Builder::put<uint32_t>(out, 9);  // GGUF_TYPE_ARRAY
+  Builder::put<uint32_t>(out, 8);  // of GGUF_TYPE_STRING
+  Builder::put<uint64_t>(out, items.size());
+  for (const auto& s : items) Builder::put_str(out, s);
+  return out;
+}
+
+// Item 8: a malformed GGUF merge names the file and the key with its index.
+TEST(GgufModel, MergeErrorsNameFileAndKey) {
+  const std::vector<uint8_t> bytes = llama_gguf([](Builder& b) {
+    b.kv_str("tokenizer.ggml.model", "gpt2");
+    b.kv_raw("tokenizer.ggml.tokens", str_array({"a", "b", "ab"}));
+    b.kv_raw("tokenizer.ggml.merges", str_array({"a b", "ab"}));
+  });
+  auto f = GgufFile::parse(bytes.data(), bytes.size(), "tok.gguf");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  auto spec = tokenizer_spec_from_gguf(*f);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("tok.gguf: tokenizer.ggml.merges[1]"), std::string::npos)
+      << spec.status().message();
 }
 
 TEST(GgufModel, RopeValuesAreChecked) {
