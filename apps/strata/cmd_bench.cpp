@@ -329,9 +329,12 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
                   "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias (not "
                   "needed with --model-config)");
   sub->add_option("-p,--n-prompt", opt->n_prompt,
-                  "Prompt lengths: pp<N> tests (default 512), or time-to-first-token rows with "
-                  "--batch/--prefill");
-  sub->add_option("-n,--n-gen", opt->n_gen, "Generation lengths to test, tg<N> (default 128)");
+                  "Prompt lengths N[,N...]: pp<N> tests (default 512), or time-to-first-token "
+                  "rows with --batch/--prefill")
+      ->delimiter(',');
+  sub->add_option("-n,--n-gen", opt->n_gen,
+                  "Generation lengths N[,N...] to test, tg<N> (default 128)")
+      ->delimiter(',');
   sub->add_option(
          "-b,--batch", opt->batch,
          "Decode batch sizes: ms per step of B sequences at KV length --ctx (e.g. 1,16,64)")
@@ -344,7 +347,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
                   "1x2048,8x2048)")
       ->delimiter(',');
   sub->add_option("-r,--repetitions", opt->repetitions, "Timed runs per test (default 5)");
-  sub->add_option("-t,--threads", opt->engine.num_threads, "CPU threads; 0 = all cores");
+  add_threads_option(sub, opt->engine.num_threads);
   sub->add_option("-c,--max-model-len", opt->engine.max_model_len,
                   "Context length (default: what the tests need)");
   sub->add_option("--peak-tflops", opt->peak_tflops,
@@ -357,6 +360,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
   commands.push_back(
       {sub, [opt]() -> int {
          BenchOptions& o = *opt;
+         if (Status s = check_before_load(o.engine, nullptr); !s.ok()) return report(s);
          if (o.repetitions < 1) {
            return report(Status(StatusCode::kInvalidArgument, "--repetitions must be >= 1"));
          }
@@ -367,6 +371,18 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
          if (!o.engine.model_config.empty()) o.engine.load_format = LoadFormat::kDummy;
          const bool engine_mode = !o.batch.empty() || !o.prefill.empty() || o.ctx > 0;
          if (engine_mode && o.ctx <= 0) o.ctx = 256;
+         // llama-bench's defaults are set here, so that the automatic context length below
+         // covers them (it used to see neither and refused pp512 with a context of 1).
+         if (!engine_mode && o.n_prompt.empty()) o.n_prompt = {512};
+         if (!engine_mode && o.n_gen.empty()) o.n_gen = {128};
+         for (int64_t n : o.n_prompt) {
+           if (n < 1)
+             return report(Status(StatusCode::kInvalidArgument, "-p lengths must be >= 1"));
+         }
+         for (int64_t n : o.n_gen) {
+           if (n < 1)
+             return report(Status(StatusCode::kInvalidArgument, "-n lengths must be >= 1"));
+         }
          if (o.decode_steps < 1) {
            return report(Status(StatusCode::kInvalidArgument, "--decode-steps must be >= 1"));
          }

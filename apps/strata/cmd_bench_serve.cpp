@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -43,6 +44,7 @@ struct BenchOptions {
   uint64_t seed = 0;
   std::string json_path;
   double timeout = 600;
+  std::string base_url;  // http://host[:port][/path]: sets host and port
 };
 
 struct Prompt {
@@ -213,6 +215,29 @@ int bench(BenchOptions o) {
   }
   if (o.num_prompts <= 0)
     return report(Status(StatusCode::kInvalidArgument, "--num-prompts must be > 0"));
+  if (!(o.timeout > 0))
+    return report(Status(StatusCode::kInvalidArgument, "--timeout must be > 0 (seconds)"));
+  if (o.input_len < 1 || o.output_len < 1) {
+    return report(
+        Status(StatusCode::kInvalidArgument, "--input-len and --output-len must be >= 1"));
+  }
+  if (!o.base_url.empty()) {
+    // http://HOST[:PORT][/...]; the path (e.g. /v1) is where the routes are anyway.
+    const std::string scheme = "http://";
+    std::string rest = o.base_url.rfind(scheme, 0) == 0 ? o.base_url.substr(scheme.size()) : "";
+    rest = rest.substr(0, rest.find('/'));
+    const size_t colon = rest.rfind(':');
+    std::string host = rest.substr(0, colon),
+                port = colon == std::string::npos ? "80" : rest.substr(colon + 1);
+    char* end = nullptr;
+    const long p = std::strtol(port.c_str(), &end, 10);
+    if (host.empty() || port.empty() || *end != '\0' || p < 1 || p > 65535) {
+      return report(Status(StatusCode::kInvalidArgument,
+                           "--base-url '" + o.base_url + "': expected http://HOST[:PORT][/v1]"));
+    }
+    o.host = host;
+    o.port = static_cast<uint16_t>(p);
+  }
 
   // The model's name, context and vocabulary size from /v1/models.
   int64_t vocab = 0, max_model_len = 0;
@@ -372,8 +397,13 @@ void add_bench_serve_command(CLI::App& app, std::vector<Command>& commands) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* sub = app.add_subcommand("bench-serve",
                                      "Load-test an OpenAI-compatible server (vLLM-style report)");
-  sub->add_option("--host", o->host, "Server host (default 127.0.0.1)");
-  sub->add_option("--port", o->port, "Server port (default 8000)");
+  auto* host_opt = sub->add_option("--host", o->host, "Server host (default 127.0.0.1)");
+  auto* port_opt = sub->add_option("--port", o->port, "Server port (default 8000)");
+  sub->add_option("--base-url", o->base_url,
+                  "The server as vLLM's bench takes it: http://HOST[:PORT][/v1] (instead of "
+                  "--host/--port)")
+      ->excludes(host_opt)
+      ->excludes(port_opt);
   sub->add_option("--model", o->model, "Model name to send (default: the first of /v1/models)");
   sub->add_option("--api-key", o->api_key, "Bearer token for the server");
   sub->add_option("--num-prompts", o->num_prompts, "Requests to send (default 100)");
@@ -381,10 +411,13 @@ void add_bench_serve_command(CLI::App& app, std::vector<Command>& commands) {
                   "Requests per second, Poisson arrivals; inf = all at once (default inf)");
   sub->add_option("--max-concurrency", o->max_concurrency,
                   "Most requests in flight; 0 = no limit (default 0)");
-  sub->add_option("--dataset", o->dataset, "random or sharegpt-like (default random)");
-  sub->add_option("--input-len", o->input_len, "Prompt tokens per request (default 128)");
-  sub->add_option("--output-len", o->output_len, "Generated tokens per request (default 128)");
-  sub->add_option("--range-ratio", o->range_ratio,
+  sub->add_option("--dataset,--dataset-name", o->dataset,
+                  "random or sharegpt-like (default random)");
+  sub->add_option("--input-len,--random-input-len", o->input_len,
+                  "Prompt tokens per request (default 128)");
+  sub->add_option("--output-len,--random-output-len", o->output_len,
+                  "Generated tokens per request (default 128)");
+  sub->add_option("--range-ratio,--random-range-ratio", o->range_ratio,
                   "random: lengths uniform in len*(1-r)..len*(1+r) (default 0)");
   sub->add_option("--seed", o->seed, "Seed for prompts and arrivals (default 0)");
   sub->add_option("--json", o->json_path,

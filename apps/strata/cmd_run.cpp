@@ -14,6 +14,7 @@ struct RunOptions {
   GenerateRequest request;
   bool quiet = false;
   bool verbose_prompt = false;
+  std::string prompt_file;
 };
 
 }  // namespace
@@ -30,7 +31,8 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
                   "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias "
                   "(smollm2)")
       ->required();
-  sub->add_option("-p,--prompt", opt->request.prompt, "Prompt text")->required();
+  auto* prompt_opt = sub->add_option("-p,--prompt", opt->request.prompt, "Prompt text");
+  sub->add_option("-f,--file", opt->prompt_file, "Read the prompt from FILE")->excludes(prompt_opt);
   sub->add_option("-n,--n-predict,--max-tokens", opt->request.max_tokens,
                   "Maximum number of tokens to generate (default 64)");
   sub->add_option("--temp,--temperature", opt->request.sampling.temperature,
@@ -44,9 +46,10 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_option("--repeat-penalty,--repetition-penalty", opt->request.sampling.repetition_penalty,
                   "Penalty for tokens already in the context; 1 = off (default 1)");
   add_engine_device_options(sub, opt->engine);
-  sub->add_option("-s,--seed", opt->request.sampling.seed, "Random seed (default 0)");
-  sub->add_option("-t,--threads", opt->engine.num_threads,
-                  "CPU threads; 0 = all cores (default 0)");
+  auto* seed_opt = add_seed_option(
+      sub, opt->request.sampling.seed,
+      "Random seed in [0, 2^64) (default: a random one, printed so it can be repeated)");
+  add_threads_option(sub, opt->engine.num_threads);
   sub->add_option("-c,--ctx-size,--max-model-len", opt->engine.max_model_len,
                   "Context length; 0 = the model's own (default 0)");
   sub->add_flag("--ignore-eos", opt->request.ignore_eos, "Keep generating past end-of-sequence");
@@ -60,7 +63,20 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
   opt->request.sampling.min_p = 0.05f;
 
   commands.push_back(
-      {sub, [opt]() -> int {
+      {sub, [opt, seed_opt]() -> int {
+         if (!opt->prompt_file.empty()) {
+           auto text = read_prompt_file(opt->prompt_file);
+           if (!text.ok()) return report(text.status());
+           opt->request.prompt = std::move(*text);
+         }
+         if (opt->request.prompt.empty()) {
+           return report(
+               Status(StatusCode::kInvalidArgument, "a prompt is required: -p TEXT or -f FILE"));
+         }
+         if (Status s = check_before_load(opt->engine, &opt->request.sampling); !s.ok())
+           return report(s);
+         const bool random_seed_used = seed_opt->count() == 0;
+         if (random_seed_used) opt->request.sampling.seed = random_seed();
          auto engine = Engine::create(opt->engine);
          if (!engine.ok()) return report(engine.status());
          Engine& e = **engine;
@@ -73,6 +89,10 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
            return true;
          });
          if (!result.ok()) return report(result.status());
+         if (printer && !opt->quiet && random_seed_used) {  // so that -s can repeat the run
+           std::fprintf(stderr, "strata: seed %llu\n",
+                        static_cast<unsigned long long>(opt->request.sampling.seed));
+         }
          if (printer && opt->verbose_prompt) {
            std::fprintf(stderr, "strata: prompt tokens:");
            for (int32_t t : result->prompt_tokens) std::fprintf(stderr, " %d", t);

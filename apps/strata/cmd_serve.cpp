@@ -8,7 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 
 #include "commands.h"
@@ -25,9 +28,141 @@ struct ServeOptions {
   server::HttpServerOptions http;
   std::string api_key;
   double shutdown_timeout = 30;
+  bool no_request_log = false;
 };
 
+// The flags that need no model, checked before listening.
+Status check_serve_options(const ServeOptions& opt) {
+  STRATA_RETURN_IF_ERROR(check_before_load(opt.serving.engine, nullptr));
+  auto positive = [](double v, const char* flag) -> Status {
+    if (!(v > 0)) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", v);
+      return Status(StatusCode::kInvalidArgument,
+                    std::string(flag) + " " + buf + " must be > 0 (seconds)");
+    }
+    return ok_status();
+  };
+  STRATA_RETURN_IF_ERROR(positive(opt.http.read_timeout_seconds, "--timeout"));
+  if (!(opt.shutdown_timeout >= 0 && opt.shutdown_timeout < 1e9)) {
+    return Status(StatusCode::kInvalidArgument, "--shutdown-timeout must be >= 0 (seconds)");
+  }
+  if (opt.http.threads < 1 || opt.http.threads > 1024) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--http-threads " + std::to_string(opt.http.threads) + " must be in [1, 1024]");
+  }
+  if (opt.serving.max_num_seqs < 1) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--max-num-seqs " + std::to_string(opt.serving.max_num_seqs) + " must be >= 1");
+  }
+  return ok_status();
+}
+
+// One log line per request, as it completes: method, path, status, completion tokens (when the
+// answer reports usage), latency. Wraps the connection's Responder.
+class LoggingResponder : public server::Responder {
+ public:
+  LoggingResponder(std::shared_ptr<server::Responder> inner, std::string method, std::string path)
+      : inner_(std::move(inner)),
+        method_(std::move(method)),
+        path_(std::move(path)),
+        t0_(std::chrono::steady_clock::now()) {}
+
+  void respond(server::HttpResponse r) override {
+    note(r.status, r.body);
+    log_line();
+    inner_->respond(std::move(r));
+  }
+  void start_stream(int status, const std::string& content_type) override {
+    note(status, "");
+    inner_->start_stream(status, content_type);
+  }
+  void write(std::string data) override {
+    note(0, data);
+    inner_->write(std::move(data));
+  }
+  void end() override {
+    log_line();
+    inner_->end();
+  }
+  ~LoggingResponder() override {
+    if (!logged_) {  // the client went away before the answer was complete
+      if (status_ == 0) status_ = 499;
+      log_line();
+    }
+  }
+  void on_disconnect(std::function<void()> fn) override { inner_->on_disconnect(std::move(fn)); }
+  bool disconnected() const override { return inner_->disconnected(); }
+
+ private:
+  void note(int status, const std::string& body) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status != 0) status_ = status;
+    // The usage object's completion_tokens (the last one in a stream).
+    const std::string key = "\"completion_tokens\":";
+    for (size_t at = body.find(key); at != std::string::npos; at = body.find(key, at + 1)) {
+      tokens_ = std::atoll(body.c_str() + at + key.size());
+    }
+  }
+  void log_line() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (logged_) return;
+    logged_ = true;
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    std::string tokens = tokens_ >= 0 ? " " + std::to_string(tokens_) + " tokens" : "";
+    std::fprintf(stderr, "strata: %s %s %d%s %.1f ms\n", method_.c_str(), path_.c_str(), status_,
+                 tokens.c_str(), ms);
+  }
+
+  std::shared_ptr<server::Responder> inner_;
+  std::string method_, path_;
+  std::chrono::steady_clock::time_point t0_;
+  std::mutex mu_;
+  int status_ = 0;
+  long long tokens_ = -1;
+  bool logged_ = false;
+};
+
+// The startup line that says what the KV cache reserved and why.
+void log_kv_reservation(const ServeOptions& opt, ServingEngine& e) {
+  const ModelInfo& i = e.info();
+  const int64_t blocks = i.kv_cache_blocks, tokens = blocks * i.kv_block_size;
+  const double mib = 1024.0 * 1024.0;
+  std::string why;
+  if (opt.serving.num_kv_blocks > 0) {
+    why = "--num-kv-blocks";
+  } else if (i.backend != "CPU") {
+    why = "--gpu-memory-utilization";
+  } else if (opt.serving.kv_cache_bytes > 0) {
+    why = "--kv-cache-bytes";
+  } else {
+    const int64_t want = opt.serving.max_num_seqs * e.max_model_len();
+    why = "--max-num-seqs " + std::to_string(opt.serving.max_num_seqs) + " x --max-model-len " +
+          std::to_string(e.max_model_len());
+    if (tokens < want) why += ", capped at 1 GiB; set --kv-cache-bytes for more";
+  }
+  if (i.backend == "CPU") {
+    std::fprintf(stderr,
+                 "strata: KV cache: %lld blocks of %lld tokens = %lld tokens, %.1f MiB (%s); "
+                 "swap space %.1f MiB; host memory is committed as blocks are used\n",
+                 static_cast<long long>(blocks), static_cast<long long>(i.kv_block_size),
+                 static_cast<long long>(tokens),
+                 static_cast<double>(tokens * i.kv_bytes_per_token) / mib, why.c_str(),
+                 static_cast<double>(opt.serving.swap_space_bytes) / mib);
+  } else {
+    std::fprintf(stderr, "strata: KV cache: %lld blocks of %lld tokens = %lld tokens (%s)\n",
+                 static_cast<long long>(blocks), static_cast<long long>(i.kv_block_size),
+                 static_cast<long long>(tokens), why.c_str());
+  }
+}
+
 int serve(const ServeOptions& opt) {
+  if (opt.serving.engine.model.empty()) {
+    return report(Status(StatusCode::kInvalidArgument,
+                         "a model is required: strata serve MODEL (or -m MODEL)"));
+  }
+  if (Status s = check_serve_options(opt); !s.ok()) return report(s);
   // Signals are taken synchronously by this thread; every thread started below inherits the mask.
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -49,7 +184,11 @@ int serve(const ServeOptions& opt) {
   auto routes = std::make_shared<server::OpenAIRoutes>(server::OpenAIOptions{opt.api_key});
   auto http = server::HttpServer::create(
       opt.http,
-      [routes](server::HttpRequest req, std::shared_ptr<server::Responder> r) {
+      [routes, log = !opt.no_request_log](server::HttpRequest req,
+                                          std::shared_ptr<server::Responder> r) {
+        if (log) {
+          r = std::make_shared<LoggingResponder>(std::move(r), req.method, req.target);
+        }
         routes->handle(std::move(req), std::move(r));
       },
       &server::OpenAIRoutes::transport_error);
@@ -69,6 +208,7 @@ int serve(const ServeOptions& opt) {
       return;
     }
     routes->set_engine(std::shared_ptr<ServingEngine>(std::move(*engine)));
+    log_kv_reservation(opt, *routes->engine());
     std::fprintf(stderr, "strata: ready: serving '%s' (max_model_len %lld)\n",
                  routes->engine()->model_name().c_str(),
                  static_cast<long long>(routes->engine()->max_model_len()));
@@ -116,9 +256,12 @@ void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
   auto opt = std::make_shared<ServeOptions>();
   CLI::App* sub =
       app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
-  sub->add_option("-m,--model", opt->serving.engine.model,
-                  "Model: Hugging Face checkpoint directory or .gguf file")
-      ->required();
+  auto* model_opt =
+      sub->add_option("-m,--model", opt->serving.engine.model,
+                      "Model: Hugging Face checkpoint directory, .gguf file or alias");
+  // `strata serve MODEL`, as `vllm serve MODEL`.
+  sub->add_option("model", opt->serving.engine.model, "The model, as -m gives it")
+      ->excludes(model_opt);
   sub->add_option("--host", opt->http.host, "Address to listen on (default 127.0.0.1)");
   sub->add_option("--port", opt->http.port, "Port to listen on; 0 = any free port (default 8000)");
   sub->add_option("--api-key", opt->api_key,
@@ -135,15 +278,23 @@ void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
                   "Tokens per KV-cache block (default 16)");
   sub->add_option("--num-kv-blocks", opt->serving.num_kv_blocks,
                   "KV-cache blocks; 0 = from --kv-cache-bytes");
-  sub->add_option("--kv-cache-bytes", opt->serving.kv_cache_bytes,
-                  "KV-cache size in bytes (default 1 GiB)");
-  sub->add_option("--swap-space-bytes", opt->serving.swap_space_bytes,
-                  "Host memory for preempted KV blocks, bytes (default 1 GiB)");
+  add_bytes_option(
+      sub, "--kv-cache-bytes", opt->serving.kv_cache_bytes,
+      "CPU KV-cache size: bytes or e.g. 512MiB; 0 = --max-num-seqs sequences of --max-model-len, "
+      "at most 1 GiB (default 0)");
+  add_bytes_option(sub, "--swap-space-bytes", opt->serving.swap_space_bytes,
+                   "Host memory for preempted KV blocks: bytes or e.g. 4GiB (default 1GiB)");
+  sub->add_option_function<double>(
+      "--swap-space",
+      [opt](double gib) {
+        if (!(gib >= 0 && gib < 1e6)) throw CLI::ValidationError("--swap-space must be >= 0 (GiB)");
+        opt->serving.swap_space_bytes = static_cast<int64_t>(gib * 1024 * 1024 * 1024);
+      },
+      "Host memory for preempted KV blocks in GiB, as vLLM's --swap-space");
   sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching",
                 opt->serving.enable_prefix_caching,
                 "Reuse KV blocks of shared prompt prefixes (default on)");
-  sub->add_option("-t,--threads", opt->serving.engine.num_threads,
-                  "CPU threads; 0 = all cores (default 0)");
+  add_threads_option(sub, opt->serving.engine.num_threads);
   add_engine_device_options(sub, opt->serving.engine, /*with_dummy=*/true,
                             /*with_batch_tokens=*/false);
   sub->add_option("--http-threads", opt->http.threads, "HTTP I/O threads (default 4)");
@@ -153,6 +304,8 @@ void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
                   "Seconds to receive a request or keep an idle connection (default 60)");
   sub->add_option("--shutdown-timeout", opt->shutdown_timeout,
                   "Seconds to let in-flight requests finish on SIGTERM/SIGINT (default 30)");
+  sub->add_flag("--disable-log-requests", opt->no_request_log,
+                "No log line per request (method, path, status, tokens, latency)");
   opt->serving.engine.show_progress = false;
 
   commands.push_back({sub, [opt]() -> int { return serve(*opt); }});

@@ -31,6 +31,22 @@ void add_plan_command(CLI::App& app, std::vector<Command>& commands);
 void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy = false,
                                bool with_batch_tokens = true);
 
+// -s/--seed as an integer in [0, 2^64) (2^64 and more is an error, not 2^64 - 1), and
+// -t/--threads.
+CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help);
+uint64_t random_seed();
+// A size flag: bytes, or with a binary unit (512MiB, 4GiB, 1.5G).
+void add_bytes_option(
+    CLI::App* sub, const std::string& names, int64_t& target,
+    const std::string& help);  // the default seed when -s is not given (printed, llama.cpp style)
+// -f FILE: the prompt text (one trailing newline dropped).
+Result<std::string> read_prompt_file(const std::string& path);
+void add_threads_option(CLI::App* sub, int& threads);
+
+// The flag values that need no model (threads, tp, context length, and the sampling values when
+// given), checked before a model is loaded.
+Status check_before_load(const EngineConfig& engine, const SamplingParams* sampling);
+
 // Print "strata: error: <message>" to stderr and return exit code 1.
 int report(const Status& status);
 

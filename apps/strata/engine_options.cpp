@@ -1,4 +1,11 @@
 // Flags shared by the commands that create an Engine: where it runs and how weights are held.
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <random>
+
 #include "commands.h"
 
 namespace strata::app {
@@ -12,7 +19,93 @@ T parsed(Result<T> r) {
   return *r;
 }
 
+// A seed: an integer in [0, 2^64). CLI11 would saturate 2^64 and more to 2^64 - 1 silently.
+Result<uint64_t> parse_seed(const std::string& text) {
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--seed '" + text + "' must be an integer in [0, 18446744073709551615]");
+  }
+  return v;
+}
+
 }  // namespace
+
+CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help) {
+  return sub->add_option_function<std::string>(
+      "-s,--seed", [&seed](const std::string& v) { seed = parsed(parse_seed(v)); }, help);
+}
+
+// "1073741824", "1GiB", "1G", "512MiB", "1.5 GiB": binary units (K, M, G, T with optional "i"
+// and "B"), as vLLM's memory flags are given in GiB.
+Result<int64_t> parse_bytes(const std::string& flag, const std::string& text) {
+  const auto bad = [&] {
+    return Status(StatusCode::kInvalidArgument,
+                  flag + " '" + text + "': expected bytes, or a size such as 512MiB or 4GiB");
+  };
+  double v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || !(v >= 0)) return bad();
+  std::string unit(ptr, end);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  double scale = 1;
+  if (!unit.empty()) {
+    const std::string units = "KMGT";
+    const size_t k =
+        units.find(static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0]))));
+    const std::string rest = unit.substr(1);
+    if (k == std::string::npos || !(rest.empty() || rest == "i" || rest == "iB" || rest == "B"))
+      return bad();
+    scale = std::pow(1024.0, static_cast<double>(k + 1));
+  } else if (v != std::floor(v)) {
+    return bad();
+  }
+  const double bytes = v * scale;
+  if (bytes > 9.0e18) return bad();
+  return static_cast<int64_t>(bytes);
+}
+
+void add_bytes_option(CLI::App* sub, const std::string& names, int64_t& target,
+                      const std::string& help) {
+  sub->add_option_function<std::string>(
+      names,
+      [&target, names](const std::string& v) {
+        const std::string flag =
+            names.substr(names.rfind(',') == std::string::npos ? 0 : names.rfind(',') + 1);
+        target = parsed(parse_bytes(flag, v));
+      },
+      help);
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+Result<std::string> read_prompt_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status(StatusCode::kNotFound, "-f " + path + ": cannot open");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  if (in.bad()) return Status(StatusCode::kIoError, "-f " + path + ": read failed");
+  // A trailing newline (as editors write) is not part of the prompt.
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  if (text.empty()) return Status(StatusCode::kInvalidArgument, "-f " + path + ": empty prompt");
+  return text;
+}
+
+void add_threads_option(CLI::App* sub, int& threads) {
+  sub->add_option("-t,--threads", threads,
+                  "CPU threads; 0 = all cores (default 0; at most 4 per CPU)");
+}
+
+Status check_before_load(const EngineConfig& engine, const SamplingParams* sampling) {
+  STRATA_RETURN_IF_ERROR(check_engine_config(engine));
+  if (sampling != nullptr) STRATA_RETURN_IF_ERROR(validate_sampling(*sampling));
+  return ok_status();
+}
 
 void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                                bool with_batch_tokens) {

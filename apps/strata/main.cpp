@@ -47,14 +47,34 @@ int main(int argc, char** argv) {
   strata::app::add_bench_serve_command(app, commands);
   strata::app::add_bench_throughput_command(app, commands);
   strata::app::add_plan_command(app, commands);
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;
+    for (const auto& cmd : commands) {
+      known = known || cmd.sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + cmd.sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "strata: error: unknown command '%s' (commands: %s)\n", argv[1],
+                   names.c_str());
+      return 1;
+    }
+  }
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ValidationError& e) {
-    // A flag value strata parsed itself (--device, --quantization, ...): its one-line message.
-    std::fprintf(stderr, "strata: error: %s\n", e.what());
-    return 1;
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);  // --help: the usage text, exit 0
+  } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Every other command-line error (an unknown flag, a missing value, a value of the wrong
+    // type, a flag value strata parsed itself) in the house style: one line, exit 1.
+    std::string message = e.what();
+    if (const size_t nl = message.find('\n'); nl != std::string::npos) message.resize(nl);
+    std::fprintf(stderr, "strata: error: %s\n", message.c_str());
+    return 1;
   }
   for (auto& cmd : commands) {
     if (cmd.sub->parsed()) return cmd.run();

@@ -78,6 +78,13 @@ struct EngineConfig {
   bool cuda_graphs = true;
 };
 
+// Checks of values that need no model, so that the CLI refuses them before loading one: the
+// engine's flags (--threads in [0, 4 per CPU], --tp >= 1, --max-model-len >= 0) and the sampling
+// values (temperature, top_k, top_p, min_p, penalties). The engine checks them again.
+Status check_engine_config(const EngineConfig& config);
+Status validate_sampling(const SamplingParams& params);
+int max_cpu_threads();  // the most --threads accepted: 4 per CPU
+
 // What `strata info` prints; also available without loading the weights.
 struct ModelInfo {
   std::string path;

@@ -23,13 +23,18 @@ namespace strata {
 // (src/serving/scheduler.h documents the rule).
 enum class PreemptionMode { kSwap, kRecompute, kByCost };
 
+// The most the automatic CPU KV pool takes (kv_cache_bytes = 0): 1 GiB.
+inline constexpr int64_t kAutoKvCacheBytes = int64_t{1} << 30;
+
 struct ServingConfig {
   EngineConfig engine;                   // model, threads, tensor parallel size, max_model_len
   int64_t max_num_seqs = 64;             // sequences running at once
   int64_t max_num_batched_tokens = 512;  // per-step token budget (prompt chunks + decodes)
   int64_t block_size = 16;               // tokens per KV block
   int64_t num_kv_blocks = 0;             // 0: size from kv_cache_bytes
-  int64_t kv_cache_bytes = int64_t{1} << 30;
+  // CPU KV pool in bytes; 0: room for max_num_seqs sequences of max_model_len, at most
+  // kAutoKvCacheBytes. Host memory (pool and swap) is committed as blocks are first used.
+  int64_t kv_cache_bytes = 0;
   int64_t swap_space_bytes = int64_t{1} << 30;  // host memory for preempted KV blocks
   bool enable_prefix_caching = true;
   PreemptionMode preemption_mode = PreemptionMode::kByCost;

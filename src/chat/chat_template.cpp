@@ -4,9 +4,9 @@
 #include <cmath>
 #include <unordered_map>
 
-#include "core/status.h"
 #include "chat/jinja_parse.h"
 #include "chat/jinja_value.h"
+#include "core/status.h"
 
 namespace strata {
 
@@ -1682,6 +1682,20 @@ Result<std::string> apply_chat_template(
   if (extra.is_object())
     for (auto it = extra.begin(); it != extra.end(); ++it) ctx[it.key()] = it.value();
   return t.render(ctx, options);
+}
+
+std::string plain_chat_prompt(const nlohmann::ordered_json& messages,
+                              const std::string& bos_token) {
+  std::string text = bos_token;
+  bool first = true;
+  if (!messages.is_array()) return text;
+  for (const auto& m : messages) {
+    if (!m.is_object() || !m.contains("content") || !m["content"].is_string()) continue;
+    if (!first) text += "\n\n";
+    text += m["content"].get<std::string>();
+    first = false;
+  }
+  return text;
 }
 
 }  // namespace strata

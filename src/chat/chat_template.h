@@ -72,4 +72,8 @@ Result<std::string> apply_chat_template(const std::string& tmpl,
                                         const nlohmann::ordered_json& extra = {},
                                         const ChatTemplateOptions& options = {});
 
+// What a model without a chat template is sent instead (issue 16 item 14): bos_token, then
+// each message's text content (system, user and assistant alike), separated by blank lines.
+std::string plain_chat_prompt(const nlohmann::ordered_json& messages, const std::string& bos_token);
+
 }  // namespace strata

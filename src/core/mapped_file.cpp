@@ -7,24 +7,33 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "core/status.h"
 
 namespace strata {
 
-Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+namespace {
+
+// Opens a regular file for reading. NOTE: O_NONBLOCK, so that opening a FIFO (or a device)
+// returns at once instead of waiting for a writer; anything but a regular file is refused.
+Result<int> open_regular(const std::string& path, struct stat* st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     return errorf(errno == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError, "{}: {}", path,
                   std::strerror(errno));
   }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
     ::close(fd);
     return errorf(StatusCode::kIoError, "{}: not a regular file", path);
   }
+  return fd;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
+  struct stat st {};
+  STRATA_ASSIGN_OR_RETURN(const int fd, open_regular(path, &st));
   std::shared_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->size_ = static_cast<size_t>(st.st_size);
@@ -52,14 +61,24 @@ Buffer MappedFile::buffer(size_t offset, size_t bytes,
 }
 
 Result<std::string> read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return errorf(StatusCode::kNotFound, "{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  STRATA_ASSIGN_OR_RETURN(const int fd, open_regular(path, &st));
+  std::string text;
+  text.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return errorf(StatusCode::kIoError, "{}: read failed: {}", path, std::strerror(err));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return errorf(StatusCode::kIoError, "{}: read failed", path);
-  return ss.str();
+  ::close(fd);
+  return text;
 }
 
 }  // namespace strata

@@ -568,9 +568,37 @@ Status ModelConfig::validate(const std::string& source) const {
                   "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                   source, n_heads, n_heads_kv);
   }
-  if (pos_embedding == PosEmbedding::kRope && (rotary_dim < 2 || rotary_dim % 2 != 0)) {
-    return errorf(StatusCode::kInvalidArgument, "{}: rotary dimension {} must be even and >= 2",
-                  source, rotary_dim);
+  if (pos_embedding == PosEmbedding::kRope) {
+    // The rope kernels take rotary_dim even, in [2, head_dim] and at most 1024: checked here so
+    // that `info` and the load fail, not the first forward pass.
+    constexpr int64_t kMaxRotaryDim = 1024;
+    if (rotary_dim < 2 || rotary_dim % 2 != 0 || rotary_dim > head_dim ||
+        rotary_dim > kMaxRotaryDim) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: rotary dimension {} must be even and in [2, min(head_dim {}, {})]", source,
+                    rotary_dim, head_dim, kMaxRotaryDim);
+    }
+    if (!(std::isfinite(rope_theta) && rope_theta > 0.0f) ||
+        !(std::isfinite(rope_theta_local) && rope_theta_local > 0.0f)) {
+      return errorf(StatusCode::kInvalidArgument, "{}: rope theta (base frequency) {} must be > 0",
+                    source, rope_theta > 0.0f ? rope_theta_local : rope_theta);
+    }
+    if (rope_scaling.type != RopeScalingType::kNone &&
+        !(std::isfinite(rope_scaling.factor) && rope_scaling.factor > 0.0f)) {
+      return errorf(StatusCode::kInvalidArgument, "{}: rope scaling factor {} must be > 0", source,
+                    rope_scaling.factor);
+    }
+  }
+  if (bos_token_id < -1 || bos_token_id >= vocab) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: bos_token_id {} is outside the vocabulary [0, {})", source, bos_token_id,
+                  vocab);
+  }
+  for (const int64_t id : eos_token_ids) {
+    if (id < 0 || id >= vocab) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: eos_token_id {} is outside the vocabulary [0, {})", source, id, vocab);
+    }
   }
   if (n_experts > 0) {
     if (n_experts_used < 1 || n_experts_used > n_experts) {

@@ -193,6 +193,17 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
   STRATA_ASSIGN_OR_RETURN(c.head_dim, opt_int("attention.key_length", c.hidden / c.n_heads));
   STRATA_ASSIGN_OR_RETURN(c.rotary_dim, opt_int("rope.dimension_count", c.head_dim));
   STRATA_ASSIGN_OR_RETURN(double theta, opt_float("rope.freq_base", 10000.0));
+  // NaN, 0 or a negative base loads fine and generates garbage: refused, naming the key (the
+  // config.json path refuses the same values).
+  if (!(std::isfinite(theta) && theta > 0.0 && theta < 3.4e38)) {
+    return errorf(StatusCode::kInvalidArgument, "{}: {}rope.freq_base = {} must be > 0", f.name(),
+                  a, theta);
+  }
+  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: {}rope.dimension_count = {} must be even and in [2, head_dim {}]", f.name(),
+                  a, c.rotary_dim, c.head_dim);
+  }
   STRATA_ASSIGN_OR_RETURN(double eps, opt_float("attention.layer_norm_rms_epsilon", 1e-5));
   c.rope_theta = c.rope_theta_local = static_cast<float>(theta);
   c.norm_eps = static_cast<float>(eps);
@@ -203,6 +214,10 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& f) {
     STRATA_ASSIGN_OR_RETURN(std::string type, f.get_string(a + "rope.scaling.type"));
     STRATA_ASSIGN_OR_RETURN(double factor, opt_float("rope.scaling.factor", 1.0));
     if (type == "linear") {
+      if (!(std::isfinite(factor) && factor > 0.0 && factor < 3.4e38)) {
+        return errorf(StatusCode::kInvalidArgument, "{}: {}rope.scaling.factor = {} must be > 0",
+                      f.name(), a, factor);
+      }
       c.rope_scaling.type = RopeScalingType::kLinear;
       c.rope_scaling.factor = static_cast<float>(factor);
     } else if (type != "none") {

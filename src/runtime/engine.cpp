@@ -157,10 +157,6 @@ class EngineImpl final : public Engine {
  private:
   Result<std::string> render_chat(const GenerateRequest& req) {
     const std::string& tmpl = tokenizer_->chat_template();
-    if (tmpl.empty()) {
-      return errorf(StatusCode::kFailedPrecondition, "{}: the model has no chat template",
-                    info_.path);
-    }
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     for (const ChatMessage& m : req.messages) {
       messages.push_back({{"role", m.role}, {"content", m.content}});
@@ -168,6 +164,15 @@ class EngineImpl final : public Engine {
     if (!req.prompt.empty()) messages.push_back({{"role", "user"}, {"content", req.prompt}});
     const std::string bos =
         tokenizer_->bos_id() >= 0 ? tokenizer_->id_to_token(tokenizer_->bos_id()) : "";
+    if (tmpl.empty()) {
+      // Base models (Gemma-3-270M) ship no template: plain text, said once.
+      if (!warned_no_template_) {
+        log_warn("{}: the model has no chat template; the conversation is sent as plain text",
+                 info_.path);
+        warned_no_template_ = true;
+      }
+      return plain_chat_prompt(messages, bos);
+    }
     const std::string eos =
         tokenizer_->eos_id() >= 0 ? tokenizer_->id_to_token(tokenizer_->eos_id()) : "";
     auto text = apply_chat_template(tmpl, messages, /*add_generation_prompt=*/true, bos, eos);
@@ -189,6 +194,7 @@ class EngineImpl final : public Engine {
 
   ModelInfo info_;
   int64_t max_len_ = 0;
+  bool warned_no_template_ = false;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Executor> exec_;

@@ -376,7 +376,13 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
                       "KV cache of {} bytes holds no block ({} bytes each)", eo.cpu_kv_bytes, per);
       }
     }
-    if (n_blocks <= 0) n_blocks = (out.max_len + eo.block_size - 1) / eo.block_size * eo.cpu_seqs;
+    if (n_blocks <= 0) {
+      n_blocks = (out.max_len + eo.block_size - 1) / eo.block_size * eo.cpu_seqs;
+      if (eo.cpu_kv_max_bytes > 0) {
+        const auto per = static_cast<int64_t>(kc.block_bytes());
+        n_blocks = std::min(n_blocks, std::max<int64_t>(1, eo.cpu_kv_max_bytes / per));
+      }
+    }
     ro.device = Device::cpu();
     ro.act_dtype = DType::kF32;
     ro.num_kv_blocks = n_blocks;

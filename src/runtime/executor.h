@@ -130,7 +130,8 @@ struct ExecutorOptions {
   int64_t cpu_blocks = 0;    // CPU pool size in blocks; 0: from cpu_kv_bytes, else
   int64_t cpu_kv_bytes = 0;  // cpu_seqs sequences of max_len
   int64_t cpu_seqs = 1;
-  int64_t cuda_blocks = 0;  // CUDA pool size in blocks; 0 = fill --gpu-memory-utilization
+  int64_t cpu_kv_max_bytes = 0;  // > 0: a cap on the pool sized from cpu_seqs
+  int64_t cuda_blocks = 0;       // CUDA pool size in blocks; 0 = fill --gpu-memory-utilization
 };
 
 Result<LoadedExecutor> load_executor(const EngineConfig& config, const ExecutorOptions& options);

@@ -83,6 +83,15 @@ Result<ModelFiles> open_model(const std::string& model, bool with_weights) {
   STRATA_ASSIGN_OR_RETURN(m.path, resolve_model_path(model));
   std::error_code ec;
   if (!fs::exists(m.path, ec)) {
+    // A bare name (no '/', no extension) was probably meant as an alias: list the known ones.
+    if (m.path.find('/') == std::string::npos && m.path.find('.') == std::string::npos) {
+      std::string known;
+      for (const ModelAlias& a : kAliases)
+        known += (known.empty() ? "" : ", ") + std::string(a.name);
+      return errorf(StatusCode::kNotFound,
+                    "{}: no such model directory or file, and not a known model name (known: {})",
+                    m.path, known);
+    }
     return errorf(StatusCode::kNotFound, "{}: no such model directory or file", m.path);
   }
   if (is_gguf_path(m.path) && fs::is_regular_file(m.path, ec)) {
@@ -92,7 +101,9 @@ Result<ModelFiles> open_model(const std::string& model, bool with_weights) {
     if (shared->has("tokenizer.ggml.model")) {
       STRATA_ASSIGN_OR_RETURN(TokenizerSpec spec, tokenizer_spec_from_gguf(*shared));
       m.has_chat_template = !spec.chat_template.empty();
-      STRATA_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::from_spec(std::move(spec)));
+      auto tokenizer = Tokenizer::from_spec(std::move(spec));  // errors name the file
+      if (!tokenizer.ok()) return tokenizer.status().with_context(shared->name());
+      m.tokenizer = std::move(*tokenizer);
     }
     if (with_weights) {
       m.weights = make_gguf_tensor_source(shared, m.config.family);
@@ -145,7 +156,31 @@ Result<ModelFiles> open_model(const std::string& model, bool with_weights) {
   return m;
 }
 
+int max_cpu_threads() {
+  return 4 * std::max(1, omp_get_num_procs());
+}
+
+Status check_engine_config(const EngineConfig& cfg) {
+  // NOTE: more threads than a few per CPU only oversubscribe the cores (--threads 10000 started
+  // 10,000 threads and made no progress).
+  if (cfg.num_threads < 0 || cfg.num_threads > max_cpu_threads()) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--threads {} must be in [0, {}] (0 = all cores; at most 4 per CPU, {} CPUs "
+                  "here)",
+                  cfg.num_threads, max_cpu_threads(), omp_get_num_procs());
+  }
+  if (cfg.parallel.tp < 1) {
+    return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
+  }
+  if (cfg.max_model_len < 0) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--max-model-len {} must be >= 0 (0 = the model's own)", cfg.max_model_len);
+  }
+  return ok_status();
+}
+
 Result<LoadedModel> load_model(const EngineConfig& cfg) {
+  STRATA_RETURN_IF_ERROR(check_engine_config(cfg));
   if (cfg.num_threads > 0) omp_set_num_threads(cfg.num_threads);
   if (cfg.parallel.tp < 1) {
     return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");

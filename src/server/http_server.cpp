@@ -28,6 +28,7 @@ using tcp = net::ip::tcp;
 
 constexpr size_t kMaxBufferedBytes = 1u << 20;  // pipelined bytes held while a response is pending
 constexpr size_t kHeaderLimit = 64u << 10;
+constexpr std::chrono::milliseconds kAcceptBackoff{50};  // after a failed accept (EMFILE, ...)
 
 struct Shared {
   HttpServerOptions options;
@@ -90,13 +91,24 @@ class Session : public std::enable_shared_from_this<Session> {
     started_ = true;
     std::string out = status_line(status);
     out += "Content-Type: " + content_type + "\r\n";
-    out += "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
-    out += keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    out += "Cache-Control: no-cache\r\n";
+    if (http10_) {
+      // HTTP/1.0 has no chunked encoding: the body runs until the connection closes.
+      keep_alive_ = false;
+      out += "Connection: close\r\n\r\n";
+    } else {
+      out += "Transfer-Encoding: chunked\r\n";
+      out += keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    }
     queue(std::move(out));
   }
 
   void write(uint64_t gen, std::string data) {
     if (gen != gen_ || route_done_ || !started_ || data.empty()) return;
+    if (http10_) {
+      queue(std::move(data));
+      return;
+    }
     std::string out = chunk_size_line(data.size());
     out += data;
     out += "\r\n";
@@ -107,6 +119,11 @@ class Session : public std::enable_shared_from_this<Session> {
     if (gen != gen_ || route_done_) return;
     if (!started_) {  // a route that ends without starting: empty 200
       respond(gen, HttpResponse{});
+      return;
+    }
+    if (http10_) {
+      finish_route();
+      if (!writing_ && pending_.empty()) after_response();  // nothing left to write
       return;
     }
     queue("0\r\n\r\n");
@@ -170,10 +187,14 @@ class Session : public std::enable_shared_from_this<Session> {
     for (const auto& field : msg) {
       std::string name(field.name_string());
       for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      req.headers[name] = std::string(field.value());
+      // A repeated field joins the earlier one with ", " (RFC 9110 section 5.3), so a route sees
+      // every value (two Authorization headers are refused instead of the last one winning).
+      auto [it, inserted] = req.headers.emplace(name, std::string(field.value()));
+      if (!inserted) it->second += ", " + std::string(field.value());
     }
     req.body = std::move(msg.body());
     keep_alive_ = msg.keep_alive();
+    http10_ = msg.version() < 11;
 
     ++gen_;
     responding_ = true;
@@ -190,6 +211,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void reply_error_and_close(int status) {
     keep_alive_ = false;
+    http10_ = false;
     ++gen_;
     responding_ = true;
     route_done_ = false;
@@ -272,6 +294,12 @@ class Session : public std::enable_shared_from_this<Session> {
       flush();
       return;
     }
+    after_response();
+  }
+
+  // Every queued byte is written: if the response is complete, read the next request or close.
+  void after_response() {
+    if (closed_) return;
     stream_.expires_never();
     if (!route_done_) return;  // streaming: wait for more chunks
     responding_ = false;
@@ -317,6 +345,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   uint64_t gen_ = 0;
   bool keep_alive_ = true;
+  bool http10_ = false;      // an HTTP/1.0 request: streamed bodies are delimited by closing
   bool responding_ = false;  // a request is being answered (until its last byte is written)
   bool route_done_ = false;  // the route has completed its response
   bool started_ = false;     // status line queued
@@ -369,7 +398,11 @@ std::shared_ptr<Responder> Session::make_responder() {
 
 class BeastServer : public HttpServer {
  public:
-  BeastServer(std::shared_ptr<Shared> shared) : shared_(std::move(shared)), acceptor_(ioc_) {}
+  BeastServer(std::shared_ptr<Shared> shared)
+      : shared_(std::move(shared)),
+        accept_strand_(net::make_strand(ioc_)),
+        acceptor_(accept_strand_),
+        accept_timer_(accept_strand_) {}
 
   ~BeastServer() override { stop(); }
 
@@ -405,9 +438,10 @@ class BeastServer : public HttpServer {
 
   void stop_accepting() override {
     shared_->stopping = true;
-    net::post(ioc_, [this] {
+    net::post(accept_strand_, [this] {
       beast::error_code ignored;
       acceptor_.close(ignored);
+      accept_timer_.cancel();
     });
   }
 
@@ -428,7 +462,15 @@ class BeastServer : public HttpServer {
                            [this](beast::error_code ec, tcp::socket socket) {
                              if (ec) {
                                if (!acceptor_.is_open() || shared_->stopping) return;
-                               do_accept();  // e.g. EMFILE: keep accepting
+                               // Out of file descriptors (EMFILE, ENFILE) or memory: the
+                               // connection stays in the backlog and accepting again at once
+                               // fails again at once, spinning a core. Retry after a pause;
+                               // open connections keep being served meanwhile.
+                               accept_timer_.expires_after(kAcceptBackoff);
+                               accept_timer_.async_wait([this](beast::error_code wait_ec) {
+                                 if (wait_ec || !acceptor_.is_open() || shared_->stopping) return;
+                                 do_accept();
+                               });
                                return;
                              }
                              beast::error_code ignored;
@@ -440,7 +482,10 @@ class BeastServer : public HttpServer {
 
   std::shared_ptr<Shared> shared_;
   net::io_context ioc_;
+  // The acceptor, its retry timer and stop_accepting's close run on one strand.
+  net::strand<net::io_context::executor_type> accept_strand_;
   tcp::acceptor acceptor_;
+  net::steady_timer accept_timer_;  // the pause after a failed accept
   std::vector<std::thread> threads_;
   uint16_t port_ = 0;
 };

@@ -1,7 +1,8 @@
 // A small asynchronous HTTP/1.1 server (Boost.Beast + Asio, kept inside http_server.cpp).
 //
 // One io_context served by N threads; each connection runs on its own strand. Features: keep-alive,
-// a request body limit (413), read/write timeouts, chunked streaming responses (SSE), and client
+// a request body limit (413), read/write timeouts, chunked streaming responses (SSE;
+// to an HTTP/1.0 client the stream ends by closing the connection instead), and client
 // disconnect detection while a response is pending (the route's cancel hook runs once).
 //
 // Routes see only HttpRequest and Responder: no Beast types leak out of this layer.

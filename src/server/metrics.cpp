@@ -85,7 +85,8 @@ std::string render_metrics(const ServingMetrics& m, const std::string& model_nam
            static_cast<double>(m.prompt_tokens_total));
   w.scalar("generation_tokens_total", "counter", "Number of generation tokens processed.",
            static_cast<double>(m.generation_tokens_total));
-  w.scalar("request_success_total", "counter", "Number of finished requests.",
+  w.scalar("request_success_total", "counter",
+           "Number of requests finished by stop or length (not aborted or failed).",
            static_cast<double>(m.requests_finished_total));
   w.scalar("num_preemptions_total", "counter", "Cumulative number of preemptions.",
            static_cast<double>(m.preemptions_total));

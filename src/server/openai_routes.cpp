@@ -4,6 +4,7 @@
 #include "server/openai_routes.h"
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -91,9 +92,44 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// NOTE: nlohmann's parser keeps its own stack, but copying, comparing or dumping a value recurses
+// once per level, so a body nested ~100,000 arrays deep would overflow the thread's stack in
+// the code that reads it. Bodies deeper than this are refused before they are parsed.
+constexpr int kMaxJsonDepth = 512;
+
+// Whether the JSON text opens more than `max_depth` arrays/objects at once (a byte scan that
+// skips strings; run before parsing, so it also bounds the parser).
+bool json_too_deep(const std::string& s, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 Json parse_body(const HttpRequest& req) {
   if (!valid_utf8(req.body))
     throw ApiError{400, "request body is not valid UTF-8", "", "invalid_utf8"};
+  if (json_too_deep(req.body, kMaxJsonDepth)) {
+    throw ApiError{400,
+                   "request body nesting too deep (more than " + std::to_string(kMaxJsonDepth) +
+                       " levels of arrays/objects)",
+                   "", "invalid_json"};
+  }
   Json j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw ApiError{400, "request body is not valid JSON", "", "invalid_json"};
   if (!j.is_object()) throw ApiError{400, "request body must be a JSON object", "", "invalid_json"};
@@ -133,8 +169,8 @@ int64_t get_int(const Json& j, const char* key, int64_t def, int64_t lo, int64_t
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
     bad(key, std::string("'") + key + "' is out of range");
   }
-  const int64_t x =
-      v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+  // NOTE: a float such as 1e30 is not converted (that would be undefined behaviour).
+  const int64_t x = v.is_number_integer() ? v.get<int64_t>() : 0;
   if (!v.is_number_integer() || x < lo || x > hi) {
     bad(key, std::string("'") + key + "' must be an integer in [" + std::to_string(lo) + ", " +
                  std::to_string(hi) + "], got " + v.dump());
@@ -336,6 +372,13 @@ void parse_max_tokens(const Json& j, bool chat, int64_t prompt_len, int64_t max_
     req.max_tokens = chat ? room : std::min<int64_t>(16, room);
   }
   if (req.min_tokens > req.max_tokens) bad("min_tokens", "'min_tokens' must not exceed max_tokens");
+}
+
+// A chat template failure; the template engine's messages already start "chat template: ".
+[[noreturn]] void template_error(const Status& s) {
+  const std::string prefix = "chat template: ";
+  const std::string& m = s.message();
+  bad("messages", m.rfind(prefix, 0) == 0 ? m : prefix + m, "chat_template_error");
 }
 
 // Chat messages -> the array the template sees: content flattened to a string.
@@ -612,15 +655,16 @@ void generate(const std::shared_ptr<ServingEngine>& engine, const HttpRequest& h
     }
     const bool add_gen = get_bool(j, "add_generation_prompt", true);
     auto rendered = engine->apply_chat_template(dump(messages), add_gen, tools);
-    if (!rendered.ok())
-      bad("messages", "chat template: " + rendered.status().message(), "chat_template_error");
+    if (!rendered.ok()) template_error(rendered.status());
     auto toks = engine->tokenize(*rendered, /*add_special=*/false);
     if (!toks.ok()) bad("messages", toks.status().message());
     req.prompt_tokens = std::move(*toks);
   } else {
     if (!present(j, "prompt")) bad("prompt", "'prompt' is required", "missing_required_parameter");
-    Json p = j.at("prompt");
-    if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) p = Json(p[0]);
+    const Json* pp = &j.at("prompt");  // a pointer, not a copy: nothing here recurses
+    if (pp->is_array() && pp->size() == 1 && ((*pp)[0].is_string() || (*pp)[0].is_array()))
+      pp = &(*pp)[0];
+    const Json& p = *pp;
     if (p.is_string()) {
       auto toks = engine->tokenize(p.get<std::string>(), /*add_special=*/true);
       if (!toks.ok()) bad("prompt", toks.status().message());
@@ -660,8 +704,7 @@ void tokenize_route(ServingEngine& e, const HttpRequest& http,
     const Json messages = normalize_messages(j);
     auto rendered =
         e.apply_chat_template(dump(messages), get_bool(j, "add_generation_prompt", true), "");
-    if (!rendered.ok())
-      bad("messages", "chat template: " + rendered.status().message(), "chat_template_error");
+    if (!rendered.ok()) template_error(rendered.status());
     auto t = e.tokenize(*rendered, get_bool(j, "add_special_tokens", false));
     if (!t.ok()) bad("messages", t.status().message());
     tokens = std::move(*t);
@@ -691,12 +734,32 @@ void detokenize_route(ServingEngine& e, const HttpRequest& http,
   r->respond(json_response(200, Json{{"prompt", e.detokenize(tokens)}}));
 }
 
-bool key_matches(const std::string& header, const std::string& key) {
-  const std::string want = "Bearer " + key;
-  if (header.size() != want.size()) return false;
-  unsigned diff = 0;
-  for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned char>(header[i] ^ want[i]);
-  return diff == 0;
+// "Authorization: Bearer <key>": the scheme is case-insensitive (RFC 9110 section 11.1), the
+// key is compared in constant time. Two Authorization headers (joined with ", " by the HTTP
+// layer) are a 400, not "the last one wins".
+void check_api_key(const std::string& header, const std::string& key) {
+  if (header.find(',') != std::string::npos) {
+    throw ApiError{400,
+                   "more than one Authorization header (send one 'Authorization: Bearer <key>')",
+                   "", "invalid_request"};
+  }
+  auto lower = [](char c) {
+    return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  };
+  const std::string scheme = "bearer";
+  bool ok = header.size() > scheme.size() && header[scheme.size()] == ' ';
+  for (size_t i = 0; ok && i < scheme.size(); ++i) ok = lower(header[i]) == scheme[i];
+  size_t start = scheme.size();
+  while (ok && start < header.size() && header[start] == ' ') ++start;
+  const std::string given = ok ? header.substr(start) : std::string();
+  unsigned diff = given.size() == key.size() ? 0u : 1u;
+  for (size_t i = 0; i < key.size(); ++i) {
+    diff |= static_cast<unsigned char>((i < given.size() ? given[i] : 0) ^ key[i]);
+  }
+  if (!ok || diff != 0) {
+    throw ApiError{401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "",
+                   "invalid_api_key"};
+  }
 }
 
 }  // namespace
@@ -769,10 +832,7 @@ void OpenAIRoutes::handle(HttpRequest req, std::shared_ptr<Responder> r) {
     const bool known = path == "/v1/completions" || path == "/v1/chat/completions" ||
                        path == "/v1/models" || path == "/tokenize" || path == "/detokenize";
     if (!known) throw ApiError{404, "no route for " + req.method + " " + path, "", "not_found"};
-    if (!options_.api_key.empty() && !key_matches(req.header("authorization"), options_.api_key)) {
-      throw ApiError{401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "",
-                     "invalid_api_key"};
-    }
+    if (!options_.api_key.empty()) check_api_key(req.header("authorization"), options_.api_key);
     auto e = engine();
     if (!e) throw ApiError{503, "the model is loading", "", "model_loading"};
     if (path == "/v1/models") {

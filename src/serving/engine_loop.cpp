@@ -11,9 +11,11 @@
 #include "serving/engine_loop.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <mutex>
@@ -22,6 +24,7 @@
 
 #include "chat/chat_template.h"
 #include "core/env.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "memory/kv_pool.h"
 #include "runtime/executor.h"
@@ -118,7 +121,8 @@ class ServingEngineImpl final : public ServingEngine {
 
   // Loop thread only.
   std::unique_ptr<Scheduler> sched_;
-  std::vector<uint8_t> swap_;  // [num_swap_blocks, block_bytes_]
+  std::atomic<bool> warned_no_template_{false};
+  Buffer swap_;  // [num_swap_blocks, block_bytes_]
   std::vector<int32_t> greedy_ids_;
   std::unordered_map<uint64_t, std::unique_ptr<RequestState>> requests_;
   std::vector<std::unique_ptr<RequestState>> incoming_local_;
@@ -159,6 +163,8 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
   eo.block_size = cfg.block_size;
   eo.cpu_blocks = cfg.num_kv_blocks;
   eo.cpu_kv_bytes = cfg.kv_cache_bytes;
+  eo.cpu_seqs = cfg.max_num_seqs;  // kv_cache_bytes 0: max_num_seqs sequences of max_model_len,
+  eo.cpu_kv_max_bytes = kAutoKvCacheBytes;  // at most this
   eo.cuda_blocks = cfg.num_kv_blocks;
   EngineConfig ecfg = cfg.engine;
   if (ecfg.max_num_seqs <= 0) ecfg.max_num_seqs = cfg.max_num_seqs;
@@ -188,7 +194,8 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
   const auto block_bytes = static_cast<int64_t>(block_bytes_);
   num_blocks_ = exec_->cache().config().n_blocks;
   const int64_t num_swap = cfg.swap_space_bytes / block_bytes;
-  swap_.assign(static_cast<size_t>(num_swap) * block_bytes_, 0);
+  // Committed as blocks are swapped out (an anonymous mapping), not at start.
+  STRATA_ASSIGN_OR_RETURN(swap_, allocate_host(static_cast<size_t>(num_swap) * block_bytes_));
 
   SchedulerConfig sc;
   sc.num_blocks = num_blocks_;
@@ -211,13 +218,18 @@ Result<std::string> ServingEngineImpl::apply_chat_template(const std::string& me
                                                            bool add_generation_prompt,
                                                            const std::string& tools_json) {
   if (!tokenizer_) return no_tokenizer();
-  if (tokenizer_->chat_template().empty()) {
-    return errorf(StatusCode::kFailedPrecondition, "{}: the model has no chat template",
-                  info_.path);
-  }
   nlohmann::ordered_json messages = nlohmann::ordered_json::parse(messages_json, nullptr, false);
   if (messages.is_discarded() || !messages.is_array()) {
     return errorf(StatusCode::kInvalidArgument, "messages: expected a JSON array");
+  }
+  if (tokenizer_->chat_template().empty()) {
+    // Base models ship no template: the messages as plain text, with a warning once.
+    if (!warned_no_template_.exchange(true)) {
+      log_warn("{}: the model has no chat template; chat requests are sent as plain text",
+               info_.path);
+    }
+    const int32_t bos = tokenizer_->bos_id();
+    return plain_chat_prompt(messages, bos >= 0 ? tokenizer_->id_to_token(bos) : std::string());
   }
   nlohmann::ordered_json tools = nullptr;
   if (!tools_json.empty()) {
@@ -352,14 +364,14 @@ void ServingEngineImpl::run_step() {
   Status swap_st = ok_status();
   for (const BlockCopy& c : step.swap_out) {
     if (swap_st.ok()) {
-      swap_st =
-          exec_->copy_block_to_host(c.device_block, swap_.data() + c.host_slot * block_bytes_);
+      swap_st = exec_->copy_block_to_host(
+          c.device_block, static_cast<uint8_t*>(swap_.data()) + c.host_slot * block_bytes_);
     }
   }
   for (const BlockCopy& c : step.swap_in) {
     if (swap_st.ok()) {
-      swap_st =
-          exec_->copy_block_from_host(c.device_block, swap_.data() + c.host_slot * block_bytes_);
+      swap_st = exec_->copy_block_from_host(
+          c.device_block, static_cast<uint8_t*>(swap_.data()) + c.host_slot * block_bytes_);
     }
   }
   if (!swap_st.ok()) {
@@ -577,7 +589,9 @@ void ServingEngineImpl::finish(RequestState& r, CompletionEvent ev, const char* 
                   static_cast<double>(r.generated.size() - 1));
   }
   e2e_.observe(seconds_between(r.arrival, now));
-  ++finished_total_;
+  // request_success_total counts requests that ran to their end (stop or length), as vLLM's;
+  // cancelled ("abort") and failed ("error") requests are not successes.
+  if (std::strcmp(reason, "stop") == 0 || std::strcmp(reason, "length") == 0) ++finished_total_;
   const uint64_t id = r.id;
   if (r.on_event) r.on_event(ev);
   requests_.erase(id);

@@ -45,10 +45,12 @@ Result<TokenizerSpec> tokenizer_spec_from_gguf(const GgufFile& f) {
       STRATA_ASSIGN_OR_RETURN(std::vector<std::string> merges,
                               f.get_string_array("tokenizer.ggml.merges"));
       spec.merges.reserve(merges.size());
-      for (const std::string& m : merges) {
+      for (size_t i = 0; i < merges.size(); ++i) {
+        const std::string& m = merges[i];
         const size_t sp = m.find(' ', 1);
         if (sp == std::string::npos) {
-          return errorf(StatusCode::kInvalidArgument, "{}: merge '{}' has no space", f.name(), m);
+          return errorf(StatusCode::kInvalidArgument,
+                        "{}: tokenizer.ggml.merges[{}] '{}' has no space", f.name(), i, m);
         }
         spec.merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
       }

@@ -758,10 +758,13 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(TokenizerSpec spec) {
     }
   }
   size_t n_total = n_model;
+  const size_t id_limit = n_model + spec.added_tokens.size();  // model ids, then appended ones
   for (const auto& a : spec.added_tokens) {
-    if (a.id < 0 || a.id >= (1 << 30)) {
-      return errorf(StatusCode::kInvalidArgument, "tokenizer: added token '{}' has id {}",
-                    a.content, a.id);
+    if (a.id < 0 || static_cast<size_t>(a.id) >= id_limit) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "tokenizer: added token '{}' has id {}, beyond the vocabulary ({} model "
+                    "tokens + {} added tokens)",
+                    a.content, a.id, n_model, spec.added_tokens.size());
     }
     if (a.content.empty()) {
       return errorf(StatusCode::kInvalidArgument, "tokenizer: added token {} has no content", a.id);
@@ -883,8 +886,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(TokenizerSpec spec) {
                                                                : nullptr;
       if (missing != nullptr) {
         return errorf(StatusCode::kInvalidArgument,
-                      "tokenizer: merge {} ('{}' '{}'): token '{}' is not in the vocabulary", r, a,
-                      b, *missing);
+                      "tokenizer: merges[{}] ('{}' '{}'): token '{}' is not in the vocabulary", r,
+                      a, b, *missing);
       }
       // Later duplicates win, as in HF's merge map.
       m.merges[pair_key(ia->second, ib->second)] = {static_cast<uint32_t>(r), ij->second};

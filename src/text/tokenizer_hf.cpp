@@ -434,8 +434,15 @@ Status Parser::parse_added_tokens(const json& a, TokenizerSpec& spec) const {
     AddedToken tok;
     int64_t id = -1;
     STRATA_RETURN_IF_ERROR(get_int(t, "id", field, &id));
-    if (id < 0 || id >= (int64_t{1} << 30))
-      return invalid(field + ".id", "missing or out of range");
+    // Added tokens either reuse a model id or extend the vocabulary after it, so an id past
+    // (model tokens + added tokens) cannot be right; accepting one would size the id tables to it.
+    const auto limit = static_cast<int64_t>(spec.tokens.size() + a.size());
+    if (id < 0) return invalid(field + ".id", "missing or negative");
+    if (id >= limit) {
+      return invalid(field + ".id", std::to_string(id) + " is beyond the vocabulary (" +
+                                        std::to_string(spec.tokens.size()) + " model tokens + " +
+                                        std::to_string(a.size()) + " added tokens)");
+    }
     tok.id = static_cast<int32_t>(id);
     STRATA_RETURN_IF_ERROR(get_string(t, "content", field, &tok.content));
     if (tok.content.empty()) return invalid(field + ".content", "empty");

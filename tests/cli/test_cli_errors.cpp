@@ -1,7 +1,15 @@
 // The strata binary on bad input: one line "strata: error: ..." naming the file, tensor or
 // field; exit status 1; no crash (a crash would show as a signal or an ASan report).
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -19,12 +27,15 @@ struct CliRun {
   std::string out;  // stdout
 };
 
-CliRun run_strata(const std::string& args) {
+// `timeout_s` > 0: killed after that many seconds (exit 124), for inputs that used to hang.
+CliRun run_strata(const std::string& args, int timeout_s = 0) {
   static int counter = 0;
   const std::string err_file =
       fs::temp_directory_path() /
       ("strata_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-  const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
+  const std::string prefix =
+      timeout_s > 0 ? "timeout -k 2 " + std::to_string(timeout_s) + " " : std::string();
+  const std::string cmd = prefix + std::string(STRATA_BINARY) + " " + args + " 2>" + err_file;
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -190,6 +201,296 @@ TEST(Cli, DeviceErrors) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   expect_clean_error(run_strata("bench --model-config llama9-1t --batch 1 --device cuda"),
                      "llama9-1t");
+}
+
+// ---- issue 16: hardening --------------------------------------------------------------------
+
+// Item 4: a FIFO in place of a model file made strata wait forever for a writer.
+TEST(Cli, FifoModelFilesFailFast) {
+  for (const char* name : {"model.safetensors", "config.json", "tokenizer.json"}) {
+    ScratchModel m("llama");
+    fs::remove(m.file(name));
+    ASSERT_EQ(mkfifo(m.file(name).c_str(), 0600), 0);
+    const CliRun r = run_strata("run -m " + m.path() + " -p hi -n 2 -q", /*timeout_s=*/20);
+    expect_clean_error(r, name);
+    EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << r.err;
+  }
+}
+
+// Item 5: --threads is bounded (10,000 threads made no progress) and never negative.
+TEST(Cli, ThreadsOutOfRange) {
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi -t 10000"),
+                     "--threads 10000 must be in [0, ");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --threads=-5"),
+                     "--threads -5");
+  expect_clean_error(run_strata("serve -m " + fixture("llama") + " --port 0 -t 10000", 20),
+                     "--threads 10000");
+}
+
+// Item 9: a seed of 2^64 or more is an error, not 2^64 - 1.
+TEST(Cli, SeedOutOfRange) {
+  expect_clean_error(
+      run_strata("run -m " + fixture("llama") + " -p hi -n 2 -s 18446744073709551616"),
+      "--seed '18446744073709551616'");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi -n 2 --seed=-1"),
+                     "--seed '-1'");
+  const CliRun ok =
+      run_strata("run -m " + fixture("llama") + " -p hi -n 2 -q -s 18446744073709551615");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// Item 9: serve's --timeout 0 would drop every connection at once.
+TEST(Cli, ServeTimeoutMustBePositive) {
+  expect_clean_error(run_strata("serve -m " + fixture("llama") + " --port 0 --timeout 0", 20),
+                     "--timeout 0 must be > 0");
+  expect_clean_error(run_strata("serve -m " + fixture("llama") + " --port 0 --http-threads 0", 20),
+                     "--http-threads 0");
+}
+
+// Item 16: CLI11's own errors in the house style (exit 1, not 104/106/109).
+TEST(Cli, ParseErrorsInHouseStyle) {
+  expect_clean_error(run_strata("run -m " + fixture("llama")), "-p TEXT or -f FILE");  // no prompt
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p a -f b"), "excludes");
+  expect_clean_error(run_strata("run -p hi"), "--model");  // required
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --bogus"), "--bogus");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi -n lots"), "lots");
+  expect_clean_error(run_strata("nosuchcommand"), "nosuchcommand");
+  expect_clean_error(run_strata(""), "subcommand");
+  const CliRun help = run_strata("run --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--prompt"), std::string::npos);
+}
+
+// Item 16: sampling values are checked before a model is loaded (here: none exists).
+TEST(Cli, SamplingCheckedBeforeLoad) {
+  expect_clean_error(run_strata("run -m /nonexistent/model -p hi --top-p 1.5"), "top_p");
+  expect_clean_error(run_strata("run -m /nonexistent/model -p hi --temp -1"), "temperature");
+  expect_clean_error(run_strata("run -m /nonexistent/model -p hi --min-p 2"), "min_p");
+}
+
+// Item 16: a name that is neither a path nor an alias lists the aliases.
+TEST(Cli, UnknownModelNameListsAliases) {
+  const CliRun r = run_strata("run -m smolm2 -p hi");
+  expect_clean_error(r, "smolm2");
+  EXPECT_NE(r.err.find("smollm2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("gemma3-270m"), std::string::npos) << r.err;
+}
+
+// Item 9: eos_token_id outside the vocabulary (431 tokens) is refused at load.
+TEST(Cli, EosTokenOutsideVocabulary) {
+  ScratchModel m("llama");
+  std::string cfg = m.read("config.json");
+  const size_t at = cfg.find("\"eos_token_id\": 2");
+  ASSERT_NE(at, std::string::npos);
+  cfg.replace(at, 17, "\"eos_token_id\": 431");
+  m.write("config.json", cfg);
+  expect_clean_error(run_strata("info -m " + m.path()), "eos_token_id 431");
+}
+
+// Item 8: a rotary dimension the kernels cannot take fails `info` (at load), not the first run.
+TEST(Cli, RotaryDimensionCheckedAtLoad) {
+  ScratchModel m("llama");
+  std::string cfg = m.read("config.json");
+  const size_t at = cfg.find("\"head_dim\": 16");
+  ASSERT_NE(at, std::string::npos);
+  cfg.replace(at, 14, "\"head_dim\": 2048");
+  m.write("config.json", cfg);
+  expect_clean_error(run_strata("info -m " + m.path()), "rotary dimension 2048");
+}
+
+// Item 11: the automatic context covers the default lengths (here tg128 with -p 8 on a 256-token
+// fixture: it was sized to 8 and refused), and -p/-n take comma lists as documented.
+TEST(Cli, BenchDefaultsAndLists) {
+  CliRun r = run_strata("bench -m " + fixture("llama") + " -p 8 -r 1 -t 1 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"tg128\""), std::string::npos) << r.out;
+  r = run_strata("bench -m " + fixture("llama") + " -p 16,32 -n 4,8 -r 1 -t 1 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* test : {"\"pp16\"", "\"pp32\"", "\"tg4\"", "\"tg8\""}) {
+    EXPECT_NE(r.out.find(test), std::string::npos) << test << " missing in " << r.out;
+  }
+}
+
+// Item 17: -f FILE reads the prompt; without -s the seed is random and printed.
+TEST(Cli, PromptFileAndPrintedSeed) {
+  const std::string file =
+      (fs::temp_directory_path() / ("strata_prompt_" + std::to_string(getpid()))).string();
+  std::ofstream(file) << "The license is\n";
+  const CliRun f = run_strata("run -m " + fixture("llama") + " -f " + file + " -n 4 --temp 0 -q");
+  const CliRun p =
+      run_strata("run -m " + fixture("llama") + " -p 'The license is' -n 4 --temp 0 -q");
+  fs::remove(file);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_EQ(f.out, p.out);  // the same prompt, the trailing newline dropped
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -f /nonexistent/prompt.txt"),
+                     "/nonexistent/prompt.txt");
+  const CliRun s = run_strata("run -m " + fixture("llama") + " -p hi -n 2");
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_NE(s.err.find("strata: seed "), std::string::npos) << s.err;
+}
+
+// Item 17: `strata serve MODEL` as `vllm serve MODEL` (a check that fails before listening shows
+// the positional model was taken).
+TEST(Cli, ServeTakesThePositionalModel) {
+  expect_clean_error(run_strata("serve " + fixture("llama") + " --port 0 --timeout 0", 20),
+                     "--timeout 0");
+  expect_clean_error(run_strata("serve --port 0", 20), "a model is required");
+  expect_clean_error(run_strata("serve /nonexistent/model --port 0 -t 10000", 20), "--threads");
+}
+
+// Item 13: Ctrl-C at the chat prompt quits cleanly (it killed the program), and a reply cut by
+// -n says so.
+TEST(Cli, ChatCtrlCAndLengthNotice) {
+  int in_pipe[2], err_pipe[2];
+  ASSERT_EQ(pipe(in_pipe), 0);
+  ASSERT_EQ(pipe(err_pipe), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(in_pipe[0], 0);
+    dup2(err_pipe[1], 2);
+    const int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    close(in_pipe[1]);
+    close(err_pipe[0]);
+    const std::string model = fixture("llama");
+    execl(STRATA_BINARY, STRATA_BINARY, "chat", "-m", model.c_str(), "-n", "3", "--temp", "0",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(in_pipe[0]);
+  close(err_pipe[1]);
+  std::string err;
+  auto read_until = [&](const std::string& what) {
+    char buf[512];
+    while (err.find(what) == std::string::npos) {
+      pollfd pfd{err_pipe[0], POLLIN, 0};
+      if (poll(&pfd, 1, 15000) <= 0) return false;  // nothing for 15 s
+      const ssize_t n = read(err_pipe[0], buf, sizeof buf);
+      if (n <= 0) return false;
+      err.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  };
+  ASSERT_TRUE(read_until("strata chat:")) << err;  // loaded, at the prompt
+  const std::string line = "The license is\n";
+  ASSERT_EQ(write(in_pipe[1], line.data(), line.size()), static_cast<ssize_t>(line.size()));
+  EXPECT_TRUE(read_until("(reply stopped at -n 3 tokens)")) << err;
+  usleep(200 * 1000);  // back at the prompt, blocked reading
+  kill(pid, SIGINT);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 100 && (done = waitpid(pid, &status, WNOHANG)) == 0; ++i) usleep(50 * 1000);
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "chat did not quit on Ctrl-C at the prompt";
+  }
+  close(in_pipe[1]);
+  close(err_pipe[0]);
+  EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  if (WIFEXITED(status)) EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Item 17: memory flags take units (a later check failing shows the size parsed).
+TEST(Cli, MemoryFlagsTakeUnits) {
+  expect_clean_error(run_strata("serve " + fixture("llama") +
+                                    " --port 0 --kv-cache-bytes 4MiB --swap-space-bytes 1.5GiB "
+                                    "--swap-space 0.5 --timeout 0",
+                                20),
+                     "--timeout 0");
+  expect_clean_error(run_strata("serve " + fixture("llama") + " --port 0 --kv-cache-bytes 4XB", 20),
+                     "--kv-cache-bytes '4XB'");
+  expect_clean_error(
+      run_strata("serve " + fixture("llama") + " --port 0 --swap-space-bytes 1.5", 20),
+      "--swap-space-bytes '1.5'");
+}
+
+// Item 17: one log line per request (method, path, status, tokens, latency).
+TEST(Cli, ServeLogsOneLinePerRequest) {
+  int err_pipe[2];
+  ASSERT_EQ(pipe(err_pipe), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(err_pipe[1], 2);
+    close(err_pipe[0]);
+    const std::string model = fixture("llama");
+    execl(STRATA_BINARY, STRATA_BINARY, "serve", model.c_str(), "--port", "0",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(err_pipe[1]);
+  std::string err;
+  auto read_until = [&](const std::string& what) {
+    char buf[512];
+    while (err.find(what) == std::string::npos) {
+      pollfd pfd{err_pipe[0], POLLIN, 0};
+      if (poll(&pfd, 1, 15000) <= 0) return false;
+      const ssize_t n = read(err_pipe[0], buf, sizeof buf);
+      if (n <= 0) return false;
+      err.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  };
+  bool ok = read_until("strata: ready");
+  const size_t at = err.find("http://127.0.0.1:");
+  const int port = at == std::string::npos ? 0 : std::atoi(err.c_str() + at + 17);
+  if (ok && port > 0) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    const std::string body = R"({"prompt": "hi", "max_tokens": 3, "temperature": 0})";
+    const std::string req =
+        "POST /v1/completions HTTP/1.0\r\nContent-Length: " + std::to_string(body.size()) +
+        "\r\n\r\n" + body;
+    ok = ok && write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size());
+    char buf[4096];
+    while (ok && read(fd, buf, sizeof buf) > 0) {
+    }
+    close(fd);
+    ok = ok && read_until("strata: POST /v1/completions 200 3 tokens ");
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(err_pipe[0]);
+  EXPECT_TRUE(ok) << err;
+  EXPECT_NE(err.find(" ms\n", err.find("POST /v1/completions 200")), std::string::npos) << err;
+}
+
+// Item 17: bench-serve takes vLLM's spellings; the server named by --base-url is the one tried.
+TEST(Cli, BenchServeTakesVllmFlags) {
+  const CliRun r = run_strata(
+      "bench-serve --base-url http://127.0.0.1:1/v1 --dataset-name random --random-input-len 8 "
+      "--random-output-len 4 --random-range-ratio 0.5 --num-prompts 1",
+      20);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("127.0.0.1:1"), std::string::npos) << r.err;
+  expect_clean_error(run_strata("bench-serve --base-url ftp://x --num-prompts 1", 20),
+                     "--base-url 'ftp://x'");
+  expect_clean_error(run_strata("bench-serve --base-url http://h:1 --port 2", 20), "excludes");
+  expect_clean_error(run_strata("bench-serve --port 1 --timeout 0", 20), "--timeout must be > 0");
+}
+
+// Item 14: a model without a chat template (a base model) runs --chat on the plain prompt,
+// with a warning, instead of failing.
+TEST(Cli, ChatWithoutTemplateFallsBackToPlainText) {
+  ScratchModel m("llama");
+  std::string cfg = m.read("tokenizer_config.json");
+  const size_t at = cfg.find("\"chat_template\"");
+  ASSERT_NE(at, std::string::npos);
+  cfg.replace(at, 15, "\"no_chat_template\"");
+  m.write("tokenizer_config.json", cfg);
+  const CliRun r =
+      run_strata("run -m " + m.path() + " --chat -p 'The license is' -n 4 --temp 0 -q");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("no chat template"), std::string::npos) << r.err;
+  EXPECT_FALSE(r.out.empty());
 }
 
 TEST(Cli, BenchThroughputRunsAllRequests) {

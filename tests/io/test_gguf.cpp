@@ -5,9 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include "model/gguf_model.h"
+#include "text/gguf_tokenizer.h"
+
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -518,6 +523,96 @@ TEST(GgufCorrupt, MissingFile) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_NE(r.status().message().find("/nonexistent/dir/model.gguf"), std::string::npos);
+}
+
+// ---- model metadata checks (issue 16 items 3 and 8)
+// ----------------------------------------------
+
+// A minimal llama GGUF: hidden 8, 2 heads, one layer, vocabulary 16; `extra` adds keys.
+std::vector<uint8_t> llama_gguf(const std::function<void(Builder&)>& extra) {
+  Builder b;
+  b.kv_str("general.architecture", "llama");
+  b.kv_u32("llama.embedding_length", 8);
+  b.kv_u32("llama.block_count", 1);
+  b.kv_u32("llama.feed_forward_length", 16);
+  b.kv_u32("llama.attention.head_count", 2);
+  extra(b);
+  b.tensor("token_embd.weight", {8, 16}, 0, 0);
+  b.data_bytes = 8 * 16 * 4;
+  return b.build();
+}
+
+std::vector<uint8_t> f32_value(float v) {
+  std::vector<uint8_t> out;
+  Builder::put<uint32_t>(out, 6);  // GGUF_TYPE_FLOAT32
+  Builder::put<float>(out, v);
+  return out;
+}
+
+Status gguf_model_status(const std::vector<uint8_t>& bytes) {
+  auto f = GgufFile::parse(bytes.data(), bytes.size(), "model.gguf");
+  if (!f.ok()) return f.status();
+  return model_config_from_gguf(*f).status();
+}
+
+// A GGUF string array value (type id included).
+std::vector<uint8_t> str_array(const std::vector<std::string>& items) {
+  std::vector<uint8_t> out;
+  Builder::put<uint32_t>(out, 9);  // GGUF_TYPE_ARRAY
+  Builder::put<uint32_t>(out, 8);  // of GGUF_TYPE_STRING
+  Builder::put<uint64_t>(out, items.size());
+  for (const auto& s : items) Builder::put_str(out, s);
+  return out;
+}
+
+// Item 8: a malformed GGUF merge names the file and the key with its index.
+TEST(GgufModel, MergeErrorsNameFileAndKey) {
+  const std::vector<uint8_t> bytes = llama_gguf([](Builder& b) {
+    b.kv_str("tokenizer.ggml.model", "gpt2");
+    b.kv_raw("tokenizer.ggml.tokens", str_array({"a", "b", "ab"}));
+    b.kv_raw("tokenizer.ggml.merges", str_array({"a b", "ab"}));
+  });
+  auto f = GgufFile::parse(bytes.data(), bytes.size(), "tok.gguf");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  auto spec = tokenizer_spec_from_gguf(*f);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("tok.gguf: tokenizer.ggml.merges[1]"), std::string::npos)
+      << spec.status().message();
+}
+
+TEST(GgufModel, RopeValuesAreChecked) {
+  EXPECT_TRUE(gguf_model_status(llama_gguf([](Builder&) {})).ok());
+  EXPECT_TRUE(gguf_model_status(llama_gguf([](Builder& b) {
+                b.kv_raw("llama.rope.freq_base", f32_value(500000.0f));
+              })).ok());
+  for (float bad : {std::nanf(""), 0.0f, -10000.0f, INFINITY}) {
+    const Status s = gguf_model_status(
+        llama_gguf([&](Builder& b) { b.kv_raw("llama.rope.freq_base", f32_value(bad)); }));
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("model.gguf: llama.rope.freq_base"), std::string::npos)
+        << s.message();
+  }
+  const Status scale = gguf_model_status(llama_gguf([](Builder& b) {
+    b.kv_str("llama.rope.scaling.type", "linear");
+    b.kv_raw("llama.rope.scaling.factor", f32_value(0.0f));
+  }));
+  ASSERT_FALSE(scale.ok());
+  EXPECT_NE(scale.message().find("model.gguf: llama.rope.scaling.factor"), std::string::npos)
+      << scale.message();
+  // An oversized rotary dimension fails at load (not at the first forward), naming the key.
+  for (uint32_t dim : {4096u, 6u, 3u}) {
+    const Status s = gguf_model_status(
+        llama_gguf([&](Builder& b) { b.kv_u32("llama.rope.dimension_count", dim); }));
+    ASSERT_FALSE(s.ok()) << dim;
+    EXPECT_NE(s.message().find("model.gguf: llama.rope.dimension_count"), std::string::npos)
+        << s.message();
+  }
+  // eos outside the vocabulary (16 rows).
+  const Status eos = gguf_model_status(
+      llama_gguf([](Builder& b) { b.kv_u32("tokenizer.ggml.eos_token_id", 16); }));
+  ASSERT_FALSE(eos.ok());
+  EXPECT_NE(eos.message().find("eos_token_id 16"), std::string::npos) << eos.message();
 }
 
 }  // namespace

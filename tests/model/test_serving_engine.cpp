@@ -2,10 +2,12 @@
 // single-request Engine gives for each alone, also under preemption (swap and recompute) and
 // prefix caching; cancellation, stop strings, logprobs and metrics.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -260,6 +262,43 @@ TEST(ServingEngine, CancelAbortsAndFreesBlocks) {
   EXPECT_EQ(m.waiting, 0);
   EXPECT_EQ(m.kv_blocks_used, 0);
   EXPECT_EQ(m.kv_blocks_total, 256);
+  // Issue 16 item 9: an aborted request is not a success.
+  EXPECT_EQ(m.requests_finished_total, 0);
+}
+
+// Issue 16 item 10: with no --num-kv-blocks / --kv-cache-bytes the pool holds max_num_seqs
+// sequences of max_model_len (it was 1 GiB whatever the model), ...
+TEST(ServingEngine, KvPoolSizedFromSeqsAndContext) {
+  ServingConfig cfg = base_config("llama");
+  cfg.num_kv_blocks = 0;
+  cfg.max_num_seqs = 4;
+  cfg.engine.max_model_len = 64;
+  auto serving = ServingEngine::create(cfg);
+  ASSERT_TRUE(serving.ok()) << serving.status().to_string();
+  EXPECT_EQ(idle_metrics(**serving).kv_blocks_total, 4 * 64 / 16);
+  EXPECT_EQ((*serving)->info().kv_cache_blocks, 16);
+}
+
+int64_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// ... and host memory for the pool and the swap area is committed as blocks are used, not at
+// start (a 780 KB model held 2.1 GB resident).
+TEST(ServingEngine, HostMemoryIsCommittedLazily) {
+  ServingConfig cfg = base_config("llama");
+  cfg.num_kv_blocks = 0;
+  cfg.kv_cache_bytes = int64_t{512} << 20;
+  cfg.swap_space_bytes = int64_t{512} << 20;
+  const int64_t before = resident_bytes();
+  auto serving = ServingEngine::create(cfg);
+  ASSERT_TRUE(serving.ok()) << serving.status().to_string();
+  const int64_t grown = resident_bytes() - before;
+  EXPECT_GT(idle_metrics(**serving).kv_blocks_total, 1000);
+  EXPECT_LT(grown, int64_t{64} << 20) << "resident memory grew by " << (grown >> 20) << " MiB";
 }
 
 TEST(ServingEngine, StopStringsAreNotEmitted) {

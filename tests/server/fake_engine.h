@@ -65,6 +65,9 @@ class FakeServingEngine : public ServingEngine {
                                           bool add_generation_prompt, const std::string&) override {
     // Minimal: the messages JSON text itself is the conversation, plus the generation prompt.
     last_template_input_ = messages_json;
+    // As the template engine words its errors (src/chat/chat_template.cpp).
+    if (messages_json.find("TEMPLATE_ERROR") != std::string::npos)
+      return Status(StatusCode::kInvalidArgument, "chat template: line 1: TEMPLATE_ERROR raised");
     return messages_json + (add_generation_prompt ? "\nassistant:" : "");
   }
 

@@ -1,6 +1,11 @@
 // The HTTP/OpenAI layer against FakeServingEngine over real sockets: routing, validation errors,
 // SSE framing, include_usage, API key, disconnect -> cancel, 64 concurrent streams.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -307,6 +312,19 @@ TEST_F(ServerTest, ApiKey) {
                "wrong key");
   expect_error(get("/v1/models", {{"Authorization", "sekret"}}), 401, "no Bearer");
   EXPECT_EQ(post("/v1/completions", body, {{"Authorization", "Bearer sekret"}}).status, 200);
+  // Issue 16 item 9: the scheme is case-insensitive; two Authorization headers are refused
+  // whichever comes last.
+  EXPECT_EQ(post("/v1/completions", body, {{"Authorization", "bearer sekret"}}).status, 200);
+  EXPECT_EQ(post("/v1/completions", body, {{"Authorization", "BEARER sekret"}}).status, 200);
+  expect_error(post("/v1/completions", body, {{"Authorization", "Bearer sekretX"}}), 401,
+               "longer key");
+  expect_error(post("/v1/completions", body, {{"Authorization", "Bearersekret"}}), 401, "no space");
+  expect_error(post("/v1/completions", body,
+                    {{"Authorization", "Bearer wrong"}, {"Authorization", "Bearer sekret"}}),
+               400, "two headers, the good one last");
+  expect_error(post("/v1/completions", body,
+                    {{"Authorization", "Bearer sekret"}, {"Authorization", "Bearer wrong"}}),
+               400, "two headers, the good one first");
   EXPECT_EQ(get("/health").status, 200);
   EXPECT_EQ(get("/metrics").status, 200);
 }
@@ -468,6 +486,133 @@ TEST_F(ServerTest, MalformedHttpGets400AndServerKeepsServing) {
   ASSERT_TRUE(c.send_raw("THIS IS NOT HTTP\r\n\r\n").ok());
   auto r = c.request("GET", "/health");  // reads the 400 sent for the garbage
   if (r.ok()) EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(get("/health").status, 200);
+}
+
+// Issue 16 item 1: a prompt nested 200,000 arrays deep crashed the server (recursive copies of
+// the value). Anything deeper than 512 levels is a 400 now, and the server keeps serving.
+TEST_F(ServerTest, DeeplyNestedJsonGets400) {
+  start();
+  const int depth = 200000;
+  const std::string nested = std::string(depth, '[') + "1" + std::string(depth, ']');
+  auto r = post("/v1/completions", R"({"prompt": )" + nested + "}");
+  expect_error(r, 400, "nested prompt");
+  EXPECT_NE(r.body.find("nesting too deep"), std::string::npos) << r.body;
+  expect_error(post("/v1/chat/completions",
+                    R"({"messages": [{"role": "user", "content": )" + nested + "}]}"),
+               400, "nested content");
+  // Brackets inside strings do not count; 512 levels are still accepted by the parser.
+  const std::string ok_nested = std::string(500, '[') + std::string(500, ']');
+  auto r500 = post("/v1/completions", R"({"prompt": "[[[[", "stop": )" + ok_nested + "}");
+  expect_error(r500, 400, "500 levels parse, then fail validation");
+  EXPECT_NE(r500.body.find("'stop'"), std::string::npos) << r500.body;
+  EXPECT_EQ(post("/v1/completions", R"({"prompt": "[[[[{{{{", "max_tokens": 2})").status, 200);
+  EXPECT_EQ(get("/health").status, 200);
+}
+
+// Issue 16 item 8: the template engine's "chat template: ..." message was prefixed again.
+TEST_F(ServerTest, ChatTemplateErrorIsNotPrefixedTwice) {
+  start();
+  for (const char* path : {"/v1/chat/completions", "/tokenize"}) {
+    auto r = post(path, R"({"messages": [{"role": "user", "content": "TEMPLATE_ERROR"}]})");
+    expect_error(r, 400, path);
+    EXPECT_NE(r.body.find("chat template: line 1"), std::string::npos) << r.body;
+    EXPECT_EQ(r.body.find("chat template: chat template:"), std::string::npos) << r.body;
+  }
+}
+
+// A raw TCP connection to the server (for what HttpClient does not speak: HTTP/1.0, and an fd
+// made before the process runs out of them).
+int raw_socket() {
+  return ::socket(AF_INET, SOCK_STREAM, 0);
+}
+bool raw_connect(int fd, uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+}
+// Send `request` and read until the server closes the connection (or 5 s pass).
+std::string raw_exchange(int fd, const std::string& request) {
+  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size()))
+    return "";
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+// Issue 16 item 7: an HTTP/1.0 client cannot read chunked encoding; its stream is delimited by
+// the server closing the connection.
+TEST_F(ServerTest, Http10StreamIsNotChunked) {
+  start();
+  const std::string body = R"({"prompt": "hello", "max_tokens": 3, "stream": true})";
+  const int fd = raw_socket();
+  ASSERT_TRUE(raw_connect(fd, server_->port()));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string out = raw_exchange(
+      fd, "POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n" + body);
+  ::close(fd);
+  // The server closes the connection right after the last event (raw_exchange gives up at 5 s).
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+  ASSERT_EQ(out.rfind("HTTP/1.1 200", 0), 0u) << out;
+  const std::string head = out.substr(0, out.find("\r\n\r\n"));
+  EXPECT_EQ(head.find("chunked"), std::string::npos) << head;
+  EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+  const std::string rest = out.substr(head.size() + 4);
+  EXPECT_EQ(rest.rfind("data: {", 0), 0u) << rest;  // no chunk-size line before the event
+  EXPECT_NE(rest.find("data: [DONE]\n\n"), std::string::npos) << rest;
+  EXPECT_EQ(rest.find("\r\n0\r\n"), std::string::npos) << rest;
+  // HTTP/1.1 still streams chunked.
+  std::string raw;
+  stream("/v1/completions", Json::parse(body), &raw);
+  EXPECT_NE(raw.find("data: [DONE]"), std::string::npos);
+}
+
+// Issue 16 item 6: out of file descriptors, the accept loop must not spin a core; once
+// descriptors are free again the waiting connection is served.
+TEST_F(ServerTest, AcceptBacksOffWhenOutOfDescriptors) {
+  start();
+  const int client = raw_socket();
+  ASSERT_GE(client, 0);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  // Lower the limit to just above the descriptors in use, then use up the rest.
+  int top = ::dup(client);
+  ASSERT_GE(top, 0);
+  ::close(top);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(top + 8);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> hogs;
+  for (int fd; (fd = ::dup(client)) >= 0;) hogs.push_back(fd);
+  ASSERT_TRUE(raw_connect(client, server_->port()));  // completes in the kernel's backlog
+  auto cpu_seconds = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double cpu0 = cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double cpu = cpu_seconds() - cpu0;
+  for (int fd : hogs) ::close(fd);
+  ::setrlimit(RLIMIT_NOFILE, &old);
+  // A spinning accept loop burns most of a core (0.3 s or more even on a loaded machine).
+  EXPECT_LT(cpu, 0.15) << "CPU seconds used in 1 s while out of descriptors";
+  const std::string out = raw_exchange(client, "GET /health HTTP/1.0\r\n\r\n");
+  ::close(client);
+  EXPECT_EQ(out.rfind("HTTP/1.1 200", 0), 0u) << out;
   EXPECT_EQ(get("/health").status, 200);
 }
 

@@ -498,6 +498,40 @@ TEST(TokenizerErrors, BadFieldsNameTheField) {
   }
 }
 
+// Issue 16 item 2: an added token with id 1e8 made the id tables 1e8 long (6.4 GB); ids past
+// the model vocabulary plus the added tokens are refused, naming the field.
+TEST(TokenizerErrors, AddedTokenIdBeyondVocabulary) {
+  TempDir dir;
+  for (const char* id : {"100000000", "536870912", "3"}) {
+    const std::string json =
+        std::string(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+          "added_tokens": [{"id": )") +
+        id + R"(, "content": "<x>", "special": true}]})";
+    auto tok = Tokenizer::from_hf_json(dir.write("tokenizer.json", json));
+    ASSERT_FALSE(tok.ok()) << id;
+    EXPECT_EQ(tok.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(tok.status().message().find("added_tokens[0].id"), std::string::npos)
+        << tok.status().message();
+    EXPECT_NE(tok.status().message().find("tokenizer.json"), std::string::npos);
+  }
+  // Appending right after the model vocabulary is fine.
+  auto ok = Tokenizer::from_hf_json(dir.write("tokenizer.json", R"({
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+    "added_tokens": [{"id": 2, "content": "<x>", "special": true}]})"));
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ((*ok)->vocab_size(), 3);
+  // The same bound for a spec built in code (the GGUF path).
+  TokenizerSpec spec;
+  spec.tokens = {"a", "b"};
+  spec.added_tokens.push_back(AddedToken{});
+  spec.added_tokens.back().id = 1 << 29;
+  spec.added_tokens.back().content = "<y>";
+  auto bad = Tokenizer::from_spec(spec);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("beyond the vocabulary"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(TokenizerErrors, UnknownRegex) {
   TempDir dir;
   auto tok = Tokenizer::from_hf_json(dir.write("tokenizer.json", R"({

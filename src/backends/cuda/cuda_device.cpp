@@ -21,10 +21,15 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::create(int index,
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return errorf(StatusCode::kNotFound, "no CUDA device: {}", cudaGetErrorString(err));
+    // No driver, a driver older than the toolkit, or no device: one line that says so, rather
+    // than CUDA's "CUDA driver version is insufficient for CUDA runtime version" alone.
+    return errorf(StatusCode::kNotFound,
+                  "--device cuda: no usable NVIDIA GPU on this machine ({}); use --device cpu",
+                  cudaGetErrorString(err));
   }
   if (count == 0) {
-    return errorf(StatusCode::kNotFound, "no CUDA device: cudaGetDeviceCount reports none");
+    return errorf(StatusCode::kNotFound,
+                  "--device cuda: no NVIDIA GPU on this machine; use --device cpu");
   }
   if (index < 0 || index >= count) {
     return errorf(StatusCode::kOutOfRange, "CUDA device {} requested but {} device(s) visible",
