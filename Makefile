@@ -9,7 +9,7 @@ setup:
 build: setup
 	scripts/build.sh
 fetch: setup
-	scripts/fetch_model.sh smollm2
+	scripts/fetch_model.sh $(MODEL)
 run: build fetch
 	./build/strata run -m $(MODEL) --chat -p "$(PROMPT)" -n 128 --temp $(TEMP)
 test:

