@@ -259,6 +259,10 @@ def test_soak_2000_requests_rss_flat(server, client):
     assert all(n >= 1 for n in results)
     assert elapsed < 600, f"2,000 requests took {elapsed:.0f} s"
     rss_end = server.rss_kib()
+    if os.environ.get("STRATA_SANITIZED"):
+        # AddressSanitizer keeps freed memory in its quarantine (256 MB by default), so RSS
+        # measures the sanitizer, not the server; the release build asserts the bound.
+        return
     assert rss_end - rss_warm < max(32 * 1024, rss_warm // 10), f"RSS grew {rss_warm} -> {rss_end} KiB"
 
 

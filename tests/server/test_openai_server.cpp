@@ -581,6 +581,12 @@ TEST_F(ServerTest, Http10StreamIsNotChunked) {
 // Issue 16 item 6: out of file descriptors, the accept loop must not spin a core; once
 // descriptors are free again the waiting connection is served.
 TEST_F(ServerTest, AcceptBacksOffWhenOutOfDescriptors) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The sanitizers' runtime needs descriptors of its own (UBSan checks a vptr's memory through a
+  // pipe): with none left it reports a false "invalid vptr" inside asio. The release build runs
+  // this test.
+  GTEST_SKIP() << "descriptor exhaustion is not testable under the sanitizers";
+#endif
   start();
   const int client = raw_socket();
   ASSERT_GE(client, 0);
