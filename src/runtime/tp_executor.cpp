@@ -92,10 +92,15 @@ class RankPool {
   std::vector<Status> status_;
 };
 
-class InProcessTpExecutor final : public Executor {
+// Ranks or stages as threads of one process: one runner each, run together by a RankPool. What
+// does not depend on how a forward pass is split among them lives here: rank 0's config and
+// block accounting (every runner's pool has the same block ids), swaps (a block is every
+// runner's slice of it, concatenated) and the device facts.
+class InProcessGroupExecutor : public Executor {
  public:
-  InProcessTpExecutor(std::vector<std::unique_ptr<Communicator>> comms,
-                      std::vector<std::unique_ptr<Executor>> ranks, std::string label)
+  // `comms`: every communicator the runners refer to (destroyed after them).
+  InProcessGroupExecutor(std::vector<std::unique_ptr<Communicator>> comms,
+                         std::vector<std::unique_ptr<Executor>> ranks, std::string label)
       : comms_(std::move(comms)),
         ranks_(std::move(ranks)),
         pool_(static_cast<int>(ranks_.size())),
@@ -104,25 +109,6 @@ class InProcessTpExecutor final : public Executor {
   const ModelConfig& config() const override { return ranks_[0]->config(); }
   KvPool& cache() override { return ranks_[0]->cache(); }
   std::string backend_name() const override { return ranks_[0]->backend_name(); }
-  Status forward(const ForwardBatch& b, float* logits) override {
-    scratch_.resize(ranks_.size());
-    const size_t n = b.logit_rows.size() * static_cast<size_t>(config().vocab);
-    return pool_.run([&](int r) -> Status {
-      if (r == 0) return ranks_[0]->forward(b, logits);
-      std::vector<float>& s = scratch_[static_cast<size_t>(r)];
-      s.resize(n);
-      return ranks_[static_cast<size_t>(r)]->forward(b, s.data());
-    });
-  }
-  Status forward_argmax(const ForwardBatch& b, int32_t* ids) override {
-    ids_.resize(ranks_.size());
-    return pool_.run([&](int r) -> Status {
-      if (r == 0) return ranks_[0]->forward_argmax(b, ids);
-      std::vector<int32_t>& s = ids_[static_cast<size_t>(r)];
-      s.resize(b.logit_rows.size());
-      return ranks_[static_cast<size_t>(r)]->forward_argmax(b, s.data());
-    });
-  }
   size_t block_bytes() const override {
     size_t total = 0;
     for (const auto& e : ranks_) total += e->block_bytes();
@@ -160,11 +146,43 @@ class InProcessTpExecutor final : public Executor {
   int64_t graph_captures() const override { return ranks_[0]->graph_captures(); }
   int64_t graph_replays() const override { return ranks_[0]->graph_replays(); }
 
- private:
+ protected:
   std::vector<std::unique_ptr<Communicator>> comms_;  // before ranks_: the runners refer to them
   std::vector<std::unique_ptr<Executor>> ranks_;
   RankPool pool_;
+
+ private:
   std::string label_;  // "tensor-parallel ranks", "pipeline stages"
+};
+
+// Tensor-parallel ranks: every rank runs every forward pass; the engines get rank 0's results.
+class InProcessTpExecutor final : public InProcessGroupExecutor {
+ public:
+  InProcessTpExecutor(std::vector<std::unique_ptr<Communicator>> comms,
+                      std::vector<std::unique_ptr<Executor>> ranks)
+      : InProcessGroupExecutor(std::move(comms), std::move(ranks), "tensor-parallel ranks") {}
+
+  Status forward(const ForwardBatch& b, float* logits) override {
+    scratch_.resize(ranks_.size());
+    const size_t n = b.logit_rows.size() * static_cast<size_t>(config().vocab);
+    return pool_.run([&](int r) -> Status {
+      if (r == 0) return ranks_[0]->forward(b, logits);
+      std::vector<float>& s = scratch_[static_cast<size_t>(r)];
+      s.resize(n);
+      return ranks_[static_cast<size_t>(r)]->forward(b, s.data());
+    });
+  }
+  Status forward_argmax(const ForwardBatch& b, int32_t* ids) override {
+    ids_.resize(ranks_.size());
+    return pool_.run([&](int r) -> Status {
+      if (r == 0) return ranks_[0]->forward_argmax(b, ids);
+      std::vector<int32_t>& s = ids_[static_cast<size_t>(r)];
+      s.resize(b.logit_rows.size());
+      return ranks_[static_cast<size_t>(r)]->forward_argmax(b, s.data());
+    });
+  }
+
+ private:
   std::vector<std::vector<float>> scratch_;
   std::vector<std::vector<int32_t>> ids_;
 };
@@ -174,61 +192,19 @@ class InProcessTpExecutor final : public Executor {
 // micro-batch m + 1 while stage s + 1 still runs m. The KV of a prompt chunk is written by a
 // stage before it runs the next chunk of the same sequence, so chunks see their prefix as in
 // chunked prefill. The last stage writes the results straight into the caller's buffers.
-class InProcessPpExecutor final : public Executor {
+class InProcessPpExecutor final : public InProcessGroupExecutor {
  public:
+  // `comms`: the pipeline group and each stage's tensor-parallel group (one rank).
   InProcessPpExecutor(std::vector<std::unique_ptr<Communicator>> comms,
-                      std::vector<std::unique_ptr<Communicator>> singles,
                       std::vector<std::unique_ptr<Executor>> stages, int64_t min_tokens)
-      : comms_(std::move(comms)),
-        singles_(std::move(singles)),
-        stages_(std::move(stages)),
-        pool_(static_cast<int>(stages_.size())),
+      : InProcessGroupExecutor(std::move(comms), std::move(stages), "pipeline stages"),
         min_tokens_(min_tokens),
-        busy_(stages_.size(), 0.0) {}
+        busy_(ranks_.size(), 0.0) {}
 
-  const ModelConfig& config() const override { return stages_[0]->config(); }
-  KvPool& cache() override { return stages_[0]->cache(); }
-  std::string backend_name() const override { return stages_[0]->backend_name(); }
   Status forward(const ForwardBatch& b, float* logits) override { return run(b, logits, nullptr); }
   Status forward_argmax(const ForwardBatch& b, int32_t* ids) override {
     return run(b, nullptr, ids);
   }
-  size_t block_bytes() const override {
-    size_t total = 0;
-    for (const auto& e : stages_) total += e->block_bytes();
-    return total;
-  }
-  Status copy_block_to_host(int32_t block, void* host) override {
-    char* p = static_cast<char*>(host);
-    for (const auto& e : stages_) {
-      STRATA_RETURN_IF_ERROR(e->copy_block_to_host(block, p));
-      p += e->block_bytes();
-    }
-    return ok_status();
-  }
-  Status copy_block_from_host(int32_t block, const void* host) override {
-    const char* p = static_cast<const char*>(host);
-    for (const auto& e : stages_) {
-      STRATA_RETURN_IF_ERROR(e->copy_block_from_host(block, p));
-      p += e->block_bytes();
-    }
-    return ok_status();
-  }
-  int64_t max_model_len() const override { return stages_[0]->max_model_len(); }
-  std::string device_name() const override {
-    const std::string first = stages_[0]->device_name();
-    bool same = true;
-    for (const auto& e : stages_) same = same && e->device_name() == first;
-    return (same ? first : first + ", ...") + " (" + std::to_string(stages_.size()) +
-           " pipeline stages)";
-  }
-  int64_t device_weight_bytes() const override {
-    int64_t total = 0;
-    for (const auto& e : stages_) total += e->device_weight_bytes();
-    return total;
-  }
-  int64_t graph_captures() const override { return stages_.back()->graph_captures(); }
-  int64_t graph_replays() const override { return stages_.back()->graph_replays(); }
   double measured_bubble() const override { return strata::measured_bubble(busy_, wall_); }
   void reset_pipeline_stats() override {
     std::fill(busy_.begin(), busy_.end(), 0.0);
@@ -245,7 +221,7 @@ class InProcessPpExecutor final : public Executor {
   // Contiguous token ranges, cut only where the logit rows stay in order.
   std::vector<Micro> split(const ForwardBatch& b) const {
     const int64_t n = static_cast<int64_t>(b.tokens.size());
-    const int P = static_cast<int>(stages_.size());
+    const int P = static_cast<int>(ranks_.size());
     bool decode = true, ordered = true;
     for (int64_t i = 1; i < n; ++i) {
       if (b.token_seq[static_cast<size_t>(i)] == b.token_seq[static_cast<size_t>(i - 1)])
@@ -285,12 +261,12 @@ class InProcessPpExecutor final : public Executor {
   Status run(const ForwardBatch& b, float* logits, int32_t* ids) {
     if (b.tokens.empty()) return ok_status();
     const std::vector<Micro> micro = split(b);
-    const int P = static_cast<int>(stages_.size());
+    const int P = static_cast<int>(ranks_.size());
     const int64_t V = config().vocab;
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<double> busy(static_cast<size_t>(P), 0.0);
     Status st = pool_.run([&](int s) -> Status {
-      Executor& e = *stages_[static_cast<size_t>(s)];
+      Executor& e = *ranks_[static_cast<size_t>(s)];
       const double wait0 = e.wait_seconds();
       const auto s0 = std::chrono::steady_clock::now();
       for (const Micro& mb : micro) {
@@ -316,10 +292,6 @@ class InProcessPpExecutor final : public Executor {
     return st;
   }
 
-  std::vector<std::unique_ptr<Communicator>> comms_;    // the pipeline group
-  std::vector<std::unique_ptr<Communicator>> singles_;  // each stage's tensor-parallel group
-  std::vector<std::unique_ptr<Executor>> stages_;       // last: the runners refer to the above
-  RankPool pool_;
   int64_t min_tokens_;
   std::vector<double> busy_;  // per stage: seconds computing (not waiting for its input)
   double wall_ = 0.0;
@@ -408,8 +380,8 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     if (r == 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;  // the same ids on every rank
     ranks.push_back(std::move(*e));
   }
-  return std::unique_ptr<Executor>(std::make_unique<InProcessTpExecutor>(
-      std::move(comms), std::move(ranks), "tensor-parallel ranks"));
+  return std::unique_ptr<Executor>(
+      std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks)));
 }
 
 Result<std::unique_ptr<Executor>> make_in_process_pp_executor(
@@ -452,8 +424,9 @@ Result<std::unique_ptr<Executor>> make_in_process_pp_executor(
     if (s == 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;  // the same ids on every stage
     stages.push_back(std::move(*e));
   }
+  for (auto& c : singles) comms.push_back(std::move(c));
   return std::unique_ptr<Executor>(std::make_unique<InProcessPpExecutor>(
-      std::move(comms), std::move(singles), std::move(stages), options.pp_min_micro_batch_tokens));
+      std::move(comms), std::move(stages), options.pp_min_micro_batch_tokens));
 }
 
 }  // namespace strata
