@@ -11,6 +11,8 @@
 #   5. Llama-3-70B-shape decode (KV 256 and 2048) and prefill at TP = 2 (and TP = 4 / 8 when the
 #      GPUs exist), random weights, CUDA graphs; then the same with STRATA_CUDA_PROFILE=1 (eager
 #      launches, per-section times: the share of all_reduce / all_gather in a step); PP = 2
+#   6. (stage "hang", not in the default set) the TP = 2 decode batches that hung, under a
+#      collective deadline, with cuda-gdb host stacks if the process is still alive
 # STAGES="tests allreduce 8b 70b" (the default) picks the parts, to split them over device calls.
 # Ranks are threads of one strata process, one GPU each (no mpirun needed on the GPU machines).
 # Logs come back in $OUT as logs.tgz plus summary.txt.
@@ -104,6 +106,36 @@ stamp "llama3-70b shape, PP=2"
 "$BUILD/strata" bench --device cuda --model-config llama3-70b --pp 2 --gpu-memory-utilization 0.97 \
   --batch 1,64 --ctx 256 --prefill 1x2048 -r 3 --json "$OUT/pp2_70b.json" > "$OUT/pp2_70b.txt" 2>&1 || rc=1
 grep -E "^\| (decode|prefill)|bubble|error" "$OUT/pp2_70b.txt"
+fi
+
+if has hang; then
+# The decode batches that hung at TP = 2 (70B shape at batch >= 32; every all-reduce through NCCL
+# for the 8B shape). STRATA_COLLECTIVE_TIMEOUT makes a stuck pass abort with an error naming the
+# ranks; if the process is still alive after HANG_WAIT s, cuda-gdb dumps every host thread.
+probe() {  # probe NAME CMD...
+  local name=$1; shift
+  stamp "hang probe: $name"
+  NCCL_DEBUG=WARN STRATA_COLLECTIVE_TIMEOUT=${HANG_TIMEOUT:-60} "$@" > "$OUT/hang_$name.txt" 2>&1 &
+  local pid=$! waited=0
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "${HANG_WAIT:-150}" ]; do sleep 5; waited=$((waited + 5)); done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "still running after ${waited}s: host stacks" | tee -a "$OUT/hang_$name.txt"
+    nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv >> "$OUT/hang_$name.txt" 2>&1
+    timeout 120 cuda-gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 30" \
+      > "$OUT/hang_${name}_stacks.txt" 2>&1
+    kill -9 "$pid" 2>/dev/null; rc=1
+  fi
+  wait "$pid" 2>/dev/null || rc=1
+  grep -E "^\| (decode|prefill)|error|NCCL WARN|still running" "$OUT/hang_$name.txt" | head -n 20
+}
+probe 70b_b32 "$BUILD/strata" bench --device cuda --model-config llama3-70b --tp 2 \
+  --gpu-memory-utilization 0.95 --batch 32 --ctx 256 -r 3
+probe 70b_b32_eager "$BUILD/strata" bench --device cuda --model-config llama3-70b --tp 2 \
+  --gpu-memory-utilization 0.95 --batch 32 --ctx 256 -r 3 --no-cuda-graphs
+probe 8b_b64_nccl env STRATA_ONESHOT_MAX_BYTES=1024 "$BUILD/strata" bench --device cuda \
+  --model-config llama3-8b --tp 2 --batch 1,64 --ctx 256 -r 3
+probe 70b_b32_noautotune env STRATA_NO_AUTOTUNE=1 "$BUILD/strata" bench --device cuda \
+  --model-config llama3-70b --tp 2 --gpu-memory-utilization 0.95 --batch 32,64 --ctx 256 -r 3
 fi
 
 stamp "done (rc=$rc)"

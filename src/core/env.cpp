@@ -55,6 +55,9 @@ EnvConfig read_env() {
     c.oneshot_max_bytes = std::max(0, get_int({"STRATA_ONESHOT_MAX_BYTES"}, 0));
   }
   c.tp_one_gpu = flag("STRATA_TP_ONE_GPU");
+  if (get("STRATA_COLLECTIVE_TIMEOUT") != nullptr) {
+    c.collective_timeout_s = std::max(1, get_int({"STRATA_COLLECTIVE_TIMEOUT"}, 300));
+  }
   c.no_fused_allreduce = flag("STRATA_NO_FUSED_ALLREDUCE");
   return c;
 }

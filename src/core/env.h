@@ -25,6 +25,10 @@ struct EnvConfig {
   // kernels when ranks can read each other's memory; larger ones NCCL (-1: the default).
   long long oneshot_max_bytes = -1;
   bool tp_one_gpu = false;  // STRATA_TP_ONE_GPU=1: in-process ranks share one GPU (testing)
+  // STRATA_COLLECTIVE_TIMEOUT=S: a forward pass of in-process ranks / stages (or a wait for a
+  // peer) that takes longer than S seconds aborts the communicators and fails with an error
+  // naming the ranks still running, instead of hanging (default 300).
+  int collective_timeout_s = 300;
   // STRATA_NO_FUSED_ALLREDUCE=1: a row-parallel layer's all-reduce, bias, residual add and next
   // norm run as separate kernels (A/B of the fused one-shot kernel).
   bool no_fused_allreduce = false;

@@ -81,6 +81,10 @@ class Communicator {
   // An error a device collective left behind once its stream has been synchronized (a one-shot
   // kernel that gave up waiting for a peer, NCCL's asynchronous errors); ok for the rest.
   virtual Status health() { return ok_status(); }
+  // Makes collectives blocked on peers return an error, from any thread (a rank failed or a step
+  // ran past its deadline): NCCL's ncclCommAbort, which stops its kernels; the in-process
+  // barriers wake with kCancelled. The communicator is unusable afterwards. No-op by default.
+  virtual void abort() {}
   // AllReduceAddNorm in one kernel where the communicator has one (the one-shot kernels);
   // kUnimplemented elsewhere, and the caller composes all_reduce, the bias add and the norm.
   virtual Status all_reduce_add_norm(const AllReduceAddNorm& a, const CommStream& s) {

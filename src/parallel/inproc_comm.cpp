@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "core/env.h"
 #include "core/status.h"
 #include "parallel/comm_util.h"
 
@@ -26,6 +27,7 @@ Status inproc_device_health(InProcessGroup& g, int rank);
 
 InProcessGroup::InProcessGroup(int n_ranks)
     : n(n_ranks),
+      timeout(env_config().collective_timeout_s),
       present(static_cast<size_t>(n_ranks), false),
       in(static_cast<size_t>(n_ranks), nullptr),
       out(static_cast<size_t>(n_ranks), nullptr),
@@ -44,6 +46,9 @@ InProcessGroup::~InProcessGroup() {
 
 Status InProcessGroup::barrier(int rank) {
   std::unique_lock<std::mutex> lock(mu);
+  if (aborted) {
+    return Status(StatusCode::kCancelled, "in-process collective: the group was aborted");
+  }
   const uint64_t gen = generation;
   present[static_cast<size_t>(rank)] = true;
   if (++arrived == n) {
@@ -53,7 +58,7 @@ Status InProcessGroup::barrier(int rank) {
     cv.notify_all();
     return ok_status();
   }
-  if (!cv.wait_for(lock, timeout, [&] { return generation != gen; })) {
+  if (!cv.wait_for(lock, timeout, [&] { return generation != gen || aborted; })) {
     std::string missing;
     for (int r = 0; r < n; ++r) {
       if (!present[static_cast<size_t>(r)])
@@ -64,7 +69,24 @@ Status InProcessGroup::barrier(int rank) {
                   "took another path)",
                   rank, timeout.count(), missing);
   }
+  if (generation == gen) {
+    return Status(StatusCode::kCancelled, "in-process collective: the group was aborted");
+  }
   return ok_status();
+}
+
+void InProcessGroup::abort() {
+  std::vector<std::shared_ptr<InProcessGroup>> kids;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    aborted = true;
+    kids = children;
+  }
+  cv.notify_all();
+  mail_cv.notify_all();
+  for (const auto& k : kids) {
+    if (k != nullptr && k.get() != this) k->abort();
+  }
 }
 
 namespace {
@@ -202,11 +224,13 @@ class InProcessCommunicator final : public Communicator {
     STRATA_RETURN_IF_ERROR(check_peer(peer));
     std::unique_lock<std::mutex> lock(g_->mu);
     auto& box = g_->mailbox[static_cast<size_t>(peer * g_->n + rank_)];
-    if (!g_->mail_cv.wait_for(lock, g_->timeout, [&] { return !box.empty(); })) {
+    if (!g_->mail_cv.wait_for(lock, g_->timeout, [&] { return !box.empty() || g_->aborted; })) {
       return errorf(StatusCode::kDeadlineExceeded,
                     "in-process recv: rank {} waited {} s for rank {}", rank_, g_->timeout.count(),
                     peer);
     }
+    if (box.empty())
+      return Status(StatusCode::kCancelled, "in-process recv: the group was aborted");
     std::vector<uint8_t> msg = std::move(box.front());
     box.pop_front();
     if (static_cast<int64_t>(msg.size()) != dtype_bytes(dt, count)) {
@@ -235,6 +259,9 @@ class InProcessCommunicator final : public Communicator {
     return g_->barrier(rank_);
   }
 
+  void abort() override {
+    g_->abort();
+  }
   Status health() override {
 #if STRATA_HAS_CUDA
     return inproc_device_health(*g_, rank_);

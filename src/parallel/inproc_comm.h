@@ -29,9 +29,11 @@ struct InProcessGroup {
   // Blocks until all n ranks have arrived (generation-counted, reusable). kDeadlineExceeded
   // after `timeout` (a rank that died or took another code path), naming the ranks missing.
   Status barrier(int rank);
+  // Wakes every rank waiting in the group (and its split children) with kCancelled.
+  void abort();
 
   int n;
-  std::chrono::seconds timeout{300};
+  std::chrono::seconds timeout;  // STRATA_COLLECTIVE_TIMEOUT (default 300 s)
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0;
@@ -48,6 +50,7 @@ struct InProcessGroup {
   // Point to point: a mailbox per (src, dst) holding the bytes sent and not yet received.
   std::vector<std::deque<std::vector<uint8_t>>> mailbox;  // [src * n + dst]
   std::condition_variable mail_cv;
+  bool aborted = false;  // abort(): every wait returns kCancelled (under mu)
 
   InProcessDeviceState* device = nullptr;  // set by init_in_process_device, owned
 };

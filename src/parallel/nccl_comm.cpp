@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -136,7 +137,7 @@ class NcclCommunicator final : public Communicator {
         device_(device),
         oneshot_max_bytes_(oneshot_max_bytes) {}
   ~NcclCommunicator() override {
-    if (comm_ != nullptr) {
+    if (comm_ != nullptr && !aborted_.load()) {
       (void)cudaSetDevice(device_);
       (void)api_->comm_destroy(comm_);
     }
@@ -151,6 +152,7 @@ class NcclCommunicator final : public Communicator {
     STRATA_RETURN_IF_ERROR(check_count("all-reduce", count, {data}));
     if (to_host(s, dtype_bytes(dt, count))) return host_->all_reduce(data, count, dt, s);
     STRATA_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_type(dt));
+    STRATA_RETURN_IF_ERROR(alive());
     return check(
         api_->all_reduce(data, data, static_cast<size_t>(count), t, ncclSum, comm_, stream(s)),
         "all-reduce");
@@ -167,6 +169,7 @@ class NcclCommunicator final : public Communicator {
     STRATA_RETURN_IF_ERROR(check_count("all-gather", count, {send, recv}));
     if (to_host(s, dtype_bytes(dt, count))) return host_->all_gather(send, count, dt, recv, s);
     STRATA_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_type(dt));
+    STRATA_RETURN_IF_ERROR(alive());
     return check(api_->all_gather(send, recv, static_cast<size_t>(count), t, comm_, stream(s)),
                  "all-gather");
   }
@@ -175,6 +178,7 @@ class NcclCommunicator final : public Communicator {
     STRATA_RETURN_IF_ERROR(check_count("reduce-scatter", count, {send, recv}));
     if (s.device.is_cpu()) return host_->reduce_scatter(send, count, dt, recv, s);
     STRATA_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_type(dt));
+    STRATA_RETURN_IF_ERROR(alive());
     return check(
         api_->reduce_scatter(send, recv, static_cast<size_t>(count), t, ncclSum, comm_, stream(s)),
         "reduce-scatter");
@@ -201,23 +205,36 @@ class NcclCommunicator final : public Communicator {
     if (s.device.is_cpu()) return host_->send(data, count, dt, peer, s);
     STRATA_RETURN_IF_ERROR(check_peer("send", peer));
     STRATA_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_type(dt));
+    STRATA_RETURN_IF_ERROR(alive());
     return check(api_->send(data, static_cast<size_t>(count), t, peer, comm_, stream(s)), "send");
   }
   Status recv(void* data, int64_t count, DType dt, int peer, const CommStream& s) override {
     if (s.device.is_cpu()) return host_->recv(data, count, dt, peer, s);
     STRATA_RETURN_IF_ERROR(check_peer("recv", peer));
     STRATA_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_type(dt));
+    STRATA_RETURN_IF_ERROR(alive());
     return check(api_->recv(data, static_cast<size_t>(count), t, peer, comm_, stream(s)), "recv");
   }
   Status broadcast(void* data, int64_t count, DType dt, int root, const CommStream& s) override {
     if (s.device.is_cpu()) return host_->broadcast(data, count, dt, root, s);
     STRATA_RETURN_IF_ERROR(check_peer("broadcast", root));
     STRATA_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_type(dt));
+    STRATA_RETURN_IF_ERROR(alive());
     return check(api_->broadcast(data, data, static_cast<size_t>(count), t, root, comm_, stream(s)),
                  "broadcast");
   }
   Status barrier() override { return host_->barrier(); }
+  void abort() override {
+    if (!aborted_.exchange(true)) {
+      // ncclCommAbort stops this rank's kernels still waiting for peers and frees the
+      // communicator; calls after it fail below instead of touching it.
+      (void)cudaSetDevice(device_);
+      (void)api_->comm_abort(comm_);
+    }
+    host_->abort();
+  }
   Status health() override {
+    STRATA_RETURN_IF_ERROR(alive());
     ncclResult_t async = ncclSuccess;
     STRATA_RETURN_IF_ERROR(check(api_->async_error(comm_, &async), "async error query"));
     STRATA_RETURN_IF_ERROR(check(async, "collective"));
@@ -237,6 +254,13 @@ class NcclCommunicator final : public Communicator {
   static cudaStream_t stream(const CommStream& s) {
     return static_cast<cudaStream_t>(s.cuda_stream);
   }
+  // Every NCCL call is made only while the communicator has not been aborted.
+  Status alive() const {
+    if (!aborted_.load()) return ok_status();
+    return errorf(StatusCode::kCancelled,
+                  "NCCL rank {}: the communicator was aborted (a peer rank failed or timed out)",
+                  rank());
+  }
   Status check(ncclResult_t r, const char* op) const {
     if (r == ncclSuccess) return ok_status();
     return errorf(StatusCode::kInternal, "NCCL {} failed on rank {}: {}", op, rank(),
@@ -252,6 +276,7 @@ class NcclCommunicator final : public Communicator {
                   void* recv, const int64_t* recv_counts, const int64_t* recv_offsets, DType dt,
                   const CommStream& s) {
     STRATA_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_type(dt));
+    STRATA_RETURN_IF_ERROR(alive());
     const int64_t elem = dtype_bytes(dt, 1);
     STRATA_RETURN_IF_ERROR(check(api_->group_start(), "group start"));
     Status st = ok_status();
@@ -281,6 +306,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   int device_;
   int64_t oneshot_max_bytes_;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace

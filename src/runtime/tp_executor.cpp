@@ -29,11 +29,18 @@ namespace strata {
 namespace {
 
 // N - 1 persistent worker threads plus the caller: run(f) calls f(r) for every rank r at once
-// and returns the first error.
+// and returns the first error (in time). A rank that fails, or a run that takes longer than the
+// deadline (STRATA_COLLECTIVE_TIMEOUT), calls on_fail once: it aborts the communicators, so the
+// ranks blocked on a peer that will never arrive return instead of hanging.
 class RankPool {
  public:
-  explicit RankPool(int n) : n_(n), status_(static_cast<size_t>(n), ok_status()) {
+  RankPool(int n, std::function<void()> on_fail, std::chrono::seconds deadline)
+      : n_(n),
+        on_fail_(std::move(on_fail)),
+        deadline_(deadline),
+        done_(static_cast<size_t>(n), true) {
     for (int r = 1; r < n; ++r) threads_.emplace_back([this, r] { work(r); });
+    if (n > 1) watchdog_ = std::thread([this] { watch(); });
   }
   ~RankPool() {
     {
@@ -42,27 +49,51 @@ class RankPool {
       ++generation_;
     }
     cv_.notify_all();
+    watch_cv_.notify_all();
     for (std::thread& t : threads_) t.join();
+    if (watchdog_.joinable()) watchdog_.join();
   }
   Status run(const std::function<Status(int)>& f) {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (failed_) {
+        return Status(StatusCode::kFailedPrecondition,
+                      "the ranks' communicators were aborted by an earlier failure: " +
+                          first_error_.message());
+      }
       job_ = &f;
-      pending_ = n_ - 1;
+      pending_ = n_;
+      std::fill(done_.begin(), done_.end(), false);
+      started_ = std::chrono::steady_clock::now();
+      running_ = true;
       ++generation_;
     }
     cv_.notify_all();
-    status_[0] = f(0);
+    watch_cv_.notify_all();
+    finish(0, f(0));
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [&] { return pending_ == 0; });
     job_ = nullptr;
-    for (const Status& s : status_) {
-      if (!s.ok()) return s;
-    }
-    return ok_status();
+    running_ = false;
+    watch_cv_.notify_all();
+    return failed_ ? first_error_ : ok_status();
   }
 
  private:
+  void finish(int r, Status s) {
+    bool fire = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_[static_cast<size_t>(r)] = true;
+      if (!s.ok() && !failed_) {
+        failed_ = true;
+        fire = true;
+        first_error_ = std::move(s);
+      }
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+    if (fire && on_fail_) on_fail_();
+  }
   void work(int r) {
     uint64_t seen = 0;
     for (;;) {
@@ -74,22 +105,53 @@ class RankPool {
         if (stop_) return;
         job = job_;
       }
-      Status s = (*job)(r);
-      std::lock_guard<std::mutex> lock(mu_);
-      status_[static_cast<size_t>(r)] = std::move(s);
-      if (--pending_ == 0) done_cv_.notify_all();
+      finish(r, (*job)(r));
+    }
+  }
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      watch_cv_.wait(lock, [&] { return stop_ || running_; });
+      if (stop_) return;
+      const uint64_t gen = generation_;
+      auto over = [&] { return stop_ || !running_ || generation_ != gen; };
+      if (watch_cv_.wait_until(lock, started_ + deadline_, over)) continue;
+      if (!failed_) {
+        std::string slow;
+        for (int r = 0; r < n_; ++r) {
+          if (!done_[static_cast<size_t>(r)])
+            slow += (slow.empty() ? "" : ", ") + std::to_string(r);
+        }
+        failed_ = true;
+        first_error_ = errorf(StatusCode::kDeadlineExceeded,
+                              "rank(s) {} still running a forward pass after {} s (a collective "
+                              "waiting for a peer?); the communicators were aborted "
+                              "(STRATA_COLLECTIVE_TIMEOUT sets the limit)",
+                              slow, deadline_.count());
+        lock.unlock();
+        if (on_fail_) on_fail_();
+        lock.lock();
+      }
+      watch_cv_.wait(lock, over);
     }
   }
 
   int n_;
+  std::function<void()> on_fail_;
+  std::chrono::seconds deadline_;
   std::vector<std::thread> threads_;
+  std::thread watchdog_;
   std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
+  std::condition_variable cv_, done_cv_, watch_cv_;
   uint64_t generation_ = 0;
   int pending_ = 0;
   bool stop_ = false;
+  bool running_ = false;
+  bool failed_ = false;
+  Status first_error_;
+  std::vector<bool> done_;
+  std::chrono::steady_clock::time_point started_;
   const std::function<Status(int)>* job_ = nullptr;
-  std::vector<Status> status_;
 };
 
 // Ranks or stages as threads of one process: one runner each, run together by a RankPool. What
@@ -103,7 +165,9 @@ class InProcessGroupExecutor : public Executor {
                          std::vector<std::unique_ptr<Executor>> ranks, std::string label)
       : comms_(std::move(comms)),
         ranks_(std::move(ranks)),
-        pool_(static_cast<int>(ranks_.size())),
+        pool_(
+            static_cast<int>(ranks_.size()), [this] { abort_all(); },
+            std::chrono::seconds(env_config().collective_timeout_s)),
         label_(std::move(label)) {}
 
   const ModelConfig& config() const override { return ranks_[0]->config(); }
@@ -147,6 +211,13 @@ class InProcessGroupExecutor : public Executor {
   int64_t graph_replays() const override { return ranks_[0]->graph_replays(); }
 
  protected:
+  // A rank failed or ran past the deadline: wake every rank blocked on a peer.
+  void abort_all() {
+    for (const auto& c : comms_) {
+      if (c != nullptr) c->abort();
+    }
+  }
+
   std::vector<std::unique_ptr<Communicator>> comms_;  // before ranks_: the runners refer to them
   std::vector<std::unique_ptr<Executor>> ranks_;
   RankPool pool_;

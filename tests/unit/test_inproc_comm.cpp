@@ -47,6 +47,32 @@ TEST(InProcessComm, MissingRankTimesOut) {
   }
 }
 
+TEST(InProcessComm, AbortWakesRanksWaitingForAPeer) {
+  // Rank 2 never arrives (it failed); aborting its communicator must release ranks 0 and 1 long
+  // before the group's timeout, with kCancelled, and later calls fail at once.
+  std::vector<std::unique_ptr<Communicator>> comms = make_in_process_communicators(3);
+  in_process_group(*comms[0])->timeout = std::chrono::seconds(120);
+  float a = 1.0f, b = 2.0f;
+  Status s0, s1;
+  const auto t_start = std::chrono::steady_clock::now();
+  std::thread t0([&] { s0 = comms[0]->all_reduce(&a, 1, DType::kF32, CommStream::host()); });
+  std::thread t1([&] { s1 = comms[1]->all_reduce(&b, 1, DType::kF32, CommStream::host()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  comms[2]->abort();
+  t0.join();
+  t1.join();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  EXPECT_LT(waited, 60.0);
+  for (const Status* s : {&s0, &s1}) EXPECT_EQ(s->code(), StatusCode::kCancelled) << s->message();
+  float c = 3.0f;
+  EXPECT_EQ(comms[0]->all_reduce(&c, 1, DType::kF32, CommStream::host()).code(),
+            StatusCode::kCancelled);
+  std::vector<uint8_t> byte(1);
+  EXPECT_EQ(comms[1]->recv(byte.data(), 1, DType::kU8, 0, CommStream::host()).code(),
+            StatusCode::kCancelled);
+}
+
 TEST(InProcessComm, DeviceCollectivesNeedRegistration) {
   std::vector<std::unique_ptr<Communicator>> comms = make_in_process_communicators(1);
   EXPECT_FALSE(comms[0]->supports(Device::cuda(0)));
