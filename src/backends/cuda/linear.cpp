@@ -42,10 +42,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/env.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/gpu_linear_internal.h"
+#include "core/env.h"
 #include "core/status.h"
 
 namespace strata::cuda {
@@ -100,8 +100,8 @@ struct Plan {
   // being captured into a graph; until then (or with one candidate) the heuristic's first pick.
   std::vector<cublasLtMatmulAlgo_t> candidates;
   bool tuned = false;
+  bool warmed = false;  // has run once on this device (its kernels are loaded)
 };
-
 
 }  // namespace
 
@@ -288,12 +288,35 @@ Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, const fl
                   const void* a, const void* b, void* d, void* workspace) {
   Descs s;
   STRATA_RETURN_IF_ERROR(build(key, bias, &s));
+  bool warmed = false;
+  {
+    std::lock_guard<std::mutex> lock(ctx.lt_plans->mu);
+    warmed = plan.warmed;
+  }
+  if (!warmed) {
+    // The first run of a plan on a device may make cuBLASLt load a kernel library
+    // (cuLibraryLoadData), which waits for the device to go idle while holding a lock that every
+    // cublasLtMatmul of the process takes. With a collective in flight on this stream that is a
+    // deadlock between tensor-parallel ranks: this GPU's all-reduce waits for a peer GPU, whose
+    // host thread waits for the lock (seen with NCCL on two H200s: one rank in
+    // cuLibraryLoadData, the other in cublasLtMatmul's mutex). So the stream is drained first,
+    // once per plan (never inside a capture: a captured shape has run eagerly before).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ctx.stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    }
+  }
   if (!plan.tuned) STRATA_RETURN_IF_ERROR(autotune(ctx, key, plan, s, a, b, d, workspace));
   const float alpha = 1.0f;
   const float beta = key.beta ? 1.0f : 0.0f;
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(key.handle, &s.op, &alpha, a, &s.a, b, &s.b, &beta,
                                                d, &s.d, d, &s.d, &plan.algo, workspace,
                                                key.workspace, ctx.stream));
+  if (!warmed) {
+    std::lock_guard<std::mutex> lock(ctx.lt_plans->mu);
+    plan.warmed = true;
+  }
   return ok_status();
 }
 
