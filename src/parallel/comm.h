@@ -135,6 +135,17 @@ std::vector<std::unique_ptr<Communicator>> make_in_process_communicators(int n);
 Result<std::unique_ptr<Communicator>> make_nccl_communicator(std::unique_ptr<Communicator> host,
                                                              int device_index,
                                                              int64_t oneshot_max_bytes = 0);
+// One-shot device collectives between processes (mpirun ranks) over CUDA IPC: every rank
+// allocates a staging buffer and flags on `device_index`, the IPC handles travel over `host`
+// (which the result owns and uses for host memory, barriers and split), and each rank maps its
+// peers' buffers once. Device all-reduces / all-gathers of up to max_bytes (and the fused add +
+// norm) are then the one-shot kernels of the in-process communicator, capturable in CUDA graphs;
+// larger device messages and other device collectives are kUnimplemented (wrap it in NCCL:
+// make_nccl_communicator sends what is above its oneshot_max_bytes to NCCL). Ranks may share a
+// GPU. Every rank of host must call it at once. kUnimplemented without CUDA.
+Result<std::unique_ptr<Communicator>> make_ipc_oneshot_communicator(
+    std::unique_ptr<Communicator> host, int device_index, int64_t max_bytes);
+
 // "2.28.9", or empty when NCCL cannot be loaded.
 std::string nccl_version();
 

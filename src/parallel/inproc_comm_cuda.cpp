@@ -12,6 +12,7 @@
 #include "backends/cuda/cuda_kernels.h"
 #include "core/status.h"
 #include "parallel/inproc_comm.h"
+#include "parallel/oneshot_rank.h"
 
 namespace strata {
 
@@ -122,104 +123,47 @@ Status init_in_process_device(Communicator& c, int device_index, int64_t max_byt
 
 namespace {
 
+OneShotRank view(InProcessGroup& g, int rank) {
+  OneShotRank v;
+  if (g.device == nullptr) return v;
+  const size_t me = static_cast<size_t>(rank);
+  v.n_ranks = g.n;
+  v.rank = rank;
+  v.staging_table = g.device->staging_table[me];
+  v.flags_table = g.device->flags_table[me];
+  v.counters = g.device->counters[me];
+  v.staging_bytes = g.device->staging_bytes;
+  return v;
+}
+
 Status device_collective(InProcessGroup& g, int rank, const void* in, void* out, int64_t count,
                          DType dt, void* stream, bool gather) {
-  if (g.device == nullptr || g.device->staging_table[static_cast<size_t>(rank)] == nullptr) {
+  const OneShotRank v = view(g, rank);
+  if (!v.ready()) {
     return Status(StatusCode::kFailedPrecondition,
                   "in-process device collective before init_in_process_device");
   }
-  InProcessDeviceState& s = *g.device;
-  const size_t me = static_cast<size_t>(rank);
-  cuda::LaunchCtx ctx;
-  ctx.stream = static_cast<cudaStream_t>(stream);
-  cuda::OneShotParams p;
-  p.n_ranks = g.n;
-  p.rank = rank;
-  p.staging = s.staging_table[me];
-  p.staging_bytes = s.staging_bytes;
-  p.flags = s.flags_table[me];
-  p.epoch = s.counters[me];
-  p.done = s.counters[me] + 1;
-  p.error = s.counters[me] + 2;
-  p.dtype = dt;
-  // Messages larger than half the staging buffer go in pieces, each its own epoch.
-  const int64_t elem = dtype_bytes(dt, 1);
-  const int64_t piece = std::max<int64_t>(1, s.staging_bytes / 2 / elem);
-  for (int64_t off = 0; off < count || (count == 0 && off == 0); off += piece) {
-    const int64_t n = std::min(piece, count - off);
-    if (n <= 0) break;
-    p.in = static_cast<const char*>(in) + off * elem;
-    p.count = n;
-    if (gather && n != count) {
-      return Status(StatusCode::kUnimplemented,
-                    "in-process device all-gather larger than the staging buffer");
-    }
-    p.out = static_cast<char*>(out) + (gather ? 0 : off * elem);
-    STRATA_RETURN_IF_ERROR(cuda::oneshot(ctx, p, gather));
-  }
-  return ok_status();
+  return oneshot_collective(v, in, out, count, dt, stream, gather);
 }
 
 }  // namespace
 
 Status inproc_device_all_reduce_add_norm(InProcessGroup& g, int rank, const AllReduceAddNorm& a,
                                          void* stream) {
-  if (g.device == nullptr || g.device->staging_table[static_cast<size_t>(rank)] == nullptr) {
+  const OneShotRank v = view(g, rank);
+  if (!v.ready()) {
     return Status(StatusCode::kFailedPrecondition,
                   "in-process device collective before init_in_process_device");
   }
-  InProcessDeviceState& s = *g.device;
-  // Decode-sized batches only: one block per row keeps prefill's many rows on a few blocks,
-  // slower than the all-reduce kernel and a separate norm (the caller composes those).
-  if (a.rows > cuda::kOneShotMaxBlocks) {
-    return Status(StatusCode::kUnimplemented, "fused all-reduce + norm above 32 rows");
-  }
-  if (dtype_bytes(DType::kF32, a.rows * a.cols) > s.staging_bytes / 2) {
-    return Status(StatusCode::kUnimplemented, "fused all-reduce larger than the staging buffer");
-  }
-  const size_t me = static_cast<size_t>(rank);
-  cuda::LaunchCtx ctx;
-  ctx.stream = static_cast<cudaStream_t>(stream);
-  cuda::OneShotParams p;
-  p.n_ranks = g.n;
-  p.rank = rank;
-  p.staging = s.staging_table[me];
-  p.staging_bytes = s.staging_bytes;
-  p.flags = s.flags_table[me];
-  p.epoch = s.counters[me];
-  p.done = s.counters[me] + 1;
-  p.error = s.counters[me] + 2;
-  p.dtype = DType::kF32;
-  p.in = a.y;
-  p.count = a.rows * a.cols;
-  cuda::OneShotAddNormParams f;
-  f.bias = a.bias;
-  f.bias_dtype = a.bias_dtype;
-  f.x = a.x;
-  f.weight = a.weight;
-  f.weight_dtype = a.weight_dtype;
-  f.weight_offset = a.weight_offset;
-  f.eps = a.eps;
-  f.h = a.h;
-  f.rows = a.rows;
-  f.cols = a.cols;
-  return cuda::oneshot_add_norm(ctx, p, f);
+  return oneshot_collective_add_norm(v, a, stream);
 }
 
 Status inproc_device_health(InProcessGroup& g, int rank) {
   if (g.device == nullptr || g.device->counters[static_cast<size_t>(rank)] == nullptr) {
     return ok_status();
   }
-  uint32_t error = 0;
-  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(&error, g.device->counters[static_cast<size_t>(rank)] + 2,
-                                         sizeof(error), cudaMemcpyDeviceToHost));
-  if (error != 0) {
-    return errorf(StatusCode::kDeadlineExceeded,
-                  "in-process device collective on rank {}: a peer did not arrive within ~10 s "
-                  "(the results of that step are invalid)",
-                  rank);
-  }
-  return ok_status();
+  OneShotRank v = view(g, rank);
+  return oneshot_health(v, "in-process device collective");
 }
 
 Status inproc_device_all_reduce(InProcessGroup& g, int rank, void* data, int64_t count, DType dt,

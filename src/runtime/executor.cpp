@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "model/presets.h"
 #include "runtime/device_runtime.h"
@@ -308,6 +309,40 @@ Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const P
   return std::unique_ptr<Executor>(std::move(r));
 }
 
+// The device collectives of an mpirun rank (one process per GPU): the CUDA IPC one-shot kernels
+// for decode-sized messages (up to STRATA_ONESHOT_MAX_BYTES, 256 KB by default) and NCCL above;
+// host collectives and NCCL's bootstrap over `mpi`. With every rank on one GPU (shared_gpu) NCCL
+// cannot run, and the one-shot kernels take every message the model sends. Where the GPUs cannot
+// map each other's memory, NCCL alone.
+Result<std::unique_ptr<Communicator>> make_device_communicator(std::unique_ptr<Communicator> mpi,
+                                                               const ModelConfig& config,
+                                                               const RunnerOptions& ro,
+                                                               bool shared_gpu) {
+  const int tp = mpi->size();
+  const int64_t T = ro.max_num_tokens, R = std::max(ro.max_logit_rows, ro.max_num_seqs);
+  const int64_t largest =
+      std::max<int64_t>(T * config.hidden * 4, R * ((config.vocab + tp - 1) / tp) * 4);
+  const int64_t oneshot_max =
+      env_config().oneshot_max_bytes >= 0 ? env_config().oneshot_max_bytes : int64_t{256} << 10;
+  if (shared_gpu) {
+    return make_ipc_oneshot_communicator(std::move(mpi), ro.device.index, largest);
+  }
+  if (oneshot_max <= 0 || tp == 1) {
+    return make_nccl_communicator(std::move(mpi), ro.device.index);
+  }
+  // Every rank tries; on failure each rank gets the error and all fall back together (a split
+  // gives each attempt its own host communicator, so the fallback keeps a working one).
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub, mpi->split(0, mpi->rank()));
+  Result<std::unique_ptr<Communicator>> ipc =
+      make_ipc_oneshot_communicator(std::move(sub), ro.device.index, oneshot_max);
+  if (!ipc.ok()) {
+    log_warn("one-shot all-reduce over CUDA IPC unavailable ({}); NCCL takes every size",
+             ipc.status().message());
+    return make_nccl_communicator(std::move(mpi), ro.device.index);
+  }
+  return make_nccl_communicator(std::move(*ipc), ro.device.index, oneshot_max);
+}
+
 Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOptions& eo) {
   LoadedExecutor out;
   const bool cuda = cfg.device.is_cuda();
@@ -435,7 +470,10 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     // collectives through NCCL, host ones (and NCCL's bootstrap) through MPI.
     const int local =
         env.launcher_local_rank >= 0 ? env.launcher_local_rank : std::max(0, env.launcher_rank);
-    ro.device = Device::cuda(cfg.device.index + local);
+    // STRATA_TP_ONE_GPU=1: every rank on the one GPU (testing the multi-process path on one
+    // card); NCCL cannot run two ranks on one GPU, so the CUDA IPC one-shot takes every size.
+    const bool shared_gpu = env.tp_one_gpu;
+    ro.device = Device::cuda(cfg.device.index + (shared_gpu ? 0 : local));
     EngineConfig shard_cfg = cfg;
     shard_cfg.device = DeviceSpec::cuda(ro.device.index);
     if (dummy) {
@@ -462,7 +500,8 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     ParallelConfig par;
     par.tp_size = out.comm->size();
     par.tp_rank = out.comm->rank();
-    STRATA_ASSIGN_OR_RETURN(out.comm, make_nccl_communicator(std::move(out.comm), ro.device.index));
+    STRATA_ASSIGN_OR_RETURN(out.comm,
+                            make_device_communicator(std::move(out.comm), config, ro, shared_gpu));
     STRATA_ASSIGN_OR_RETURN(out.exec, make_runner(config, par, std::move(host), *out.comm, ro));
   } else if (cfg.parallel.tp == 1 && pp == 1 && !dummy) {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Tensor parallelism with one process per rank (mpirun) on the GPU machine, in one device call:
+#   1. the CUDA IPC one-shot communicator's tests under mpirun (2 ranks; on one GPU both ranks
+#      share it, with STRATA_TP_ONE_GPU=1 for strata itself)
+#   2. `strata run` of a fixture model, greedy: mpirun TP = 2 must print what TP = 1 prints
+#   3. `strata bench` under mpirun (one GPU each when there are two or more GPUs: IPC one-shot
+#      below STRATA_ONESHOT_MAX_BYTES, NCCL above), beside the in-process ranks
+# Needs a strata built with MPI and CUDA (BUILD: its build dir or a carried bin/ with tests/).
+#   BUILD=.gpu_carry/bin scripts/gpu_mpi_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build-gpu}
+if [ -d .gpu_carry/lib ]; then export LD_LIBRARY_PATH="$PWD/.gpu_carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+if [ -z "${STRATA_NCCL_LIBRARY:-}" ]; then
+  lib=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib', 'libnccl.so.2'))" 2>/dev/null)
+  [ -n "$lib" ] && [ -f "$lib" ] && export STRATA_NCCL_LIBRARY="$lib"
+fi
+NGPU=$(nvidia-smi -L | wc -l)
+MPI=(mpirun --allow-run-as-root -np 2 -x LD_LIBRARY_PATH -x STRATA_NCCL_LIBRARY -x NCCL_NVLS_ENABLE)
+ONE=()
+[ "$NGPU" -lt 2 ] && ONE=(-x STRATA_TP_ONE_GPU=1) && export STRATA_TP_ONE_GPU=1
+rc=0
+step() {  # step NAME LIMIT CMD...
+  local name=$1 lim=$2; shift 2
+  echo "== $name"
+  STRATA_COLLECTIVE_TIMEOUT=60 timeout "$lim" "$@" > "$OUT/$name.txt" 2>&1 || { echo "rc=$?"; rc=1; }
+  grep -E "^\| (decode|prefill)|error|PASSED|FAILED|SKIPPED" "$OUT/$name.txt" | head -n 12
+}
+step ipc_tests 180 "${MPI[@]}" "${ONE[@]}" "$BUILD/tests/test_cuda" --gtest_filter='IpcOneShotCuda.*'
+M=tests/fixtures/models/llama
+step run_tp1 60 "$BUILD/strata" run -m "$M" --device cuda -p "The quick brown fox" -n 24 --temp 0
+step run_tp2_mpi 120 "${MPI[@]}" "${ONE[@]}" "$BUILD/strata" run -m "$M" --device cuda --tp 2 \
+  -p "The quick brown fox" -n 24 --temp 0
+# The generated text (stdout of rank 0) must be the same.
+a=$(grep -v -E "^(strata|\[|model|load)" "$OUT/run_tp1.txt" | head -n 5)
+b=$(grep -v -E "^(strata|\[|model|load)" "$OUT/run_tp2_mpi.txt" | head -n 5)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "run: mpirun TP=2 text == TP=1 text"; else
+  echo "run: TEXT DIFFERS"; echo "tp1: $a"; echo "tp2: $b"; rc=1; fi
+CFG=llama3-8b; [ "$NGPU" -lt 2 ] && CFG=llama3.2-1b
+step bench_mpi 240 "${MPI[@]}" "${ONE[@]}" "$BUILD/strata" bench --device cuda --model-config "$CFG" \
+  --tp 2 --batch 1,16,64 --ctx 256 -r 5
+step bench_inproc 240 "$BUILD/strata" bench --device cuda --model-config "$CFG" --tp 2 \
+  --batch 1,16,64 --ctx 256 -r 5
+echo "== done rc=$rc"
+exit $rc

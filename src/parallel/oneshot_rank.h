@@ -1,0 +1,33 @@
+// One rank's view of the one-shot device collectives (backends/cuda/kernels/oneshot.cu), shared
+// by the communicators that use them: the in-process one (ranks are threads; peers' buffers
+// reached by peer access) and the CUDA IPC one (ranks are processes; peers' buffers opened from
+// IPC handles). Once the tables exist, a collective is the same kernel launch in both.
+// Compiled with CUDA only.
+#pragma once
+
+#include <cstdint>
+
+#include "parallel/comm.h"
+
+namespace strata {
+
+struct OneShotRank {
+  int n_ranks = 0;
+  int rank = 0;
+  void** staging_table = nullptr;  // device [n_ranks]: every rank's staging buffer, as mapped here
+  uint32_t** flags_table = nullptr;  // device [n_ranks]: every rank's flags
+  uint32_t* counters = nullptr;      // device [3]: this rank's epoch, done, error
+  int64_t staging_bytes = 0;         // of each staging buffer (two halves)
+  bool ready() const { return staging_table != nullptr; }
+};
+
+// data (in place) = the sum over ranks; or recv = every rank's send, rank-major (gather). Larger
+// all-reduces than half the staging buffer go in pieces; a larger all-gather is kUnimplemented.
+Status oneshot_collective(const OneShotRank& v, const void* in, void* out, int64_t count, DType dt,
+                          void* stream, bool gather);
+// The fused all-reduce + bias + residual add + RMSNorm (decode-sized: at most 32 rows).
+Status oneshot_collective_add_norm(const OneShotRank& v, const AllReduceAddNorm& a, void* stream);
+// kDeadlineExceeded when a one-shot kernel of this rank gave up waiting for a peer.
+Status oneshot_health(const OneShotRank& v, const char* who);
+
+}  // namespace strata
