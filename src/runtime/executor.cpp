@@ -502,7 +502,35 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     par.tp_rank = out.comm->rank();
     STRATA_ASSIGN_OR_RETURN(out.comm,
                             make_device_communicator(std::move(out.comm), config, ro, shared_gpu));
-    STRATA_ASSIGN_OR_RETURN(out.exec, make_runner(config, par, std::move(host), *out.comm, ro));
+    if (!shared_gpu || par.tp_size == 1) {
+      STRATA_ASSIGN_OR_RETURN(out.exec, make_runner(config, par, std::move(host), *out.comm, ro));
+    } else {
+      // Every process on one GPU: rank 0 sizes its KV pool within its share of
+      // --gpu-memory-utilization first, and the others take as many blocks (the ranks address
+      // the same block ids).
+      Result<std::unique_ptr<Executor>> e =
+          Status(StatusCode::kInternal, "tensor-parallel rank 0 failed to load");
+      int64_t blocks = -1;
+      if (par.tp_rank == 0) {
+        RunnerOptions r0 = ro;
+        if (r0.num_kv_blocks <= 0) r0.gpu_memory_utilization /= par.tp_size;
+        e = make_runner(config, par, std::move(host), *out.comm, r0);
+        if (e.ok()) blocks = (*e)->cache().config().n_blocks;
+      }
+      STRATA_RETURN_IF_ERROR(out.comm->broadcast(&blocks, static_cast<int64_t>(sizeof(blocks)), 0));
+      if (par.tp_rank != 0 && blocks > 0) {
+        RunnerOptions rn = ro;
+        rn.num_kv_blocks = blocks;
+        e = make_runner(config, par, std::move(host), *out.comm, rn);
+      }
+      int32_t failed = e.ok() ? 0 : 1;
+      STRATA_RETURN_IF_ERROR(out.comm->all_reduce(&failed, 1, DType::kI32, CommStream::host()));
+      if (!e.ok()) return e.status();
+      if (failed != 0) {
+        return errorf(StatusCode::kInternal, "{} tensor-parallel rank(s) failed to load", failed);
+      }
+      out.exec = std::move(*e);
+    }
   } else if (cfg.parallel.tp == 1 && pp == 1 && !dummy) {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
     out.info = std::move(loaded.info);

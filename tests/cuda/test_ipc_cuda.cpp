@@ -28,6 +28,19 @@ std::vector<float> values(int64_t n, int rank) {
   return v;
 }
 
+Result<std::unique_ptr<Communicator>> g_world =
+    Status(StatusCode::kUnimplemented, "not under mpirun");
+
+class MpiWorld : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (launched_under_mpi()) g_world = make_mpi_communicator();
+  }
+  void TearDown() override { g_world = Status(StatusCode::kUnimplemented, "finalized"); }
+};
+[[maybe_unused]] ::testing::Environment* const g_mpi_env =
+    ::testing::AddGlobalTestEnvironment(new MpiWorld);
+
 struct Ranks {
   std::unique_ptr<Communicator> comm;
   int device = 0;
@@ -40,12 +53,10 @@ Result<Ranks> world(int64_t max_bytes) {
                   "not under mpirun (run: mpirun -np 2 test_cuda "
                   "--gtest_filter='IpcOneShotCuda.*')");
   }
-  // MPI finalizes with its last communicator: the world lives as long as the process, and each
-  // test's IPC communicator owns a split of it.
-  static Result<std::unique_ptr<Communicator>>* mpi =
-      new Result<std::unique_ptr<Communicator>>(make_mpi_communicator());
-  if (!mpi->ok()) return mpi->status();
-  Communicator& w = ***mpi;
+  // MPI finalizes with its last communicator: the world lives until the test environment's
+  // tear-down, and each test's IPC communicator owns a split of it.
+  if (!g_world.ok()) return g_world.status();
+  Communicator& w = **g_world;
   const int gpus = cuda::cuda_device_count();
   Ranks r;
   r.device = gpus >= w.size() ? w.rank() : 0;
