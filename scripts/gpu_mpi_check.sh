@@ -3,7 +3,8 @@
 #   1. the CUDA IPC one-shot communicator's tests under mpirun (2 ranks; on one GPU both ranks
 #      share it, with STRATA_TP_ONE_GPU=1 for strata itself)
 #   2. `strata run` of a fixture model, greedy: mpirun TP = 2 must print what TP = 1 prints
-#   3. `strata bench` under mpirun (one GPU each when there are two or more GPUs: IPC one-shot
+#   3. `strata serve` under mpirun: concurrent greedy completions equal the TP = 1 text
+#   4. `strata bench` under mpirun (one GPU each when there are two or more GPUs: IPC one-shot
 #      below STRATA_ONESHOT_MAX_BYTES, NCCL above), beside the in-process ranks
 # Needs a strata built with MPI and CUDA (BUILD: its build dir or a carried bin/ with tests/).
 #   BUILD=.gpu_carry/bin scripts/gpu_mpi_check.sh
@@ -43,6 +44,31 @@ if [ -s "$OUT/run_tp1.out" ] && cmp -s "$OUT/run_tp1.out" "$OUT/run_tp2_mpi.out"
 else
   echo "run: TEXT DIFFERS"; rc=1
 fi
+# A tensor-parallel server under mpirun: 8 concurrent greedy completions must each print what
+# `strata run` printed at TP = 1.
+echo "== mpirun serve"
+"${MPI[@]}" "${ONE[@]}" "$BUILD/strata" serve -m "$M" --device cuda --tp 2 --port 8077 \
+  > "$OUT/serve.txt" 2>&1 &
+spid=$!
+for _ in $(seq 90); do curl -sf http://127.0.0.1:8077/health > /dev/null 2>&1 && break; sleep 1; done
+python3 - "$OUT/run_tp1.out" <<'PY' || rc=1
+import json, sys, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+want = open(sys.argv[1], encoding="utf-8", errors="replace").read().rstrip("\n")
+def one(_):
+    body = json.dumps({"model": "m", "prompt": "The quick brown fox", "max_tokens": 24,
+                       "temperature": 0}).encode()
+    req = urllib.request.Request("http://127.0.0.1:8077/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["text"]
+with ThreadPoolExecutor(8) as ex:
+    got = list(ex.map(one, range(8)))
+same = sum(g == want for g in got)
+print(f"serve: {same}/8 concurrent completions == TP=1 run text")
+if same != 8:
+    print("want", repr(want)); print("got ", [repr(g) for g in got[:2]]); sys.exit(1)
+PY
+kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
 CFG=llama3-8b; [ "$NGPU" -lt 2 ] && CFG=llama3.2-1b
 step bench_mpi 240 "${MPI[@]}" "${ONE[@]}" "$BUILD/strata" bench --device cuda --model-config "$CFG" \
   --tp 2 --batch 1,16,64 --ctx 256 -r 5
