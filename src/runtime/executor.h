@@ -50,6 +50,30 @@ class Executor {
   // measured), or -1 when this executor is not a pipeline.
   virtual double measured_bubble() const { return -1.0; }
   virtual void reset_pipeline_stats() {}
+
+  // Forward passes in flight at once (seed 000's generation schedule for pipeline stages: while
+  // stage s runs one step's micro-batch, stage s + 1 runs the previous one). 1: submit() runs
+  // the pass before it returns. A pipelined executor returns at once, having copied the batch;
+  // the caller keeps at most pipeline_depth() passes outstanding, of disjoint sequences, keeps
+  // `logits` / `ids` alive until their wait(), and waits before anything else touches the
+  // executor (swaps, synchronous forward passes).
+  virtual int pipeline_depth() const { return 1; }
+  // With ids != null: forward_argmax into ids; else forward into logits.
+  virtual Status submit(const ForwardBatch& batch, float* logits, int32_t* ids) {
+    done_.push_back(ids != nullptr ? forward_argmax(batch, ids) : forward(batch, logits));
+    return ok_status();
+  }
+  // Blocks until the oldest submitted pass has finished; its status.
+  virtual Status wait() {
+    if (done_.empty())
+      return Status(StatusCode::kFailedPrecondition, "wait() with nothing submitted");
+    Status s = std::move(done_.front());
+    done_.erase(done_.begin());
+    return s;
+  }
+
+ private:
+  std::vector<Status> done_;  // the default submit(): finished passes not yet waited for
 };
 
 // How a ModelRunner lays a model out on its device.

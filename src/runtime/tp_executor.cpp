@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -276,10 +277,61 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
   Status forward_argmax(const ForwardBatch& b, int32_t* ids) override {
     return run(b, nullptr, ids);
   }
-  double measured_bubble() const override { return strata::measured_bubble(busy_, wall_); }
+  ~InProcessPpExecutor() override { stop_stages(); }
+
+  double measured_bubble() const override {
+    std::lock_guard<std::mutex> lock(amu_);
+    return strata::measured_bubble(busy_, wall_);
+  }
   void reset_pipeline_stats() override {
+    std::lock_guard<std::mutex> lock(amu_);
     std::fill(busy_.begin(), busy_.end(), 0.0);
     wall_ = 0.0;
+    first_start_set_ = false;
+  }
+
+  // The generation schedule across steps: every submitted pass is one micro-batch that flows
+  // through the stages on their own threads; stage s runs pass j while stage s + 1 runs pass
+  // j - 1, so with as many passes in flight as stages no stage waits.
+  int pipeline_depth() const override { return static_cast<int>(ranks_.size()); }
+  Status submit(const ForwardBatch& b, float* logits, int32_t* ids) override {
+    start_stages();
+    auto job = std::make_shared<AsyncJob>();
+    job->tokens.assign(b.tokens.begin(), b.tokens.end());
+    job->seq.assign(b.token_seq.begin(), b.token_seq.end());
+    job->pos.assign(b.token_pos.begin(), b.token_pos.end());
+    job->rows.assign(b.logit_rows.begin(), b.logit_rows.end());
+    job->tables.assign(b.block_tables, b.block_tables + b.n_seqs * b.max_blocks_per_seq);
+    job->b = b;
+    job->b.tokens = job->tokens;
+    job->b.token_seq = job->seq;
+    job->b.token_pos = job->pos;
+    job->b.logit_rows = job->rows;
+    job->b.block_tables = job->tables.data();
+    job->logits = logits;
+    job->ids = ids;
+    {
+      std::lock_guard<std::mutex> lock(amu_);
+      if (!first_start_set_) {
+        first_start_ = std::chrono::steady_clock::now();
+        first_start_set_ = true;
+      }
+      jobs_.push_back(std::move(job));
+      ++submitted_;
+    }
+    acv_.notify_all();
+    return ok_status();
+  }
+  Status wait() override {
+    std::unique_lock<std::mutex> lock(amu_);
+    if (jobs_.empty()) {
+      return Status(StatusCode::kFailedPrecondition, "wait() with nothing submitted");
+    }
+    std::shared_ptr<AsyncJob> job = jobs_.front();
+    done_cv_.wait(lock, [&] { return job->done; });
+    jobs_.pop_front();
+    ++first_job_;
+    return job->status;
   }
 
  private:
@@ -331,6 +383,13 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
 
   Status run(const ForwardBatch& b, float* logits, int32_t* ids) {
     if (b.tokens.empty()) return ok_status();
+    {
+      std::lock_guard<std::mutex> lock(amu_);
+      if (!jobs_.empty()) {
+        return Status(StatusCode::kFailedPrecondition,
+                      "a synchronous forward pass while pipelined passes are in flight");
+      }
+    }
     const std::vector<Micro> micro = split(b);
     const int P = static_cast<int>(ranks_.size());
     const int64_t V = config().vocab;
@@ -357,15 +416,108 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (st.ok()) {
+      std::lock_guard<std::mutex> lock(amu_);
       wall_ += wall;
       for (int s = 0; s < P; ++s) busy_[static_cast<size_t>(s)] += busy[static_cast<size_t>(s)];
     }
     return st;
   }
 
+  struct AsyncJob {
+    std::vector<int32_t> tokens, seq, pos, rows, tables;
+    ForwardBatch b;
+    float* logits = nullptr;
+    int32_t* ids = nullptr;
+    bool done = false;
+    Status status;
+  };
+
+  void start_stages() {
+    if (!stage_threads_.empty()) return;
+    for (int s = 0; s < static_cast<int>(ranks_.size()); ++s) {
+      stage_threads_.emplace_back([this, s] { stage_loop(s); });
+    }
+  }
+  void stop_stages() {
+    {
+      std::lock_guard<std::mutex> lock(amu_);
+      stopping_ = true;
+    }
+    acv_.notify_all();
+    for (std::thread& t : stage_threads_) t.join();
+    stage_threads_.clear();
+  }
+  // Stage s runs every submitted pass in order: receive (stage > 0), its layers, send (or, on
+  // the last stage, the results into the caller's buffers).
+  void stage_loop(int s) {
+    const int P = static_cast<int>(ranks_.size());
+    Executor& e = *ranks_[static_cast<size_t>(s)];
+    int64_t next = 0;  // absolute index of the next pass this stage runs
+    for (;;) {
+      std::shared_ptr<AsyncJob> job;
+      {
+        std::unique_lock<std::mutex> lock(amu_);
+        acv_.wait(lock, [&] { return stopping_ || next < submitted_; });
+        if (next >= submitted_) return;  // stopping, nothing left
+        job = jobs_[static_cast<size_t>(next - first_job_)];
+      }
+      ++next;
+      const double wait0 = e.wait_seconds();
+      const auto t0 = std::chrono::steady_clock::now();
+      Status st = ok_status();
+      {
+        std::lock_guard<std::mutex> lock(amu_);
+        st = job->status;  // an earlier stage failed: skip (the aborted group wakes the rest)
+      }
+      if (st.ok()) {
+        if (s < P - 1) {
+          st = e.forward(job->b, nullptr);
+        } else if (job->ids != nullptr) {
+          st = e.forward_argmax(job->b, job->ids);
+        } else {
+          st = e.forward(job->b, job->logits);
+        }
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      bool abort = false;
+      {
+        std::lock_guard<std::mutex> lock(amu_);
+        busy_[static_cast<size_t>(s)] +=
+            std::chrono::duration<double>(t1 - t0).count() - (e.wait_seconds() - wait0);
+        if (!st.ok() && job->status.ok()) {
+          job->status = st;
+          abort = true;
+        }
+        if (s == P - 1 || !job->status.ok()) {
+          if (s == P - 1) {
+            job->done = true;
+            wall_ = std::chrono::duration<double>(t1 - first_start_).count();
+          }
+        }
+      }
+      if (abort) {
+        // The later stages would wait for this pass's hidden states forever.
+        abort_all();
+        std::lock_guard<std::mutex> lock(amu_);
+        job->done = true;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
   int64_t min_tokens_;
   std::vector<double> busy_;  // per stage: seconds computing (not waiting for its input)
   double wall_ = 0.0;
+  // Pipelined passes (submit / wait).
+  mutable std::mutex amu_;
+  std::condition_variable acv_, done_cv_;
+  std::deque<std::shared_ptr<AsyncJob>> jobs_;  // submitted, not yet waited for
+  int64_t submitted_ = 0;                       // passes ever submitted
+  int64_t first_job_ = 0;                       // absolute index of jobs_.front()
+  bool stopping_ = false;
+  std::vector<std::thread> stage_threads_;
+  std::chrono::steady_clock::time_point first_start_;
+  bool first_start_set_ = false;
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <mutex>
@@ -97,7 +98,19 @@ class ServingEngineImpl final : public ServingEngine {
                   info_.path);
   }
   void loop();
+  // One step's batch, owned until its forward pass has been waited for (pipelined executors
+  // keep several in flight).
+  struct StepJob {
+    ScheduledStep step;  // a copy: the scheduler's own is rebuilt by the next schedule()
+    std::vector<int32_t> tokens, token_seq, token_pos, block_tables, logit_rows, ids;
+    std::vector<float> logits;
+    std::vector<std::pair<uint64_t, int64_t>> with_logits;  // (request id, logits row)
+    bool greedy = false;
+    ForwardBatch batch;
+  };
   void run_step();
+  void prepare(StepJob& job);
+  void complete_oldest();
   void fail_step(const ScheduledStep& step, const Status& st);
   // Sample from `row` (raw logits, modified) and emit the event; may finish the request.
   void on_logits(RequestState& r, float* row);
@@ -122,15 +135,13 @@ class ServingEngineImpl final : public ServingEngine {
   // Loop thread only.
   std::unique_ptr<Scheduler> sched_;
   std::atomic<bool> warned_no_template_{false};
-  Buffer swap_;  // [num_swap_blocks, block_bytes_]
-  std::vector<int32_t> greedy_ids_;
+  Buffer swap_;                                    // [num_swap_blocks, block_bytes_]
+  std::deque<std::unique_ptr<StepJob>> inflight_;  // submitted steps, oldest first
   std::unordered_map<uint64_t, std::unique_ptr<RequestState>> requests_;
   std::vector<std::unique_ptr<RequestState>> incoming_local_;
   std::vector<uint64_t> cancels_local_;
-  std::vector<int32_t> tokens_, token_seq_, token_pos_, block_tables_, logit_rows_;
-  std::vector<float> logits_, logprob_scratch_;
+  std::vector<float> logprob_scratch_;
   std::vector<int32_t> top_ids_;
-  std::vector<std::pair<RequestState*, int64_t>> with_logits_;  // (request, logits row)
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, finished_total_ = 0;
   LatencyHistogram ttft_{default_latency_buckets()}, tpot_{default_latency_buckets()},
       e2e_{default_latency_buckets()};
@@ -326,7 +337,8 @@ void ServingEngineImpl::loop() {
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] {
-        return stop_ || !incoming_.empty() || !cancels_.empty() || sched_->has_work();
+        return stop_ || !incoming_.empty() || !cancels_.empty() || sched_->has_work() ||
+               !inflight_.empty();
       });
       incoming_local_.swap(incoming_);
       cancels_local_.swap(cancels_);
@@ -353,104 +365,126 @@ void ServingEngineImpl::loop() {
       if (it != requests_.end()) finish(*it->second, CompletionEvent{}, "abort");
     }
     cancels_local_.clear();
-    if (sched_->has_work()) run_step();
+    if (sched_->has_work() || !inflight_.empty()) run_step();
     publish_metrics();
-    if (stop && !sched_->has_work()) break;
+    if (stop && !sched_->has_work() && inflight_.empty()) break;
   }
 }
 
 void ServingEngineImpl::run_step() {
-  const ScheduledStep& step = sched_->schedule();
-  Status swap_st = ok_status();
-  for (const BlockCopy& c : step.swap_out) {
-    if (swap_st.ok()) {
-      swap_st = exec_->copy_block_to_host(
-          c.device_block, static_cast<uint8_t*>(swap_.data()) + c.host_slot * block_bytes_);
+  // Up to pipeline_depth() steps of disjoint sequences in flight (pipeline stages: seed 000's
+  // generation schedule), each about 1/depth of the running sequences; else one step at a time.
+  const int depth = std::max(1, exec_->pipeline_depth());
+  while (static_cast<int>(inflight_.size()) < depth && sched_->has_work()) {
+    const int64_t cap =
+        depth > 1 ? std::max<int64_t>(1, (sched_->stats().running + depth - 1) / depth) : 0;
+    const ScheduledStep& step = sched_->schedule(cap);
+    if (!step.swap_out.empty() || !step.swap_in.empty()) {
+      // Swaps copy KV blocks through the executor: nothing may be in flight.
+      while (!inflight_.empty()) complete_oldest();
+      Status swap_st = ok_status();
+      for (const BlockCopy& c : step.swap_out) {
+        if (swap_st.ok()) {
+          swap_st = exec_->copy_block_to_host(
+              c.device_block, static_cast<uint8_t*>(swap_.data()) + c.host_slot * block_bytes_);
+        }
+      }
+      for (const BlockCopy& c : step.swap_in) {
+        if (swap_st.ok()) {
+          swap_st = exec_->copy_block_from_host(
+              c.device_block, static_cast<uint8_t*>(swap_.data()) + c.host_slot * block_bytes_);
+        }
+      }
+      if (!swap_st.ok()) {
+        fail_step(step, swap_st);
+        return;
+      }
     }
-  }
-  for (const BlockCopy& c : step.swap_in) {
-    if (swap_st.ok()) {
-      swap_st = exec_->copy_block_from_host(
-          c.device_block, static_cast<uint8_t*>(swap_.data()) + c.host_slot * block_bytes_);
+    if (step.empty()) break;
+    auto job = std::make_unique<StepJob>();
+    job->step = step;
+    prepare(*job);
+    const Status st = exec_->submit(job->batch, job->greedy ? nullptr : job->logits.data(),
+                                    job->greedy ? job->ids.data() : nullptr);
+    if (!st.ok()) {
+      fail_step(job->step, st);
+      return;
     }
+    inflight_.push_back(std::move(job));
   }
-  if (!swap_st.ok()) {
-    fail_step(step, swap_st);
-    return;
-  }
-  if (step.empty()) return;
+  if (!inflight_.empty()) complete_oldest();
+}
 
-  tokens_.clear();
-  token_seq_.clear();
-  token_pos_.clear();
-  logit_rows_.clear();
-  with_logits_.clear();
+void ServingEngineImpl::prepare(StepJob& job) {
+  const ScheduledStep& step = job.step;
   int64_t max_blocks = 1;
   for (const ScheduledSeq& s : step.seqs) {
     max_blocks = std::max(max_blocks, static_cast<int64_t>(s.seq->block_table.size()));
   }
   const auto n_seqs = static_cast<int64_t>(step.seqs.size());
-  block_tables_.assign(static_cast<size_t>(n_seqs * max_blocks), 0);
+  job.block_tables.assign(static_cast<size_t>(n_seqs * max_blocks), 0);
   for (int64_t i = 0; i < n_seqs; ++i) {
     const ScheduledSeq& s = step.seqs[static_cast<size_t>(i)];
     for (int64_t p = s.begin; p < s.end; ++p) {
-      tokens_.push_back(s.seq->tokens[static_cast<size_t>(p)]);
-      token_seq_.push_back(static_cast<int32_t>(i));
-      token_pos_.push_back(static_cast<int32_t>(p));
+      job.tokens.push_back(s.seq->tokens[static_cast<size_t>(p)]);
+      job.token_seq.push_back(static_cast<int32_t>(i));
+      job.token_pos.push_back(static_cast<int32_t>(p));
     }
     std::copy(s.seq->block_table.begin(), s.seq->block_table.end(),
-              block_tables_.begin() + i * max_blocks);
+              job.block_tables.begin() + i * max_blocks);
     if (s.needs_logits) {
-      logit_rows_.push_back(static_cast<int32_t>(tokens_.size() - 1));
-      auto it = requests_.find(s.seq->id);
-      with_logits_.emplace_back(it == requests_.end() ? nullptr : it->second.get(),
-                                static_cast<int64_t>(logit_rows_.size() - 1));
+      job.logit_rows.push_back(static_cast<int32_t>(job.tokens.size() - 1));
+      job.with_logits.emplace_back(s.id, static_cast<int64_t>(job.logit_rows.size() - 1));
     }
     if (s.begin < s.seq->n_prompt) {
       prompt_tokens_total_ += std::min(s.end, s.seq->n_prompt) - s.begin;
     }
   }
-  const int64_t V = info_.vocab;
-  ForwardBatch batch;
-  batch.tokens = tokens_;
-  batch.token_seq = token_seq_;
-  batch.token_pos = token_pos_;
-  batch.block_tables = block_tables_.data();
-  batch.max_blocks_per_seq = max_blocks;
-  batch.n_seqs = n_seqs;
-  batch.logit_rows = logit_rows_;
+  job.batch.tokens = job.tokens;
+  job.batch.token_seq = job.token_seq;
+  job.batch.token_pos = job.token_pos;
+  job.batch.block_tables = job.block_tables.data();
+  job.batch.max_blocks_per_seq = max_blocks;
+  job.batch.n_seqs = n_seqs;
+  job.batch.logit_rows = job.logit_rows;
   // When every request wanting a token this step is plain greedy, the executor picks the tokens
   // (on the GPU: only the ids come back, not [rows, vocab] logits).
-  bool greedy = !with_logits_.empty();
-  for (auto& [r, row] : with_logits_) {
-    if (r != nullptr && !plain_greedy(*r)) greedy = false;
+  job.greedy = !job.with_logits.empty();
+  for (auto& [id, row] : job.with_logits) {
+    auto it = requests_.find(id);
+    if (it != requests_.end() && !plain_greedy(*it->second)) job.greedy = false;
   }
-  if (!greedy) logits_.resize(logit_rows_.size() * static_cast<size_t>(V));
-  Status st = ok_status();
-  if (greedy) {
-    greedy_ids_.resize(logit_rows_.size());
-    st = exec_->forward_argmax(batch, greedy_ids_.data());
+  if (job.greedy) {
+    job.ids.resize(job.logit_rows.size());
   } else {
-    st = exec_->forward(batch, logits_.data());
+    job.logits.resize(job.logit_rows.size() * static_cast<size_t>(info_.vocab));
   }
+}
+
+void ServingEngineImpl::complete_oldest() {
+  std::unique_ptr<StepJob> job = std::move(inflight_.front());
+  inflight_.pop_front();
+  const Status st = exec_->wait();
   if (!st.ok()) {
-    fail_step(step, st);
+    fail_step(job->step, st);
     return;
   }
-  sched_->complete_step(step);
-  for (auto& [r, row] : with_logits_) {
-    if (r == nullptr) continue;
-    if (greedy) {
-      emit_token(*r, greedy_ids_[static_cast<size_t>(row)], 0.0f, CompletionEvent{});
+  sched_->complete_step(job->step);
+  const int64_t V = info_.vocab;
+  for (auto& [id, row] : job->with_logits) {
+    auto it = requests_.find(id);  // cancelled while in flight: gone
+    if (it == requests_.end()) continue;
+    if (job->greedy) {
+      emit_token(*it->second, job->ids[static_cast<size_t>(row)], 0.0f, CompletionEvent{});
     } else {
-      on_logits(*r, logits_.data() + row * V);
+      on_logits(*it->second, job->logits.data() + row * V);
     }
   }
 }
 
 void ServingEngineImpl::fail_step(const ScheduledStep& step, const Status& st) {
   std::vector<uint64_t> ids;
-  for (const ScheduledSeq& s : step.seqs) ids.push_back(s.seq->id);
+  for (const ScheduledSeq& s : step.seqs) ids.push_back(s.id);
   for (uint64_t id : ids) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;

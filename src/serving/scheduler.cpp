@@ -135,7 +135,7 @@ void Scheduler::preempt(SchedSequence& seq) {
 SchedSequence* Scheduler::preempt_latest() {
   for (size_t j = running_.size(); j-- > 0;) {
     SchedSequence* victim = running_[j];
-    if (victim->in_step) continue;
+    if (victim->in_step || victim->in_flight) continue;
     running_.erase(running_.begin() + static_cast<int64_t>(j));
     preempt(*victim);
     return victim;
@@ -163,17 +163,21 @@ void Scheduler::match_prefix(SchedSequence& seq) {
 
 void Scheduler::push_scheduled(SchedSequence& seq, int64_t n_tokens) {
   ScheduledSeq s;
+  s.id = seq.id;
   s.seq = &seq;
   s.begin = seq.n_computed;
   s.end = seq.n_computed + n_tokens;
   s.needs_logits = s.end == static_cast<int64_t>(seq.tokens.size());
   seq.in_step = true;
+  seq.in_flight = true;
   step_.seqs.push_back(s);
   step_.num_tokens += n_tokens;
   budget_ -= n_tokens;
 }
 
-const ScheduledStep& Scheduler::schedule() {
+const ScheduledStep& Scheduler::schedule(int64_t max_seqs) {
+  const auto cap = static_cast<size_t>(max_seqs > 0 ? max_seqs : config_.max_num_seqs);
+  auto room = [&] { return budget_ > 0 && step_.seqs.size() < cap; };
   step_.seqs.clear();
   step_.swap_out.clear();
   step_.swap_in.clear();
@@ -184,9 +188,9 @@ const ScheduledStep& Scheduler::schedule() {
 
   // 1. Decodes (one token each), in arrival order. A sequence whose recomputed prompt has one
   //    token left is scheduled the same way.
-  for (size_t i = 0; i < running_.size() && budget_ > 0;) {
+  for (size_t i = 0; i < running_.size() && room();) {
     SchedSequence* s = running_[i];
-    if (static_cast<int64_t>(s->tokens.size()) - s->n_computed != 1) {
+    if (s->in_flight || static_cast<int64_t>(s->tokens.size()) - s->n_computed != 1) {
       ++i;
       continue;
     }
@@ -205,10 +209,10 @@ const ScheduledStep& Scheduler::schedule() {
   }
 
   // 2. Prompt chunks of running sequences, in arrival order.
-  for (size_t i = 0; i < running_.size() && budget_ > 0;) {
+  for (size_t i = 0; i < running_.size() && room();) {
     SchedSequence* s = running_[i];
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
-    if (s->in_step || remaining <= 1) {
+    if (s->in_step || s->in_flight || remaining <= 1) {
       ++i;
       continue;
     }
@@ -232,7 +236,7 @@ const ScheduledStep& Scheduler::schedule() {
 
   const bool preempted = step_.num_preempted > 0;
   // 3. Swap sequences back in (FCFS), not in a step that had to preempt.
-  while (!preempted && !swapped_.empty() && budget_ > 0 &&
+  while (!preempted && !swapped_.empty() && room() &&
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     SchedSequence* s = swapped_.front();
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
@@ -260,7 +264,7 @@ const ScheduledStep& Scheduler::schedule() {
   }
 
   // 4. Admit waiting sequences (FCFS) while nothing is swapped out.
-  while (!preempted && swapped_.empty() && !waiting_.empty() && budget_ > 0 &&
+  while (!preempted && swapped_.empty() && !waiting_.empty() && room() &&
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     SchedSequence* s = waiting_.front();
     match_prefix(*s);
@@ -289,9 +293,10 @@ const ScheduledStep& Scheduler::schedule() {
 void Scheduler::complete_step(const ScheduledStep& step) {
   const int64_t bs = config_.block_size;
   for (const ScheduledSeq& sched : step.seqs) {
-    auto it = seqs_.find(sched.seq->id);
+    auto it = seqs_.find(sched.id);
     if (it == seqs_.end()) continue;
     SchedSequence& s = *it->second;
+    s.in_flight = false;
     s.n_computed = sched.end;
     if (!blocks_.prefix_caching()) continue;
     // Publish blocks that became full (a swapped-in sequence republishes its copied blocks).

@@ -73,10 +73,12 @@ struct SchedSequence {
   std::vector<int32_t> swap_slots;     // host slots while swapped
   std::vector<uint64_t> block_hashes;  // hashes of the full computed blocks, in order
   int64_t n_preemptions = 0;
-  bool in_step = false;  // scheduled in the step being built
+  bool in_step = false;    // scheduled in the step being built
+  bool in_flight = false;  // scheduled in a step not completed yet (pipelined steps)
 };
 
 struct ScheduledSeq {
+  uint64_t id = 0;
   const SchedSequence* seq = nullptr;  // valid until the next schedule()/finish()
   int64_t begin = 0, end = 0;          // token range [begin, end) of seq->tokens to compute
   bool needs_logits = false;           // the range ends at the last token (a new token follows)
@@ -111,9 +113,13 @@ class Scheduler {
   // Queue a sequence. kInvalidArgument for an empty prompt or a duplicate id; kOutOfRange when
   // prompt + max_new_tokens can never fit in the cache (or max_model_len).
   Status add(uint64_t id, std::span<const int32_t> prompt, int64_t max_new_tokens);
-  // Build the next step. The reference stays valid until the next call.
-  const ScheduledStep& schedule();
-  // The step's tokens were computed: advance each sequence and publish its newly full blocks.
+  // Build the next step, of at most max_seqs sequences (0: max_num_seqs). The reference stays
+  // valid until the next call. Its sequences are in flight until complete_step(): a pipelined
+  // engine schedules further steps from the others (seed 000's generation schedule keeps as
+  // many steps of different sequences in flight as there are pipeline stages).
+  const ScheduledStep& schedule(int64_t max_seqs = 0);
+  // The step's tokens were computed: advance each sequence and publish its newly full blocks
+  // (sequences finished in the meantime are skipped; `step` may be a copy).
   void complete_step(const ScheduledStep& step);
   // A token was sampled for `id` (it will be computed as the next decode token).
   void append_token(uint64_t id, int32_t token);

@@ -59,6 +59,40 @@ ScheduledStep run_step(Scheduler& sched, std::vector<uint64_t>* finished = nullp
   return step;
 }
 
+// Pipelined steps: a step's sequences stay in flight until it completes, so the next step is
+// built from the others; max_seqs caps a step; a sequence finished while in flight is skipped
+// when its step completes.
+TEST(Scheduler, InFlightSequencesAreNotRescheduled) {
+  Scheduler sched(small_config());
+  for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(sched.add(id, prompt_of(2), 5).ok());
+  // Prompts first: everyone in one step (budget 16 >= 8 tokens), then decode.
+  ScheduledStep prefill = sched.schedule();
+  ASSERT_EQ(prefill.seqs.size(), 4u);
+  EXPECT_TRUE(sched.schedule().empty());  // all four in flight: nothing to build
+  complete(sched, prefill);
+  const ScheduledStep a = sched.schedule(2);
+  ASSERT_EQ(a.seqs.size(), 2u);
+  const ScheduledStep b = sched.schedule(2);
+  ASSERT_EQ(b.seqs.size(), 2u);
+  for (const ScheduledSeq& x : a.seqs) {
+    EXPECT_EQ(find_in(b, x.id), nullptr) << "sequence " << x.id << " in two steps in flight";
+  }
+  EXPECT_TRUE(sched.schedule(2).empty());
+  // Cancel one of b's sequences while b is in flight, complete a, then b.
+  const uint64_t gone = b.seqs[0].id;
+  EXPECT_TRUE(sched.finish(gone));
+  complete(sched, a);
+  const ScheduledStep a2 = sched.schedule(2);
+  EXPECT_EQ(a2.seqs.size(), 2u);  // a's sequences again (b's still in flight)
+  for (const ScheduledSeq& x : a2.seqs) EXPECT_NE(find_in(a, x.id), nullptr);
+  sched.complete_step(b);  // the cancelled sequence is skipped
+  EXPECT_EQ(sched.find(gone), nullptr);
+  const SchedSequence* other = sched.find(b.seqs[1].id);
+  ASSERT_NE(other, nullptr);
+  EXPECT_FALSE(other->in_flight);
+  EXPECT_EQ(other->n_computed, 3);
+}
+
 TEST(Scheduler, DecodesFirstThenPromptChunksFillTheBudget) {
   Scheduler sched(small_config());
   ASSERT_TRUE(sched.add(1, prompt_of(3), 10).ok());
