@@ -326,6 +326,10 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
     if (c.qk_norm) {
       STRATA_ASSIGN_OR_RETURN(d.q_norm, norm(&LayerWeights::q_norm, D, "q norm"));
       STRATA_ASSIGN_OR_RETURN(d.k_norm, norm(&LayerWeights::k_norm, D, "k norm"));
+    } else if (c.qk_norm_full) {  // OLMoE: over the whole (local) q and k projections
+      STRATA_ASSIGN_OR_RETURN(d.q_norm, norm(&LayerWeights::q_norm, q_cols, "q norm"));
+      STRATA_ASSIGN_OR_RETURN(d.k_norm,
+                              norm(&LayerWeights::k_norm, m->n_heads_kv_local() * D, "k norm"));
     }
     if (c.post_norms) {
       STRATA_ASSIGN_OR_RETURN(d.post_attn_norm, norm(&LayerWeights::post_attn_norm, H, "norm"));
