@@ -441,6 +441,35 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.name) + "_" + std::string(dtype_name(info.param.wdt));
     });
 
+// Random weights (`--load-format dummy`, the qwen3-30b-a3b / mixtral-8x7b presets) build the same
+// stacked, padded expert layout from the seed alone: at a fixture's shapes on the CPU twins, the
+// logits are finite and the same for the same seed.
+TEST(MoeTwin, RandomWeightsRunOnTheTwins) {
+  for (const char* name : {"qwen3_moe_bf16", "qwen2_moe"}) {
+    const std::string dir = moe_dir(name);
+    auto config = parse_hf_config(read(dir + "/config.json"), dir + "/config.json");
+    ASSERT_TRUE(config.ok()) << config.status().to_string();
+    std::vector<std::vector<float>> out;
+    for (int run = 0; run < 2; ++run) {
+      Runner r;
+      RunnerOptions o;
+      o.act_dtype = DType::kBF16;
+      o.max_model_len = 64;
+      o.num_kv_blocks = 8;
+      o.max_num_tokens = 32;
+      o.max_num_seqs = 2;
+      o.seed = 7;
+      auto e = make_runner(*config, ParallelConfig{}, nullptr, *r.comm, o);
+      ASSERT_TRUE(e.ok()) << name << ": " << e.status().to_string();
+      r.exec = std::move(*e);
+      out.push_back(run_sequence(r, {1, 5, 9, 200, 17, 3, 8, 8, 42}, 4));
+    }
+    ASSERT_TRUE(std::all_of(out[0].begin(), out[0].end(), [](float v) { return std::isfinite(v); }))
+        << name;
+    EXPECT_EQ(out[0], out[1]) << name;
+  }
+}
+
 // The device layout stacks each layer's experts (one array per kind, expert e at e times a fixed
 // stride) and pads the expert FFN to a multiple of 16 with zeros: Qwen3-MoE's 20 becomes 32.
 TEST(MoeTwin, ExpertsAreStackedAndPadded) {
