@@ -14,14 +14,18 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "../model/fixture_util.h"
 #include "backends/cuda/cuda_device.h"
+#include "model/config.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "parallel/comm.h"
 #include "runtime/executor.h"
 #include "runtime/model_loader.h"
@@ -259,6 +263,94 @@ TEST(CudaMoeEngine, GreedyFollowsTransformers) {
                 out->tokens.size());
     EXPECT_GE(same, 4u) << name;
   }
+}
+
+// ---- random weights at shapes the fixtures lack
+// --------------------------------------------------- Random weights are the same values on every
+// device (a counter-based hash of seed and index), so the GPU and the CPU twins run the same model
+// from the seed alone.
+
+// Logits of `seq` on the device layout with random weights (seed 3) on `device`.
+std::vector<float> run_random(const ModelConfig& c, Device device, const std::vector<int32_t>& seq,
+                              int64_t chunk, int64_t* graph_replays) {
+  auto comm = make_single_rank_communicator();
+  RunnerOptions o;
+  o.device = device;
+  o.act_dtype = DType::kBF16;
+  o.max_model_len = 128;
+  o.num_kv_blocks = 16;
+  o.max_num_tokens = 96;
+  o.max_num_seqs = 4;
+  o.seed = 3;
+  auto e = make_runner(c, ParallelConfig{}, nullptr, *comm, o);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  if (!e.ok()) return {};
+  std::vector<float> out = run_sequence(**e, seq, chunk);
+  if (graph_replays != nullptr) *graph_replays = (*e)->graph_replays();
+  return out;
+}
+
+// GPU vs CPU twins on random weights: a 90-token prefill (groups above the SBI bound) and 8
+// decode steps (graph replays).
+void expect_random_model_matches_twins(const ModelConfig& c, const char* what) {
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab - 1));
+  std::vector<int32_t> seq(90);
+  for (int32_t& t : seq) t = tok(rng);
+  const std::vector<int32_t> short_seq(seq.begin(), seq.begin() + 8);
+  for (int64_t chunk : {int64_t{90}, int64_t{1}}) {
+    const std::vector<int32_t>& s = chunk == 1 ? short_seq : seq;
+    int64_t replays = 0;
+    const std::vector<float> twin = run_random(c, Device::cpu(), s, chunk, nullptr);
+    const std::vector<float> gpu = run_random(c, Device::cuda(0), s, chunk, &replays);
+    ASSERT_EQ(gpu.size(), twin.size()) << what;
+    ASSERT_TRUE(all_finite(gpu)) << what;
+    const testing::RowErrors err =
+        testing::row_errors(gpu, twin, static_cast<size_t>(c.vocab), 1e-2);
+    std::printf(
+        "[ info ] %s random weights, chunk %lld: GPU vs twins %.2e (%.2e without the "
+        "worst position)\n",
+        what, static_cast<long long>(chunk), err.worst, err.worst_routed);
+    EXPECT_LE(err.over, 1) << what << " chunk " << chunk;
+    EXPECT_LE(err.worst_routed, 1e-2) << what << " chunk " << chunk;
+    if (chunk == 1) EXPECT_GE(replays, 4) << what << ": decode steps replay CUDA graphs";
+  }
+}
+
+// Qwen2-MoE with a shared expert behind its sigmoid gate, q/k/v biases and a dense layer
+// (mlp_only_layers): the fixture's config with hidden 64 (its 44 does not fit the CUDA GEMMs),
+// dense FFN 48 and shared FFN 32; the expert FFN stays 20 (padded to 32 on the device).
+TEST(CudaMoeRandom, Qwen2MoeSharedExpertMatchesTwins) {
+  REQUIRE_GPU();
+  std::ifstream f(moe_dir("qwen2_moe") + "/config.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string json = ss.str();
+  for (auto [from, to] :
+       {std::pair<std::string, std::string>{"\"hidden_size\": 44", "\"hidden_size\": 64"},
+        {"\"intermediate_size\": 52", "\"intermediate_size\": 48"},
+        {"\"shared_expert_intermediate_size\": 28", "\"shared_expert_intermediate_size\": 32"}}) {
+    const size_t at = json.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    json.replace(at, from.size(), to);
+  }
+  auto c = parse_hf_config(json, "qwen2_moe (hidden 64)");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  ASSERT_GT(c->shared_expert_ffn_dim, 0);
+  expect_random_model_matches_twins(*c, "qwen2_moe hidden 64");
+}
+
+// One layer of Qwen3-30B-A3B's real shapes (hidden 2048, 128 experts of FFN 768, top-8) with a
+// small vocabulary: the grouped SBI kernels at decode and the tiled GEMM at prefill over the
+// real expert count.
+TEST(CudaMoeRandom, Qwen3_30bLayerMatchesTwins) {
+  REQUIRE_GPU();
+  auto c = model_config_preset("qwen3-30b-a3b");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  c->n_layers = 1;
+  c->layer_is_moe.assign(1, true);
+  c->vocab = 1024;
+  expect_random_model_matches_twins(*c, "qwen3-30b-a3b 1 layer");
 }
 
 // Qwen2-MoE's fixture has hidden size 44: the CUDA GEMMs need multiples of 8, so loading it on
