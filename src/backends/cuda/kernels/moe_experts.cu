@@ -4,7 +4,7 @@
 //   gate/up  act = bf16(silu(x Wg^T s) * (x Wu^T s'))    SiLU * up in the GEMM's epilogue
 //   down     y_perm = (act Wd^T) s                        f32
 // Decode-size groups (the host bound max_rows_per_expert <= kMoeSbiMaxRows) run on the grouped
-// SBI-GeMM (moe_sbi.cuh: each chosen expert's weights read once, other experts' blocks exit at
+// SBI-GeMM (moe_sbi.cuh: blocks for the experts with rows only, each chosen expert's weights read
 // once); larger ones on the tiled tensor-core GEMM (moe_gemm.cu). Both round where the twin
 // does (f32 sums, one bf16 rounding of act), so they differ from it only in summation order.
 #include <cstdint>

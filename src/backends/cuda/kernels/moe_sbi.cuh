@@ -1,8 +1,10 @@
-// The grouped expert GEMMs for decode-size groups: SBI-GeMM (sbi_gemm.cuh) over every expert at
-// once. Grid (output-row blocks, n_experts): block (b, e) reads expert e's row range
-// [offsets[e], offsets[e + 1]) on the device and exits at once when it is empty, so a decode
-// step streams only the weights of the experts its tokens chose, each once (per token slice of
-// 8 NT rows; the host picks NT from the bound on a group's rows, so one slice in the usual case).
+// The grouped expert GEMMs for decode-size groups: SBI-GeMM (sbi_gemm.cuh) over the chosen
+// experts. Grid (output-row blocks, min(n_experts, n_rows)): block (b, j) takes the j-th expert
+// with rows (the offsets read on the device: each warp scans them with ballots, 32 experts per
+// step, and all warps find the same one), so a decode step launches blocks only for as many
+// experts as it has slots (8 at batch 1 with top-8, not 128) and streams only the chosen experts'
+// weights, each once (per token slice of 8 NT rows; the host picks NT from the bound on a
+// group's rows, so one slice in the usual case). Blocks past the last expert with rows exit.
 // The weight rows are expert e's matrix of the stacked array (rows `k` elements apart); x rows
 // are the group's rows of x_perm (gate/up) or act (down); out the same rows of act (bf16, SiLU *
 // up in the epilogue: gated) or y_perm (f32). Included by moe_sbi_{bf16,i8,fp8}.cu.
@@ -13,13 +15,32 @@
 
 namespace strata::cuda::sbi {
 
+// The j-th expert (in index order) with a non-empty row range, or -1. Every warp computes it
+// from the same offsets, so the result is the same in all of the block's warps.
+__device__ __forceinline__ int active_expert(const int32_t* offsets, int n_experts, int j) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  for (int base = 0; base < n_experts; base += kWarpSize) {
+    const int e = base + lane;
+    const bool has_rows = e < n_experts && offsets[e + 1] > offsets[e];
+    unsigned bits = __ballot_sync(0xffffffffu, has_rows);
+    const int count = __popc(bits);
+    if (j < count) {
+      for (int i = 0; i < j; ++i) bits &= bits - 1u;  // drop the j lower experts with rows
+      return base + __ffs(bits) - 1;
+    }
+    j -= count;
+  }
+  return -1;
+}
+
 template <WFormat F, int T, int NT>
 __global__ void __launch_bounds__(kThreads, Shape<F, T, NT>::kMinBlocks)
     moe_sbi_kernel(const MoeSbiArgs g) {
-  const int e = static_cast<int>(blockIdx.y);
+  const int e = active_expert(g.offsets, g.n_experts, static_cast<int>(blockIdx.y));
+  if (e < 0) return;  // block-uniform: fewer experts have rows than the grid has slots
   const int r0 = max(g.offsets[e], 0);
   const int r1 = min(g.offsets[e + 1], g.n_rows);
-  if (r1 <= r0) return;  // block-uniform: an expert no token chose
+  if (r1 <= r0) return;
   Args a = g.base;
   a.w = g.base.w + static_cast<int64_t>(e) * g.w_expert_bytes;
   a.w_scale = g.base.w_scale != nullptr ? g.base.w_scale + static_cast<int64_t>(e) * g.scale_expert
@@ -41,8 +62,10 @@ template <WFormat F>
 Status moe_sbi_launch(const LaunchCtx& ctx, const MoeSbiArgs& g, int n_tiles) {
   const int tiles = g.base.gated ? 2 : 1;
   const int out_tiles = 1;
+  // At most one expert per row has rows: n_rows bounds the experts with rows.
+  const int slots = g.n_experts < g.n_rows ? g.n_experts : g.n_rows;
   const dim3 grid(static_cast<unsigned>(ceil_div(g.base.m, 16 * out_tiles)),
-                  static_cast<unsigned>(g.n_experts));
+                  static_cast<unsigned>(slots));
   switch (tiles * 100 + n_tiles) {
     case 101:
       moe_sbi_kernel<F, 1, 1><<<grid, kThreads, 0, ctx.stream>>>(g);
