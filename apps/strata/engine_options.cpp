@@ -150,7 +150,8 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
         "files read; shapes from --model-config or the model's config)");
     sub->add_option("--model-config", e.model_config,
                     "Shape preset for --load-format dummy: llama3-8b, llama2-7b, qwen2.5-7b, "
-                    "llama3-70b, llama3.2-1b");
+                    "llama3-70b, llama3.2-1b, and the mixture-of-experts qwen3-30b-a3b and "
+                    "mixtral-8x7b");
   }
 }
 

@@ -5,13 +5,17 @@
 //   ids, w [n, k] = top-k(softmax(logits))       moe_route   (optionally renormalised)
 //   offsets [E + 1]                              moe_offsets (count per expert, prefix sum)
 //   x_perm [n k, H], perm [n k]                  moe_permute (rows expert-contiguous)
-//   y_perm [n k, H] = expert_e MLP over its rows (ops::moe_experts: grouped GEMMs)
-//   out [n, H] (+)= sum_j w[t, j] y_perm[row of (t, j)]   moe_combine
+//   y_perm [n k, H] = expert_e MLP over its rows moe_experts (grouped GEMMs)
+//   out [n, H] (+)= sum_j w[t, j] y_perm[perm[t k + j]]   moe_combine
 //
 // Layouts: every array is row-major and contiguous; a slot (t, j) is token t's j-th choice,
-// index t * k + j. perm[r] = the slot whose token was copied to permuted row r; rows of one
-// expert are [offsets[e], offsets[e + 1]), in increasing slot order (a stable permutation, so
-// the result does not depend on the thread count).
+// index t * k + j. perm[s] = the permuted row that slot s was copied to; rows of one expert are
+// [offsets[e], offsets[e + 1]), in increasing slot order (a stable permutation, so the result
+// does not depend on the thread count or the device).
+//
+// NOTE: perm maps slot -> row (not row -> slot) so that both its users are conflict-free
+// gathers/scatters on a GPU: the permute copy writes row perm[s] from token s / k, and the
+// combine reads the k rows of token t at perm[t k + j], in slot order, with no inverse table.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +24,16 @@
 
 namespace strata {
 
-// Router: probabilities = softmax over all E logits (f32); the k largest (ties: the lower expert
-// index first), in decreasing order; with `renormalize` the k weights are divided by their sum
-// (Mixtral, Qwen3-MoE / OLMoE with norm_topk_prob), else they are the softmax probabilities
-// (Qwen2-MoE without norm_topk_prob).
+// Router: the k experts of the largest logits in decreasing order (ties: the lower expert index
+// first; NaN ranks as -inf), each weighted by its softmax probability over all E logits (f32,
+// max subtracted, the sum of the exponentials in double); with `renormalize` the k weights are
+// divided by their sum taken in choice order (Mixtral, Qwen3-MoE / OLMoE with norm_topk_prob),
+// else they are the probabilities (Qwen2-MoE without norm_topk_prob).
+//
+// NOTE: the choice compares logits, not probabilities: softmax is monotone, so it is the same
+// choice wherever the rounded probabilities do not tie, and float comparisons are exact on every
+// device, so the CPU twin and the CUDA kernel pick the same experts bit for bit (exp differs
+// between libm and CUDA in the last ulp, which could flip near-ties of probabilities).
 struct MoeRouteParams {
   const float* logits = nullptr;  // [n_tokens, n_experts], row stride logits_stride
   int64_t logits_stride = 0;
@@ -43,7 +53,7 @@ struct MoeOffsetsParams {
   int32_t* offsets = nullptr;  // [n_experts + 1]
 };
 
-// x_perm[r, :] = x[perm[r] / k, :] with the rows of expert e at [offsets[e], offsets[e + 1]).
+// x_perm[perm[s], :] = x[s / k, :] with the rows of expert e at [offsets[e], offsets[e + 1]).
 // x and x_perm share a dtype (f32 or bf16: the copy is exact).
 struct MoePermuteParams {
   const void* x = nullptr;  // [n_tokens, hidden], row stride x_stride
@@ -56,14 +66,14 @@ struct MoePermuteParams {
   int64_t n_experts = 0;
   int64_t hidden = 0;
   void* x_perm = nullptr;   // [n_tokens k, hidden] contiguous
-  int32_t* perm = nullptr;  // [n_tokens k]
+  int32_t* perm = nullptr;  // [n_tokens k]: slot -> permuted row
 };
 
-// out[t, :] (+)= sum over j in [0, k) of topk_w[t, j] * y_perm[row(t, j), :], summed in slot
-// order in f32 (row(t, j) = the r with perm[r] = t k + j).
+// out[t, :] (+)= sum over j in [0, k) of topk_w[t, j] * y_perm[perm[t k + j], :], summed in slot
+// order in f32, then added to out (the GPU may fuse each multiply-add: within one f32 ulp).
 struct MoeCombineParams {
   const float* y_perm = nullptr;  // [n_tokens k, hidden] contiguous
-  const int32_t* perm = nullptr;  // [n_tokens k]
+  const int32_t* perm = nullptr;  // [n_tokens k]: slot -> permuted row
   const float* topk_w = nullptr;  // [n_tokens, k]
   float* out = nullptr;           // [n_tokens, hidden], row stride out_stride
   int64_t out_stride = 0;
@@ -71,6 +81,34 @@ struct MoeCombineParams {
   int64_t k = 0;
   int64_t hidden = 0;
   bool accumulate = false;
+};
+
+// The grouped expert MLP of the device layout (bf16 activations): for each expert e with rows
+// [offsets[e], offsets[e + 1]) of x_perm,
+//   act[r, :]    = bf16(silu(x_perm[r] Wg_e^T * sg_e) * (x_perm[r] Wu_e^T * su_e))   f32 sums
+//   y_perm[r, :] = (act[r] Wd_e^T) * sd_e                                             f32
+// with gate_up_e = [Wg_e; Wu_e] ([2 F, H]) and down_e ([H, F]) bf16, or int8 / fp8 with one f32
+// scale per row (s = 1 for bf16). The experts' matrices are stacked: expert e's gate/up starts
+// e * gate_up_expert_stride elements after gate_up (rows `hidden` apart), its scales e * 2F after
+// gate_up_scale; likewise down. One rounding point (act to bf16) whatever the group size, so
+// the result does not depend on how the GPU splits the groups (SBI for decode, tiles for prefill).
+struct MoeExpertsParams {
+  const uint16_t* x_perm = nullptr;      // bf16 [n_rows, hidden] contiguous
+  const int32_t* offsets = nullptr;      // [n_experts + 1]
+  const void* gate_up = nullptr;         // [n_experts][2 ffn, hidden]
+  const float* gate_up_scale = nullptr;  // [n_experts][2 ffn] (int8 / fp8), else null
+  int64_t gate_up_expert_stride = 0;     // elements from one expert's gate/up to the next
+  const void* down = nullptr;            // [n_experts][hidden, ffn]
+  const float* down_scale = nullptr;     // [n_experts][hidden] (int8 / fp8), else null
+  int64_t down_expert_stride = 0;        // elements from one expert's down to the next
+  DType w_dtype = DType::kBF16;          // kBF16, kI8 or kFP8E4M3 (both matrices)
+  uint16_t* act = nullptr;               // bf16 [n_rows, ffn] contiguous
+  float* y_perm = nullptr;               // f32 [n_rows, hidden] contiguous
+  int64_t n_rows = 0;                    // n_tokens k: offsets[n_experts] (device side)
+  int64_t max_rows_per_expert = 0;       // host bound on any group: n_tokens (top-k is distinct)
+  int64_t n_experts = 0;
+  int64_t hidden = 0;
+  int64_t ffn = 0;
 };
 
 // The Qwen2-MoE shared expert's gate: out[t, :] += sigmoid(gate[t]) * y[t, :].

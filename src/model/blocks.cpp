@@ -251,14 +251,18 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
       {&Workspace::ids, DType::kI32, {R}},
   };
   if (c.is_moe()) {
-    const int64_t E = c.n_experts, K = c.n_experts_used, Fe = c.expert_ffn_dim;
+    const int64_t E = c.n_experts, K = c.n_experts_used;
+    // The device layout's experts are padded (expert_ffn_padded); the reference's are not.
+    const int64_t Fe = l.act == DType::kBF16 ? expert_ffn_padded(c) : c.expert_ffn_dim;
     s.push_back({&Workspace::moe_logits, DType::kF32, {T, E}});
     s.push_back({&Workspace::moe_ids, DType::kI32, {T, K}});
     s.push_back({&Workspace::moe_w, DType::kF32, {T, K}});
     s.push_back({&Workspace::moe_offsets, DType::kI32, {E + 1}});
     s.push_back({&Workspace::moe_perm, DType::kI32, {T * K}});
     s.push_back({&Workspace::moe_x, l.act, {T * K, H}});
-    s.push_back({&Workspace::moe_ff, l.act, {T * K, 2 * Fe}});
+    // The device layout's expert kernels fuse SiLU * up into the gate/up GEMM: no scratch.
+    const int64_t ff_rows = l.act == DType::kBF16 ? 1 : T * K;
+    s.push_back({&Workspace::moe_ff, l.act, {ff_rows, 2 * Fe}});
     s.push_back({&Workspace::moe_act, l.act, {T * K, Fe}});
     s.push_back({&Workspace::moe_y, DType::kF32, {T * K, H}});
     s.push_back({&Workspace::moe_gate, DType::kF32, {T, 1}});

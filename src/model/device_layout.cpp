@@ -3,6 +3,10 @@
 // one matrix (Q/K/V and gate/up concatenated), bf16 or int8 / fp8 with one f32 scale per row
 // (quantized on the device from bf16); embeddings stay bf16; norms, biases and rope tables are
 // f32. Host work is limited to converting each source row to bf16 (GGUF blocks dequantized).
+// Mixture-of-experts layers: the router (and Qwen2-MoE's shared-expert gate) stay bf16 (the
+// routing decision should not move with the weight format); each layer's experts are two
+// stacked arrays, gate/up [E][2 F, H] (gate rows, then up rows, per expert) and down [E][H, F],
+// in the weight dtype, which the grouped expert kernels index by expert (ops::moe_experts).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -135,6 +139,88 @@ class Uploader {
     return out;
   }
 
+  // The experts of one sparse layer as one stacked array [E rows, cols] (expert e's matrix at
+  // rows [e rows, (e + 1) rows)), bf16 or quantized per row; returns one single-part view per
+  // expert. From the host experts ([host_rows, host_cols] each, as row blocks) or random values.
+  // The FFN dimension may be padded (F -> Fp, kExpertFfnAlign): gate/up (`gated`) puts the host's
+  // gate rows at [0, F) and up rows at [Fp, Fp + F); down fills each row's first F columns; the
+  // padding is zero, which leaves the result exact (silu(0) * 0 = 0 meets zero down columns).
+  // Converted, uploaded and quantized one expert at a time (host and staging memory of one
+  // expert).
+  Result<std::vector<ops::LinearWeight>> experts(const std::vector<ops::LinearWeight>* host,
+                                                 int64_t E, int64_t rows, int64_t cols,
+                                                 int64_t host_rows, int64_t host_cols, bool gated,
+                                                 const char* what) {
+    const DType wdt = layout_.weight_dtype;
+    const int64_t align = wdt == DType::kBF16 ? 8 : 16;
+    if (ctx_.device.is_cuda() && cols % align != 0) {
+      return errorf(StatusCode::kUnimplemented,
+                    "{}: {} input features are not a multiple of {}, which the CUDA expert "
+                    "kernels need for {} weights",
+                    what, cols, align, dtype_name(wdt));
+    }
+    if (host != nullptr && static_cast<int64_t>(host->size()) != E) {
+      return errorf(StatusCode::kInternal, "{}: {} experts, expected {}", what, host->size(), E);
+    }
+    STRATA_ASSIGN_OR_RETURN(Tensor all, device_tensor(wdt, {E * rows, cols}, what));
+    Tensor scales;
+    Buffer staging;
+    Tensor stage;
+    if (wdt != DType::kBF16) {
+      STRATA_ASSIGN_OR_RETURN(scales, device_tensor(DType::kF32, {E * rows}, "expert row scales"));
+      Result<Buffer> b = alloc_.allocate(static_cast<size_t>(rows * cols * 2));
+      if (!b.ok()) return b.status().with_context("expert weight staging");
+      staging = std::move(b).value();
+      stage = Tensor::make(staging.data(), DType::kBF16, {rows, cols}, ctx_.device);
+    }
+    std::vector<ops::LinearWeight> out(static_cast<size_t>(E));
+    std::vector<uint16_t> src, dst;
+    const int64_t half = host_rows / 2, half_pad = rows / 2;
+    for (int64_t e = 0; e < E; ++e) {
+      Tensor w = all.slice_rows(e * rows, (e + 1) * rows);
+      Tensor bf = wdt == DType::kBF16 ? w : stage;
+      if (host == nullptr) {
+        STRATA_RETURN_IF_ERROR(
+            ops::fill_random(ctx_, bf, layout_.seed * 1000003ull + next_id_++, kRandomScale));
+      } else {
+        const ops::LinearWeight& from = (*host)[static_cast<size_t>(e)];
+        src.resize(static_cast<size_t>(host_rows * host_cols));
+        int64_t r0 = 0;
+        for (int i = 0; i < from.n_parts; ++i) {
+          const Tensor& t = from.parts[static_cast<size_t>(i)].w;
+          if (t.cols() != host_cols || r0 + t.dim(0) > host_rows) {
+            return errorf(StatusCode::kInternal,
+                          "{} of expert {} part {} is {}, expected [<= {}, {}]", what, e, i,
+                          t.shape_string(), host_rows - r0, host_cols);
+          }
+          STRATA_RETURN_IF_ERROR(
+              ops::host_rows_to_bf16(t, src.data() + r0 * host_cols).with_context(what));
+          r0 += t.dim(0);
+        }
+        if (r0 != host_rows) {
+          return errorf(StatusCode::kInternal, "{} of expert {} has {} rows, expected {}", what, e,
+                        r0, host_rows);
+        }
+        dst.assign(static_cast<size_t>(rows * cols), 0);
+        for (int64_t r = 0; r < host_rows; ++r) {
+          const int64_t to = gated && r >= half ? r - half + half_pad : r;
+          std::memcpy(dst.data() + to * cols, src.data() + r * host_cols,
+                      static_cast<size_t>(host_cols) * 2);
+        }
+        STRATA_RETURN_IF_ERROR(ops::upload(ctx_, dst.data(), bf));
+      }
+      Tensor scale;
+      if (wdt != DType::kBF16) {
+        scale = scales.slice_rows(e * rows, (e + 1) * rows);
+        STRATA_RETURN_IF_ERROR(ops::quantize_rows(ctx_, stage, w, scale));
+      }
+      // The host rows and the staging buffer are reused by the next expert.
+      STRATA_RETURN_IF_ERROR(ops::synchronize(ctx_));
+      out[static_cast<size_t>(e)].add(w, Tensor{}, scale);
+    }
+    return out;
+  }
+
   // A bf16 table [rows, cols] (embeddings), from host or random.
   Result<Tensor> table(const Tensor* host, int64_t rows, int64_t cols, const char* what) {
     ops::LinearWeight h;
@@ -182,12 +268,6 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
                                                   const ParallelConfig& par, const Model* host,
                                                   const DeviceLayout& layout, ops::Context& ctx,
                                                   Allocator& alloc) {
-  if (config.is_moe()) {
-    return errorf(StatusCode::kUnimplemented,
-                  "{}: mixture-of-experts models ({} experts) run on the CPU only so far: the "
-                  "device layout (CUDA, bf16 twins) has no expert kernels yet; use --device cpu",
-                  config.architecture, config.n_experts);
-  }
   const DType wdt = layout.weight_dtype;
   if (wdt != DType::kBF16 && wdt != DType::kI8 && wdt != DType::kFP8E4M3) {
     return errorf(StatusCode::kInvalidArgument, "weight dtype {} (use bf16, int8 or fp8)",
@@ -246,6 +326,10 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
     if (c.qk_norm) {
       STRATA_ASSIGN_OR_RETURN(d.q_norm, norm(&LayerWeights::q_norm, D, "q norm"));
       STRATA_ASSIGN_OR_RETURN(d.k_norm, norm(&LayerWeights::k_norm, D, "k norm"));
+    } else if (c.qk_norm_full) {  // OLMoE: over the whole (local) q and k projections
+      STRATA_ASSIGN_OR_RETURN(d.q_norm, norm(&LayerWeights::q_norm, q_cols, "q norm"));
+      STRATA_ASSIGN_OR_RETURN(d.k_norm,
+                              norm(&LayerWeights::k_norm, m->n_heads_kv_local() * D, "k norm"));
     }
     if (c.post_norms) {
       STRATA_ASSIGN_OR_RETURN(d.post_attn_norm, norm(&LayerWeights::post_attn_norm, H, "norm"));
@@ -260,6 +344,29 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
         d.qkv, up.linear(L ? &L->qkv : nullptr, qkv_rows, H, qkv_bias, true, "qkv weights"));
     STRATA_ASSIGN_OR_RETURN(
         d.o, up.linear(L ? &L->o : nullptr, H, q_cols, o_bias, true, "o_proj weights"));
+    if (c.layer_moe(l)) {
+      const int64_t E = c.n_experts, Fe = c.expert_ffn_dim, Fs = c.shared_expert_ffn_dim;
+      const int64_t Fp = expert_ffn_padded(c);
+      STRATA_ASSIGN_OR_RETURN(
+          d.router, up.linear(L ? &L->router : nullptr, E, H, false, false, "router weights"));
+      STRATA_ASSIGN_OR_RETURN(d.expert_gate_up,
+                              up.experts(L ? &L->expert_gate_up : nullptr, E, 2 * Fp, H, 2 * Fe, H,
+                                         /*gated=*/true, "expert gate/up weights"));
+      STRATA_ASSIGN_OR_RETURN(d.expert_down,
+                              up.experts(L ? &L->expert_down : nullptr, E, H, Fp, H, Fe,
+                                         /*gated=*/false, "expert down weights"));
+      if (Fs > 0) {
+        STRATA_ASSIGN_OR_RETURN(d.shared_gate_up,
+                                up.linear(L ? &L->shared_gate_up : nullptr, 2 * Fs, H, false, true,
+                                          "shared expert gate/up weights"));
+        STRATA_ASSIGN_OR_RETURN(d.shared_down,
+                                up.linear(L ? &L->shared_down : nullptr, H, Fs, false, true,
+                                          "shared expert down weights"));
+        STRATA_ASSIGN_OR_RETURN(d.shared_gate, up.linear(L ? &L->shared_gate : nullptr, 1, H, false,
+                                                         false, "shared expert gate"));
+      }
+      continue;
+    }
     STRATA_ASSIGN_OR_RETURN(d.gate_up, up.linear(L ? &L->gate_up : nullptr, gu_rows, H, mlp_bias,
                                                  true, "gate/up weights"));
     STRATA_ASSIGN_OR_RETURN(

@@ -46,6 +46,14 @@ struct DeviceLayout {
   uint64_t seed = 0;                  // random(): the weights' seed
 };
 
+// The device layout pads each expert's FFN dimension to a multiple of this (zero gate/up rows
+// and down columns: exact), so the expert GEMMs' 16-byte loads of act rows and of 8-bit weight
+// rows stay aligned for any expert_ffn_dim.
+constexpr int64_t kExpertFfnAlign = 16;
+inline int64_t expert_ffn_padded(const ModelConfig& c) {
+  return (c.expert_ffn_dim + kExpertFfnAlign - 1) / kExpertFfnAlign * kExpertFfnAlign;
+}
+
 // The activation buffers of one forward pass, sized for the largest batch (runtime allocates
 // them once; a graph replays over the same addresses). act = the activation dtype: f32 for the
 // CPU reference, bf16 for the device layout.
@@ -69,9 +77,9 @@ struct Workspace {
   Tensor moe_ids;      // i32 [T, K]: chosen experts
   Tensor moe_w;        // f32 [T, K]: their weights
   Tensor moe_offsets;  // i32 [E + 1]: per-expert row ranges of the permuted batch
-  Tensor moe_perm;     // i32 [T K]: permuted row -> slot
+  Tensor moe_perm;     // i32 [T K]: slot -> permuted row
   Tensor moe_x;        // act [T K, hidden]: rows grouped by expert
-  Tensor moe_ff;       // act [T K, 2 Fe]: expert gate/up GEMM output (scratch)
+  Tensor moe_ff;       // act [T K, 2 Fe]: expert gate/up GEMM output (f32 reference only)
   Tensor moe_act;      // act [T K, Fe]
   Tensor moe_y;        // f32 [T K, hidden]: expert outputs, permuted
   Tensor moe_gate;     // f32 [T, 1]: shared-expert gate logits

@@ -7,9 +7,9 @@
 //   h = rms_norm(x);  x += attention(h) Wo^T;  h = rms_norm(x)
 //   sparse:  logits = h Wr^T                              [n, E]
 //            ids, w = top-k(softmax(logits)) (renormalised: Mixtral, norm_topk_prob)
-//            h_perm = h grouped by expert                 [n k, H]
+//            h_perm = h grouped by expert                 [n k, H]   (perm: slot -> row)
 //            y_perm = down_e(silu(gate_e h) * up_e h)     per expert group
-//            x += sum_j w[t, j] y_perm[row of (t, j)]
+//            x += sum_j w[t, j] y_perm[perm[t k + j]]
 //            x += sigmoid(h Wsg^T) * shared(h)            Qwen2-MoE's shared expert
 //   dense:   x += (silu(h Wg^T) * (h Wu^T)) Wd^T
 //
@@ -62,10 +62,13 @@ Status moe_layer(const Model& m, ForwardArgs& a, int64_t layer) {
   Tensor h_perm = view(a.ws.moe_x, S, H), perm = view(a.ws.moe_perm, 1, S);
   STRATA_RETURN_IF_ERROR(ops::moe_permute(a.ctx, h, ids, offsets, h_perm, perm));
   ops::section(a.ctx, "experts");
-  const int64_t Fe = c.expert_ffn_dim;
-  Tensor ff = view(a.ws.moe_ff, S, 2 * Fe), act = view(a.ws.moe_act, S, Fe);
+  // The experts' FFN size as stored: the device layout pads it (model.h, expert_ffn_padded).
+  const int64_t Fe = L.expert_gate_up[0].rows() / 2;
+  // The f32 reference's gate/up scratch; the device layout fuses it away (its slot is a stub).
+  Tensor ff = a.ws.moe_ff.dtype == DType::kF32 ? view(a.ws.moe_ff, S, 2 * Fe) : Tensor{};
+  Tensor act = view(a.ws.moe_act, S, Fe);
   Tensor y_perm = view(a.ws.moe_y, S, H);
-  const ops::MoeExperts experts{L.expert_gate_up.data(), L.expert_down.data(), E};
+  const ops::MoeExperts experts{L.expert_gate_up.data(), L.expert_down.data(), E, n};
   STRATA_RETURN_IF_ERROR(
       ops::moe_experts(a.ctx, h_perm, offsets, experts, c.activation, ff, act, y_perm));
   ops::section(a.ctx, "moe_combine");

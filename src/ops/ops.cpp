@@ -908,10 +908,44 @@ Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& 
 namespace strata::ops {
 namespace {
 
-Status moe_cpu_only(const Context& ctx, const char* op) {
-  if (ctx.device.is_cpu()) return ok_status();
-  return errorf(StatusCode::kUnimplemented, "{}: mixture-of-experts ops run on the CPU only so far",
-                op);
+// The experts' matrices of one kind (gate/up or down) as one stacked array: every expert one
+// part of the same dtype and shape [rows, cols] with contiguous rows, expert e's weights (and
+// scales) at e times a fixed stride from expert 0's. The device layout uploads them this way.
+struct Stacked {
+  const void* w = nullptr;
+  const float* scale = nullptr;
+  int64_t stride = 0;  // elements from one expert's matrix to the next
+  DType dtype = DType::kBF16;
+};
+
+bool stacked(const LinearWeight* ws, int64_t E, int64_t rows, int64_t cols, Stacked* out) {
+  const LinearWeight::Part& p0 = ws[0].parts[0];
+  for (int64_t e = 0; e < E; ++e) {
+    const LinearWeight& w = ws[e];
+    if (w.n_parts != 1) return false;
+    const LinearWeight::Part& p = w.parts[0];
+    if (p.w.dtype != p0.w.dtype || p.w.ndim != 2 || p.w.dim(0) != rows || p.w.dim(1) != cols ||
+        !p.w.is_contiguous() || p.bias.defined() || p.scale.defined() != p0.scale.defined()) {
+      return false;
+    }
+  }
+  out->w = p0.w.data;
+  out->dtype = p0.w.dtype;
+  out->scale = p0.scale.defined() ? static_cast<const float*>(p0.scale.data) : nullptr;
+  out->stride = rows * cols;
+  for (int64_t e = 1; e < E; ++e) {
+    const LinearWeight::Part& p = ws[e].parts[0];
+    if (static_cast<const char*>(p.w.data) !=
+        static_cast<const char*>(out->w) + dtype_bytes(out->dtype, e * out->stride)) {
+      return false;
+    }
+    if (out->scale != nullptr &&
+        (!p.scale.is_contiguous() ||
+         static_cast<const float*>(p.scale.data) != out->scale + e * rows)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 Status want_shape(const Tensor& t, const char* op, const char* name, int64_t rows, int64_t cols,
@@ -926,13 +960,103 @@ Status want_shape(const Tensor& t, const char* op, const char* name, int64_t row
   return ok_status();
 }
 
+// The device layout's grouped expert MLP (bf16 x_perm; backends/moe_params.h,
+// MoeExpertsParams): the CUDA kernels, or their CPU twin. The experts must be stacked
+// (Stacked above) for CUDA; the CPU twin also runs unstacked experts one group at a time.
+Status moe_experts_bf16(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
+                        const MoeExperts& experts, Activation act_fn, Tensor& act, Tensor& y_perm) {
+  constexpr const char* kOp = "moe_experts";
+  const int64_t E = experts.n_experts, n_rows = x_perm.rows(), H = x_perm.cols();
+  if (act_fn != Activation::kSilu) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: the device layout's experts are SiLU-gated only (activation {})", kOp,
+                  static_cast<int>(act_fn));
+  }
+  const LinearWeight& gu0 = experts.gate_up[0];
+  const LinearWeight& d0 = experts.down[0];
+  if (gu0.n_parts != 1 || d0.n_parts != 1 || gu0.rows() % 2 != 0 || gu0.cols() != H ||
+      d0.rows() != H || d0.cols() != gu0.rows() / 2) {
+    return invalid(kOp, fmt::format("bf16 activations need each expert in the device layout: "
+                                    "gate/up [2F, {}] and down [{}, F] as one part each",
+                                    H, H));
+  }
+  const int64_t F = gu0.rows() / 2;
+  STRATA_RETURN_IF_ERROR(want_shape(act, kOp, "act", n_rows, F, DType::kBF16));
+  STRATA_RETURN_IF_ERROR(want_shape(x_perm, kOp, "x_perm", n_rows, H, DType::kBF16));
+  STRATA_RETURN_IF_ERROR(want_shape(y_perm, kOp, "y_perm", n_rows, H, DType::kF32));
+  MoeExpertsParams p;
+  p.x_perm = bf16(x_perm);
+  p.offsets = static_cast<const int32_t*>(offsets.data);
+  p.act = bf16(act);
+  p.y_perm = f32(y_perm);
+  p.n_rows = n_rows;
+  p.max_rows_per_expert =
+      experts.max_rows_per_expert > 0 ? std::min(experts.max_rows_per_expert, n_rows) : n_rows;
+  p.n_experts = E;
+  p.hidden = H;
+  p.ffn = F;
+  Stacked gu, dn;
+  const bool is_stacked = stacked(experts.gate_up, E, 2 * F, H, &gu) &&
+                          stacked(experts.down, E, H, F, &dn) && gu.dtype == dn.dtype &&
+                          (gu.scale == nullptr) == (dn.scale == nullptr);
+  if (is_stacked) {
+    p.gate_up = gu.w;
+    p.gate_up_scale = gu.scale;
+    p.gate_up_expert_stride = gu.stride;
+    p.down = dn.w;
+    p.down_scale = dn.scale;
+    p.down_expert_stride = dn.stride;
+    p.w_dtype = gu.dtype;
+    if (ctx.device.is_cpu()) return cpu::moe_experts(p);
+#if STRATA_HAS_CUDA
+    return cuda::moe_experts(*ctx.cuda, p);
+#else
+    return no_cuda(kOp);
+#endif
+  }
+  if (!ctx.device.is_cpu()) {
+    return invalid(kOp,
+                   "the experts' weights are not stacked (one array per layer, as the "
+                   "device layout uploads them)");
+  }
+  // CPU twin, experts stored apart: each non-empty group as a one-expert launch.
+  const int32_t* off = p.offsets;
+  if (off[0] != 0 || off[E] != n_rows) {
+    return invalid(kOp, fmt::format("offsets cover {} rows, x_perm has {}", off[E], n_rows));
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = off[e], r1 = off[e + 1];
+    if (r1 < r0 || r1 > n_rows) return invalid(kOp, "offsets are not a prefix sum");
+    if (r1 == r0) continue;
+    Stacked g1, d1;
+    if (!stacked(&experts.gate_up[e], 1, 2 * F, H, &g1) ||
+        !stacked(&experts.down[e], 1, H, F, &d1) || g1.dtype != d1.dtype) {
+      return invalid(kOp, fmt::format("expert {} is not in the device layout", e));
+    }
+    const int32_t one[2] = {0, static_cast<int32_t>(r1 - r0)};
+    MoeExpertsParams q = p;
+    q.x_perm = p.x_perm + r0 * H;
+    q.offsets = one;
+    q.act = p.act + r0 * F;
+    q.y_perm = p.y_perm + r0 * H;
+    q.n_rows = r1 - r0;
+    q.n_experts = 1;
+    q.gate_up = g1.w;
+    q.gate_up_scale = g1.scale;
+    q.down = d1.w;
+    q.down_scale = d1.scale;
+    q.w_dtype = g1.dtype;
+    STRATA_RETURN_IF_ERROR(cpu::moe_experts(q));
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Status moe_route(Context& ctx, const Tensor& logits, const MoeRouteArgs& args, Tensor& topk_ids,
                  Tensor& topk_w) {
   constexpr const char* kOp = "moe_route";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&logits, &topk_ids, &topk_w}));
-  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
   STRATA_ASSIGN_OR_RETURN(Mat lm, mat(logits, kOp, "logits"));
   STRATA_RETURN_IF_ERROR(want_dtype(logits, DType::kF32, kOp, "logits"));
   if (args.k < 1 || args.k > lm.cols) {
@@ -949,13 +1073,17 @@ Status moe_route(Context& ctx, const Tensor& logits, const MoeRouteArgs& args, T
   p.n_experts = lm.cols;
   p.k = args.k;
   p.renormalize = args.renormalize;
-  return cpu::moe_route(p);
+  if (ctx.device.is_cpu()) return cpu::moe_route(p);
+#if STRATA_HAS_CUDA
+  return cuda::moe_route(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
 }
 
 Status moe_offsets(Context& ctx, const Tensor& topk_ids, int64_t n_experts, Tensor& offsets) {
   constexpr const char* kOp = "moe_offsets";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&topk_ids, &offsets}));
-  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
   if (!topk_ids.defined() || !topk_ids.is_contiguous() || topk_ids.dtype != DType::kI32) {
     return invalid(kOp, "topk_ids must be contiguous i32");
   }
@@ -966,14 +1094,18 @@ Status moe_offsets(Context& ctx, const Tensor& topk_ids, int64_t n_experts, Tens
   p.n_slots = topk_ids.numel();
   p.n_experts = n_experts;
   p.offsets = static_cast<int32_t*>(offsets.data);
-  return cpu::moe_offsets(p);
+  if (ctx.device.is_cpu()) return cpu::moe_offsets(p);
+#if STRATA_HAS_CUDA
+  return cuda::moe_offsets(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
 }
 
 Status moe_permute(Context& ctx, const Tensor& x, const Tensor& topk_ids, const Tensor& offsets,
                    Tensor& x_perm, Tensor& perm) {
   constexpr const char* kOp = "moe_permute";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &topk_ids, &offsets, &x_perm, &perm}));
-  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
   STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
   STRATA_RETURN_IF_ERROR(act_dtype(x, kOp, "x"));
   if (topk_ids.ndim != 2 || topk_ids.dim(0) != xm.rows) {
@@ -998,7 +1130,12 @@ Status moe_permute(Context& ctx, const Tensor& x, const Tensor& topk_ids, const 
   p.hidden = xm.cols;
   p.x_perm = x_perm.data;
   p.perm = static_cast<int32_t*>(perm.data);
-  return cpu::moe_permute(p);
+  if (ctx.device.is_cpu()) return cpu::moe_permute(p);
+#if STRATA_HAS_CUDA
+  return cuda::moe_permute(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
 }
 
 Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
@@ -1006,7 +1143,6 @@ Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
                    Tensor& y_perm) {
   constexpr const char* kOp = "moe_experts";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x_perm, &offsets, &scratch, &act, &y_perm}));
-  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
   STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x_perm, kOp, "x_perm"));
   STRATA_ASSIGN_OR_RETURN(Mat ym, mat(y_perm, kOp, "y_perm"));
   STRATA_RETURN_IF_ERROR(want_dtype(y_perm, DType::kF32, kOp, "y_perm"));
@@ -1015,9 +1151,15 @@ Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
     return invalid(kOp, "no experts");
   }
   STRATA_RETURN_IF_ERROR(want_shape(offsets, kOp, "offsets", 1, E + 1, DType::kI32));
-  if (ym.rows != xm.rows) return invalid(kOp, "x_perm and y_perm differ in rows");
-  // NOTE: the group sizes are read on the host: the CPU runs each non-empty group as its own
-  // GEMMs. A GPU version reads them on the device (no host sync inside a graph).
+  if (ym.rows != xm.rows || ym.cols != xm.cols) {
+    return invalid(kOp, fmt::format("x_perm {} and y_perm {} differ in shape",
+                                    x_perm.shape_string(), y_perm.shape_string()));
+  }
+  if (x_perm.dtype == DType::kBF16)
+    return moe_experts_bf16(ctx, x_perm, offsets, experts, act_fn, act, y_perm);
+  if (!ctx.device.is_cpu()) return invalid(kOp, "f32 activations run on the CPU only");
+  // NOTE: the f32 reference reads the group sizes on the host and runs each non-empty group as
+  // its own GEMMs; the device layout's kernels read them on the device (no host sync in a graph).
   const int32_t* off = static_cast<const int32_t*>(offsets.data);
   if (off[0] != 0 || off[E] != xm.rows) {
     return invalid(kOp, fmt::format("offsets cover {} rows, x_perm has {}", off[E], xm.rows));
@@ -1043,7 +1185,6 @@ Status moe_combine(Context& ctx, const Tensor& y_perm, const Tensor& perm, const
                    Tensor& out, bool accumulate) {
   constexpr const char* kOp = "moe_combine";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&y_perm, &perm, &topk_w, &out}));
-  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
   STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
   STRATA_RETURN_IF_ERROR(want_dtype(out, DType::kF32, kOp, "out"));
   if (topk_w.ndim != 2 || topk_w.dim(0) != om.rows) {
@@ -1063,13 +1204,17 @@ Status moe_combine(Context& ctx, const Tensor& y_perm, const Tensor& perm, const
   p.k = k;
   p.hidden = om.cols;
   p.accumulate = accumulate;
-  return cpu::moe_combine(p);
+  if (ctx.device.is_cpu()) return cpu::moe_combine(p);
+#if STRATA_HAS_CUDA
+  return cuda::moe_combine(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
 }
 
 Status sigmoid_gate_add(Context& ctx, const Tensor& y, const Tensor& gate, Tensor& out) {
   constexpr const char* kOp = "sigmoid_gate_add";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&y, &gate, &out}));
-  STRATA_RETURN_IF_ERROR(moe_cpu_only(ctx, kOp));
   STRATA_ASSIGN_OR_RETURN(Mat ym, mat(y, kOp, "y"));
   STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
   STRATA_ASSIGN_OR_RETURN(Mat gm, mat(gate, kOp, "gate"));
@@ -1089,7 +1234,12 @@ Status sigmoid_gate_add(Context& ctx, const Tensor& y, const Tensor& gate, Tenso
   p.out_stride = om.stride;
   p.n_tokens = om.rows;
   p.hidden = om.cols;
-  return cpu::sigmoid_gate_add(p);
+  if (ctx.device.is_cpu()) return cpu::sigmoid_gate_add(p);
+#if STRATA_HAS_CUDA
+  return cuda::sigmoid_gate_add(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
 }
 
 }  // namespace strata::ops

@@ -207,9 +207,10 @@ Status copy(Context& ctx, const Tensor& src, Tensor& dst);
 //   moe_route    ids, w [n, k] = top-k(softmax(logits)), ties to the lower expert, optionally
 //                renormalised to sum 1
 //   moe_offsets  offsets [E + 1]: per-expert row ranges of the permuted batch (prefix sum)
-//   moe_permute  x_perm [n k, H] = the rows of x grouped by expert (stable), perm [n k]
+//   moe_permute  x_perm [n k, H] = the rows of x grouped by expert (stable), perm [n k] = the
+//                permuted row of each slot (t, j) = t k + j
 //   moe_experts  y_perm [n k, H] = down_e(act(gate_e(x)) * up_e(x)) over each expert's rows
-//   moe_combine  out [n, H] (+)= sum_j w[t, j] y_perm[row of (t, j)]
+//   moe_combine  out [n, H] (+)= sum_j w[t, j] y_perm[perm[t k + j]]
 // and sigmoid_gate_add for Qwen2-MoE's gated shared expert. ids / offsets / perm are i32 and
 // w f32 on the ops' device; x_perm is in the activation dtype (f32 or bf16).
 
@@ -229,10 +230,16 @@ struct MoeExperts {
   const LinearWeight* gate_up = nullptr;  // [n_experts]
   const LinearWeight* down = nullptr;     // [n_experts]
   int64_t n_experts = 0;
+  // Host-side bound on the rows of any one expert (n_tokens: a token picks an expert at most
+  // once); 0 = the rows of x_perm. Sizes the GPU grids (SBI-GeMM for few rows, tiles above).
+  int64_t max_rows_per_expert = 0;
 };
 // The grouped expert MLP over variable group sizes: rows [offsets[e], offsets[e + 1]) of x_perm
-// through expert e (empty groups are skipped). scratch [n k, 2 F] and act [n k, F] in the
-// activation dtype; y_perm [n k, H] f32.
+// through expert e (empty groups are skipped). act [n k, F] in the activation dtype; y_perm
+// [n k, H] f32. f32 (the reference): scratch [n k, 2 F] f32 holds the gate/up GEMM output, and
+// the group sizes are read on the host. bf16 (the device layout: backends/moe_params.h,
+// MoeExpertsParams): SiLU-gated experts stacked per layer, scratch unused, the group sizes read
+// on the device (graph-capturable, no host sync).
 Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
                    const MoeExperts& experts, Activation act_fn, Tensor& scratch, Tensor& act,
                    Tensor& y_perm);

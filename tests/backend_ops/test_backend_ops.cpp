@@ -679,6 +679,243 @@ void add_elementwise_cases(std::vector<Case>& cases) {
   }
 }
 
+// ---- mixture of experts ----------------------------------------------------------------------
+
+// Routing decisions for n tokens over E experts (top-k distinct, in random order), with experts
+// listed in `starve` never chosen: the ids of moe_offsets / moe_permute / moe_combine cases.
+std::vector<int32_t> moe_ids(int64_t n, int64_t E, int64_t k, const std::vector<int32_t>& starve,
+                             uint32_t seed) {
+  std::vector<int32_t> pool;
+  for (int32_t e = 0; e < E; ++e) {
+    if (std::find(starve.begin(), starve.end(), e) == starve.end()) pool.push_back(e);
+  }
+  std::mt19937 g(seed);
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < n; ++t) {
+    std::shuffle(pool.begin(), pool.end(), g);
+    ids.insert(ids.end(), pool.begin(), pool.begin() + k);
+  }
+  return ids;
+}
+
+// The stable expert order of `ids` (what moe_offsets / moe_permute compute), on the host.
+void moe_layout(const std::vector<int32_t>& ids, int64_t E, std::vector<int32_t>* offsets,
+                std::vector<int32_t>* perm) {
+  offsets->assign(static_cast<size_t>(E + 1), 0);
+  for (int32_t e : ids) ++(*offsets)[static_cast<size_t>(e) + 1];
+  for (int64_t e = 0; e < E; ++e) (*offsets)[e + 1] += (*offsets)[e];
+  std::vector<int32_t> next(offsets->begin(), offsets->end() - 1);
+  perm->resize(ids.size());
+  for (size_t s = 0; s < ids.size(); ++s) (*perm)[s] = next[static_cast<size_t>(ids[s])]++;
+}
+
+void add_moe_route_cases(std::vector<Case>& cases) {
+  struct R {
+    int64_t n, E, k;
+    bool renorm;
+  };
+  for (const R& r : {R{1, 8, 2, true}, R{37, 60, 4, false}, R{37, 7, 7, true}, R{5, 128, 8, true},
+                     R{200, 5, 1, false}, R{3, 33, 3, false}}) {
+    Case c;
+    c.name = "moe_route " + shape_name({r.n, r.E, r.k}) + (r.renorm ? " renorm" : "");
+    // ids must match exactly (an id one off is an error of >= 1/E); weights: expf's last ulp.
+    c.tol_ref = c.tol_twin = 2e-6;
+    c.prepare = [=](Arena& a) -> Result<Prepared> {
+      std::vector<float> l = randoms(static_cast<size_t>(r.n * r.E), 71, -4, 4);
+      for (int64_t e = 0; e < r.E; ++e) l[static_cast<size_t>(e)] = 0.5f;  // all tied
+      if (r.n > 1 && r.E > 3) {  // token 1: its two best tie (the lower index first)
+        l[static_cast<size_t>(r.E + r.E - 1)] = 9.0f;
+        l[static_cast<size_t>(r.E + 2)] = 9.0f;
+      }
+      if (r.n > 2) l[static_cast<size_t>(2 * r.E + r.E / 2)] = -INFINITY;  // never chosen early
+      std::vector<float> padded(static_cast<size_t>(r.n * (r.E + 3)), 100.0f);  // strided rows
+      for (int64_t t = 0; t < r.n; ++t) {
+        std::copy(l.begin() + t * r.E, l.begin() + (t + 1) * r.E, padded.begin() + t * (r.E + 3));
+      }
+      STRATA_ASSIGN_OR_RETURN(Tensor la, a.put(DType::kF32, {r.n, r.E + 3}, padded));
+      STRATA_ASSIGN_OR_RETURN(Tensor ids, a.output(DType::kI32, {r.n, r.k}));
+      STRATA_ASSIGN_OR_RETURN(Tensor w, a.output(DType::kF32, {r.n, r.k}));
+      Tensor logits = la.slice_cols(0, r.E);
+      Prepared p;
+      p.outputs = {ids, w};
+      p.bytes = static_cast<double>(r.n * (r.E * 4 + r.k * 8));
+      p.run = [&a, logits, ids, w, r]() mutable {
+        return ops::moe_route(a.ctx(), logits, {r.k, r.renorm}, ids, w);
+      };
+      return p;
+    };
+    cases.push_back(c);
+  }
+}
+
+void add_moe_permute_cases(std::vector<Case>& cases) {
+  struct P {
+    int64_t n, E, k, H, pad;
+    std::vector<int32_t> starve;
+  };
+  for (const P& q :
+       {P{1, 6, 2, 37, 0, {}}, P{37, 10, 3, 37, 3, {1, 4}}, P{37, 10, 3, 64, 0, {0, 9}},
+        P{200, 5, 1, 72, 8, {2}}, P{17, 16, 4, 8, 0, {3, 5, 7, 11, 13}}}) {
+    Case c;
+    c.name = "moe_offsets+permute " + shape_name({q.n, q.E, q.k, q.H}) +
+             (q.pad > 0 ? " pad" + std::to_string(q.pad) : "") + " empty" +
+             std::to_string(q.starve.size());
+    c.tol_ref = c.tol_twin = 0.0;  // integer tables and exact row copies
+    c.prepare = [=](Arena& a) -> Result<Prepared> {
+      const std::vector<int32_t> idv = moe_ids(q.n, q.E, q.k, q.starve, 81);
+      STRATA_ASSIGN_OR_RETURN(Tensor ids, a.put_ints({q.n, q.k}, idv));
+      const int64_t xs = q.H + q.pad, S = q.n * q.k;
+      STRATA_ASSIGN_OR_RETURN(
+          Tensor xa, a.put(a.act(), {q.n, xs}, randoms(static_cast<size_t>(q.n * xs), 82, -2, 2)));
+      STRATA_ASSIGN_OR_RETURN(Tensor offsets, a.output(DType::kI32, {1, q.E + 1}));
+      STRATA_ASSIGN_OR_RETURN(Tensor xp, a.output(a.act(), {S, q.H}));
+      STRATA_ASSIGN_OR_RETURN(Tensor perm, a.output(DType::kI32, {1, S}));
+      Tensor x = xa.slice_cols(0, q.H);
+      Prepared p;
+      p.outputs = {offsets, xp, perm};
+      p.bytes = static_cast<double>(S * q.H * dtype_bytes(a.act(), 2) + S * 12);
+      p.run = [&a, x, ids, offsets, xp, perm, q]() mutable {
+        STRATA_RETURN_IF_ERROR(ops::moe_offsets(a.ctx(), ids, q.E, offsets));
+        return ops::moe_permute(a.ctx(), x, ids, offsets, xp, perm);
+      };
+      return p;
+    };
+    cases.push_back(c);
+  }
+}
+
+// E experts' gate/up ([2F, H]) or down ([H, F]) matrices: the reference gets each expert as its
+// own f32 weight (gate and up as two parts), the device layout one stacked [E rows, cols] array
+// (bf16, or quantized per row) with a view per expert, holding the same values.
+Result<std::vector<ops::LinearWeight>> make_experts(Arena& a, int64_t E, int64_t rows, int64_t cols,
+                                                    int parts, DType wdt, uint32_t seed) {
+  std::vector<ops::LinearWeight> out(static_cast<size_t>(E));
+  if (a.variant().device_layout()) {
+    STRATA_ASSIGN_OR_RETURN(ops::LinearWeight all,
+                            make_weight(a, E * rows, cols, 1, wdt, false, seed));
+    const ops::LinearWeight::Part& p = all.parts[0];
+    for (int64_t e = 0; e < E; ++e) {
+      out[static_cast<size_t>(e)].add(
+          p.w.slice_rows(e * rows, (e + 1) * rows), Tensor{},
+          p.scale.defined() ? p.scale.slice_rows(e * rows, (e + 1) * rows) : Tensor{});
+    }
+    return out;
+  }
+  STRATA_ASSIGN_OR_RETURN(ops::LinearWeight all,
+                          make_weight(a, E * rows, cols, 1, wdt, false, seed));
+  const Tensor& w = all.parts[0].w;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = e * rows, step = rows / parts;
+    for (int i = 0; i < parts; ++i) {
+      out[static_cast<size_t>(e)].add(w.slice_rows(r0 + i * step, r0 + (i + 1) * step));
+    }
+  }
+  return out;
+}
+
+void add_moe_experts_cases(std::vector<Case>& cases) {
+  struct X {
+    const char* what;
+    int64_t n, E, k, H, F;
+    std::vector<int32_t> starve;
+    int64_t bound;  // max_rows_per_expert passed to the op (0: n); below the true bound the
+                    // SBI path runs a group in several slices
+  };
+  const X list[] = {
+      {"decode n1", 1, 8, 2, 64, 32, {}, 0},
+      {"decode n5", 5, 16, 4, 96, 48, {}, 0},
+      {"n37 sbi", 37, 10, 3, 96, 48, {1, 4}, 0},
+      {"n37 sbi slices", 37, 10, 3, 96, 48, {1, 4}, 8},
+      {"prefill n100", 100, 6, 2, 144, 48, {3}, 0},
+      {"prefill n200 k1", 200, 3, 1, 64, 80, {}, 0},
+      {"odd sizes", 7, 5, 2, 37, 19, {2}, 0},  // the CPU twin only (CUDA: multiples of 8 / 16)
+  };
+  for (const X& x : list) {
+    for (DType wdt : {DType::kBF16, DType::kI8, DType::kFP8E4M3}) {
+      Case c;
+      c.name = std::string("moe_experts ") + x.what + " " + shape_name({x.n, x.E, x.k, x.H, x.F}) +
+               " " + std::string(dtype_name(wdt));
+      c.tol_ref = 1.5e-2;  // act rounded to bf16 (the reference keeps f32)
+      c.tol_twin = 5e-3;   // summation order: an act element may round one ulp apart
+      c.prepare = [=](Arena& a) -> Result<Prepared> {
+        const std::vector<int32_t> idv = moe_ids(x.n, x.E, x.k, x.starve, 91);
+        std::vector<int32_t> off, perm;
+        moe_layout(idv, x.E, &off, &perm);
+        const int64_t S = x.n * x.k;
+        STRATA_ASSIGN_OR_RETURN(Tensor offsets, a.put_ints({1, x.E + 1}, off));
+        STRATA_ASSIGN_OR_RETURN(
+            Tensor xp, a.put(a.act(), {S, x.H}, randoms(static_cast<size_t>(S * x.H), 92, -1, 1)));
+        STRATA_ASSIGN_OR_RETURN(auto gu, make_experts(a, x.E, 2 * x.F, x.H, 2, wdt, 93));
+        STRATA_ASSIGN_OR_RETURN(auto dn, make_experts(a, x.E, x.H, x.F, 1, wdt, 94));
+        Tensor scratch;
+        if (!a.variant().device_layout()) {
+          STRATA_ASSIGN_OR_RETURN(scratch, a.output(DType::kF32, {S, 2 * x.F}));
+        }
+        STRATA_ASSIGN_OR_RETURN(Tensor act, a.output(a.act(), {S, x.F}));
+        STRATA_ASSIGN_OR_RETURN(Tensor y, a.output(DType::kF32, {S, x.H}));
+        auto w = std::make_shared<
+            std::pair<std::vector<ops::LinearWeight>, std::vector<ops::LinearWeight>>>(gu, dn);
+        Prepared p;
+        p.outputs = {y};
+        p.flops = 6.0 * static_cast<double>(S * x.H * x.F);
+        p.bytes = static_cast<double>(dtype_bytes(wdt, 3 * x.E * x.H * x.F));
+        p.run = [&a, xp, offsets, w, scratch, act, y, x]() mutable {
+          ops::MoeExperts ex{w->first.data(), w->second.data(), x.E, x.bound > 0 ? x.bound : x.n};
+          return ops::moe_experts(a.ctx(), xp, offsets, ex, Activation::kSilu, scratch, act, y);
+        };
+        return p;
+      };
+      cases.push_back(c);
+    }
+  }
+}
+
+void add_moe_combine_cases(std::vector<Case>& cases) {
+  struct C {
+    int64_t n, E, k, H;
+    bool acc;
+  };
+  for (const C& q : {C{1, 6, 2, 37, true}, C{37, 10, 3, 37, false}, C{200, 5, 1, 72, true},
+                     C{17, 16, 4, 128, true}}) {
+    Case c;
+    c.name = "moe_combine+sigmoid_gate_add " + shape_name({q.n, q.E, q.k, q.H}) +
+             (q.acc ? " accumulate" : " overwrite");
+    c.tol_ref = c.tol_twin = 1e-6;  // the combine is bit-exact; the gate's expf: last ulp
+    c.prepare = [=](Arena& a) -> Result<Prepared> {
+      const std::vector<int32_t> idv = moe_ids(q.n, q.E, q.k, {}, 101);
+      std::vector<int32_t> off, perm;
+      moe_layout(idv, q.E, &off, &perm);
+      const int64_t S = q.n * q.k;
+      STRATA_ASSIGN_OR_RETURN(Tensor pt, a.put_ints({1, S}, perm));
+      STRATA_ASSIGN_OR_RETURN(Tensor yp, a.put(DType::kF32, {S, q.H},
+                                               randoms(static_cast<size_t>(S * q.H), 102, -2, 2)));
+      STRATA_ASSIGN_OR_RETURN(
+          Tensor w, a.put(DType::kF32, {q.n, q.k}, randoms(static_cast<size_t>(S), 103, 0, 1)));
+      STRATA_ASSIGN_OR_RETURN(
+          Tensor ys,
+          a.put(DType::kF32, {q.n, q.H}, randoms(static_cast<size_t>(q.n * q.H), 104, -1, 1)));
+      STRATA_ASSIGN_OR_RETURN(
+          Tensor gate, a.put(DType::kF32, {q.n, 1}, randoms(static_cast<size_t>(q.n), 105, -4, 4)));
+      Tensor out;
+      if (q.acc) {
+        STRATA_ASSIGN_OR_RETURN(out, a.put(DType::kF32, {q.n, q.H},
+                                           randoms(static_cast<size_t>(q.n * q.H), 106, -1, 1)));
+      } else {
+        STRATA_ASSIGN_OR_RETURN(out, a.output(DType::kF32, {q.n, q.H}));
+      }
+      Prepared p;
+      p.outputs = {out};
+      p.bytes = static_cast<double>(S * q.H * 4 + q.n * q.H * 12);
+      p.run = [&a, yp, pt, w, out, ys, gate, q]() mutable {
+        STRATA_RETURN_IF_ERROR(ops::moe_combine(a.ctx(), yp, pt, w, out, q.acc));
+        return ops::sigmoid_gate_add(a.ctx(), ys, gate, out);
+      };
+      return p;
+    };
+    cases.push_back(c);
+  }
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> c;
   add_embed_cases(c);
@@ -688,6 +925,10 @@ std::vector<Case> all_cases() {
   add_rope_cases(c);
   add_attention_cases(c);
   add_elementwise_cases(c);
+  add_moe_route_cases(c);
+  add_moe_permute_cases(c);
+  add_moe_experts_cases(c);
+  add_moe_combine_cases(c);
   return c;
 }
 

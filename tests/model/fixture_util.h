@@ -58,4 +58,40 @@ inline double relative_error(const std::vector<float>& a, const std::vector<floa
   return a.size() == b.size() ? diff / std::max(ref, 1e-30) : INFINITY;
 }
 
+// Mixture-of-experts models under bf16: a router's top-k can flip where two experts' logits
+// nearly tie (qwen2_moe sequence 1, last position: layer 2's experts 0 and 4 are 0.055 apart in
+// f32 and swap under the bf16 layout's drift), which moves that position's logits by far more
+// than rounding. Compared position by position (rows of `vocab` logits, scaled by max |b| over
+// all rows): `worst` is the largest error, `worst_routed` the largest outside the single worst
+// position, `over` how many positions exceed `tol`.
+struct RowErrors {
+  double worst = 0.0;
+  double worst_routed = 0.0;
+  int over = 0;
+};
+inline RowErrors row_errors(const std::vector<float>& a, const std::vector<float>& b, size_t vocab,
+                            double tol) {
+  RowErrors r;
+  double ref = 1e-30;
+  for (float v : b) ref = std::max(ref, std::fabs(static_cast<double>(v)));
+  if (a.size() != b.size() || vocab == 0) {
+    r.worst = r.worst_routed = INFINITY;
+    r.over = 1 << 30;
+    return r;
+  }
+  std::vector<double> per;
+  for (size_t row = 0; row * vocab < a.size(); ++row) {
+    double d = 0.0;
+    for (size_t i = row * vocab; i < (row + 1) * vocab; ++i) {
+      d = std::isfinite(a[i]) ? std::max(d, std::fabs(static_cast<double>(a[i]) - b[i])) : INFINITY;
+    }
+    per.push_back(d / ref);
+    if (d / ref > tol) ++r.over;
+  }
+  std::sort(per.begin(), per.end());
+  r.worst = per.back();
+  r.worst_routed = per.size() > 1 ? per[per.size() - 2] : 0.0;
+  return r;
+}
+
 }  // namespace strata::testing

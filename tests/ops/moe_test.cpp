@@ -181,15 +181,17 @@ TEST_P(MoeBlock, GroupedExpertsMatchPerTokenReference) {
   if (starve) {
     for (int64_t e = 1; e < E; e += 2) EXPECT_EQ(count[e], 0);
   }
-  std::vector<int32_t> want_perm;
+  // perm: slot -> row, rows numbered expert by expert, slots of one expert in increasing order.
+  std::vector<int32_t> want_perm(static_cast<size_t>(S), -1);
+  int32_t next_row = 0;
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t s = 0; s < S; ++s) {
-      if (ids[s] == e) want_perm.push_back(static_cast<int32_t>(s));
+      if (ids[s] == e) want_perm[s] = next_row++;
     }
   }
   EXPECT_EQ(perm, want_perm);
-  for (int64_t r = 0; r < S; ++r) {
-    for (int64_t i = 0; i < H; ++i) ASSERT_EQ(xp[r * H + i], x[(perm[r] / k) * H + i]);
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t i = 0; i < H; ++i) ASSERT_EQ(xp[perm[s] * H + i], x[(s / k) * H + i]);
   }
   std::vector<double> want(static_cast<size_t>(n * H), 0.5);
   for (int64_t t = 0; t < n; ++t) {
@@ -211,9 +213,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoeBlock,
                                            BlockCase{5, 3, 3, 29, 11, false}));
 
 // The bf16 layout (the GPU's, run by the CPU twins): bf16 activations permuted unchanged, each
-// expert's [gate; up] as one bf16 part and down bf16, through the gated SBI-GeMM twin for small
-// groups and GEMM + activation for large ones; within bf16 rounding of the f32 reference on the
-// same (bf16-valued) weights.
+// expert's [gate; up] as one bf16 part and down bf16 (here not stacked: the CPU twin runs them
+// one group at a time), SiLU * up rounded to bf16 once whatever the group size; within bf16
+// rounding of the f32 reference on the same (bf16-valued) weights.
 TEST(MoeBlock, Bf16LayoutMatchesF32Reference) {
   const int64_t n = 29, E = 5, k = 2, H = 40, F = 24, S = n * k;
   ops::Context ctx{Device::cpu()};
@@ -246,7 +248,7 @@ TEST(MoeBlock, Bf16LayoutMatchesF32Reference) {
          pt = t2(perm.data(), DType::kI32, 1, S);
   ASSERT_TRUE(ops::moe_route(ctx, lt, {k, false}, it, wt).ok());
   ASSERT_TRUE(ops::moe_offsets(ctx, it, E, ot).ok());
-  ASSERT_GT(offsets[2] - offsets[1], 16) << "expert 1 takes the GEMM path";
+  ASSERT_GT(offsets[2] - offsets[1], 16) << "expert 1 gets a large group";
   auto run = [&](DType act, const void* xin, std::vector<ops::LinearWeight>& gu,
                  std::vector<ops::LinearWeight>& dn) {
     const int64_t eb = dtype_bytes(act, 1);
@@ -274,7 +276,7 @@ TEST(MoeBlock, Bf16LayoutMatchesF32Reference) {
 
 TEST(MoeCombine, OverwriteAndNonPermutation) {
   ops::Context ctx{Device::cpu()};
-  // 2 tokens, k 2, hidden 3: perm reversed.
+  // 2 tokens, k 2, hidden 3: perm (slot -> row) reversed.
   std::vector<float> yp = {1, 2, 3, 10, 20, 30, 100, 200, 300, 1000, 2000, 3000};
   std::vector<int32_t> perm = {3, 2, 1, 0};
   std::vector<float> w = {0.5f, 0.25f, 2.0f, 1.0f}, out(6, 7.0f);

@@ -30,6 +30,7 @@ Status copy_rows(const CopyRowsParams& p);  // elementwise.cpp
 Status moe_route(const MoeRouteParams& p);
 Status moe_offsets(const MoeOffsetsParams& p);
 Status moe_permute(const MoePermuteParams& p);
+Status moe_experts(const MoeExpertsParams& p);  // the device layout's grouped MLP (bf16)
 Status moe_combine(const MoeCombineParams& p);
 Status sigmoid_gate_add(const SigmoidGateAddParams& p);
 

@@ -11,6 +11,7 @@
 
 #include "backends/cuda/launch_ctx.h"
 #include "backends/kernel_params.h"
+#include "backends/moe_params.h"
 #include "strata/status.h"
 
 namespace strata::cuda {
@@ -67,6 +68,25 @@ Status flash_prefill(const LaunchCtx& ctx, const VarlenAttentionParams& p);
 Status flash_decode(const LaunchCtx& ctx, const VarlenAttentionParams& p);
 size_t varlen_attention_workspace_bytes(int64_t n_seqs, int64_t n_heads, int64_t head_dim,
                                         int64_t max_kv_len);
+
+// Mixture of experts (semantics: backends/moe_params.h; CPU twins: backends/cpu/moe.cpp). All
+// graph-capturable: group sizes stay on the device, grids come from n_tokens, k and n_experts.
+// Expert ids outside [0, n_experts) cannot be reported from the device: they are not counted
+// or moved (the CPU twins return kOutOfRange), so the outputs are then undefined but every
+// access stays in bounds.
+// kernels/moe_route.cu: softmax / top-k router (one warp per token; the twin's choice bit for
+// bit) and the per-expert offset table (one block: histogram, prefix sum); n_experts <= 4096.
+Status moe_route(const LaunchCtx& ctx, const MoeRouteParams& p);
+Status moe_offsets(const LaunchCtx& ctx, const MoeOffsetsParams& p);
+// kernels/moe_permute.cu: the stable permute (a block per expert numbers its slots, then one
+// row copy per slot), the weighted combine (a block per token, slot order: bit-exact with the
+// twin) and Qwen2-MoE's sigmoid-gated shared-expert add.
+Status moe_permute(const LaunchCtx& ctx, const MoePermuteParams& p);
+Status moe_combine(const LaunchCtx& ctx, const MoeCombineParams& p);
+Status sigmoid_gate_add(const LaunchCtx& ctx, const SigmoidGateAddParams& p);
+// kernels/moe_experts.cu (+ moe_sbi*.cu, moe_gemm.cu): the grouped SiLU-gated expert MLP over
+// stacked bf16 / int8 / fp8 experts; hidden and ffn multiples of 8 (bf16) or 16 (8-bit).
+Status moe_experts(const LaunchCtx& ctx, const MoeExpertsParams& p);
 
 // memcpy.cpp: async copies on ctx.stream (host memory must stay valid until the stream reaches
 // them: pinned host memory makes the copy asynchronous, pageable memory is staged by the driver)

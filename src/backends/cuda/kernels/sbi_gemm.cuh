@@ -233,9 +233,11 @@ __device__ __forceinline__ float sbi_pre(const Args& a, float v, int row) {
   return v;
 }
 
+// The work of block `block` (its output rows) of one SBI launch; every thread of the block
+// must call it (it has barriers). The grouped expert kernel (moe_sbi.cuh) calls it once per
+// token slice of an expert, with a barrier between calls (the shared reduction is reused).
 template <WFormat F, int T, int NT>
-__global__ void __launch_bounds__(kThreads, Shape<F, T, NT>::kMinBlocks)
-    sbi_gemm_kernel(const Args a) {
+__device__ __forceinline__ void sbi_gemm_block(const Args& a, int block) {
   using G = Geometry<F>;
   constexpr int U = Shape<F, T, NT>::kUnroll;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
@@ -243,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, Shape<F, T, NT>::kMinBlocks)
   const int g = lane / 4;
   const int t = lane % 4;
   const int out_tiles = a.gated ? T / 2 : T;
-  const int row0 = static_cast<int>(blockIdx.x) * 16 * out_tiles;  // first output row
+  const int row0 = block * 16 * out_tiles;  // first output row
 
   LaneRows<T> r;
   r.w = a.w + (row0 + g) * a.w_stride_bytes + t * 16;
@@ -369,6 +371,12 @@ __global__ void __launch_bounds__(kThreads, Shape<F, T, NT>::kMinBlocks)
       *out = a.accumulate ? *out + v : v;
     }
   }
+}
+
+template <WFormat F, int T, int NT>
+__global__ void __launch_bounds__(kThreads, Shape<F, T, NT>::kMinBlocks)
+    sbi_gemm_kernel(const Args a) {
+  sbi_gemm_block<F, T, NT>(a, static_cast<int>(blockIdx.x));
 }
 
 template <WFormat F, int T, int NT>
