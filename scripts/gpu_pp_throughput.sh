@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Pipeline parallelism's generation schedule on two GPUs (issues 11 / 17), one device call:
+# offline throughput through the serving engine (bench-throughput: 1,000 requests of 128 prompt
+# + 128 generated tokens, Llama-3-8B shape, random weights) on one GPU, TP = 2 and PP = 2 (one
+# step per stage in flight), then the timed decode steps of `bench --pp 2` (one step at a time,
+# with the measured bubble) for contrast.
+#   BUILD=<dir with strata> scripts/gpu_pp_throughput.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build-gpu}
+if [ -d .gpu_carry/lib ]; then export LD_LIBRARY_PATH="$PWD/.gpu_carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+if [ -z "${STRATA_NCCL_LIBRARY:-}" ]; then
+  lib=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib', 'libnccl.so.2'))" 2>/dev/null)
+  [ -n "$lib" ] && [ -f "$lib" ] && export STRATA_NCCL_LIBRARY="$lib"
+fi
+MODEL=${MODEL:-llama3-8b}
+N=${N:-1000}
+rc=0
+for cfg in "1gpu:" "tp2:--tp 2" "pp2:--pp 2"; do
+  name=${cfg%%:*}; args=${cfg#*:}
+  echo "== bench-throughput $MODEL $name"
+  # shellcheck disable=SC2086
+  timeout 300 "$BUILD/strata" bench-throughput --device cuda --load-format dummy \
+    --model-config "$MODEL" $args --num-prompts "$N" --input-len 128 --output-len 128 \
+    --json "$OUT/throughput_${name}.json" > "$OUT/throughput_${name}.txt" 2>&1 || { echo "rc=$?"; rc=1; }
+  grep -E "tok/s|tokens/s|requests/s|error" "$OUT/throughput_${name}.txt" | head -n 6
+done
+echo "== bench --pp 2 (one step at a time)"
+timeout 200 "$BUILD/strata" bench --device cuda --model-config "$MODEL" --pp 2 --batch 1,64 \
+  --ctx 256 -r 5 > "$OUT/bench_pp2.txt" 2>&1 || rc=1
+grep -E "^\| decode|bubble|error" "$OUT/bench_pp2.txt"
+echo "== done rc=$rc"
+exit $rc
