@@ -177,8 +177,26 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
   // KV bytes per cached token (all layers, K and V; bf16 on CUDA, f32 on the CPU).
   const double kv_token = static_cast<double>(2 * info.n_layers * info.n_heads_kv * info.head_dim) *
                           (info.backend == "CUDA" ? 2.0 : 4.0);
-  // Matmul parameters as the peer counts them: all parameters but the embedding table.
-  const double matmul_params = static_cast<double>(info.n_params - info.vocab * info.hidden);
+  // Matmul parameters as the peer counts them: all parameters but the embedding table; of a
+  // mixture-of-experts model, the parameters one token uses (its k experts of each sparse layer).
+  const double matmul_params = static_cast<double>(
+      (info.n_experts > 0 ? info.n_active_params : info.n_params) - info.vocab * info.hidden);
+  // Mixture of experts: the expert weights a decode step of b sequences touches. With routing
+  // spread evenly (random weights), a layer's expert is used by none of b tokens with
+  // probability (1 - k / E)^b; the step streams the other weights whole and the touched experts.
+  const double expert_params = info.n_experts > 0
+                                   ? static_cast<double>(info.n_moe_layers * info.n_experts * 3 *
+                                                         info.hidden * info.expert_ffn_dim)
+                                   : 0.0;
+  const double total_params = std::max<double>(static_cast<double>(info.n_params), 1.0);
+  auto streamed_at = [&](int64_t b, double dense_streamed) {
+    if (info.n_experts <= 0) return dense_streamed;
+    const double expert_bytes = dense_streamed * expert_params / total_params;
+    const double unused = std::pow(
+        1.0 - static_cast<double>(info.n_experts_used) / static_cast<double>(info.n_experts),
+        static_cast<double>(b));
+    return dense_streamed - expert_bytes * unused;
+  };
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (!to_stdout) {
     std::printf("model %s (%s), backend %s%s%s, weights %s (%s on the device)\n", info.path.c_str(),
@@ -239,7 +257,8 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     const double t = st.median / 1e3;
     const double kv_read =
         static_cast<double>(b) * static_cast<double>(ctx + opt.decode_steps / 2) * kv_token;
-    const double gbps = streamed / t / 1e9;
+    const double step_bytes = streamed_at(b, streamed);
+    const double gbps = step_bytes / t / 1e9;
     const double tflops = 2.0 * matmul_params * static_cast<double>(b) / t / 1e12;
     print_row("decode", b, b, st.median, static_cast<double>(b) / t, gbps, tflops);
     auto j = base("decode");
@@ -251,7 +270,8 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     j["ms_samples"] = st.samples;
     j["tok_per_s"] = static_cast<double>(b) / t;
     j["weight_GBps"] = gbps;
-    j["weight_plus_kv_GBps"] = (streamed + kv_read) / t / 1e9;
+    j["weight_bytes_streamed"] = step_bytes;
+    j["weight_plus_kv_GBps"] = (step_bytes + kv_read) / t / 1e9;
     if (opt.peak_gbps > 0) j["pct_peak_bw"] = 100 * gbps / opt.peak_gbps;
     rows.push_back(j);
   }
