@@ -376,9 +376,13 @@ void ServingEngineImpl::run_step() {
   // generation schedule), each about 1/depth of the running sequences; else one step at a time.
   const int depth = std::max(1, exec_->pipeline_depth());
   while (static_cast<int>(inflight_.size()) < depth && sched_->has_work()) {
-    const int64_t cap =
+    // Pipelined: each step decodes about 1/depth of the running sequences and holds at most
+    // 1/depth of max_num_seqs, so the steps in flight stay balanced and admissions go on.
+    const int64_t decodes =
         depth > 1 ? std::max<int64_t>(1, (sched_->stats().running + depth - 1) / depth) : 0;
-    const ScheduledStep& step = sched_->schedule(cap);
+    const int64_t cap =
+        depth > 1 ? std::max<int64_t>(1, (sched_->config().max_num_seqs + depth - 1) / depth) : 0;
+    const ScheduledStep& step = sched_->schedule(cap, decodes);
     if (!step.swap_out.empty() || !step.swap_in.empty()) {
       // Swaps copy KV blocks through the executor: nothing may be in flight.
       while (!inflight_.empty()) complete_oldest();

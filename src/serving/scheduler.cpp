@@ -175,7 +175,7 @@ void Scheduler::push_scheduled(SchedSequence& seq, int64_t n_tokens) {
   budget_ -= n_tokens;
 }
 
-const ScheduledStep& Scheduler::schedule(int64_t max_seqs) {
+const ScheduledStep& Scheduler::schedule(int64_t max_seqs, int64_t max_decodes) {
   const auto cap = static_cast<size_t>(max_seqs > 0 ? max_seqs : config_.max_num_seqs);
   auto room = [&] { return budget_ > 0 && step_.seqs.size() < cap; };
   step_.seqs.clear();
@@ -188,7 +188,9 @@ const ScheduledStep& Scheduler::schedule(int64_t max_seqs) {
 
   // 1. Decodes (one token each), in arrival order. A sequence whose recomputed prompt has one
   //    token left is scheduled the same way.
-  for (size_t i = 0; i < running_.size() && room();) {
+  const auto decode_cap = static_cast<size_t>(max_decodes > 0 ? max_decodes : max_seqs);
+  for (size_t i = 0;
+       i < running_.size() && room() && (max_decodes <= 0 || step_.seqs.size() < decode_cap);) {
     SchedSequence* s = running_[i];
     if (s->in_flight || static_cast<int64_t>(s->tokens.size()) - s->n_computed != 1) {
       ++i;

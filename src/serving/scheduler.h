@@ -117,7 +117,10 @@ class Scheduler {
   // valid until the next call. Its sequences are in flight until complete_step(): a pipelined
   // engine schedules further steps from the others (seed 000's generation schedule keeps as
   // many steps of different sequences in flight as there are pipeline stages).
-  const ScheduledStep& schedule(int64_t max_seqs = 0);
+  // max_decodes (0: no cap) caps the decode tokens of running sequences: a pipelined engine
+  // splits the running sequences evenly over its steps in flight, while prompt chunks and
+  // admissions may still fill a step up to max_seqs.
+  const ScheduledStep& schedule(int64_t max_seqs = 0, int64_t max_decodes = 0);
   // The step's tokens were computed: advance each sequence and publish its newly full blocks
   // (sequences finished in the meantime are skipped; `step` may be a copy).
   void complete_step(const ScheduledStep& step);

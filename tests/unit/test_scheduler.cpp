@@ -93,6 +93,21 @@ TEST(Scheduler, InFlightSequencesAreNotRescheduled) {
   EXPECT_EQ(other->n_computed, 3);
 }
 
+// A pipelined step's decode cap splits the running sequences over the steps in flight without
+// holding back admissions (else the running set could never grow past a few sequences).
+TEST(Scheduler, DecodeCapLeavesRoomForAdmissions) {
+  Scheduler sched(small_config());
+  for (uint64_t id = 1; id <= 2; ++id) ASSERT_TRUE(sched.add(id, prompt_of(2), 5).ok());
+  complete(sched, sched.schedule());  // both prompts: now two decoding sequences
+  for (uint64_t id = 3; id <= 5; ++id) ASSERT_TRUE(sched.add(id, prompt_of(2), 5).ok());
+  const ScheduledStep step = sched.schedule(/*max_seqs=*/4, /*max_decodes=*/1);
+  int decodes = 0, prompts = 0;
+  for (const ScheduledSeq& x : step.seqs) (x.id <= 2 ? decodes : prompts) += 1;
+  EXPECT_EQ(decodes, 1);
+  EXPECT_EQ(prompts, 3);
+  EXPECT_EQ(step.seqs.size(), 4u);
+}
+
 TEST(Scheduler, DecodesFirstThenPromptChunksFillTheBudget) {
   Scheduler sched(small_config());
   ASSERT_TRUE(sched.add(1, prompt_of(3), 10).ok());
