@@ -110,7 +110,11 @@ Result<std::string> from_cache(const Cache& c, const HubId& id, const std::strin
   std::vector<std::string> names = snapshot_names(snap);
   if (!id.file.empty() && !path_exists(snap / id.file)) return missing(id.file);
   auto sel = select_files(names, id);
-  if (!sel.ok()) return missing(id.file.empty() ? "config.json" : id.file);
+  if (!sel.ok()) {
+    // A checkpoint folder without its weights, or nothing strata can open.
+    if (path_exists(snap / "config.json")) return missing("model.safetensors");
+    return missing("config.json");
+  }
   for (const std::string& f : sel->required) {
     if (!path_exists(snap / f)) return missing(f);
   }
