@@ -297,8 +297,34 @@ def test_stalled_transfer_times_out(hub, cache):
     assert "model.safetensors" in line
 
 
-def test_serve_names_the_model_by_its_hub_id(hub, cache):
+def test_serve_downloads_and_names_the_model_by_its_hub_id(hub, cache):
+    import json
+    import signal
+    import time
+    import urllib.request
+
     add_llama(hub)
-    assert info(hub, cache, "org/tiny").returncode == 0
-    p = strata(hub, cache, "serve", "--help")
-    assert "--offline" in p.stdout
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    e.update(HF_HUB_CACHE=str(cache), HF_HOME=str(cache.parent / "hf_home"), HF_ENDPOINT=hub.url)
+    proc = subprocess.Popen([STRATA, "serve", "-m", "org/tiny", "--port", str(port)], env=e,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+            assert json.loads(r.read())["data"][0]["id"] == "org/tiny"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    assert (repo_dir(cache, "org/tiny") / "refs" / "main").exists()
