@@ -244,7 +244,14 @@ Result<HttpResponse> HttpClient::download(
   const auto size = fs::file_size(path, ec);
   t.existing = ec ? 0 : static_cast<int64_t>(size);
   const std::string range = t.existing > 0 ? std::to_string(t.existing) + "-" : "";
-  return perform(options_, url, t, r, range, false);
+  auto result = perform(options_, url, t, r, range, false);
+  if (result.ok() && result->status == 200 && !t.file_checked) {
+    // An empty file: no body arrived to create it.
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr) return Status(StatusCode::kIoError, path + ": cannot open for writing");
+    std::fclose(f);
+  }
+  return result;
 }
 
 }  // namespace strata::hub

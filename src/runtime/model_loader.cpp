@@ -95,7 +95,15 @@ Result<std::string> resolve_model_location(const std::string& model, const HubOp
   if (model.empty() || is_alias(model) || fs::exists(model, ec)) return model;
   const std::optional<hub::HubId> id = hub::parse_hub_id(model);
   if (!id) return model;
-  return hub::resolve(*id, options);
+  auto path = hub::resolve(*id, options);
+  const StatusCode code = path.ok() ? StatusCode::kOk : path.status().code();
+  if ((code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition) &&
+      id->revision.empty() && id->file.empty()) {
+    // It may have been meant as a local path.
+    return Status(
+        code, path.status().message() + " (and there is no local file or folder '" + model + "')");
+  }
+  return path;
 }
 
 ModelInfo make_model_info(const std::string& path, const ModelConfig& c) {

@@ -125,6 +125,21 @@ def test_sharded_checkpoint_downloads_index_and_shards(hub, cache):
     assert (snap / "model-00002-of-00002.safetensors").exists()
 
 
+def test_etags_from_head_requests_and_empty_files(hub, cache):
+    r = hub.add_repo("org/noblobs")
+    files = files_from_dir(LLAMA, CHECKPOINT_FILES)
+    files["generation_config.json"] = b""  # an empty file is a file too
+    sha = r.add_commit(files)
+    hub.no_blob_ids = True
+    p = info(hub, cache, "org/noblobs")
+    assert p.returncode == 0, p.stderr
+    assert any(m == "HEAD" for m, _, _ in hub.requests)
+    snap = repo_dir(cache, "org/noblobs") / "snapshots" / sha
+    digest = hashlib.sha256(files["model.safetensors"]).hexdigest()
+    assert os.readlink(snap / "model.safetensors") == f"../../blobs/{digest}"
+    assert (snap / "generation_config.json").read_bytes() == b""
+
+
 def test_interrupted_transfer_is_resumed_with_a_range_request(hub, cache):
     add_llama(hub)
     size = os.path.getsize(os.path.join(LLAMA, "model.safetensors"))
