@@ -97,7 +97,8 @@ Result<std::string> resolve_model_location(const std::string& model, const HubOp
   if (!id) return model;
   auto path = hub::resolve(*id, options);
   const StatusCode code = path.ok() ? StatusCode::kOk : path.status().code();
-  if ((code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition) &&
+  if ((code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition ||
+       code == StatusCode::kIoError || code == StatusCode::kDeadlineExceeded) &&
       id->revision.empty() && id->file.empty()) {
     // It may have been meant as a local path.
     return Status(
