@@ -343,3 +343,21 @@ def test_serve_downloads_and_names_the_model_by_its_hub_id(hub, cache):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     assert (repo_dir(cache, "org/tiny") / "refs" / "main").exists()
+
+
+def test_every_model_subcommand_takes_a_hub_id(hub, cache):
+    add_llama(hub)
+    assert info(hub, cache, "org/tiny").returncode == 0
+    n = hub.count()
+    for args, stdin in ((["bench", "-p", "8", "-n", "4", "-r", "1", "--offline"], None),
+                        (["chat", "-n", "4", "--offline"], "hello\n"),
+                        (["run", "-p", "hi", "-n", "4", "--offline"], None),
+                        (["bench-throughput", "--num-prompts", "2", "--input-len", "8",
+                          "--output-len", "4"], None)):
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+        e.update(HF_HUB_CACHE=str(cache), HF_HOME=str(cache.parent / "hf_home"),
+                 HF_ENDPOINT=hub.url, OMP_NUM_THREADS="1")
+        p = subprocess.run([STRATA, args[0], "-m", "org/tiny", *args[1:]], env=e, input=stdin,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, (args, p.stderr)
+    assert hub.count() == n
