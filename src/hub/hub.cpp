@@ -197,6 +197,11 @@ class Progress {
  public:
   Progress(bool enabled, std::string label)
       : enabled_(enabled), tty_(::isatty(2) != 0), label_(std::move(label)) {}
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  ~Progress() {
+    if (open_line_) std::fputc('\n', stderr);  // a failed download: end the bar's line
+  }
   void update(int64_t done, int64_t total) {
     done_ = done;
     total_ = total;
@@ -209,6 +214,8 @@ class Progress {
   void resumed(int64_t at) {
     resumed_at_ = at;
     if (enabled_) {
+      if (open_line_) std::fputc('\n', stderr);
+      open_line_ = false;
       std::fprintf(stderr, "strata: resuming %s at %s\n", label_.c_str(),
                    human_bytes(static_cast<double>(at)).c_str());
     }
@@ -218,6 +225,7 @@ class Progress {
     draw(tty_ ? '\r' : '\0');
     std::fputc('\n', stderr);
     std::fflush(stderr);
+    open_line_ = false;
   }
 
  private:
@@ -232,8 +240,10 @@ class Progress {
                  total_ > 0 ? human_bytes(static_cast<double>(total_)).c_str() : "?",
                  human_bytes(speed).c_str());
     std::fflush(stderr);
+    open_line_ = true;
   }
   bool enabled_, tty_;
+  bool open_line_ = false;  // a bar is drawn and its line not ended
   std::string label_;
   Clock::time_point start_ = Clock::now(), last_{};
   int64_t done_ = 0, total_ = 0, resumed_at_ = 0;
