@@ -481,12 +481,17 @@ class Resolver {
   Status link(const fs::path& blob, const fs::path& dst) {
     std::error_code ec;
     fs::create_directories(dst.parent_path(), ec);
-    if (fs::is_symlink(fs::symlink_status(dst, ec))) fs::remove(dst, ec);
-    fs::create_symlink(blob.lexically_relative(dst.parent_path()), dst, ec);
+    // Made under a temporary name and renamed over `dst`: another process linking the same file
+    // at the same time makes the same link, and neither fails.
+    const fs::path tmp = dst.string() + ".strata-tmp" + std::to_string(::getpid());
+    fs::remove(tmp, ec);
+    fs::create_symlink(blob.lexically_relative(dst.parent_path()), tmp, ec);
+    if (ec) fs::copy_file(blob, tmp, fs::copy_options::overwrite_existing, ec);
+    if (!ec) fs::rename(tmp, dst, ec);
     if (ec) {
-      fs::copy_file(blob, dst, fs::copy_options::overwrite_existing, ec);
-      if (ec)
-        return errorf(StatusCode::kIoError, "{}: cannot create: {}", dst.string(), ec.message());
+      fs::remove(tmp, ec);
+      if (path_exists(dst)) return ok_status();
+      return errorf(StatusCode::kIoError, "{}: cannot create: {}", dst.string(), ec.message());
     }
     return ok_status();
   }

@@ -97,9 +97,13 @@ Result<std::string> resolve_model_location(const std::string& model, const HubOp
   if (!id) return model;
   auto path = hub::resolve(*id, options);
   const StatusCode code = path.ok() ? StatusCode::kOk : path.status().code();
-  if ((code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition ||
-       code == StatusCode::kIoError || code == StatusCode::kDeadlineExceeded) &&
-      id->revision.empty() && id->file.empty()) {
+  // The hub (or the offline cache) does not know the name, or the listing failed: say that no
+  // local path has that name either.
+  const bool lookup_failed =
+      code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition ||
+      ((code == StatusCode::kIoError || code == StatusCode::kDeadlineExceeded) &&
+       path.status().message().find("/api/models/") != std::string::npos);
+  if (lookup_failed && id->revision.empty() && id->file.empty()) {
     // It may have been meant as a local path.
     return Status(
         code, path.status().message() + " (and there is no local file or folder '" + model + "')");

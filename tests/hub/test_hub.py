@@ -361,3 +361,18 @@ def test_every_model_subcommand_takes_a_hub_id(hub, cache):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, (args, p.stderr)
     assert hub.count() == n
+
+
+def test_two_processes_downloading_one_model_share_the_cache(hub, cache):
+    _, sha = add_llama(hub)
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    e.update(HF_HUB_CACHE=str(cache), HF_HOME=str(cache.parent / "hf_home"), HF_ENDPOINT=hub.url)
+    procs = [subprocess.Popen([STRATA, "info", "-m", "org/tiny"], env=e, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    root = repo_dir(cache, "org/tiny")
+    assert not list((root / "blobs").glob("*.incomplete"))
+    model = root / "snapshots" / sha / "model.safetensors"
+    assert model.read_bytes() == open(os.path.join(LLAMA, "model.safetensors"), "rb").read()
