@@ -189,7 +189,9 @@ Result<RepoInfo> parse_repo_info(std::string_view text, const std::string& sourc
     const auto bad = [&](const char* field, const char* why) {
       return errorf(StatusCode::kDataLoss, "{}: siblings[{}].{} {}", source, i, field, why);
     };
-    if (!s.is_object()) return bad("", "is not an object");
+    if (!s.is_object()) {
+      return errorf(StatusCode::kDataLoss, "{}: siblings[{}] is not an object", source, i);
+    }
     RepoFile f;
     const auto name = s.find("rfilename");
     if (name == s.end() || !name->is_string())
