@@ -26,6 +26,7 @@ namespace {
 
 struct BenchOptions {
   EngineConfig engine;
+  bool offline = false;
   std::vector<int64_t> n_prompt;
   std::vector<int64_t> n_gen;
   std::vector<int64_t> batch;
@@ -346,8 +347,9 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
   CLI::App* sub =
       app.add_subcommand("bench", "Measure prefill and decode throughput (llama-bench style)");
   sub->add_option("-m,--model", opt->engine.model,
-                  "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias (not "
-                  "needed with --model-config)");
+                  "Model: a .gguf file, a Hugging Face checkpoint directory, an alias, or a hub "
+                  "id org/name[@REVISION][:FILE.gguf] (not needed with --model-config)");
+  add_offline_flag(sub, opt->offline);
   sub->add_option("-p,--n-prompt", opt->n_prompt,
                   "Prompt lengths N[,N...]: pp<N> tests (default 512), or time-to-first-token "
                   "rows with --batch/--prefill")
@@ -387,6 +389,11 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
          if (o.engine.model.empty() && o.engine.model_config.empty()) {
            return report(
                Status(StatusCode::kInvalidArgument, "give a model (-m) or --model-config"));
+         }
+         if (!o.engine.model.empty()) {
+           auto path = resolve_model_arg(o.engine.model, o.offline);
+           if (!path.ok()) return report(path.status());
+           o.engine.model = *path;
          }
          if (!o.engine.model_config.empty()) o.engine.load_format = LoadFormat::kDummy;
          const bool engine_mode = !o.batch.empty() || !o.prefill.empty() || o.ctx > 0;

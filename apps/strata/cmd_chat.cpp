@@ -27,6 +27,7 @@ struct ChatOptions {
   EngineConfig engine;
   GenerateRequest request;
   std::string system;
+  bool offline = false;
 };
 
 }  // namespace
@@ -35,8 +36,10 @@ void add_chat_command(CLI::App& app, std::vector<Command>& commands) {
   auto opt = std::make_shared<ChatOptions>();
   CLI::App* sub = app.add_subcommand("chat", "Talk to a model interactively (Ctrl-D quits)");
   sub->add_option("-m,--model", opt->engine.model,
-                  "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias")
+                  "Model: a .gguf file, a Hugging Face checkpoint directory, an alias, or a hub "
+                  "id org/name[@REVISION][:FILE.gguf]")
       ->required();
+  add_offline_flag(sub, opt->offline);
   sub->add_option("--system", opt->system, "System prompt (default: the template's own)");
   sub->add_option("-n,--n-predict,--max-tokens", opt->request.max_tokens,
                   "Maximum tokens per reply (default 512)");
@@ -66,6 +69,9 @@ void add_chat_command(CLI::App& app, std::vector<Command>& commands) {
       {sub, [opt, seed_opt]() -> int {
          if (Status s = check_before_load(opt->engine, &opt->request.sampling); !s.ok())
            return report(s);
+         auto path = resolve_model_arg(opt->engine.model, opt->offline);
+         if (!path.ok()) return report(path.status());
+         opt->engine.model = *path;
          const bool random_seed_used = seed_opt->count() == 0;
          if (random_seed_used) opt->request.sampling.seed = random_seed();
          auto engine = Engine::create(opt->engine);

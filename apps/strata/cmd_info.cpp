@@ -40,19 +40,27 @@ void add_info_command(CLI::App& app, std::vector<Command>& commands) {
   auto model = std::make_shared<std::string>();
   auto ctx = std::make_shared<int64_t>(0);
   auto preset = std::make_shared<std::string>();
+  auto offline = std::make_shared<bool>(false);
   CLI::App* sub = app.add_subcommand("info", "Print a model's architecture, size and memory needs");
   sub->add_option("-m,--model", *model,
-                  "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias");
+                  "Model: a .gguf file, a Hugging Face checkpoint directory, an alias, or a hub "
+                  "id org/name[@REVISION][:FILE.gguf]");
+  add_offline_flag(sub, *offline);
   sub->add_option(
       "--model-config", *preset,
       "Instead of -m: a named model shape (llama3-8b, qwen3-30b-a3b, mixtral-8x7b, ...)");
   sub->add_option("-c,--ctx-size,--max-model-len", *ctx,
                   "Context length for the KV-cache estimate; 0 = the model's own (default 0)");
   commands.push_back(
-      {sub, [model, ctx, preset]() -> int {
+      {sub, [model, ctx, preset, offline]() -> int {
          if (model->empty() == preset->empty()) {
            std::fprintf(stderr, "error: strata info needs one of -m/--model or --model-config\n");
            return 2;
+         }
+         if (!model->empty()) {
+           auto path = resolve_model_arg(*model, *offline);
+           if (!path.ok()) return report(path.status());
+           *model = *path;
          }
          auto info = inspect_model(preset->empty() ? *model : "dummy:" + *preset);
          if (!info.ok()) return report(info.status());

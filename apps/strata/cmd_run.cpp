@@ -14,6 +14,7 @@ struct RunOptions {
   GenerateRequest request;
   bool quiet = false;
   bool verbose_prompt = false;
+  bool offline = false;
   std::string prompt_file;
 };
 
@@ -28,9 +29,10 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
   auto opt = std::make_shared<RunOptions>();
   CLI::App* sub = app.add_subcommand("run", "Generate text from a prompt");
   sub->add_option("-m,--model", opt->engine.model,
-                  "Model: a .gguf file, a Hugging Face checkpoint directory, or an alias "
-                  "(smollm2)")
+                  "Model: a .gguf file, a Hugging Face checkpoint directory, an alias "
+                  "(smollm2), or a hub id org/name[@REVISION][:FILE.gguf]")
       ->required();
+  add_offline_flag(sub, opt->offline);
   auto* prompt_opt = sub->add_option("-p,--prompt", opt->request.prompt, "Prompt text");
   sub->add_option("-f,--file", opt->prompt_file, "Read the prompt from FILE")->excludes(prompt_opt);
   sub->add_option("-n,--n-predict,--max-tokens", opt->request.max_tokens,
@@ -75,6 +77,9 @@ void add_run_command(CLI::App& app, std::vector<Command>& commands) {
          }
          if (Status s = check_before_load(opt->engine, &opt->request.sampling); !s.ok())
            return report(s);
+         auto path = resolve_model_arg(opt->engine.model, opt->offline);
+         if (!path.ok()) return report(path.status());
+         opt->engine.model = *path;
          const bool random_seed_used = seed_opt->count() == 0;
          if (random_seed_used) opt->request.sampling.seed = random_seed();
          auto engine = Engine::create(opt->engine);

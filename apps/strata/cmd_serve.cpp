@@ -29,6 +29,7 @@ struct ServeOptions {
   std::string api_key;
   double shutdown_timeout = 30;
   bool no_request_log = false;
+  bool offline = false;
 };
 
 // The flags that need no model, checked before listening.
@@ -174,7 +175,11 @@ int serve(const ServeOptions& opt) {
   if (launcher_rank() > 0) {
     // A tensor-parallel follower (mpirun): no HTTP server; it runs rank 0's steps until rank 0
     // stops. SIGTERM/SIGINT stay blocked here: rank 0 drains and then stops every rank.
-    auto engine = ServingEngine::create(opt.serving);
+    ServingConfig serving = opt.serving;
+    auto path = resolve_model_arg(serving.engine.model, opt.offline);
+    if (!path.ok()) return report(path.status());
+    serving.engine.model = *path;
+    auto engine = ServingEngine::create(serving);
     if (!engine.ok())
       return report(engine.status().with_context("loading " + opt.serving.engine.model));
     const Status st = (*engine)->wait_follower();
@@ -201,7 +206,19 @@ int serve(const ServeOptions& opt) {
   std::atomic<int> load_state{0};  // 0 loading, 1 ready, 2 failed
   Status load_error;
   std::thread loader([&] {
-    auto engine = ServingEngine::create(opt.serving);
+    // A model by hub id downloads here, while /health answers 503.
+    ServingConfig serving = opt.serving;
+    auto path = resolve_model_arg(serving.engine.model, opt.offline);
+    if (!path.ok()) {
+      load_error = path.status();
+      load_state = 2;
+      return;
+    }
+    serving.engine.model = *path;
+    // vLLM's default: the API names the model as -m gave it.
+    if (serving.served_model_name.empty() && is_hub_reference(opt.serving.engine.model))
+      serving.served_model_name = opt.serving.engine.model;
+    auto engine = ServingEngine::create(serving);
     if (!engine.ok()) {
       load_error = engine.status();
       load_state = 2;
@@ -258,7 +275,9 @@ void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
       app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
   auto* model_opt =
       sub->add_option("-m,--model", opt->serving.engine.model,
-                      "Model: Hugging Face checkpoint directory, .gguf file or alias");
+                      "Model: Hugging Face checkpoint directory, .gguf file, alias, or hub id "
+                      "org/name[@REVISION][:FILE.gguf]");
+  add_offline_flag(sub, opt->offline);
   // `strata serve MODEL`, as `vllm serve MODEL`.
   sub->add_option("model", opt->serving.engine.model, "The model, as -m gives it")
       ->excludes(model_opt);

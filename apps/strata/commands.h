@@ -47,6 +47,15 @@ void add_threads_option(CLI::App* sub, int& threads);
 // given), checked before a model is loaded.
 Status check_before_load(const EngineConfig& engine, const SamplingParams* sampling);
 
+// --offline: models by hub id (-m org/name) come from the Hugging Face cache only.
+void add_offline_flag(CLI::App* sub, bool& offline);
+// A -m argument made local: a hub id (org/name[@REV][:FILE.gguf]) resolves through the Hugging
+// Face cache, downloading what is missing unless offline; a local path or an alias is returned
+// unchanged.
+Result<std::string> resolve_model_arg(const std::string& model, bool offline);
+// Whether `model` names a model by hub id (no local file or folder of that name).
+bool is_hub_reference(const std::string& model);
+
 // Print "strata: error: <message>" to stderr and return exit code 1.
 int report(const Status& status);
 

@@ -2,11 +2,13 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
 
 #include "commands.h"
+#include "strata/hub.h"
 
 namespace strata::app {
 
@@ -94,6 +96,23 @@ Result<std::string> read_prompt_file(const std::string& path) {
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   if (text.empty()) return Status(StatusCode::kInvalidArgument, "-f " + path + ": empty prompt");
   return text;
+}
+
+void add_offline_flag(CLI::App* sub, bool& offline) {
+  sub->add_flag("--offline", offline,
+                "Models by hub id come from the Hugging Face cache only, never the network (as "
+                "HF_HUB_OFFLINE=1)");
+}
+
+Result<std::string> resolve_model_arg(const std::string& model, bool offline) {
+  HubOptions hub = hub_options_from_env();
+  hub.offline = hub.offline || offline;
+  return resolve_model_location(model, hub);
+}
+
+bool is_hub_reference(const std::string& model) {
+  std::error_code ec;
+  return is_hub_model_id(model) && !std::filesystem::exists(model, ec);
 }
 
 void add_threads_option(CLI::App* sub, int& threads) {

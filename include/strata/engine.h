@@ -56,7 +56,7 @@ std::string to_string(const DeviceSpec& d);  // "cpu", "cuda:0"
 std::string_view to_string(Quantization q);  // "none", "int8", "fp8"
 
 struct EngineConfig {
-  std::string model;          // HF checkpoint directory, .gguf file, or an alias
+  std::string model;          // HF checkpoint directory, .gguf file, alias or hub id (org/name)
   ParallelSizes parallel;     // tp > 1: ranks launched with mpirun -np N
   int64_t max_model_len = 0;  // context length; 0 = the model's own
   int num_threads = 0;        // CPU threads; 0 = OpenMP default

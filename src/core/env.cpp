@@ -1,7 +1,9 @@
 #include "core/env.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <string>
 
 namespace strata {
 
@@ -59,6 +61,30 @@ EnvConfig read_env() {
     c.collective_timeout_s = std::max(1, get_int({"STRATA_COLLECTIVE_TIMEOUT"}, 300));
   }
   c.no_fused_allreduce = flag("STRATA_NO_FUSED_ALLREDUCE");
+  // The Hugging Face Hub, as huggingface_hub reads its variables.
+  const std::string home = get("HOME") ? get("HOME") : "/tmp";
+  const std::string xdg = get("XDG_CACHE_HOME") ? get("XDG_CACHE_HOME") : home + "/.cache";
+  c.hf_home = get("HF_HOME") ? get("HF_HOME") : xdg + "/huggingface";
+  if (const char* v = get("HF_HUB_CACHE")) {
+    c.hf_hub_cache = v;
+  } else if (const char* legacy = get("HUGGINGFACE_HUB_CACHE")) {
+    c.hf_hub_cache = legacy;
+  } else {
+    c.hf_hub_cache = c.hf_home + "/hub";
+  }
+  c.hf_endpoint = get("HF_ENDPOINT") ? get("HF_ENDPOINT") : "https://huggingface.co";
+  if (const char* v = get("HF_TOKEN")) c.hf_token = v;
+  c.hf_token_path = get("HF_TOKEN_PATH") ? get("HF_TOKEN_PATH") : c.hf_home + "/token";
+  if (const char* v = get("HF_HUB_OFFLINE")) {
+    std::string s = v;
+    for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    c.hf_offline = s == "1" || s == "ON" || s == "YES" || s == "TRUE";
+  }
+  if (const char* v = get("HF_HUB_DOWNLOAD_TIMEOUT")) {
+    char* end = nullptr;
+    const double t = std::strtod(v, &end);
+    if (end && *end == '\0' && t > 0 && t < 86400) c.hf_download_timeout = t;
+  }
   return c;
 }
 

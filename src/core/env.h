@@ -32,6 +32,16 @@ struct EnvConfig {
   // STRATA_NO_FUSED_ALLREDUCE=1: a row-parallel layer's all-reduce, bias, residual add and next
   // norm run as separate kernels (A/B of the fused one-shot kernel).
   bool no_fused_allreduce = false;
+  // The Hugging Face Hub (models by hub id, include/strata/hub.h), named as huggingface_hub
+  // names them.
+  std::string hf_hub_cache;  // HF_HUB_CACHE (or HUGGINGFACE_HUB_CACHE), else $HF_HOME/hub, else
+                             // $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub
+  std::string hf_home;       // HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface
+  std::string hf_endpoint;   // HF_ENDPOINT (default https://huggingface.co)
+  std::string hf_token;      // HF_TOKEN (else the token file, read when needed)
+  std::string hf_token_path;        // HF_TOKEN_PATH, else $HF_HOME/token
+  bool hf_offline = false;          // HF_HUB_OFFLINE=1 (also true, yes, on)
+  double hf_download_timeout = 10;  // HF_HUB_DOWNLOAD_TIMEOUT, seconds
 };
 
 const EnvConfig& env_config();

@@ -1,6 +1,7 @@
 #include "runtime/model_loader.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 
@@ -9,6 +10,7 @@
 #include "core/env.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
+#include "hub/hub.h"
 #include "io/checkpoint.h"
 #include "io/gguf.h"
 #include "model/gguf_model.h"
@@ -31,7 +33,18 @@ constexpr ModelAlias kAliases[] = {
     {"gemma3-270m", "gemma-3-270m-q4_k_m.gguf"},
 };
 
+bool is_alias(const std::string& model) {
+  for (const ModelAlias& a : kAliases) {
+    if (model == a.name) return true;
+  }
+  return false;
+}
+
 Result<std::string> resolve_model_path(const std::string& model) {
+  if (!is_alias(model) && is_hub_model_id(model)) {
+    std::error_code ec;
+    if (!fs::exists(model, ec)) return resolve_model_location(model, hub_options_from_env());
+  }
   for (const ModelAlias& a : kAliases) {
     if (model != a.name) continue;
     const fs::path path = fs::path(env_config().cache_dir) / "models" / a.file;
@@ -51,6 +64,52 @@ bool is_gguf_path(const std::string& path) {
 }
 
 }  // namespace
+
+HubOptions hub_options_from_env() {
+  const EnvConfig& env = env_config();
+  HubOptions o;
+  o.cache_dir = env.hf_hub_cache;
+  o.endpoint = env.hf_endpoint;
+  o.token = env.hf_token;
+  if (o.token.empty() && !env.hf_token_path.empty()) {
+    std::error_code ec;
+    if (fs::is_regular_file(env.hf_token_path, ec) && fs::file_size(env.hf_token_path, ec) < 4096) {
+      if (auto text = read_text_file(env.hf_token_path); text.ok()) {
+        o.token = *text;
+        while (!o.token.empty() && std::isspace(static_cast<unsigned char>(o.token.back())))
+          o.token.pop_back();
+      }
+    }
+  }
+  o.offline = env.hf_offline;
+  o.timeout_s = env.hf_download_timeout;
+  return o;
+}
+
+bool is_hub_model_id(const std::string& model) {
+  return hub::parse_hub_id(model).has_value();
+}
+
+Result<std::string> resolve_model_location(const std::string& model, const HubOptions& options) {
+  std::error_code ec;
+  if (model.empty() || is_alias(model) || fs::exists(model, ec)) return model;
+  const std::optional<hub::HubId> id = hub::parse_hub_id(model);
+  if (!id) return model;
+  auto path = hub::resolve(*id, options);
+  const StatusCode code = path.ok() ? StatusCode::kOk : path.status().code();
+  // The hub (or the offline cache) does not know the name, or the listing failed: say that no
+  // local path has that name either.
+  const bool lookup_failed =
+      code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition ||
+      ((code == StatusCode::kIoError || code == StatusCode::kDeadlineExceeded) &&
+       path.status().message().find("/api/models/") != std::string::npos);
+  if (lookup_failed && id->revision.empty() && id->file.empty()) {
+    // It may have been meant as a local path.
+    return Status(
+        code, path.status().message() + " (and there is no local file or folder '" + model + "')");
+  }
+  return path;
+}
 
 ModelInfo make_model_info(const std::string& path, const ModelConfig& c) {
   ModelInfo info;

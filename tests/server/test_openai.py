@@ -243,27 +243,132 @@ def test_killed_client_frees_everything(server, client):
     assert metric(server, "kv_cache_usage_perc") == 0
 
 
-def test_soak_2000_requests_rss_flat(server, client):
+# The bounded soak (issue 16): SOAK_REQUESTS requests from SOAK_CONCURRENCY clients, one in five
+# malformed. Measured on this 2-core machine with the tiny fixture model while other builds ran
+# (load average 6-8): 5,000 requests took 10.3 s and 25.4 s, and the whole test (server start,
+# 400 warm-up requests, checks) 35-43 s, so 5,000 fits well under 2 minutes. SOAK_MAX_SECONDS
+# only guards against hangs and gross slowdowns on a shared machine.
+# Under the sanitizers (STRATA_SANITIZED=1: several times slower, RSS not asserted) the same mix
+# runs 1,000 requests.
+SOAK_REQUESTS = 1000 if os.environ.get("STRATA_SANITIZED") else 5000
+SOAK_CONCURRENCY = 8
+SOAK_MALFORMED_EVERY = 5  # 20%
+SOAK_MAX_SECONDS = 240
+# RSS after the soak may exceed RSS after the warm-up by at most this (KiB): 16 MiB or 10%,
+# whichever is larger (the allocator's arenas and the metrics' histograms settle during the
+# warm-up; a leak of even 3 KiB per request would pass 14 MiB here).
+def soak_rss_margin_kib(rss_warm):
+    return max(16 * 1024, rss_warm // 10)
+
+
+def malformed_request(i, name):
+    """(path, raw body bytes) of the i-th kind of malformed request; each must get a 4xx."""
+    long_prompt = "hello " * 2000  # far beyond the fixture's 256-token context
+    kinds = [
+        ("/v1/completions", b'{"model": "' + name.encode() + b'", "prompt": "x", "max_tok'),  # cut JSON
+        ("/v1/completions", b"not json at all"),
+        ("/v1/completions", b"[1, 2, 3]"),  # JSON, not an object
+        ("/v1/completions", b""),
+        ("/v1/completions", {"model": name, "prompt": "x", "max_tokens": "many"}),
+        ("/v1/completions", {"model": name, "prompt": 42, "max_tokens": 4}),
+        ("/v1/completions", {"model": name, "prompt": "x", "max_tokens": -1}),
+        ("/v1/completions", {"model": name, "prompt": "x", "temperature": -1}),
+        ("/v1/completions", {"model": name, "prompt": "x", "top_p": 2}),
+        ("/v1/completions", {"model": "no-such-model", "prompt": "x", "max_tokens": 4}),
+        ("/v1/completions", {"model": name, "prompt": long_prompt, "max_tokens": 4}),
+        ("/v1/completions", {"model": name, "prompt": "x", "max_tokens": 1e300}),
+        ("/v1/completions", {"model": name, "prompt": "x", "seed": 2**64}),
+        ("/v1/completions", b'{"prompt": ' + b"[" * 600 + b"]" * 600 + b"}"),
+        ("/v1/chat/completions", {"model": name, "messages": [{"role": "wizard", "content": "x"}]}),
+        ("/v1/chat/completions", {"model": name, "messages": "hello"}),
+        ("/v1/chat/completions", {"model": name, "messages": [], "max_tokens": 4}),
+        ("/v1/chat/completions", {"model": name, "messages": [{"role": "user", "content": long_prompt}]}),
+    ]
+    path, body = kinds[i % len(kinds)]
+    return path, body if isinstance(body, bytes) else json.dumps(body).encode()
+
+
+def well_formed_request(i, name):
+    if i % 3 == 0:
+        return "/v1/chat/completions", {"model": name, "max_tokens": 4, "temperature": 0,
+                                        "messages": [{"role": "user", "content": f"soak {i}"}],
+                                        "stream": i % 2 == 0}
+    return "/v1/completions", {"model": name, "prompt": f"soak {i}", "max_tokens": 4,
+                               "temperature": 0.7, "seed": i, "stream": i % 4 == 1}
+
+
+def test_soak_5000_requests_20pct_malformed_rss_flat(server, client):
+    import http.client
+
     name = model_name(client)
+    local = threading.local()
+    conns = []
+
+    def post(path, body):
+        for attempt in range(2):
+            conn = getattr(local, "conn", None)
+            if conn is None:
+                conn = local.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+                conns.append(conn)
+            try:
+                conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                data = r.read()
+                if r.getheader("Connection", "").lower() == "close":
+                    conn.close()
+                    local.conn = None
+                return r.status, data
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                # The server closed an idle keep-alive connection: reconnect once.
+                conn.close()
+                local.conn = None
+                if attempt == 1:
+                    raise
 
     def one(i):
-        r = client.completions.create(model=name, prompt=f"soak {i}", max_tokens=4, temperature=0)
-        return r.usage.completion_tokens
+        if i % SOAK_MALFORMED_EVERY == SOAK_MALFORMED_EVERY - 1:
+            path, body = malformed_request(i // SOAK_MALFORMED_EVERY, name)
+            status, data = post(path, body)
+            return ("malformed", i, path, body[:80], status, data[:200])
+        path, req = well_formed_request(i, name)
+        status, data = post(path, json.dumps(req).encode())
+        ok = status == 200
+        if ok and req.get("stream"):
+            ok = data.rstrip().endswith(b"data: [DONE]")
+        elif ok:
+            ok = json.loads(data)["usage"]["completion_tokens"] >= 1
+        return ("good", i, path, req, status if ok else -status, data[:200])
 
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        assert all(n >= 1 for n in pool.map(one, range(200)))  # warm-up
+    with concurrent.futures.ThreadPoolExecutor(SOAK_CONCURRENCY) as pool:
+        warm = list(pool.map(one, range(400)))
         rss_warm = server.rss_kib()
         t0 = time.time()
-        results = list(pool.map(one, range(200, 2200)))
-    elapsed = time.time() - t0
-    assert all(n >= 1 for n in results)
-    assert elapsed < 600, f"2,000 requests took {elapsed:.0f} s"
+        results = list(pool.map(one, range(400, 400 + SOAK_REQUESTS)))
+        elapsed = time.time() - t0
+    for conn in conns:
+        conn.close()
+    results += warm
+    failed = [r for r in results if r[0] == "good" and r[4] != 200]
+    assert not failed, f"{len(failed)} well-formed requests failed, e.g. {failed[:3]}"
+    not_4xx = [r for r in results if r[0] == "malformed" and not 400 <= r[4] < 500]
+    assert not not_4xx, f"{len(not_4xx)} malformed requests did not get a 4xx, e.g. {not_4xx[:3]}"
+    assert sum(r[0] == "malformed" for r in results) == (400 + SOAK_REQUESTS) // SOAK_MALFORMED_EVERY
+    print(f"soak: {SOAK_REQUESTS} requests in {elapsed:.1f} s, RSS {rss_warm} KiB after the warm-up")
+    assert elapsed < SOAK_MAX_SECONDS, f"{SOAK_REQUESTS} requests took {elapsed:.0f} s"
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        if metric(server, "num_requests_running") == 0 and metric(server, "kv_cache_blocks_used") == 0:
+            break
+        time.sleep(0.1)
+    assert metric(server, "num_requests_running") == 0
+    assert metric(server, "kv_cache_blocks_used") == 0
     rss_end = server.rss_kib()
     if os.environ.get("STRATA_SANITIZED"):
         # AddressSanitizer keeps freed memory in its quarantine (256 MB by default), so RSS
         # measures the sanitizer, not the server; the release build asserts the bound.
         return
-    assert rss_end - rss_warm < max(32 * 1024, rss_warm // 10), f"RSS grew {rss_warm} -> {rss_end} KiB"
+    margin = soak_rss_margin_kib(rss_warm)
+    assert rss_end - rss_warm < margin, f"RSS grew {rss_warm} -> {rss_end} KiB (margin {margin} KiB)"
 
 
 def test_api_key():
