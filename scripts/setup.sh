@@ -4,7 +4,7 @@ set -euo pipefail
 PKGS=(cmake ninja-build g++ ccache pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev
       libgtest-dev libgmock-dev libopenmpi-dev openmpi-bin libpcre2-dev libopenblas-dev libboost1.81-dev
       libcurl4-openssl-dev libssl-dev
-      clang-14 libclang-rt-14-dev)
+      clang-14 libclang-rt-14-dev libomp-14-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
