@@ -6,6 +6,7 @@
 #   3. `strata serve` under mpirun: concurrent greedy completions equal the TP = 1 text
 #   4. `strata bench` under mpirun (one GPU each when there are two or more GPUs: IPC one-shot
 #      below STRATA_ONESHOT_MAX_BYTES, NCCL above), beside the in-process ranks
+# SKIP_BENCH=1 stops after step 3.
 # Needs a strata built with MPI and CUDA (BUILD: its build dir or a carried bin/ with tests/).
 #   BUILD=.gpu_carry/bin scripts/gpu_mpi_check.sh
 set -uo pipefail
@@ -69,6 +70,7 @@ if same != 8:
     print("want", repr(want)); print("got ", [repr(g) for g in got[:2]]); sys.exit(1)
 PY
 kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+if [ -n "${SKIP_BENCH:-}" ]; then echo "== done rc=$rc (benchmarks skipped)"; exit $rc; fi
 CFG=llama3-8b; [ "$NGPU" -lt 2 ] && CFG=llama3.2-1b
 step bench_mpi 240 "${MPI[@]}" "${ONE[@]}" "$BUILD/strata" bench --device cuda --model-config "$CFG" \
   --tp 2 --batch 1,16,64 --ctx 256 -r 5
