@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -10,6 +11,20 @@
 namespace strata {
 
 namespace {
+
+// The CPU's copies are immediate: the compute before them has finished, the compute after them
+// has not started.
+class CpuCopier final : public WeightCopier {
+ public:
+  Status copy(int, void* dst, const void* src, size_t bytes, int) override {
+    std::memcpy(dst, src, bytes);
+    return ok_status();
+  }
+  Status wait_ready(int) override { return ok_status(); }
+  Status mark_free(int) override { return ok_status(); }
+  Status wait_staging(int) override { return ok_status(); }
+  Status synchronize() override { return ok_status(); }
+};
 
 class CpuRuntime final : public DeviceRuntime {
  public:
@@ -23,6 +38,9 @@ class CpuRuntime final : public DeviceRuntime {
   Result<Buffer> allocate_staging(size_t bytes) override { return allocate_host(bytes); }
   Result<DeviceMemoryInfo> memory_info() const override { return DeviceMemoryInfo{}; }
   Status make_current() override { return ok_status(); }
+  Result<std::unique_ptr<WeightCopier>> make_weight_copier(int, int) override {
+    return std::unique_ptr<WeightCopier>(new CpuCopier());
+  }
   size_t attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t) const override { return 0; }
   Status run(bool, std::pair<int64_t, int64_t>, const std::function<Status()>& body) override {
     return body();
@@ -62,8 +80,12 @@ Result<std::unique_ptr<DeviceRuntime>> make_cuda_runtime(int, bool) {
                 "this strata was built without CUDA (configure with -DSTRATA_CUDA=ON on a machine "
                 "with the CUDA toolkit)");
 }
-int cuda_device_count() { return 0; }
-bool cuda_lazy_module_loading() { return false; }
+int cuda_device_count() {
+  return 0;
+}
+bool cuda_lazy_module_loading() {
+  return false;
+}
 #endif
 
 }  // namespace strata

@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "parallel/comm.h"
+#include "runtime/weight_streamer.h"
 #include "strata/engine.h"
 #include "strata/status.h"
 #include "text/tokenizer.h"
@@ -50,6 +51,13 @@ class Executor {
   // measured), or -1 when this executor is not a pipeline.
   virtual double measured_bubble() const { return -1.0; }
   virtual void reset_pipeline_stats() {}
+  // Weight streaming: the residency plan (null when none was asked for) and the streaming
+  // counters (false when no layer is streamed).
+  virtual const ResidencyPlan* residency_plan() const { return nullptr; }
+  virtual bool stream_stats(StreamStats* out) const {
+    (void)out;
+    return false;
+  }
 };
 
 // How a ModelRunner lays a model out on its device.
@@ -71,6 +79,8 @@ struct RunnerOptions {
   uint64_t seed = 0;                    // random weights
   // Pipeline stages: a prompt step is cut into micro-batches of at least this many tokens.
   int64_t pp_min_micro_batch_tokens = 256;
+  // Weight streaming (device layout only): --gpu-weight-budget, --offload-weights, prefetch.
+  ResidencyOptions residency;
 };
 
 // A runner over `host` (the model loaded as stored on the CPU; moved to the device layout when
