@@ -170,8 +170,13 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
   // batch's rows are read); with tied embeddings the LM head reads the table itself.
   const bool bf16_emb = info.backend == "CUDA";
   const double emb_bytes = static_cast<double>(info.vocab * info.hidden) * (bf16_emb ? 2.0 : 4.0);
-  const double weights = info.backend == "CUDA" ? static_cast<double>(info.device_weight_bytes)
-                                                : static_cast<double>(info.weight_bytes);
+  // Weight streaming: the slots hold a layer at a time; a pass reads the resident weights and
+  // every streamed layer once.
+  const WeightStreamInfo ws = e.weight_streaming();
+  const double weights =
+      info.backend == "CUDA"
+          ? static_cast<double>(info.device_weight_bytes - ws.slot_bytes + ws.bytes_per_pass)
+          : static_cast<double>(info.weight_bytes);
   const bool tied = info.tied_embeddings;
   const double streamed = tied ? weights : weights - emb_bytes;
   // KV bytes per cached token (all layers, K and V; bf16 on CUDA, f32 on the CPU).
@@ -186,6 +191,7 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
                 info.device_name.empty() ? "" : " ", info.device_name.c_str(),
                 info.weight_format.empty() ? info.dtype.c_str() : info.weight_format.c_str(),
                 size_string(weights).c_str());
+    for (const std::string& line : ws.plan) std::printf("weights: %s\n", line.c_str());
     std::printf("| %-8s | %5s | %6s | %10s | %10s | %11s | %9s | %8s | %6s |\n", "test", "batch",
                 "tokens", "ms", "tok/s", "weight GB/s", "%peak BW", "TFLOP/s", "MFU");
     std::printf(
@@ -225,6 +231,32 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     std::fprintf(stderr, "strata: %s batch %lld: pipeline bubble %.1f%% (measured)\n", test,
                  static_cast<long long>(b), 100 * bubble);
   };
+  // Weight streaming: the bytes copied into the slots per forward pass and the rate that makes
+  // over the pass's time (the figure ZeRO-Inference's bound is: host-to-device bandwidth).
+  auto streaming = [&](nlohmann::ordered_json& j, const char* test, int64_t b, double seconds) {
+    if (!ws.streaming) return;
+    const WeightStreamInfo now = e.weight_streaming();
+    const double gbps = static_cast<double>(ws.bytes_per_pass) / seconds / 1e9;
+    j["offload"] = ws.tier;
+    j["prefetch"] = ws.prefetch;
+    j["layers_streamed"] = ws.layers_streamed;
+    j["layers_resident"] = ws.layers_resident;
+    j["streamed_bytes_per_pass"] = ws.bytes_per_pass;
+    j["stream_GBps"] = gbps;
+    if (ws.tier == "disk") {
+      j["disk_bytes_total"] = now.disk_bytes;
+      j["direct_io"] = now.direct_io;
+    }
+    if (!to_stdout) {
+      std::printf(
+          "|   streamed %.2f GB per pass from %s (%lld of %lld layers, prefetch %s): %.1f GB/s "
+          "effective (%s batch %lld)\n",
+          static_cast<double>(ws.bytes_per_pass) / 1e9, ws.tier.c_str(),
+          static_cast<long long>(ws.layers_streamed),
+          static_cast<long long>(ws.layers_streamed + ws.layers_resident),
+          ws.prefetch ? "on" : "off", gbps, test, static_cast<long long>(b));
+    }
+  };
   // Decode: ms per step at KV length ctx (the first step attends to ctx positions).
   for (int64_t b : opt.batch) {
     std::vector<double> ms;
@@ -244,6 +276,7 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     print_row("decode", b, b, st.median, static_cast<double>(b) / t, gbps, tflops);
     auto j = base("decode");
     pipeline_bubble(j, "decode", b);
+    streaming(j, "decode", b, t);
     j["batch"] = b;
     j["ctx"] = ctx;
     j["steps"] = opt.decode_steps;
@@ -283,6 +316,7 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     print_row("prefill", b, b * l, st.median, tokens / t, 0, tflops);
     auto j = base("prefill");
     pipeline_bubble(j, "prefill", b);
+    streaming(j, "prefill", b, t);
     j["batch"] = b;
     j["tokens"] = l;
     j["ms"] = st.median;

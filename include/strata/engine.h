@@ -128,6 +128,10 @@ struct ModelInfo {
 
 // `model` may also be "dummy:NAME" for a --model-config preset's shapes.
 Result<ModelInfo> inspect_model(const std::string& model);
+// Where --gpu-weight-budget / --offload-weights (and --quantization) put every layer of `model`
+// (as for inspect_model) on one GPU, as lines; computed from the config alone, no GPU needed.
+Result<std::vector<std::string>> describe_weight_residency(const std::string& model,
+                                                           const EngineConfig& config);
 
 // The CPU kernel variant this process runs, chosen by CPUID at start, and the features seen:
 // e.g. "avx2 (avx2 fma f16c; no avx512f/bw/dq/vl)".

@@ -66,6 +66,8 @@ StreamStats WeightStreamer::stats() const {
   StreamStats s = stats_;
   s.disk_bytes = disk_bytes_;
   s.direct_io = direct_;
+  s.bytes_per_pass = static_cast<int64_t>(w_->bytes_per_pass());
+  s.slot_bytes = static_cast<int64_t>(w_->slot_bytes * w_->slots.size());
   return s;
 }
 

@@ -27,11 +27,13 @@ namespace strata {
 
 struct StreamStats {
   int64_t passes = 0;
-  int64_t layers = 0;        // layer copies issued
-  int64_t bytes = 0;         // bytes copied into slots
-  double disk_wait_s = 0.0;  // the forward pass waiting for the disk readers
-  int64_t disk_bytes = 0;    // bytes read from the checkpoint files
-  bool direct_io = false;    // the reads used O_DIRECT
+  int64_t layers = 0;          // layer copies issued
+  int64_t bytes = 0;           // bytes copied into slots
+  double disk_wait_s = 0.0;    // the forward pass waiting for the disk readers
+  int64_t disk_bytes = 0;      // bytes read from the checkpoint files
+  bool direct_io = false;      // the reads used O_DIRECT
+  int64_t bytes_per_pass = 0;  // the streamed layers' blobs
+  int64_t slot_bytes = 0;      // all slots together (device memory)
 };
 
 class WeightStreamer final : public LayerWeightHook {
