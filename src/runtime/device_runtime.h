@@ -19,8 +19,9 @@
 namespace strata {
 
 // Weight streaming's copies (runtime/weight_streamer.h): host memory into device slots on a
-// copy stream of its own, ordered against the compute stream with events. On the CPU every call
-// is a plain memcpy or nothing (the compute is synchronous), so the same streaming logic runs.
+// copy stream of its own, ordered against the compute stream with events. On the CPU a copy
+// thread plays the copy stream (the compute is synchronous), so the same streaming logic runs
+// with copies that overlap the compute.
 class WeightCopier {
  public:
   virtual ~WeightCopier() = default;

@@ -4,7 +4,8 @@
 // fixed slot once the slot's previous item has run, at most n_slots items ahead of the layer that
 // computes (prefetch), or just before its layer runs (prefetch off). On a GPU the copies run on a
 // copy stream ordered by events (WeightCopier), so layer i + 1's copy overlaps layer i's compute;
-// on the CPU they are memcpys, so CI runs the same bookkeeping.
+// on the CPU a copy thread plays the copy stream, so CI runs the same bookkeeping with copies
+// that overlap the compute.
 //
 // Disk tier: reader threads (two reads in flight) read each item's ranges of the checkpoint file
 // with O_DIRECT into aligned buffers, pack the blob into one of three pinned staging buffers (the
