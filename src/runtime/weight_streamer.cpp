@@ -157,6 +157,17 @@ Status WeightStreamer::start_readers() {
     }
     fds_.push_back(fd);
   }
+  if (direct_ && !w_->layers.empty() && !w_->layers[0].ranges.empty()) {
+    // Some file systems open with O_DIRECT but refuse the reads (EINVAL): probe one block.
+    const DiskRange& r = w_->layers[0].ranges[0];
+    void* p = nullptr;
+    if (posix_memalign(&p, kDirectAlign, kDirectAlign) == 0) {
+      std::unique_ptr<void, FreeDeleter> probe(p);
+      const ssize_t n = ::pread(fds_[static_cast<size_t>(r.file)], probe.get(), kDirectAlign,
+                                static_cast<off_t>(r.offset));
+      if (n < 0 && errno == EINVAL) direct_ = false;
+    }
+  }
   if (!direct_) {
     // Every file buffered if one is: simpler to reason about.
     for (size_t i = 0; i < fds_.size(); ++i) {
