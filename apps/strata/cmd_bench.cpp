@@ -37,6 +37,8 @@ struct BenchOptions {
   double peak_tflops = 0;
   double peak_gbps = 0;
   std::string json_path;
+  bool offload = false;  // --offload: the KV-cache choice, then the resident-layers choice
+  std::string choice;    // the row's choice under --offload ("kv_cache", "resident_layers")
 };
 
 struct Stats {
@@ -162,7 +164,8 @@ int run_llama_bench(const BenchOptions& opt, Benchmark& e) {
   return 0;
 }
 
-int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
+// `all`: the rows of earlier runs (--offload runs two); the JSON holds them all.
+int run_engine_bench(const BenchOptions& opt, Benchmark& e, nlohmann::ordered_json* all = nullptr) {
   const ModelInfo& info = e.info();
   const bool to_stdout = opt.json_path == "-";
   const double peak_tflops =
@@ -171,8 +174,13 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
   // batch's rows are read); with tied embeddings the LM head reads the table itself.
   const bool bf16_emb = info.backend == "CUDA";
   const double emb_bytes = static_cast<double>(info.vocab * info.hidden) * (bf16_emb ? 2.0 : 4.0);
-  const double weights = info.backend == "CUDA" ? static_cast<double>(info.device_weight_bytes)
-                                                : static_cast<double>(info.weight_bytes);
+  // Weight streaming: the slots hold a layer at a time; a pass reads the resident weights and
+  // every streamed layer once.
+  const WeightStreamInfo ws = e.weight_streaming();
+  const double weights =
+      info.backend == "CUDA"
+          ? static_cast<double>(info.device_weight_bytes - ws.slot_bytes + ws.bytes_per_pass)
+          : static_cast<double>(info.weight_bytes);
   const bool tied = info.tied_embeddings;
   const double streamed = tied ? weights : weights - emb_bytes;
   // KV bytes per cached token (all layers, K and V; bf16 on CUDA, f32 on the CPU).
@@ -205,6 +213,7 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
                 info.device_name.empty() ? "" : " ", info.device_name.c_str(),
                 info.weight_format.empty() ? info.dtype.c_str() : info.weight_format.c_str(),
                 size_string(weights).c_str());
+    for (const std::string& line : ws.plan) std::printf("weights: %s\n", line.c_str());
     std::printf("| %-8s | %5s | %6s | %10s | %10s | %11s | %9s | %8s | %6s |\n", "test", "batch",
                 "tokens", "ms", "tok/s", "weight GB/s", "%peak BW", "TFLOP/s", "MFU");
     std::printf(
@@ -234,6 +243,10 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     j["device"] = info.device_name;
     j["weights"] = info.weight_format.empty() ? info.dtype : info.weight_format;
     j["weight_bytes"] = weights;
+    if (!opt.choice.empty()) {
+      j["choice"] = opt.choice;
+      j["kv_cache_blocks"] = info.kv_cache_blocks;
+    }
     return j;
   };
   // Pipeline stages: the bubble of the row's last repetition, in the JSON row and on stderr.
@@ -243,6 +256,32 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     j["pipeline_bubble"] = bubble;
     std::fprintf(stderr, "strata: %s batch %lld: pipeline bubble %.1f%% (measured)\n", test,
                  static_cast<long long>(b), 100 * bubble);
+  };
+  // Weight streaming: the bytes copied into the slots per forward pass and the rate that makes
+  // over the pass's time (the figure ZeRO-Inference's bound is: host-to-device bandwidth).
+  auto streaming = [&](nlohmann::ordered_json& j, const char* test, int64_t b, double seconds) {
+    if (!ws.streaming) return;
+    const WeightStreamInfo now = e.weight_streaming();
+    const double gbps = static_cast<double>(ws.bytes_per_pass) / seconds / 1e9;
+    j["offload"] = ws.tier;
+    j["prefetch"] = ws.prefetch;
+    j["layers_streamed"] = ws.layers_streamed;
+    j["layers_resident"] = ws.layers_resident;
+    j["streamed_bytes_per_pass"] = ws.bytes_per_pass;
+    j["stream_GBps"] = gbps;
+    if (ws.tier == "disk") {
+      j["disk_bytes_total"] = now.disk_bytes;
+      j["direct_io"] = now.direct_io;
+    }
+    if (!to_stdout) {
+      std::printf(
+          "|   streamed %.2f GB per pass from %s (%lld of %lld layers, prefetch %s): %.1f GB/s "
+          "effective (%s batch %lld)\n",
+          static_cast<double>(ws.bytes_per_pass) / 1e9, ws.tier.c_str(),
+          static_cast<long long>(ws.layers_streamed),
+          static_cast<long long>(ws.layers_streamed + ws.layers_resident),
+          ws.prefetch ? "on" : "off", gbps, test, static_cast<long long>(b));
+    }
   };
   // Decode: ms per step at KV length ctx (the first step attends to ctx positions).
   for (int64_t b : opt.batch) {
@@ -264,6 +303,7 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     print_row("decode", b, b, st.median, static_cast<double>(b) / t, gbps, tflops);
     auto j = base("decode");
     pipeline_bubble(j, "decode", b);
+    streaming(j, "decode", b, t);
     j["batch"] = b;
     j["ctx"] = ctx;
     j["steps"] = opt.decode_steps;
@@ -304,6 +344,7 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     print_row("prefill", b, b * l, st.median, tokens / t, 0, tflops);
     auto j = base("prefill");
     pipeline_bubble(j, "prefill", b);
+    streaming(j, "prefill", b, t);
     j["batch"] = b;
     j["tokens"] = l;
     j["ms"] = st.median;
@@ -330,6 +371,10 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     j["ms_samples"] = st.samples;
     rows.push_back(j);
   }
+  if (all != nullptr) {
+    for (auto& r : rows) all->push_back(r);
+    rows = *all;
+  }
   if (to_stdout) {
     std::printf("%s\n", rows.dump(2).c_str());
   } else if (!opt.json_path.empty()) {
@@ -338,6 +383,56 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e) {
     if (!out) return report(Status(StatusCode::kIoError, opt.json_path + ": cannot write"));
   }
   return 0;
+}
+
+// --offload: ZeRO-Inference's question, where GPU memory the budget frees should go. First the
+// default: the weights under --gpu-weight-budget, every other byte of --gpu-memory-utilization
+// to the KV cache (more sequences fit). Then the other choice: the budget raised by the KV cache
+// the tested batches do not need (10% kept spare), so more layers stay resident and fewer are
+// streamed. Both tables; the JSON rows say which choice they are.
+int run_offload_choices(BenchOptions& o, int64_t most_seqs) {
+  if (o.batch.empty() && o.prefill.empty()) {
+    return report(Status(StatusCode::kInvalidArgument, "--offload needs --batch or --prefill"));
+  }
+  if (o.engine.gpu_weight_budget <= 0) {
+    return report(Status(StatusCode::kInvalidArgument,
+                         "--offload compares where a --gpu-weight-budget's savings go: give one"));
+  }
+  nlohmann::ordered_json all = nlohmann::ordered_json::array();
+  int64_t spare_bytes = 0;
+  {
+    auto engine = Benchmark::create(o.engine);
+    if (!engine.ok()) return report(engine.status());
+    const ModelInfo& info = (*engine)->info();
+    // KV bytes per block on the GPU (bf16 K and V; info counts f32).
+    const int64_t block = info.kv_block_size * info.kv_bytes_per_token / 2;
+    const int64_t per_seq = (o.engine.max_model_len + info.kv_block_size - 1) /
+                            std::max<int64_t>(1, info.kv_block_size);
+    const int64_t needed = per_seq * most_seqs;
+    spare_bytes = std::max<int64_t>(0, (info.kv_cache_blocks - needed) * block) / 10 * 9;
+    if (o.json_path != "-") {
+      std::printf(
+          "choice 1: GPU memory to the KV cache (ZeRO-Inference's default): %lld KV blocks "
+          "(%lld sequences of %lld tokens)\n",
+          static_cast<long long>(info.kv_cache_blocks),
+          static_cast<long long>(info.kv_cache_blocks / std::max<int64_t>(1, per_seq)),
+          static_cast<long long>(o.engine.max_model_len));
+    }
+    o.choice = "kv_cache";
+    const int rc = run_engine_bench(o, **engine, &all);
+    if (rc != 0) return rc;
+  }
+  o.engine.gpu_weight_budget += spare_bytes;
+  if (o.json_path != "-") {
+    std::printf(
+        "\nchoice 2: the KV cache the batches above do not need to weights: "
+        "--gpu-weight-budget %.2f GiB\n",
+        static_cast<double>(o.engine.gpu_weight_budget) / (1 << 30));
+  }
+  auto engine = Benchmark::create(o.engine);
+  if (!engine.ok()) return report(engine.status());
+  o.choice = "resident_layers";
+  return run_engine_bench(o, **engine, &all);
 }
 
 }  // namespace
@@ -378,6 +473,9 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
                   "Measured memory read bandwidth in GB/s, for % of peak (default: not shown)");
   sub->add_option("--json", opt->json_path,
                   "Also write the results as JSON to this file ('-' = stdout only)");
+  sub->add_flag("--offload", opt->offload,
+                "With --gpu-weight-budget and --batch/--prefill: run the tests twice, the memory "
+                "the budget frees given to the KV cache (default), then to more resident layers");
   add_engine_device_options(sub, opt->engine, /*with_dummy=*/true);
   commands.push_back(
       {sub, [opt]() -> int {
@@ -440,6 +538,7 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
          if (engine_mode) {
            o.engine.max_num_seqs = std::max(o.engine.max_num_seqs, most_seqs);
          }
+         if (o.offload) return run_offload_choices(o, most_seqs);
          auto engine = Benchmark::create(o.engine);
          if (!engine.ok()) return report(engine.status());
          return engine_mode ? run_engine_bench(o, **engine) : run_llama_bench(o, **engine);

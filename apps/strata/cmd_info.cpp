@@ -51,8 +51,18 @@ void add_info_command(CLI::App& app, std::vector<Command>& commands) {
       "Instead of -m: a named model shape (llama3-8b, qwen3-30b-a3b, mixtral-8x7b, ...)");
   sub->add_option("-c,--ctx-size,--max-model-len", *ctx,
                   "Context length for the KV-cache estimate; 0 = the model's own (default 0)");
+  auto engine = std::make_shared<EngineConfig>();
+  add_weight_residency_options(sub, *engine);
+  sub->add_option_function<std::string>(
+      "--quantization",
+      [engine](const std::string& v) {
+        auto q = parse_quantization(v);
+        if (!q.ok()) throw CLI::ValidationError(q.status().message());
+        engine->quantization = *q;
+      },
+      "With --gpu-weight-budget: the weight format of the plan (none, int8, fp8)");
   commands.push_back(
-      {sub, [model, ctx, preset, offline]() -> int {
+      {sub, [model, ctx, preset, offline, engine]() -> int {
          if (model->empty() == preset->empty()) {
            std::fprintf(stderr, "error: strata info needs one of -m/--model or --model-config\n");
            return 2;
@@ -103,6 +113,15 @@ void add_info_command(CLI::App& app, std::vector<Command>& commands) {
          std::printf("tokenizer      %s\n", i.has_tokenizer ? "yes" : "no");
          std::printf("chat template  %s\n", i.has_chat_template ? "yes" : "no");
          std::printf("cpu kernels    %s\n", cpu_kernel_path().c_str());
+         if (engine->gpu_weight_budget > 0 || engine->offload_weights != WeightOffload::kAuto) {
+           auto plan =
+               describe_weight_residency(preset->empty() ? *model : "dummy:" + *preset, *engine);
+           if (!plan.ok()) return report(plan.status());
+           for (size_t k = 0; k < plan->size(); ++k) {
+             std::printf("%s %s\n", k == 0 ? "residency     " : "              ",
+                         (*plan)[k].c_str());
+           }
+         }
          return 0;
        }});
 }

@@ -30,6 +30,9 @@ void add_plan_command(CLI::App& app, std::vector<Command>& commands);
 // --no-cuda-graphs (and --load-format, --model-config when with_dummy) into `e`.
 void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy = false,
                                bool with_batch_tokens = true);
+// --gpu-weight-budget, --offload-weights, --no-weight-prefetch (weight streaming) into `e`
+// (part of add_engine_device_options; `strata info` takes them alone).
+void add_weight_residency_options(CLI::App* sub, EngineConfig& e);
 
 // -s/--seed as an integer in [0, 2^64) (2^64 and more is an error, not 2^64 - 1), and
 // -t/--threads.

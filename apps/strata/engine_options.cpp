@@ -126,8 +126,33 @@ Status check_before_load(const EngineConfig& engine, const SamplingParams* sampl
   return ok_status();
 }
 
+void add_weight_residency_options(CLI::App* sub, EngineConfig& e) {
+  sub->add_option_function<std::string>(
+      "--gpu-weight-budget",
+      [&e](const std::string& v) {
+        // GiB by default ("8" = 8 GiB); units as for the other sizes ("512MiB").
+        const bool bare = !v.empty() && v.find_first_not_of("0123456789.") == std::string::npos;
+        e.gpu_weight_budget = parsed(parse_bytes("--gpu-weight-budget", bare ? v + "GiB" : v));
+      },
+      "CUDA: the most GPU memory for weights, in GiB (or 512MiB, ...): the embeddings, LM head "
+      "and as many whole layers as fit next to two streaming slots stay on the GPU; the other "
+      "layers are streamed into the slots before they run (ZeRO-Inference). The memory left "
+      "goes to the KV cache. Default: no limit");
+  sub->add_option_function<std::string>(
+      "--offload-weights",
+      [&e](const std::string& v) { e.offload_weights = parsed(parse_weight_offload(v)); },
+      "CUDA: where streamed layers live: auto (pinned host memory when --gpu-weight-budget is "
+      "given, default), cpu (pinned host memory; without a budget every layer is streamed) or "
+      "disk (read from the checkpoint file on every pass with O_DIRECT; bf16 only)");
+  sub->add_flag(
+      "--no-weight-prefetch", [&e](int64_t) { e.weight_prefetch = false; },
+      "CUDA, weight streaming: copy each streamed layer just before it runs instead of while the "
+      "previous layer computes (for A/B measurements)");
+}
+
 void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                                bool with_batch_tokens) {
+  add_weight_residency_options(sub, e);
   sub->add_option_function<std::string>(
       "--device", [&e](const std::string& v) { e.device = parsed(parse_device(v)); },
       "Where the model runs: cpu (default), cuda or cuda:N");
@@ -169,8 +194,8 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
         "files read; shapes from --model-config or the model's config)");
     sub->add_option("--model-config", e.model_config,
                     "Shape preset for --load-format dummy: llama3-8b, llama2-7b, qwen2.5-7b, "
-                    "llama3-70b, llama3.2-1b, and the mixture-of-experts qwen3-30b-a3b and "
-                    "mixtral-8x7b");
+                    "llama3-70b, llama3.2-1b, llama-34b, and the mixture-of-experts "
+                    "qwen3-30b-a3b and mixtral-8x7b");
   }
 }
 

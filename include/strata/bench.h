@@ -5,11 +5,26 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "strata/engine.h"
 #include "strata/status.h"
 
 namespace strata {
+
+// Weight streaming (--gpu-weight-budget / --offload-weights): the plan and the counters so far.
+struct WeightStreamInfo {
+  bool streaming = false;
+  std::vector<std::string> plan;  // where every layer lives and why
+  std::string tier;               // "host" or "disk"
+  bool prefetch = true;
+  int64_t layers_streamed = 0, layers_resident = 0;
+  int64_t bytes_per_pass = 0;  // copied into the slots per forward pass
+  int64_t slot_bytes = 0;      // device memory of the slots (part of the device weight bytes)
+  int64_t passes = 0, bytes_copied = 0, disk_bytes = 0;
+  bool direct_io = false;
+};
 
 class Benchmark {
  public:
@@ -33,6 +48,7 @@ class Benchmark {
   // With pipeline stages: the measured bubble (idle stage-time over all stage-time) of the last
   // batched prefill or of the decode steps of the last batched decode; -1 without stages.
   virtual double pipeline_bubble() const { return -1.0; }
+  virtual WeightStreamInfo weight_streaming() const { return {}; }
 };
 
 }  // namespace strata

@@ -32,6 +32,12 @@ enum class Quantization : uint8_t { kNone, kInt8, kFp8 };
 // kAuto reads the checkpoint; kDummy makes random weights of the model's shapes on the device.
 enum class LoadFormat : uint8_t { kAuto, kDummy };
 
+// Where the layers that do not fit --gpu-weight-budget live between forward passes (weight
+// streaming, ZeRO-Inference): kAuto = pinned host memory when a budget is given (no streaming
+// without one), kCpu = pinned host memory (every layer streamed when no budget is given), kDisk =
+// read from the checkpoint file on every pass (O_DIRECT).
+enum class WeightOffload : uint8_t { kAuto, kCpu, kDisk };
+
 // The parallel layout of the world: tensor, pipeline, expert and data parallel sizes. Their
 // product is the number of ranks (launched with mpirun -np N, or, for tensor parallelism alone
 // or pipeline stages alone, run as threads of one process).
@@ -52,6 +58,8 @@ struct ParallelSizes {
 Result<DeviceSpec> parse_device(std::string_view text);
 Result<Quantization> parse_quantization(std::string_view text);
 Result<LoadFormat> parse_load_format(std::string_view text);
+Result<WeightOffload> parse_weight_offload(std::string_view text);  // auto, cpu, disk
+std::string_view to_string(WeightOffload o);
 std::string to_string(const DeviceSpec& d);  // "cpu", "cuda:0"
 std::string_view to_string(Quantization q);  // "none", "int8", "fp8"
 
@@ -76,6 +84,12 @@ struct EngineConfig {
   int64_t max_num_seqs = 0;
   double gpu_memory_utilization = 0.9;
   bool cuda_graphs = true;
+  // Weight streaming (ZeRO-Inference): the most bytes of weights kept on the GPU (0 = no limit;
+  // the non-layer weights, the resident layers and the streaming slots count against it), where
+  // the other layers live, and whether the next streamed layer is copied while one computes.
+  int64_t gpu_weight_budget = 0;
+  WeightOffload offload_weights = WeightOffload::kAuto;
+  bool weight_prefetch = true;
 };
 
 // Checks of values that need no model, so that the CLI refuses them before loading one: the
@@ -114,6 +128,10 @@ struct ModelInfo {
 
 // `model` may also be "dummy:NAME" for a --model-config preset's shapes.
 Result<ModelInfo> inspect_model(const std::string& model);
+// Where --gpu-weight-budget / --offload-weights (and --quantization) put every layer of `model`
+// (as for inspect_model) on one GPU, as lines; computed from the config alone, no GPU needed.
+Result<std::vector<std::string>> describe_weight_residency(const std::string& model,
+                                                           const EngineConfig& config);
 
 // The CPU kernel variant this process runs, chosen by CPUID at start, and the features seen:
 // e.g. "avx2 (avx2 fma f16c; no avx512f/bw/dq/vl)".

@@ -45,6 +45,14 @@ class Checkpoint final : public TensorSource {
   // kNotFound: "DIR: tensor 'NAME' not found in checkpoint".
   Result<Tensor> tensor(const std::string& name) const override;
   std::string describe() const override { return source_; }
+  std::vector<MappedRegion> mapped_regions() const override {
+    std::vector<MappedRegion> out;
+    for (const auto& s : shards_) {
+      if (s->mapping())
+        out.push_back({s->mapping()->path(), s->mapping()->data(), s->mapping()->size()});
+    }
+    return out;
+  }
 
   // The entry, or nullptr when no shard has `name`.
   const SafetensorsEntry* find(const std::string& name) const;

@@ -104,6 +104,7 @@ class SafetensorsFile {
   uint64_t data_offset() const { return 8 + header_bytes_; }  // file offset of the data section
   uint64_t data_bytes() const { return data_bytes_; }
   uint64_t tensor_bytes() const { return tensor_bytes_; }  // sum of every tensor's bytes
+  const std::shared_ptr<MappedFile>& mapping() const { return map_; }  // null for parse()
 
  private:
   SafetensorsFile() = default;

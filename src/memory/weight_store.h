@@ -14,6 +14,8 @@
 
 namespace strata {
 
+struct StreamedWeights;
+
 class WeightStore {
  public:
   WeightStore() = default;
@@ -30,11 +32,16 @@ class WeightStore {
   // Bytes of the buffers this store allocated (not the mapped checkpoint).
   size_t owned_bytes() const { return bytes_; }
   const TensorSource* source() const { return source_.get(); }
+  const std::shared_ptr<TensorSource>& shared_source() const { return source_; }
+  // Weight streaming: the layers that live off the device (memory/streamed_weights.h).
+  const std::shared_ptr<StreamedWeights>& streamed() const { return streamed_; }
+  void set_streamed(std::shared_ptr<StreamedWeights> s) { streamed_ = std::move(s); }
 
  private:
   std::shared_ptr<TensorSource> source_;  // the checkpoint the host views map (may be null)
   std::vector<Buffer> buffers_;
   size_t bytes_ = 0;
+  std::shared_ptr<StreamedWeights> streamed_;
 };
 
 }  // namespace strata

@@ -328,7 +328,12 @@ Status Model::forward(ForwardArgs& a) const {
   if (a.step.n_tokens == 0) return ok_status();
   const LayerProgram& program = layer_program(config_.family);
   if (first == 0) STRATA_RETURN_IF_ERROR(blocks::embed(*this, a));
-  for (int64_t l = first; l < last; ++l) STRATA_RETURN_IF_ERROR(program.layer(*this, a, l));
+  if (a.weights != nullptr) STRATA_RETURN_IF_ERROR(a.weights->begin_pass(first, last));
+  for (int64_t l = first; l < last; ++l) {
+    if (a.weights != nullptr) STRATA_RETURN_IF_ERROR(a.weights->before_layer(l));
+    STRATA_RETURN_IF_ERROR(program.layer(*this, a, l));
+    if (a.weights != nullptr) STRATA_RETURN_IF_ERROR(a.weights->after_layer(l));
+  }
   if (last == L) STRATA_RETURN_IF_ERROR(blocks::head(*this, a));
   return ok_status();
 }

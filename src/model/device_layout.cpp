@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "core/status.h"
+#include "memory/streamed_weights.h"
+#include "model/layer_blob.h"
 #include "model/model.h"
 #include "model/rope.h"
 
@@ -28,12 +30,21 @@ class Uploader {
   Uploader(ops::Context& ctx, Allocator& alloc, WeightStore& store, const DeviceLayout& layout)
       : ctx_(ctx), alloc_(alloc), store_(store), layout_(layout) {}
 
+  // While set, tensors are allocated into `temp` instead of the store (a streamed layer is built
+  // on the device, then copied into its host blob).
+  void set_temp(std::vector<Buffer>* temp) { temp_ = temp; }
+
   Result<Tensor> device_tensor(DType dt, std::initializer_list<int64_t> shape, const char* what) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     Result<Buffer> b = alloc_.allocate(static_cast<size_t>(dtype_bytes(dt, n)));
     if (!b.ok()) return b.status().with_context(what);
-    void* p = store_.keep(std::move(b).value());
+    void* p = b.value().data();
+    if (temp_ != nullptr) {
+      temp_->push_back(std::move(b).value());  // a streamed layer: copied into its blob
+    } else {
+      store_.keep(std::move(b).value());
+    }
     return Tensor::make(p, dt, shape, ctx_.device);
   }
 
@@ -237,6 +248,7 @@ class Uploader {
   WeightStore& store_;
   const DeviceLayout& layout_;
   uint64_t next_id_ = 1;
+  std::vector<Buffer>* temp_ = nullptr;
 };
 
 // Bytes the device layout of `c` needs on one rank (the fit check before anything is uploaded).
@@ -249,6 +261,127 @@ int64_t device_bytes(const ModelConfig& c, const ParallelConfig& par, DType wdt)
       (c.parameter_count() - c.vocab * H * (c.tie_word_embeddings ? 1 : 2)) / par.tp_size * per;
   if (c.n_layers > 0) body = body / c.n_layers * (par.stage_end(c.n_layers) - par.first_layer);
   return emb + head + body;
+}
+
+// Offset of a fake base for the disk tier's stored views: their data pointers hold
+// kRawBase + the offset in the raw read buffer (never dereferenced), so offset 0 stays defined.
+constexpr uintptr_t kRawBase = 4096;
+constexpr uint64_t kDirectAlign = 4096;     // O_DIRECT offsets, lengths and buffers
+constexpr uint64_t kMergeGap = 1ull << 20;  // tensors closer than this are read in one range
+
+// The disk tier reads the checkpoint's files: check that there is one and the layout packs on
+// the host.
+Status prepare_stream_source(StreamedWeights& sw, const Model* host, DType wdt) {
+  if (sw.tier != LayerTier::kDisk) return ok_status();
+  if (host == nullptr || host->store().source() == nullptr) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--offload-weights disk reads the layers from the checkpoint file: not with "
+                  "random weights (--load-format dummy / --model-config); use --offload-weights "
+                  "cpu");
+  }
+  if (wdt != DType::kBF16) {
+    return errorf(StatusCode::kUnimplemented,
+                  "--offload-weights disk streams bf16 layers (converted on the host from the "
+                  "checkpoint's tensors); {} weights are quantized on the device: use "
+                  "--offload-weights cpu",
+                  dtype_name(wdt));
+  }
+  for (const MappedRegion& r : host->store().source()->mapped_regions()) sw.files.push_back(r.path);
+  if (sw.files.empty()) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--offload-weights disk: {} is not read from a file this build can reopen",
+                  host->store().source()->describe());
+  }
+  return ok_status();
+}
+
+// Layer `l` (built on the device as `d` from the stored layer `L`) becomes a streamed layer: its
+// device bytes copied into a host blob (host tier), or the checkpoint reads and the host packing
+// that rebuild the blob on every pass (disk tier).
+Status add_streamed_layer(StreamedWeights& sw, int64_t l, LayerWeights& d, const LayerWeights* L,
+                          const BlobLayout& bl, const DeviceLayout& layout, ops::Context& ctx,
+                          const Model* host) {
+  sw.index_of_layer[static_cast<size_t>(l)] = static_cast<int>(sw.layers.size());
+  StreamedLayer s;
+  s.layer = l;
+  s.bytes = bl.bytes;
+  if (sw.tier == LayerTier::kHost) {
+    if (!layout.host_alloc) return Status(StatusCode::kInternal, "weight streaming: no host_alloc");
+    Result<Buffer> b = layout.host_alloc(bl.bytes);
+    if (!b.ok()) {
+      return b.status().with_context(
+          fmt::format("host memory for streamed layer {} ({} bytes)", l, bl.bytes));
+    }
+    s.host = std::move(b).value();
+    size_t i = 0;
+    Status st = ok_status();
+    visit_layer_blob(d, nullptr, [&](Tensor& t, const BlobSource&) {
+      if (st.ok()) st = ops::download(ctx, t, static_cast<uint8_t*>(s.host.data()) + bl.offsets[i]);
+      ++i;
+    });
+    STRATA_RETURN_IF_ERROR(st);
+    STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+    sw.layers.push_back(std::move(s));
+    return ok_status();
+  }
+  // Disk tier: where each stored tensor of the layer is in the checkpoint's files.
+  const std::vector<MappedRegion> regions = host->store().source()->mapped_regions();
+  LayerWeights stored = *L;
+  struct Piece {
+    Tensor* t;
+    int file;
+    uint64_t offset, bytes;
+  };
+  std::vector<Piece> pieces;
+  Status st = ok_status();
+  for_each_stored_tensor(stored, [&](Tensor& t) {
+    if (!st.ok()) return;
+    const auto* p = static_cast<const uint8_t*>(t.data);
+    for (size_t r = 0; r < regions.size(); ++r) {
+      if (p >= regions[r].base && p < regions[r].base + regions[r].size && t.is_contiguous()) {
+        pieces.push_back({&t, static_cast<int>(r), static_cast<uint64_t>(p - regions[r].base),
+                          static_cast<uint64_t>(t.nbytes())});
+        return;
+      }
+    }
+    st = errorf(StatusCode::kUnimplemented,
+                "--offload-weights disk: a tensor of layer {} ({}) is not stored in {} as the "
+                "model reads it (re-laid out at load), so it cannot be read in place; use "
+                "--offload-weights cpu",
+                l, t.shape_string(), host->store().source()->describe());
+  });
+  STRATA_RETURN_IF_ERROR(st);
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+    return a.file != b.file ? a.file < b.file : a.offset < b.offset;
+  });
+  for (const Piece& p : pieces) {
+    const uint64_t begin = p.offset / kDirectAlign * kDirectAlign;
+    const uint64_t end = p.offset + p.bytes;
+    DiskRange* r = s.ranges.empty() ? nullptr : &s.ranges.back();
+    if (r == nullptr || r->file != p.file || begin > r->offset + r->bytes + kMergeGap) {
+      DiskRange nr;
+      nr.file = p.file;
+      nr.offset = begin;
+      nr.buf_offset = s.read_bytes;
+      s.ranges.push_back(nr);
+      r = &s.ranges.back();
+    }
+    r->needed = std::max(r->needed, end - r->offset);
+    const uint64_t aligned_len = (r->needed + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    s.read_bytes = r->buf_offset + aligned_len;
+    r->bytes = aligned_len;
+    p.t->data = reinterpret_cast<void*>(kRawBase + r->buf_offset + (p.offset - r->offset));
+  }
+  LayerWeights shape = d;
+  s.pack = [stored, shape, bl](const uint8_t* raw, uint8_t* blob) {
+    LayerWeights h = stored;
+    for_each_stored_tensor(h, [&](Tensor& t) {
+      t.data = const_cast<uint8_t*>(raw) + (reinterpret_cast<uintptr_t>(t.data) - kRawBase);
+    });
+    return pack_layer_blob(shape, h, bl, blob);
+  };
+  sw.layers.push_back(std::move(s));
+  return ok_status();
 }
 
 }  // namespace
@@ -273,7 +406,13 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
     return errorf(StatusCode::kInvalidArgument, "weight dtype {} (use bf16, int8 or fp8)",
                   dtype_name(wdt));
   }
-  if (layout.free_bytes > 0) {
+  const ResidencyPlan* plan =
+      layout.residency != nullptr && layout.residency->streaming() ? layout.residency : nullptr;
+  if (plan != nullptr && static_cast<int64_t>(plan->tier.size()) != config.n_layers) {
+    return errorf(StatusCode::kInternal, "residency plan of {} layers for {} layers",
+                  plan->tier.size(), config.n_layers);
+  }
+  if (layout.free_bytes > 0 && plan == nullptr) {
     const int64_t need = device_bytes(config, par, wdt);
     if (static_cast<size_t>(need) > layout.free_bytes) {
       return errorf(StatusCode::kOutOfMemory,
@@ -307,10 +446,23 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
   }
   const bool norm_bias = c.norm == NormType::kLayerNorm;
   w.layers.resize(static_cast<size_t>(c.n_layers));
+  std::shared_ptr<StreamedWeights> sw;
+  std::vector<BlobLayout> blob_layouts;
+  if (plan != nullptr) {
+    sw = std::make_shared<StreamedWeights>();
+    sw->plan = *plan;
+    sw->tier = plan->n_streamed > 0 ? plan->tier.back() : LayerTier::kHost;
+    sw->index_of_layer.assign(static_cast<size_t>(c.n_layers), -1);
+    STRATA_RETURN_IF_ERROR(prepare_stream_source(*sw, host, wdt));
+  }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     if (!par.has_layer(l)) continue;  // another pipeline stage's layer
     LayerWeights& d = w.layers[static_cast<size_t>(l)];
     const LayerWeights* L = hw ? &hw->layers[static_cast<size_t>(l)] : nullptr;
+    const bool streamed =
+        plan != nullptr && plan->tier[static_cast<size_t>(l)] != LayerTier::kResident;
+    std::vector<Buffer> temp;  // a streamed layer's device tensors, freed after the copy
+    if (streamed) up.set_temp(&temp);
     auto norm = [&](const ops::NormWeight LayerWeights::*f, int64_t n,
                     const char* what) -> Result<ops::NormWeight> {
       if (L != nullptr) return up.norm(&(L->*f), n, what);
@@ -371,6 +523,31 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
                                                  true, "gate/up weights"));
     STRATA_ASSIGN_OR_RETURN(
         d.down, up.linear(L ? &L->down : nullptr, H, F, down_bias, true, "down_proj weights"));
+    if (streamed) {
+      up.set_temp(nullptr);
+      STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+      blob_layouts.push_back(layer_blob_layout(d));
+      STRATA_RETURN_IF_ERROR(
+          add_streamed_layer(*sw, l, d, L, blob_layouts.back(), layout, ctx, host));
+    }
+  }
+  if (sw) {
+    // The slots: each as large as the largest layer; layer k of the streamed ones always runs
+    // from slot k % n_slots, so its views have fixed addresses.
+    const int n_slots = std::max(1, plan->n_slots);
+    for (const StreamedLayer& s : sw->layers) sw->slot_bytes = std::max(sw->slot_bytes, s.bytes);
+    for (int i = 0; i < n_slots; ++i) {
+      Result<Buffer> b = alloc.allocate(sw->slot_bytes);
+      if (!b.ok()) return b.status().with_context("weight streaming slot");
+      sw->slots.push_back(m->store_.keep(std::move(b).value()));
+    }
+    for (size_t k = 0; k < sw->layers.size(); ++k) {
+      StreamedLayer& s = sw->layers[k];
+      s.slot = static_cast<int>(k % static_cast<size_t>(n_slots));
+      rebase_layer(w.layers[static_cast<size_t>(s.layer)], blob_layouts[k],
+                   sw->slots[static_cast<size_t>(s.slot)]);
+    }
+    m->store_.set_streamed(sw);
   }
   STRATA_ASSIGN_OR_RETURN(w.final_norm, up.norm(hw ? &hw->final_norm : nullptr, H, "final norm"));
   if (!hw && norm_bias) {

@@ -75,6 +75,11 @@ class GgufTensorSource final : public TensorSource {
     return file_->tensor(g);
   }
   std::string describe() const override { return file_->name(); }
+  std::vector<MappedRegion> mapped_regions() const override {
+    const auto& m = file_->mapping();
+    if (!m) return {};
+    return {MappedRegion{m->path(), m->data(), m->size()}};
+  }
 
  private:
   std::string translate(const std::string& hf) const {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "io/tensor_source.h"
 #include "memory/weight_store.h"
 #include "model/config.h"
+#include "model/residency.h"
 #include "model/weights.h"
 #include "ops/ops.h"
 #include "parallel/parallel_config.h"
@@ -25,6 +27,7 @@
 namespace strata {
 
 class Communicator;
+struct StreamedWeights;
 
 // One forward call's inputs. Token i belongs to sequence token_seq[i] at position
 // token_pos[i]; its K/V are written to that sequence's blocks before attention reads them.
@@ -44,6 +47,11 @@ struct DeviceLayout {
   size_t free_bytes = 0;              // device memory free, for the "does not fit" check (0: skip)
   std::string device_name;            // for messages
   uint64_t seed = 0;                  // random(): the weights' seed
+  // Weight streaming: layers the plan does not keep resident are built into per-layer blobs in
+  // host memory from host_alloc (pinned on CUDA), or described as reads of the checkpoint file
+  // (disk tier), and their views point into the plan's slots (model/residency.h).
+  const ResidencyPlan* residency = nullptr;
+  std::function<Result<Buffer>(size_t)> host_alloc;
 };
 
 // The device layout pads each expert's FFN dimension to a multiple of this (zero gate/up rows
@@ -100,6 +108,17 @@ struct HeadArgs {
   bool argmax = false;                                                 // also ids = argmax(logits)
 };
 
+// Called by Model::forward around every layer it runs (weight streaming: make the layer's
+// weights present in the slot its views point at, start copying the next streamed layer). The
+// family layer programs do not know about it.
+class LayerWeightHook {
+ public:
+  virtual ~LayerWeightHook() = default;
+  virtual Status begin_pass(int64_t first_layer, int64_t last_layer) = 0;
+  virtual Status before_layer(int64_t layer) = 0;
+  virtual Status after_layer(int64_t layer) = 0;
+};
+
 // Everything a forward pass reads and writes besides the weights.
 struct ForwardArgs {
   ops::Context& ctx;
@@ -113,6 +132,7 @@ struct ForwardArgs {
   // Set by a layer whose last all-reduce already wrote the next layer's input norm into ws.h
   // (blocks::residual_linear_norm); that layer skips its own and clears it.
   bool next_norm_done = false;
+  LayerWeightHook* weights = nullptr;  // weight streaming (null: every layer resident)
 };
 
 class Model;
@@ -155,6 +175,9 @@ class Model {
   size_t weight_bytes() const { return weight_bytes_; }
   // Bytes of memory the store holds beyond the mapped checkpoint (device weights, copies).
   size_t owned_bytes() const { return store_.owned_bytes(); }
+  const WeightStore& store() const { return store_; }
+  // The streamed layers (slots, host blobs or disk reads), or null when every layer is resident.
+  const std::shared_ptr<StreamedWeights>& streamed() const { return store_.streamed(); }
 
   // The workspace for `limits`: its size in bytes, and its tensors carved from `base` on `device`.
   size_t workspace_bytes(const WorkspaceLimits& limits) const;

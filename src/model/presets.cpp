@@ -26,6 +26,8 @@ constexpr Preset kPresets[] = {
     {"qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, 1000000.0f, true, false},
     {"llama3-70b", 80, 8192, 64, 8, 128, 28672, 128256, 500000.0f, false, false},
     {"llama3.2-1b", 16, 2048, 32, 8, 64, 8192, 128256, 500000.0f, false, true},
+    // CodeLlama-34B (codellama/CodeLlama-34b-hf): 67.5 GB in bf16, the weight-streaming peer's.
+    {"llama-34b", 48, 8192, 64, 8, 128, 22016, 32000, 1000000.0f, false, false},
 };
 
 // Mixture-of-experts shapes (config.json of Qwen/Qwen3-30B-A3B and

@@ -22,6 +22,26 @@ class BenchmarkImpl final : public Benchmark {
  public:
   const ModelInfo& info() const override { return info_; }
   double pipeline_bubble() const override { return exec_->measured_bubble(); }
+  WeightStreamInfo weight_streaming() const override {
+    WeightStreamInfo w;
+    const ResidencyPlan* plan = exec_->residency_plan();
+    if (plan == nullptr) return w;
+    w.plan = plan->describe();
+    w.prefetch = plan->options.prefetch;
+    w.layers_resident = plan->n_resident;
+    w.layers_streamed = plan->n_streamed;
+    StreamStats st;
+    if (!exec_->stream_stats(&st)) return w;
+    w.streaming = true;
+    w.tier = plan->options.offload == WeightOffload::kDisk ? "disk" : "host";
+    w.bytes_per_pass = st.bytes_per_pass;
+    w.slot_bytes = st.slot_bytes;
+    w.passes = st.passes;
+    w.bytes_copied = st.bytes;
+    w.disk_bytes = st.disk_bytes;
+    w.direct_io = st.direct_io;
+    return w;
+  }
   int rank() const override { return comm_->rank(); }
 
   Status init(const EngineConfig& cfg) {

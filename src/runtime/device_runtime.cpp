@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -10,6 +14,111 @@
 namespace strata {
 
 namespace {
+
+// The CPU's "copy stream": a thread that runs the copies in order, with the events' semantics
+// of the CUDA copier (a wait sees the copies issued before it), so the streaming logic runs
+// with copies that really overlap the compute, as on a GPU: a copy issued into a slot whose
+// layer has not run yet, or a layer that did not wait for its copy, races here too. The compute
+// is synchronous, so whatever ran before mark_free() has finished: a copy needs no wait.
+class CpuCopier final : public WeightCopier {
+ public:
+  CpuCopier(int slots, int staging)
+      : ready_rec_(static_cast<size_t>(slots), 0),
+        ready_done_(static_cast<size_t>(slots), 0),
+        staging_rec_(static_cast<size_t>(staging), 0),
+        staging_done_(static_cast<size_t>(staging), 0) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~CpuCopier() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Status copy(int slot, void* dst, const void* src, size_t bytes, int staging) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Job j{slot, dst, src, bytes, staging, ++ready_rec_[static_cast<size_t>(slot)], 0};
+    if (staging >= 0) j.staging_seq = ++staging_rec_[static_cast<size_t>(staging)];
+    queue_.push_back(j);
+    cv_.notify_all();
+    return ok_status();
+  }
+  Status wait_ready(int slot) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t target = ready_rec_[static_cast<size_t>(slot)];
+    wait(lock, [&] { return ready_done_[static_cast<size_t>(slot)] >= target; });
+    return ok_status();
+  }
+  Status mark_free(int) override { return ok_status(); }
+  Status wait_staging(int staging) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t target = staging_rec_[static_cast<size_t>(staging)];
+    wait(lock, [&] { return staging_done_[static_cast<size_t>(staging)] >= target; });
+    return ok_status();
+  }
+  Status synchronize() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    wait(lock, [&] { return queue_.empty() && busy_ == 0; });
+    return ok_status();
+  }
+
+ private:
+  struct Job {
+    int slot;
+    void* dst;
+    const void* src;
+    size_t bytes;
+    int staging;
+    int64_t ready_seq, staging_seq;
+  };
+  // Runs the oldest queued copy on this thread (lock held on entry and exit).
+  void run_one(std::unique_lock<std::mutex>& lock) {
+    const Job j = queue_.front();
+    queue_.pop_front();
+    ++busy_;
+    lock.unlock();
+    std::memcpy(j.dst, j.src, j.bytes);
+    lock.lock();
+    --busy_;
+    int64_t& r = ready_done_[static_cast<size_t>(j.slot)];
+    r = std::max(r, j.ready_seq);
+    if (j.staging >= 0) {
+      int64_t& st = staging_done_[static_cast<size_t>(j.staging)];
+      st = std::max(st, j.staging_seq);
+    }
+    cv_.notify_all();
+  }
+  // Waits for `done`, running queued copies itself meanwhile: the copy thread may not get a core
+  // while OpenMP's workers spin (the copies then run here, in order, as a stream would).
+  template <class Pred>
+  void wait(std::unique_lock<std::mutex>& lock, Pred done) {
+    while (!done()) {
+      if (!queue_.empty()) {
+        run_one(lock);
+      } else {
+        cv_.wait(lock);
+      }
+    }
+  }
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      run_one(lock);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  int busy_ = 0;  // copies running
+  bool stop_ = false;
+  std::vector<int64_t> ready_rec_, ready_done_, staging_rec_, staging_done_;
+  std::thread thread_;
+};
 
 class CpuRuntime final : public DeviceRuntime {
  public:
@@ -23,6 +132,9 @@ class CpuRuntime final : public DeviceRuntime {
   Result<Buffer> allocate_staging(size_t bytes) override { return allocate_host(bytes); }
   Result<DeviceMemoryInfo> memory_info() const override { return DeviceMemoryInfo{}; }
   Status make_current() override { return ok_status(); }
+  Result<std::unique_ptr<WeightCopier>> make_weight_copier(int slots, int staging) override {
+    return std::unique_ptr<WeightCopier>(new CpuCopier(slots, staging));
+  }
   size_t attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t) const override { return 0; }
   Status run(bool, std::pair<int64_t, int64_t>, const std::function<Status()>& body) override {
     return body();
@@ -62,8 +174,12 @@ Result<std::unique_ptr<DeviceRuntime>> make_cuda_runtime(int, bool) {
                 "this strata was built without CUDA (configure with -DSTRATA_CUDA=ON on a machine "
                 "with the CUDA toolkit)");
 }
-int cuda_device_count() { return 0; }
-bool cuda_lazy_module_loading() { return false; }
+int cuda_device_count() {
+  return 0;
+}
+bool cuda_lazy_module_loading() {
+  return false;
+}
 #endif
 
 }  // namespace strata

@@ -18,6 +18,26 @@
 
 namespace strata {
 
+// Weight streaming's copies (runtime/weight_streamer.h): host memory into device slots on a
+// copy stream of its own, ordered against the compute stream with events. On the CPU a copy
+// thread plays the copy stream (the compute is synchronous), so the same streaming logic runs
+// with copies that overlap the compute.
+class WeightCopier {
+ public:
+  virtual ~WeightCopier() = default;
+  // After the compute that mark_free(slot) last recorded: dst <- src (bytes) on the copy stream;
+  // then the slot is ready, and (staging >= 0) the staging buffer `staging` free again.
+  virtual Status copy(int slot, void* dst, const void* src, size_t bytes, int staging) = 0;
+  // The compute stream waits for the last copy into `slot`.
+  virtual Status wait_ready(int slot) = 0;
+  // The compute stream's work so far is the last to read `slot`.
+  virtual Status mark_free(int slot) = 0;
+  // Blocks the calling host thread (any thread) until the last copy out of `staging` is done.
+  virtual Status wait_staging(int staging) = 0;
+  // Blocks until every copy issued so far is done.
+  virtual Status synchronize() = 0;
+};
+
 class DeviceRuntime {
  public:
   // The CPU, or CUDA device N (kNotFound without a GPU; kUnimplemented in a build without CUDA).
@@ -32,6 +52,8 @@ class DeviceRuntime {
   virtual Result<Buffer> allocate_staging(size_t bytes) = 0;  // host memory for transfers
   virtual Result<DeviceMemoryInfo> memory_info() const = 0;
   virtual Status make_current() = 0;  // before launching from a new host thread
+  // The copier for weight streaming with `slots` device slots and `staging` staging buffers.
+  virtual Result<std::unique_ptr<WeightCopier>> make_weight_copier(int slots, int staging) = 0;
   // Split-K attention scratch the device's attention kernels can use at these sizes (0: none).
   virtual size_t attention_workspace_bytes(int64_t max_seqs, int64_t n_heads, int64_t head_dim,
                                            int64_t max_kv_len) const = 0;

@@ -107,6 +107,72 @@ class EventProfiler final : public ops::Profiler {
   std::vector<std::string> order_;
 };
 
+// Weight streaming's copies on a non-blocking stream of their own: a slot's copy waits for the
+// compute that last read it (free event), the compute waits for the copy (ready event).
+class CudaCopier final : public WeightCopier {
+ public:
+  static Result<std::unique_ptr<WeightCopier>> create(int device, cudaStream_t compute, int slots,
+                                                      int staging) {
+    std::unique_ptr<CudaCopier> c(new CudaCopier());
+    c->device_ = device;
+    c->compute_ = compute;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&c->copy_, cudaStreamNonBlocking));
+    auto make = [](std::vector<cudaEvent_t>& v, int n) -> Status {
+      for (int i = 0; i < n; ++i) {
+        cudaEvent_t e = nullptr;
+        STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        v.push_back(e);
+      }
+      return ok_status();
+    };
+    STRATA_RETURN_IF_ERROR(make(c->ready_, slots));
+    STRATA_RETURN_IF_ERROR(make(c->free_, slots));
+    STRATA_RETURN_IF_ERROR(make(c->staging_, staging));
+    return std::unique_ptr<WeightCopier>(std::move(c));
+  }
+  ~CudaCopier() override {
+    (void)cudaSetDevice(device_);
+    if (copy_ != nullptr) (void)cudaStreamSynchronize(copy_);
+    for (auto* v : {&ready_, &free_, &staging_}) {
+      for (cudaEvent_t e : *v) (void)cudaEventDestroy(e);
+    }
+    if (copy_ != nullptr) (void)cudaStreamDestroy(copy_);
+  }
+  Status copy(int slot, void* dst, const void* src, size_t bytes, int staging) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, free_[static_cast<size_t>(slot)], 0));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[static_cast<size_t>(slot)], copy_));
+    if (staging >= 0) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_[static_cast<size_t>(staging)], copy_));
+    }
+    return ok_status();
+  }
+  Status wait_ready(int slot) override {
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(compute_, ready_[static_cast<size_t>(slot)], 0));
+    return ok_status();
+  }
+  Status mark_free(int slot) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(free_[static_cast<size_t>(slot)], compute_));
+    return ok_status();
+  }
+  Status wait_staging(int staging) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // any host thread
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staging_[static_cast<size_t>(staging)]));
+    return ok_status();
+  }
+  Status synchronize() override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));
+    return ok_status();
+  }
+
+ private:
+  CudaCopier() = default;
+  int device_ = 0;
+  cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  std::vector<cudaEvent_t> ready_, free_, staging_;
+};
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   static Result<std::unique_ptr<DeviceRuntime>> create(int index, bool profile) {
@@ -136,6 +202,10 @@ class CudaRuntime final : public DeviceRuntime {
   }
   Result<DeviceMemoryInfo> memory_info() const override { return dev_->memory_info(); }
   Status make_current() override { return dev_->make_current(); }
+  Result<std::unique_ptr<WeightCopier>> make_weight_copier(int slots, int staging) override {
+    STRATA_RETURN_IF_ERROR(dev_->make_current());
+    return CudaCopier::create(dev_->index(), dev_->launch_ctx().stream, slots, staging);
+  }
   size_t attention_workspace_bytes(int64_t max_seqs, int64_t n_heads, int64_t head_dim,
                                    int64_t max_kv_len) const override {
     return cuda::varlen_attention_workspace_bytes(max_seqs, n_heads, head_dim, max_kv_len);

@@ -21,6 +21,7 @@
 #include "model/gguf_model.h"
 #include "model/model.h"
 #include "model/presets.h"
+#include "model/residency.h"
 #include "parallel/comm.h"
 #include "runtime/executor.h"
 #include "runtime/model_loader.h"
@@ -209,6 +210,26 @@ Result<ModelInfo> inspect_model(const std::string& model) {
   }
   STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(model, /*with_weights=*/false));
   return std::move(files.info);
+}
+
+Result<std::vector<std::string>> describe_weight_residency(const std::string& model,
+                                                           const EngineConfig& cfg) {
+  ModelConfig config;
+  if (model.rfind("dummy:", 0) == 0) {
+    STRATA_ASSIGN_OR_RETURN(config, model_config_preset(model.substr(6)));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(model, /*with_weights=*/false));
+    config = files.config;
+  }
+  ResidencyOptions o;
+  o.gpu_weight_budget = cfg.gpu_weight_budget;
+  o.offload = cfg.offload_weights;
+  o.prefetch = cfg.weight_prefetch;
+  const DType wdt = cfg.quantization == Quantization::kInt8  ? DType::kI8
+                    : cfg.quantization == Quantization::kFp8 ? DType::kFP8E4M3
+                                                             : DType::kBF16;
+  STRATA_ASSIGN_OR_RETURN(ResidencyPlan plan, plan_residency(config, ParallelConfig{}, wdt, o));
+  return plan.describe();
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {

@@ -33,6 +33,26 @@ Result<LoadFormat> parse_load_format(std::string_view text) {
   return errorf(StatusCode::kInvalidArgument, "--load-format '{}': use auto or dummy", text);
 }
 
+Result<WeightOffload> parse_weight_offload(std::string_view text) {
+  if (text == "auto") return WeightOffload::kAuto;
+  if (text == "cpu") return WeightOffload::kCpu;
+  if (text == "disk") return WeightOffload::kDisk;
+  return errorf(StatusCode::kInvalidArgument, "--offload-weights '{}': use auto, cpu or disk",
+                text);
+}
+
+std::string_view to_string(WeightOffload o) {
+  switch (o) {
+    case WeightOffload::kAuto:
+      return "auto";
+    case WeightOffload::kCpu:
+      return "cpu";
+    case WeightOffload::kDisk:
+      return "disk";
+  }
+  return "?";
+}
+
 std::string to_string(const DeviceSpec& d) {
   switch (d.type) {
     case DeviceType::kCpu:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "core/env.h"
@@ -54,6 +55,12 @@ class ModelRunner final : public Executor {
   int64_t graph_captures() const override { return runtime_->graph_captures(); }
   int64_t graph_replays() const override { return runtime_->graph_replays(); }
   double wait_seconds() const override { return wait_seconds_; }
+  const ResidencyPlan* residency_plan() const override { return plan_ ? &*plan_ : nullptr; }
+  bool stream_stats(StreamStats* out) const override {
+    if (!streamer_) return false;
+    *out = streamer_->stats();
+    return true;
+  }
 
   const Model& model() const { return *model_; }
   DeviceRuntime& runtime() { return *runtime_; }
@@ -74,9 +81,11 @@ class ModelRunner final : public Executor {
   Workspace ws_;
   std::unique_ptr<StepPacker> packer_;
   PackedStep step_;
-  Buffer host_logits_, host_ids_;  // staging for the results (pinned on a GPU)
-  Buffer host_hidden_;             // a pipeline stage's hidden states in transit (GPU)
-  double wait_seconds_ = 0.0;      // time blocked receiving them
+  Buffer host_logits_, host_ids_;             // staging for the results (pinned on a GPU)
+  Buffer host_hidden_;                        // a pipeline stage's hidden states in transit (GPU)
+  double wait_seconds_ = 0.0;                 // time blocked receiving them
+  std::optional<ResidencyPlan> plan_;         // weight streaming asked for
+  std::unique_ptr<WeightStreamer> streamer_;  // some layers streamed
 };
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& config,
@@ -127,6 +136,16 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
       STRATA_ASSIGN_OR_RETURN(DeviceMemoryInfo mi, rt.memory_info());
       layout.free_bytes = mi.free_bytes;
     }
+    if (o.residency.requested()) {
+      STRATA_ASSIGN_OR_RETURN(ResidencyPlan plan,
+                              plan_residency(config, par, o.weight_dtype, o.residency,
+                                             static_cast<int64_t>(layout.free_bytes), rt.name()));
+      r->plan_ = std::move(plan);
+      layout.residency = &*r->plan_;
+      DeviceRuntime* rtp = &rt;
+      layout.host_alloc = [rtp](size_t n) { return rtp->allocate_staging(n); };
+      for (const std::string& line : r->plan_->describe()) log_info("weights: {}", line);
+    }
     if (host) {
       STRATA_ASSIGN_OR_RETURN(r->model_, Model::to_device(*host, layout, rt.ctx(), rt.allocator()));
       host.reset();  // the device copy is all the runner reads (the mapping can go)
@@ -135,7 +154,18 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
                               Model::random(config, par, layout, rt.ctx(), rt.allocator()));
     }
   } else {
+    if (o.residency.requested()) {
+      return Status(StatusCode::kInvalidArgument,
+                    "--gpu-weight-budget / --offload-weights stream the device layout: they need "
+                    "--device cuda (or the bf16 twins on the CPU)");
+    }
     r->model_ = std::move(host);
+  }
+  if (r->model_->streamed()) {
+    STRATA_ASSIGN_OR_RETURN(
+        r->streamer_, WeightStreamer::create(r->model_->streamed(), rt, o.residency.prefetch));
+    // The copies are issued (and the disk read) between layers from the host: eager launches.
+    o.cuda_graphs = false;
   }
   STRATA_RETURN_IF_ERROR(r->allocate(o));
   return r;
@@ -260,6 +290,7 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
   }
   ForwardArgs args{
       ctx, step_.args, ws_, kv_->layers(), comm_, par.first_layer, par.last_layer, step_.head};
+  args.weights = streamer_.get();
   rt.begin_step(step_.args.max_q_len == 1);
   STRATA_RETURN_IF_ERROR(
       rt.run(step_.graph, step_.graph_key, [&] { return model_->forward(args); }));
@@ -385,6 +416,14 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     return errorf(StatusCode::kInvalidArgument, "--max-model-len must be >= 0");
   }
   RunnerOptions ro;
+  ro.residency.gpu_weight_budget = cfg.gpu_weight_budget;
+  ro.residency.offload = cfg.offload_weights;
+  ro.residency.prefetch = cfg.weight_prefetch;
+  if (!cuda && ro.residency.requested()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--gpu-weight-budget and --offload-weights need --device cuda (the CPU runs the "
+                  "weights as stored, in place)");
+  }
   ro.block_size = eo.block_size;
   ro.max_model_len = cfg.max_model_len;
   ro.profile = env_config().cuda_profile;

@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "parallel/comm.h"
+#include "runtime/weight_streamer.h"
 #include "strata/engine.h"
 #include "strata/status.h"
 #include "text/tokenizer.h"
@@ -72,6 +73,14 @@ class Executor {
     return s;
   }
 
+  // Weight streaming: the residency plan (null when none was asked for) and the streaming
+  // counters (false when no layer is streamed).
+  virtual const ResidencyPlan* residency_plan() const { return nullptr; }
+  virtual bool stream_stats(StreamStats* out) const {
+    (void)out;
+    return false;
+  }
+
  private:
   std::vector<Status> done_;  // the default submit(): finished passes not yet waited for
 };
@@ -95,6 +104,8 @@ struct RunnerOptions {
   uint64_t seed = 0;                    // random weights
   // Pipeline stages: a prompt step is cut into micro-batches of at least this many tokens.
   int64_t pp_min_micro_batch_tokens = 256;
+  // Weight streaming (device layout only): --gpu-weight-budget, --offload-weights, prefetch.
+  ResidencyOptions residency;
 };
 
 // A runner over `host` (the model loaded as stored on the CPU; moved to the device layout when

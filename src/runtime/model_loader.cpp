@@ -235,6 +235,10 @@ Status check_engine_config(const EngineConfig& cfg) {
     return errorf(StatusCode::kInvalidArgument,
                   "--max-model-len {} must be >= 0 (0 = the model's own)", cfg.max_model_len);
   }
+  if (cfg.gpu_weight_budget < 0) {
+    return errorf(StatusCode::kInvalidArgument, "--gpu-weight-budget {} must be >= 0",
+                  cfg.gpu_weight_budget);
+  }
   return ok_status();
 }
 

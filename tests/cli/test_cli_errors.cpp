@@ -172,6 +172,26 @@ TEST(Cli, TensorParallelWithoutMpi) {
   EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
 }
 
+// Weight streaming's flags: bad values and a budget too small are one line with the numbers; the
+// plan is printed by `strata info` without a GPU.
+TEST(Cli, WeightStreamingFlags) {
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --offload-weights nvme"),
+                     "--offload-weights 'nvme'");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --gpu-weight-budget -1"),
+                     "--gpu-weight-budget '-1'");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --gpu-weight-budget 4"),
+                     "need --device cuda");
+  expect_clean_error(run_strata("info --model-config llama-34b --gpu-weight-budget 1"),
+                     "--gpu-weight-budget 1.00 GiB is too small");
+  CliRun r = run_strata("info --model-config llama-34b --gpu-weight-budget 8");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("layers 0-2: resident"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layers 3-47: host"), std::string::npos) << r.out;
+  r = run_strata("info -m " + fixture("llama") + " --offload-weights disk");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("layers 0-2: disk"), std::string::npos) << r.out;
+}
+
 TEST(Cli, BenchEngineTable) {
   CliRun r = run_strata("bench -m " + fixture("llama") +
                         " --batch 1,3 --ctx 20 --decode-steps 4 --prefill 2x16 -p 8 -r 1 --json -");

@@ -1,0 +1,88 @@
+// Weight streaming at run time (ZeRO-Inference; issue 13): the LayerWeightHook Model::forward
+// calls around each layer. Streamed layers are items of an endless sequence (item n = streamed
+// layer n % K, one forward pass consumes K items in order); item n is copied into its layer's
+// fixed slot once the slot's previous item has run, at most n_slots items ahead of the layer that
+// computes (prefetch), or just before its layer runs (prefetch off). On a GPU the copies run on a
+// copy stream ordered by events (WeightCopier), so layer i + 1's copy overlaps layer i's compute;
+// on the CPU a copy thread plays the copy stream, so CI runs the same bookkeeping with copies
+// that overlap the compute.
+//
+// Disk tier: reader threads (two reads in flight) read each item's ranges of the checkpoint file
+// with O_DIRECT into aligned buffers, pack the blob into one of three pinned staging buffers (the
+// host conversions of the upload), and the copy to the slot takes it from there; a staging buffer
+// is reused only after its copy finished.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "memory/streamed_weights.h"
+#include "model/model.h"
+#include "runtime/device_runtime.h"
+
+namespace strata {
+
+struct StreamStats {
+  int64_t passes = 0;
+  int64_t layers = 0;          // layer copies issued
+  int64_t bytes = 0;           // bytes copied into slots
+  double disk_wait_s = 0.0;    // the forward pass waiting for the disk readers
+  int64_t disk_bytes = 0;      // bytes read from the checkpoint files
+  bool direct_io = false;      // the reads used O_DIRECT
+  int64_t bytes_per_pass = 0;  // the streamed layers' blobs
+  int64_t slot_bytes = 0;      // all slots together (device memory)
+};
+
+class WeightStreamer final : public LayerWeightHook {
+ public:
+  static Result<std::unique_ptr<WeightStreamer>> create(std::shared_ptr<StreamedWeights> weights,
+                                                        DeviceRuntime& runtime, bool prefetch);
+  ~WeightStreamer() override;
+
+  Status begin_pass(int64_t first_layer, int64_t last_layer) override;
+  Status before_layer(int64_t layer) override;
+  Status after_layer(int64_t layer) override;
+
+  StreamStats stats() const;
+  const StreamedWeights& weights() const { return *w_; }
+  bool prefetch() const { return prefetch_; }
+
+ private:
+  WeightStreamer() = default;
+  Status issue(int64_t item);
+  Status pump();
+  Status start_readers();
+  void reader_loop();
+  Status read_item(int64_t item, uint8_t* raw, uint8_t* blob);
+
+  std::shared_ptr<StreamedWeights> w_;
+  std::unique_ptr<WeightCopier> copier_;
+  bool prefetch_ = true;
+  int64_t K_ = 0;  // streamed layers
+  int S_ = 0;      // slots
+  int64_t issued_ = 0, consumed_ = 0;
+  std::vector<int64_t> slot_owner_;  // the last item copied into each slot (-1: none)
+  StreamStats stats_;
+
+  // Disk tier.
+  static constexpr int kStaging = 3;
+  static constexpr int kReaders = 2;
+  std::vector<int> fds_;
+  bool direct_ = false;
+  std::vector<Buffer> staging_;
+  std::vector<std::thread> readers_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  int64_t next_read_ = 0;       // the next item a reader claims
+  int64_t released_ = 0;        // items whose staging buffer the copy has taken (in order)
+  std::vector<int64_t> ready_;  // per staging buffer: the item it holds, packed (-1: none)
+  Status reader_error_;
+  int64_t disk_bytes_ = 0;
+};
+
+}  // namespace strata
