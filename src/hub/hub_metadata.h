@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/json_depth.h"
 #include "strata/status.h"
 
 namespace strata::hub {
@@ -61,9 +62,7 @@ Result<RepoInfo> parse_repo_info(std::string_view json, const std::string& sourc
 Result<std::vector<std::string>> parse_index_shards(std::string_view json,
                                                     const std::string& source);
 
-// Whether JSON text opens more than `max_depth` arrays/objects at once (a byte scan that skips
-// strings, run before parsing).
-bool json_too_deep(std::string_view s, int max_depth);
+// json_too_deep (the guard before parsing the hub's answers) lives in core/json_depth.h.
 
 // Which files of a repository strata needs (the rule README.md documents):
 //  - `:FILE` given: that file;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "core/json_depth.h"
 #include "server/metrics.h"
 
 namespace strata::server {
@@ -96,30 +97,6 @@ bool valid_utf8(const std::string& s) {
 // once per level, so a body nested ~100,000 arrays deep would overflow the thread's stack in
 // the code that reads it. Bodies deeper than this are refused before they are parsed.
 constexpr int kMaxJsonDepth = 512;
-
-// Whether the JSON text opens more than `max_depth` arrays/objects at once (a byte scan that
-// skips strings; run before parsing, so it also bounds the parser).
-bool json_too_deep(const std::string& s, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
-}
 
 Json parse_body(const HttpRequest& req) {
   if (!valid_utf8(req.body))
