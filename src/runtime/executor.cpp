@@ -340,6 +340,15 @@ Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const P
   return std::unique_ptr<Executor>(std::move(r));
 }
 
+OneShotSizes oneshot_sizes(const ModelConfig& config, const RunnerOptions& o, int tp) {
+  const int64_t T = o.max_num_tokens, R = std::max(o.max_logit_rows, o.max_num_seqs);
+  OneShotSizes s;
+  s.largest = std::max<int64_t>(T * config.hidden * 4, R * ((config.vocab + tp - 1) / tp) * 4);
+  s.oneshot_max =
+      env_config().oneshot_max_bytes >= 0 ? env_config().oneshot_max_bytes : int64_t{256} << 10;
+  return s;
+}
+
 // The device collectives of an mpirun rank (one process per GPU): the CUDA IPC one-shot kernels
 // for decode-sized messages (up to STRATA_ONESHOT_MAX_BYTES, 256 KB by default) and NCCL above;
 // host collectives and NCCL's bootstrap over `mpi`. With every rank on one GPU (shared_gpu) NCCL
@@ -350,11 +359,8 @@ Result<std::unique_ptr<Communicator>> make_device_communicator(std::unique_ptr<C
                                                                const RunnerOptions& ro,
                                                                bool shared_gpu) {
   const int tp = mpi->size();
-  const int64_t T = ro.max_num_tokens, R = std::max(ro.max_logit_rows, ro.max_num_seqs);
-  const int64_t largest =
-      std::max<int64_t>(T * config.hidden * 4, R * ((config.vocab + tp - 1) / tp) * 4);
-  const int64_t oneshot_max =
-      env_config().oneshot_max_bytes >= 0 ? env_config().oneshot_max_bytes : int64_t{256} << 10;
+  const OneShotSizes sizes = oneshot_sizes(config, ro, tp);
+  const int64_t largest = sizes.largest, oneshot_max = sizes.oneshot_max;
   if (shared_gpu) {
     return make_ipc_oneshot_communicator(std::move(mpi), ro.device.index, largest);
   }

@@ -108,6 +108,16 @@ struct RunnerOptions {
   ResidencyOptions residency;
 };
 
+// Message sizes of tensor-parallel ranks' device collectives: the largest one a forward pass
+// sends (a step's f32 hidden states, or a shard's logit rows), and the size up to which the
+// one-shot kernels take a message when NCCL is there for larger ones (STRATA_ONESHOT_MAX_BYTES,
+// 256 KiB by default).
+struct OneShotSizes {
+  int64_t largest = 0;
+  int64_t oneshot_max = 0;
+};
+OneShotSizes oneshot_sizes(const ModelConfig& config, const RunnerOptions& options, int tp);
+
 // A runner over `host` (the model loaded as stored on the CPU; moved to the device layout when
 // options ask for it), or over random weights of `config` when host is null. `comm` is the
 // tensor-parallel group (the layer program's collectives); `pipeline` the pipeline group when

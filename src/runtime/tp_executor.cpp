@@ -488,11 +488,9 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
           job->status = st;
           abort = true;
         }
-        if (s == P - 1 || !job->status.ok()) {
-          if (s == P - 1) {
-            job->done = true;
-            wall_ = std::chrono::duration<double>(t1 - first_start_).count();
-          }
+        if (s == P - 1) {
+          job->done = true;
+          wall_ = std::chrono::duration<double>(t1 - first_start_).count();
         }
       }
       if (abort) {
@@ -547,12 +545,8 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     // Device collectives, set up on every rank at once: the one-shot kernels (peers' buffers
     // read directly) for decode-sized messages; across GPUs, NCCL above oneshot_max_bytes. On a
     // shared GPU NCCL cannot run two ranks, so the one-shot kernels take every size.
-    const int64_t T = options.max_num_tokens,
-                  R = std::max(options.max_logit_rows, options.max_num_seqs);
-    const int64_t largest =
-        std::max<int64_t>(T * config.hidden * 4, R * ((config.vocab + tp - 1) / tp) * 4);
-    const int64_t oneshot_max =
-        env_config().oneshot_max_bytes >= 0 ? env_config().oneshot_max_bytes : int64_t{256} << 10;
+    const OneShotSizes sizes = oneshot_sizes(config, options, tp);
+    const int64_t largest = sizes.largest, oneshot_max = sizes.oneshot_max;
     std::vector<Status> st(static_cast<size_t>(tp));
     std::vector<std::thread> threads;
     for (int r = 0; r < tp; ++r) {
