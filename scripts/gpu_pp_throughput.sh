@@ -3,7 +3,7 @@
 # offline throughput through the serving engine (bench-throughput: 1,000 requests of 128 prompt
 # + 128 generated tokens, Llama-3-8B shape, random weights) on one GPU, TP = 2 and PP = 2 (one
 # step per stage in flight), then the timed decode steps of `bench --pp 2` (one step at a time,
-# with the measured bubble) for contrast.
+# with the measured bubble) for contrast. With four GPUs or more, TP = 4 and PP = 4 too.
 #   BUILD=<dir with strata> scripts/gpu_pp_throughput.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,10 @@ fi
 MODEL=${MODEL:-llama3-8b}
 N=${N:-1000}
 rc=0
-for cfg in "1gpu:" "tp2:--tp 2" "pp2:--pp 2"; do
+NGPU=$(nvidia-smi -L | wc -l)
+CFGS=("1gpu:" "tp2:--tp 2" "pp2:--pp 2")
+[ "$NGPU" -ge 4 ] && CFGS+=("tp4:--tp 4" "pp4:--pp 4")
+for cfg in "${CFGS[@]}"; do
   name=${cfg%%:*}; args=${cfg#*:}
   echo "== bench-throughput $MODEL $name"
   # shellcheck disable=SC2086

@@ -168,8 +168,11 @@ int run_llama_bench(const BenchOptions& opt, Benchmark& e) {
 int run_engine_bench(const BenchOptions& opt, Benchmark& e, nlohmann::ordered_json* all = nullptr) {
   const ModelInfo& info = e.info();
   const bool to_stdout = opt.json_path == "-";
+  // MFU against the peak of every GPU the ranks use (--peak-tflops is per GPU).
   const double peak_tflops =
-      opt.peak_tflops > 0 ? opt.peak_tflops : default_peak_tflops(info.device_name);
+      static_cast<double>(std::max<int64_t>(info.n_gpus, 1)) *
+      (opt.peak_tflops > 0 ? opt.peak_tflops : default_peak_tflops(info.device_name));
+  const double peak_gbps = static_cast<double>(std::max<int64_t>(info.n_gpus, 1)) * opt.peak_gbps;
   // Bytes one decode step streams: every weight but the embedding table (of which only the
   // batch's rows are read); with tied embeddings the LM head reads the table itself.
   const bool bf16_emb = info.backend == "CUDA";
@@ -225,8 +228,8 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e, nlohmann::ordered_js
     if (to_stdout) return;
     char bw[16] = "-", pct[16] = "-", tf[16] = "-", mfu[16] = "-";
     if (gbps > 0) std::snprintf(bw, sizeof(bw), "%.0f", gbps);
-    if (gbps > 0 && opt.peak_gbps > 0)
-      std::snprintf(pct, sizeof(pct), "%.1f%%", 100 * gbps / opt.peak_gbps);
+    if (gbps > 0 && peak_gbps > 0)
+      std::snprintf(pct, sizeof(pct), "%.1f%%", 100 * gbps / peak_gbps);
     if (tflops > 0) std::snprintf(tf, sizeof(tf), "%.1f", tflops);
     if (tflops > 0 && peak_tflops > 0)
       std::snprintf(mfu, sizeof(mfu), "%.1f%%", 100 * tflops / peak_tflops);
@@ -241,6 +244,7 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e, nlohmann::ordered_js
     j["model"] = info.path;
     j["backend"] = info.backend;
     j["device"] = info.device_name;
+    j["n_gpus"] = info.n_gpus;
     j["weights"] = info.weight_format.empty() ? info.dtype : info.weight_format;
     j["weight_bytes"] = weights;
     if (!opt.choice.empty()) {
@@ -313,7 +317,7 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e, nlohmann::ordered_js
     j["weight_GBps"] = gbps;
     j["weight_bytes_streamed"] = step_bytes;
     j["weight_plus_kv_GBps"] = (step_bytes + kv_read) / t / 1e9;
-    if (opt.peak_gbps > 0) j["pct_peak_bw"] = 100 * gbps / opt.peak_gbps;
+    if (peak_gbps > 0) j["pct_peak_bw"] = 100 * gbps / peak_gbps;
     rows.push_back(j);
   }
   // Prefill: one forward pass over B sequences of L tokens.
@@ -468,9 +472,9 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_option("-c,--max-model-len", opt->engine.max_model_len,
                   "Context length (default: what the tests need)");
   sub->add_option("--peak-tflops", opt->peak_tflops,
-                  "Peak dense TFLOP/s for MFU (default: the datasheet's for H100/H200)");
+                  "Peak dense TFLOP/s of one GPU for MFU, which counts every GPU the ranks use (default: the datasheet's for H100/H200)");
   sub->add_option("--peak-gbps", opt->peak_gbps,
-                  "Measured memory read bandwidth in GB/s, for % of peak (default: not shown)");
+                  "Measured memory read bandwidth of one GPU in GB/s, for % of peak over every GPU the ranks use (default: not shown)");
   sub->add_option("--json", opt->json_path,
                   "Also write the results as JSON to this file ('-' = stdout only)");
   sub->add_flag("--offload", opt->offload,

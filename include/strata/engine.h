@@ -122,6 +122,7 @@ struct ModelInfo {
   std::string device_name;          // e.g. "NVIDIA H100 80GB HBM3" (CUDA)
   std::string weight_format;        // how the executor holds weights: "bf16", "int8", ... (CUDA)
   int64_t device_weight_bytes = 0;  // bytes of weights on the device (CUDA)
+  int64_t n_gpus = 1;               // GPUs the ranks of this process run on (CUDA)
   int64_t kv_cache_blocks = 0;      // KV blocks of block_size tokens in the pool
   int64_t kv_block_size = 0;
 };

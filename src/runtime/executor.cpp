@@ -49,6 +49,10 @@ class ModelRunner final : public Executor {
   }
   int64_t max_model_len() const override { return opt_.max_model_len; }
   std::string device_name() const override { return runtime_->name(); }
+  std::vector<int> gpus() const override {
+    if (!runtime_->device().is_cuda()) return {};
+    return {runtime_->device().index};
+  }
   int64_t device_weight_bytes() const override {
     return static_cast<int64_t>(model_->owned_bytes());
   }
@@ -625,6 +629,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   out.info.device_name = out.exec->device_name();
   out.info.weight_format = std::string(dtype_name(wdt));
   out.info.device_weight_bytes = out.exec->device_weight_bytes();
+  out.info.n_gpus = std::max<int64_t>(1, static_cast<int64_t>(out.exec->gpus().size()));
   out.info.kv_cache_blocks = out.exec->cache().config().n_blocks;
   out.info.kv_block_size = eo.block_size;
   return out;

@@ -42,6 +42,9 @@ class Executor {
   virtual std::string device_name() const = 0;
   // Weight bytes this executor holds on its device(s).
   virtual int64_t device_weight_bytes() const = 0;
+  // The distinct GPUs this executor's ranks run on (CUDA ordinals; empty on the CPU), for
+  // per-machine peaks (MFU, bandwidth) of several GPUs.
+  virtual std::vector<int> gpus() const { return {}; }
   // CUDA-graph counters (0 on the CPU).
   virtual int64_t graph_captures() const = 0;
   virtual int64_t graph_replays() const = 0;

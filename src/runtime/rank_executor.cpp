@@ -107,6 +107,7 @@ class DriverExecutor final : public Executor {
   int64_t max_model_len() const override { return local_->max_model_len(); }
   std::string device_name() const override { return local_->device_name(); }
   int64_t device_weight_bytes() const override { return local_->device_weight_bytes(); }
+  std::vector<int> gpus() const override { return local_->gpus(); }
   int64_t graph_captures() const override { return local_->graph_captures(); }
   int64_t graph_replays() const override { return local_->graph_replays(); }
 

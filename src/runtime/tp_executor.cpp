@@ -208,6 +208,15 @@ class InProcessGroupExecutor : public Executor {
     for (const auto& e : ranks_) total += e->device_weight_bytes();
     return total;
   }
+  std::vector<int> gpus() const override {
+    std::vector<int> all;
+    for (const auto& e : ranks_) {
+      for (int g : e->gpus()) {
+        if (std::find(all.begin(), all.end(), g) == all.end()) all.push_back(g);
+      }
+    }
+    return all;
+  }
   int64_t graph_captures() const override { return ranks_[0]->graph_captures(); }
   int64_t graph_replays() const override { return ranks_[0]->graph_replays(); }
 
