@@ -472,9 +472,11 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_option("-c,--max-model-len", opt->engine.max_model_len,
                   "Context length (default: what the tests need)");
   sub->add_option("--peak-tflops", opt->peak_tflops,
-                  "Peak dense TFLOP/s of one GPU for MFU, which counts every GPU the ranks use (default: the datasheet's for H100/H200)");
+                  "Peak dense TFLOP/s of one GPU for MFU, which counts every GPU the ranks use "
+                  "(default: the datasheet's for H100/H200)");
   sub->add_option("--peak-gbps", opt->peak_gbps,
-                  "Measured memory read bandwidth of one GPU in GB/s, for % of peak over every GPU the ranks use (default: not shown)");
+                  "Measured memory read bandwidth of one GPU in GB/s, for % of peak over every GPU "
+                  "the ranks use (default: not shown)");
   sub->add_option("--json", opt->json_path,
                   "Also write the results as JSON to this file ('-' = stdout only)");
   sub->add_flag("--offload", opt->offload,
