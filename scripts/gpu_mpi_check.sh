@@ -56,8 +56,9 @@ python3 - "$OUT/run_tp1.out" <<'PY' || rc=1
 import json, sys, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 want = open(sys.argv[1], encoding="utf-8", errors="replace").read().rstrip("\n")
+model = json.load(urllib.request.urlopen("http://127.0.0.1:8077/v1/models", timeout=30))["data"][0]["id"]
 def one(_):
-    body = json.dumps({"model": "m", "prompt": "The quick brown fox", "max_tokens": 24,
+    body = json.dumps({"model": model, "prompt": "The quick brown fox", "max_tokens": 24,
                        "temperature": 0}).encode()
     req = urllib.request.Request("http://127.0.0.1:8077/v1/completions", body,
                                  {"Content-Type": "application/json"})

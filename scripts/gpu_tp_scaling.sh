@@ -47,14 +47,14 @@ READ=$(tail -n 1 "$OUT/hbm_read.txt")
 case "$READ" in ''|*[!0-9]*) echo "HBM read not measured: $(cat "$OUT/hbm_read.txt")"; READ=0;; esac
 echo "HBM read, one GPU: $READ GB/s"
 PEAK=(); [ "$READ" -gt 0 ] && PEAK=(--peak-gbps "$READ")
-COMMON=(--device cuda --model-config "$MODEL" --gpu-memory-utilization 0.95 --ctx 256 -r 5)
+COMMON=(--device cuda --model-config "$MODEL" --gpu-memory-utilization 0.95 --ctx 256)
 for q in fp8 int8; do
-  step "tp1_$q" 300 "$BUILD/strata" bench "${COMMON[@]}" --quantization "$q" --batch 1,64 \
+  step "tp1_$q" 300 "$BUILD/strata" bench "${COMMON[@]}" --quantization "$q" --batch 1,64 -r 5 \
     "${PEAK[@]}" --json "$OUT/tp1_$q.json"
 done
 for tp in $TPS; do
   [ "$tp" -le "$NGPU" ] || continue
-  step "tp${tp}_bf16" 300 "$BUILD/strata" bench "${COMMON[@]}" --tp "$tp" --batch 1,64 \
+  step "tp${tp}_bf16" 300 "$BUILD/strata" bench "${COMMON[@]}" --tp "$tp" --batch 1,64 -r 5 \
     --prefill 1x2048 "${PEAK[@]}" --json "$OUT/tp${tp}_bf16.json"
   for b in 1 64; do
     step "tp${tp}_profile_b$b" 300 env STRATA_CUDA_PROFILE=1 "$BUILD/strata" bench \
