@@ -69,16 +69,16 @@ def rows(name):
     if not os.path.exists(p): return []
     try: return json.load(open(p))
     except Exception: return []
-def allreduce_ms(name):  # decode/all_reduce total ms / decode steps timed (eager, profiled run)
+def allreduce_ms(name):  # all-reduce share of decode time, rank 0's table (eager, profiled run)
     p = os.path.join(out, name + ".txt")
     if not os.path.exists(p): return None
-    t = open(p).read()
-    m = re.search(r"decode/all_reduce\s+(\d+)\s+([\d.]+)", t)
-    steps = re.search(r"decode/\S+\s+(\d+)\s", t)
+    tables = open(p).read().split("CUDA profile")[1:]
+    if not tables: return None
+    t = tables[0]
+    m = re.search(r"decode/all_reduce\s+\d+\s+([\d.]+)", t)
     tot = re.findall(r"^  decode/\S+\s+\d+\s+([\d.]+)", t, re.M)
     if not m or not tot: return None
-    share = float(m.group(2)) / sum(float(x) for x in tot)
-    return share
+    return float(m.group(1)) / sum(float(x) for x in tot)
 print(f"HBM read of one GPU (measured): {read:.0f} GB/s\n")
 print("| layout | batch | ms/token | weight GB read/step | floor ms (N GPUs) | % of floor | all-reduce share (eager) | goal b1: 1.5 x floor + all-reduce |")
 print("|---|---:|---:|---:|---:|---:|---:|---|")
