@@ -20,6 +20,9 @@ for mod in openai pytest; do
       echo "test.sh: warning: could not install $mod; its tests will skip" >&2
   fi
 done
+# Tests run two at a time on two cores, each with OpenMP threads: spinning OpenMP workers then
+# starve each other (a MoE fixture test took 2-14 s instead of 0.3-0.4 s); sleeping waits do not.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 
