@@ -85,7 +85,13 @@ Status WeightStreamer::before_layer(int64_t layer) {
                   layer, w_->layers[static_cast<size_t>(consumed_ % K_)].layer);
   }
   if (issued_ <= consumed_) {
-    // Not prefetched: its slot's previous item has run (items run in order).
+    // Not prefetched: its slot's previous item has run (items run in order). With prefetch off
+    // the copy also waits for all compute issued so far (the slot marked free here), so copies
+    // and compute never overlap: the A/B baseline. Before, the host ran ahead of the GPU and the
+    // copy into the other slot still overlapped the previous layer's kernels.
+    if (!prefetch_) {
+      STRATA_RETURN_IF_ERROR(copier_->mark_free(w_->layers[static_cast<size_t>(idx)].slot));
+    }
     STRATA_RETURN_IF_ERROR(issue(consumed_));
   }
   return copier_->wait_ready(w_->layers[static_cast<size_t>(idx)].slot);
