@@ -98,6 +98,7 @@ int bench_throughput(ThroughputOptions& o) {
   if (o.serving.engine.max_model_len <= 0) {
     o.serving.engine.max_model_len = o.input_len + o.output_len;
   }
+  if (Status s = check_before_load(o.serving.engine, nullptr); !s.ok()) return report(s);
   auto engine = ServingEngine::create(o.serving);
   if (!engine.ok()) return report(engine.status());
   ServingEngine& e = **engine;

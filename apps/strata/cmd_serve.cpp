@@ -33,7 +33,7 @@ struct ServeOptions {
 };
 
 // The flags that need no model, checked before listening.
-Status check_serve_options(const ServeOptions& opt) {
+Status check_serve_options(ServeOptions& opt) {
   STRATA_RETURN_IF_ERROR(check_before_load(opt.serving.engine, nullptr));
   auto positive = [](double v, const char* flag) -> Status {
     if (!(v > 0)) {
@@ -158,7 +158,7 @@ void log_kv_reservation(const ServeOptions& opt, ServingEngine& e) {
   }
 }
 
-int serve(const ServeOptions& opt) {
+int serve(ServeOptions& opt) {
   if (opt.serving.engine.model.empty()) {
     return report(Status(StatusCode::kInvalidArgument,
                          "a model is required: strata serve MODEL (or -m MODEL)"));

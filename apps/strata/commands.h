@@ -48,7 +48,11 @@ void add_threads_option(CLI::App* sub, int& threads);
 
 // The flag values that need no model (threads, tp, context length, and the sampling values when
 // given), checked before a model is loaded.
-Status check_before_load(const EngineConfig& engine, const SamplingParams* sampling);
+// Also applies --plan (apply_plan): `engine` may change.
+Status check_before_load(EngineConfig& engine, const SamplingParams* sampling);
+// --plan auto|FILE: sets engine.parallel.tp / .pp to the layout the planner picks among those the
+// engine runs, and says which on stderr (plan_choice.cpp).
+Status apply_plan(EngineConfig& engine);
 
 // --offline: models by hub id (-m org/name) come from the Hugging Face cache only.
 void add_offline_flag(CLI::App* sub, bool& offline);

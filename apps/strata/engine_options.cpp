@@ -120,7 +120,8 @@ void add_threads_option(CLI::App* sub, int& threads) {
                   "CPU threads; 0 = all cores (default 0; at most 4 per CPU)");
 }
 
-Status check_before_load(const EngineConfig& engine, const SamplingParams* sampling) {
+Status check_before_load(EngineConfig& engine, const SamplingParams* sampling) {
+  STRATA_RETURN_IF_ERROR(apply_plan(engine));
   STRATA_RETURN_IF_ERROR(check_engine_config(engine));
   if (sampling != nullptr) STRATA_RETURN_IF_ERROR(validate_sampling(*sampling));
   return ok_status();
@@ -176,6 +177,13 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                   "Pipeline stages (default 1): the layers split into N contiguous stages run as "
                   "threads of this process (embedding on the first, LM head on the last), on GPUs "
                   "index..index+N-1 with --device cuda (all on one GPU when there are fewer)");
+  sub->add_option("--plan", e.plan,
+                  "CUDA: choose --tp / --pp with the cost model of `strata plan`: auto (plan "
+                  "for the GPUs visible from --device, or the mpirun world, with the shipped "
+                  "profile of this GPU) or a file written by `strata plan --json`");
+  sub->add_option("--plan-workload", e.plan_workload,
+                  "With --plan auto: the workload to plan for, prompt=P,gen=G,batch=B (default "
+                  "prompt=512,gen=128,batch=--max-num-seqs or 64)");
   sub->add_option("--pp-layers", e.parallel.pp_layers,
                   "Layers per pipeline stage, e.g. 10,12,10 (default: an even split, the first "
                   "stages one layer longer)")

@@ -90,6 +90,10 @@ struct EngineConfig {
   int64_t gpu_weight_budget = 0;
   WeightOffload offload_weights = WeightOffload::kAuto;
   bool weight_prefetch = true;
+  // --plan auto|FILE and --plan-workload: the CLI replaces parallel.tp / .pp with the layout the
+  // cost model of `strata plan` picks, before the engine loads (the library ignores them).
+  std::string plan;
+  std::string plan_workload;
 };
 
 // Checks of values that need no model, so that the CLI refuses them before loading one: the

@@ -66,6 +66,19 @@ Result<PlanReport> make_plan(const PlanRequest& request);
 std::string format_plan(const PlanReport& report);  // the ranked tables, for a terminal
 std::string plan_to_json(const PlanReport& report);
 
+// A plan read back from plan_to_json's text (`what` names it in errors: "--plan FILE").
+Result<PlanReport> plan_from_json(const std::string& text, const std::string& what);
+
+// The layout the engine runs for a plan (`--plan`): the engine keeps one layout for both phases
+// and runs 1D weight-stationary FFNs with head-sharded attention, tensor or pipeline parallel
+// (not both yet), no expert / data parallelism and no host streaming. Among those that fit,
+// the (tp, pp) whose best prefill row plus best decode row predict the shortest phases wins.
+// world > 0: only layouts of exactly that many ranks (an mpirun world).
+struct EngineLayoutChoice {
+  PlanRow prefill, decode;  // the rows the choice rests on (same tp, pp)
+};
+Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& report, int world);
+
 // `--workload prompt=2048,gen=64,batch=64`: keys prompt, gen, batch in any order (each optional).
 Status parse_plan_workload(const std::string& text, PlanRequest& request);
 

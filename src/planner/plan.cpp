@@ -1,9 +1,12 @@
 // The public face of the planner (include/strata/plan.h): resolve the model and the profile,
 // rank the layouts of each phase, and print them as a table or JSON.
 #include <chrono>
+#include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "core/status.h"
 #include "planner/planner.h"
@@ -219,6 +222,94 @@ std::string plan_to_json(const PlanReport& rep) {
     j["phases"][p.phase] = {{"considered", p.considered}, {"layouts", rows}};
   }
   return j.dump(2) + "\n";
+}
+
+Result<PlanReport> plan_from_json(const std::string& text, const std::string& what) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("phases") || !j["phases"].is_object()) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: not a plan (write one with `strata plan ... --json`)", what);
+  }
+  PlanReport rep;
+  try {
+    rep.model = j.value("model", "");
+    rep.profile = j.value("profile", "");
+    rep.gpus = j.value("gpus", int64_t{1});
+    for (const auto& [name, phase] : j["phases"].items()) {
+      PhasePlan p;
+      p.phase = name;
+      for (const auto& r : phase.at("layouts")) {
+        PlanRow row;
+        row.layout = r.at("layout").get<std::string>();
+        row.tp = r.at("tp").get<int64_t>();
+        row.pp = r.at("pp").get<int64_t>();
+        row.ep = r.at("ep").get<int64_t>();
+        row.dp = r.at("dp").get<int64_t>();
+        row.ffn = r.at("ffn").get<std::string>();
+        row.attention = r.at("attention").get<std::string>();
+        row.parallel_block = r.at("parallel_block").get<bool>();
+        row.host_streamed = r.at("host_streamed").get<bool>();
+        row.fits = r.at("fits").get<bool>();
+        row.latency_s = r.at("latency_s").get<double>();
+        row.phase_s = r.at("phase_s").get<double>();
+        if (row.tp < 1 || row.pp < 1 || row.ep < 1 || row.dp < 1) {
+          return errorf(StatusCode::kInvalidArgument, "{}: layout '{}' has a size below 1", what,
+                        row.layout);
+        }
+        p.rows.push_back(std::move(row));
+      }
+      rep.phases.push_back(std::move(p));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: a layout lacks a field or has a wrong type ({})", what, e.what());
+  }
+  return rep;
+}
+
+Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world) {
+  auto runs = [&](const PlanRow& r) {
+    if (!r.fits || r.ffn != "1D-WS" || r.attention != "heads" || r.parallel_block ||
+        r.host_streamed || r.ep != 1 || r.dp != 1) {
+      return false;
+    }
+    if (r.tp > 1 && r.pp > 1) return false;  // tensor x pipeline: not built yet
+    return world <= 0 || r.tp * r.pp == world;
+  };
+  struct Pick {
+    const PlanRow* prefill = nullptr;
+    const PlanRow* decode = nullptr;
+  };
+  std::map<std::pair<int64_t, int64_t>, Pick> picks;
+  for (const PhasePlan& p : rep.phases) {
+    if (p.phase != "prefill" && p.phase != "decode") continue;
+    for (const PlanRow& r : p.rows) {
+      if (!runs(r)) continue;
+      Pick& k = picks[{r.tp, r.pp}];
+      const PlanRow*& slot = p.phase == "prefill" ? k.prefill : k.decode;
+      if (slot == nullptr || r.phase_s < slot->phase_s) slot = &r;
+    }
+  }
+  const Pick* best = nullptr;
+  double best_s = std::numeric_limits<double>::infinity();
+  for (const auto& [key, k] : picks) {
+    if (k.prefill == nullptr || k.decode == nullptr) continue;
+    const double s = k.prefill->phase_s + k.decode->phase_s;
+    if (s < best_s) {
+      best_s = s;
+      best = &k;
+    }
+  }
+  if (best == nullptr) {
+    return errorf(
+        StatusCode::kInvalidArgument,
+        "no layout of the plan ({}, {} GPUs, profile {}) is one the engine runs and "
+        "fits: 1D weight-stationary, head-sharded attention, tensor or pipeline "
+        "parallel{}",
+        rep.model, rep.gpus, rep.profile,
+        world > 0 ? ", tp x pp = the mpirun world of " + std::to_string(world) : std::string());
+  }
+  return EngineLayoutChoice{*best->prefill, *best->decode};
 }
 
 #if !defined(STRATA_HAS_CUDA)

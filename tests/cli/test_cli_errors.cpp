@@ -101,6 +101,14 @@ TEST(Cli, InfoPrintsArchitecture) {
   EXPECT_NE(r.out.find("parameters"), std::string::npos);
 }
 
+TEST(Cli, PlanFlagErrors) {
+  expect_clean_error(run_strata("bench --model-config llama3-8b --plan auto -b 1"),
+                     "--plan needs --device cuda");
+  expect_clean_error(
+      run_strata("bench --model-config llama3-8b --device cuda --plan auto --tp 2 -b 1"),
+      "drop --tp / --pp");
+}
+
 TEST(Cli, MissingModelDirectory) {
   expect_clean_error(run_strata("run -m /nonexistent/model -p hi"), "/nonexistent/model");
 }

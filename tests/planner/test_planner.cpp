@@ -12,6 +12,7 @@
 #include <string>
 
 #include "planner/planner.h"
+#include "strata/plan.h"
 
 namespace strata::planner {
 namespace {
@@ -359,6 +360,120 @@ TEST(H100Validation, RankingPicksTheMeasuredBest) {
   }
   ASSERT_GE(total, 5);
   EXPECT_GE(static_cast<double>(good) / total, 0.9) << good << " of " << total;
+}
+
+// --plan: the layout the engine runs, from a plan.
+PlanReport engine_plan(const std::string& shape, int64_t gpus, const std::string& profile) {
+  PlanRequest req;
+  req.model_config = shape;
+  req.gpus = gpus;
+  req.profile = profile;
+  req.batch = 64;
+  req.prompt = 512;
+  req.gen = 128;
+  req.top = 0;
+  auto rep = make_plan(req);
+  EXPECT_TRUE(rep.ok()) << rep.status().to_string();
+  return rep.ok() ? *rep : PlanReport{};
+}
+
+// The reference: every runnable (tp, pp) scored by brute force over the rows.
+std::pair<int64_t, int64_t> best_runnable(const PlanReport& rep, int world) {
+  std::map<std::pair<int64_t, int64_t>, std::map<std::string, double>> best;
+  for (const PhasePlan& p : rep.phases) {
+    for (const PlanRow& r : p.rows) {
+      const bool ok = r.fits && r.ffn == "1D-WS" && r.attention == "heads" && !r.parallel_block &&
+                      !r.host_streamed && r.ep == 1 && r.dp == 1 && (r.tp == 1 || r.pp == 1) &&
+                      (world <= 0 || r.tp * r.pp == world);
+      if (!ok) continue;
+      auto& m = best[{r.tp, r.pp}];
+      if (!m.count(p.phase) || r.phase_s < m[p.phase]) m[p.phase] = r.phase_s;
+    }
+  }
+  std::pair<int64_t, int64_t> pick{0, 0};
+  double pick_s = 1e300;
+  for (const auto& [k, m] : best) {
+    if (m.size() == 2 && m.at("prefill") + m.at("decode") < pick_s) {
+      pick_s = m.at("prefill") + m.at("decode");
+      pick = k;
+    }
+  }
+  return pick;
+}
+
+TEST(EngineLayout, TensorParallelForLlama8bOnTwoGpus) {
+  // Measured on two H200s (bench/results/2026-11-26-h200x4/pp-throughput): TP = 2 18,797 out
+  // tok/s, PP = 2 17,548; the plan agrees.
+  const PlanReport rep = engine_plan("llama3-8b", 2, "h200");
+  auto c = choose_engine_layout(rep, 0);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->decode.tp, 2);
+  EXPECT_EQ(c->decode.pp, 1);
+  EXPECT_EQ(c->prefill.tp, c->decode.tp);
+  EXPECT_EQ(c->prefill.pp, c->decode.pp);
+  EXPECT_EQ(c->decode.ffn, "1D-WS");
+  EXPECT_EQ(c->prefill.attention, "heads");
+}
+
+TEST(EngineLayout, MatchesBruteForceOverShapesAndWorlds) {
+  for (const char* shape : {"llama3-8b", "llama3-70b", "llama3.2-1b"}) {
+    for (int64_t gpus : {1, 2, 4, 8}) {
+      const PlanReport rep = engine_plan(shape, gpus, "h100");
+      const auto want = best_runnable(rep, 0);
+      auto c = choose_engine_layout(rep, 0);
+      if (want.first == 0) {
+        EXPECT_FALSE(c.ok()) << shape << " on " << gpus;
+        continue;
+      }
+      ASSERT_TRUE(c.ok()) << shape << " on " << gpus << ": " << c.status().to_string();
+      EXPECT_EQ(std::make_pair(c->decode.tp, c->decode.pp), want) << shape << " on " << gpus;
+    }
+  }
+}
+
+TEST(EngineLayout, WorldOfMpirunAndNothingThatFits) {
+  const PlanReport four = engine_plan("llama3-8b", 4, "h100");
+  auto c = choose_engine_layout(four, 4);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->decode.tp * c->decode.pp, 4);
+  // Every layout of a 4-GPU plan uses 4 ranks: none for a world of 2.
+  auto none = choose_engine_layout(four, 2);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("mpirun world of 2"), std::string::npos)
+      << none.status().message();
+  // 141 GB of bf16 weights do not fit one 80 GB GPU.
+  auto big = choose_engine_layout(engine_plan("llama3-70b", 1, "h100"), 0);
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("no layout"), std::string::npos);
+}
+
+TEST(EngineLayout, PlanFileRoundTripAndBadFiles) {
+  const PlanReport rep = engine_plan("llama3-70b", 8, "h100");
+  auto back = plan_from_json(plan_to_json(rep), "--plan p.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  auto a = choose_engine_layout(rep, 0);
+  auto b = choose_engine_layout(*back, 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->decode.tp, b->decode.tp);
+  EXPECT_EQ(a->decode.pp, b->decode.pp);
+  EXPECT_EQ(a->decode.layout, b->decode.layout);
+  for (const char* bad : {"", "{", "[]", "{\"phases\": 3}"}) {
+    auto r = plan_from_json(bad, "--plan p.json");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--plan p.json: not a plan"), std::string::npos)
+        << r.status().message();
+  }
+  auto missing = plan_from_json(
+      R"({"phases": {"decode": {"layouts": [{"layout": "tp2", "tp": 2}]}}})", "--plan p.json");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("lacks a field"), std::string::npos);
+  auto zero = plan_from_json(
+      R"({"phases": {"decode": {"layouts": [{"layout": "x", "tp": 0, "pp": 1, "ep": 1, "dp": 1,
+          "ffn": "1D-WS", "attention": "heads", "parallel_block": false, "host_streamed": false,
+          "fits": true, "latency_s": 1, "phase_s": 1}]}}})",
+      "--plan p.json");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("below 1"), std::string::npos);
 }
 
 TEST(Planner, RankingIsFast) {
