@@ -303,11 +303,12 @@ TEST(CudaModel, QuantizedWeightsStayClose) {
 // int8 weights above the SBI crossover run the A8W8 GEMM (per-token int8 activations): 24
 // sequences, each a 4-token prefill (96 tokens in one forward) and then 6 decode steps of all 24
 // (batch 24 > 16, padded to the graph bucket 32), teacher-forced with the bf16 model's greedy
-// tokens so that all runners see the same inputs. Against the CPU int8 twins (which route
-// to cpu::gpu_linear_a8w8 above 16 tokens, as the GPU does) tightly; against the GPU with bf16
-// weights within what int8 weights and int8 activations cost (int8 weights alone measured
-// 6.1e-2 vs transformers on this fixture, bf16 2.5e-2; the bound 1.5e-1 is a first guess, to
-// tighten once measured), and most greedy tokens equal.
+// tokens so that all runners see the same inputs. Against the CPU int8 twins (which route to
+// cpu::gpu_linear_a8w8 above 16 tokens, as the GPU does) tightly; against the GPU with bf16
+// weights within what int8 weights and int8 activations cost: the CPU twins measured 1.28e-1 of
+// max|logit| against the bf16 layout on a 48-token pass of this fixture (int8 weights alone
+// 7.4e-2) and 41 of 48 greedy tokens equal (test_device_layout.cpp,
+// Int8AboveCrossoverStaysClose); bounds 1.8e-1 and 2/3 of the greedy tokens.
 TEST(CudaModel, Int8AboveCrossoverStaysCloseToBf16) {
   REQUIRE_GPU();
   const std::string dir = testing::fixture_model("llama");
@@ -375,7 +376,7 @@ TEST(CudaModel, Int8AboveCrossoverStaysCloseToBf16) {
     worst_twin = std::max(worst_twin, vs_twin);
     worst_bf16 = std::max(worst_bf16, vs_bf16);
     EXPECT_LE(vs_twin, 1e-2) << what << ": GPU int8 vs its CPU twins";
-    EXPECT_LE(vs_bf16, 1.5e-1) << what << ": GPU int8 vs GPU bf16";
+    EXPECT_LE(vs_bf16, 1.8e-1) << what << ": GPU int8 vs GPU bf16";
     // The next step: one decode token per sequence, the bf16 model's greedy choice.
     tokens.clear();
     seqs.clear();
@@ -395,7 +396,7 @@ TEST(CudaModel, Int8AboveCrossoverStaysCloseToBf16) {
       "[ info ] int8 above the crossover: GPU vs CPU twins worst %.2e, vs bf16 weights worst "
       "%.2e of max|logit|; greedy tokens equal to bf16's %lld of %lld\n",
       worst_twin, worst_bf16, static_cast<long long>(same), static_cast<long long>(total));
-  EXPECT_GE(same * 4, total * 3) << "fewer than 3/4 of the greedy tokens equal bf16's";
+  EXPECT_GE(same * 3, total * 2) << "fewer than 2/3 of the greedy tokens equal bf16's";
 }
 
 TEST(CudaModel, ClearErrors) {

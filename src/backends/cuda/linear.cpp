@@ -33,7 +33,9 @@
 //                   to max|x[t, :]| / 254, so a token with one large outlier loses resolution in
 //                   all of its other features (errors 0.4-0.6% of the largest output on the op
 //                   table's uniform random data, measured with the CPU twin; more with outlier
-//                   features, which LLM activations have). The
+//                   features, which LLM activations have: on the llama fixture the CPU twins'
+//                   logits move 1.21e-1 of max|logit| from f32 against 7.4e-2 for int8 weights
+//                   alone, and 41 of 48 greedy tokens equal bf16's). The
 //                   SBI path (up to the crossover) keeps x in bf16, so a sequence's logits can
 //                   differ slightly between a small and a large batch. Not yet measured on a GPU.
 //   int8 (SBI)    - int8 shapes that are not a8w8_eligible, shapes cuBLASLt has no IMMA
