@@ -310,6 +310,18 @@ struct GpuLinearParams {
   bool gated_silu = false;
 };
 
+// Whether the GPU linear layer may run these params, above the SBI-GeMM crossover, as the A8W8
+// GEMM (cuda/linear.cpp: x quantized per token to int8, cuBLASLt int8 x int8 -> int32 on the
+// tensor cores, the scales applied in an epilogue; twin cpu::gpu_linear_a8w8): int8 weights, no
+// gated_silu, and out_features and in_features multiples of 4 (cuBLASLt's IMMA kernels in the
+// regular layout want m and k multiples of 4). Callers also honour STRATA_NO_I8_GEMM
+// (EnvConfig::no_i8_gemm). cuBLASLt may still lack an algorithm for an eligible shape; the GPU
+// then runs SBI-GeMM slices.
+inline bool a8w8_eligible(const GpuLinearParams& p) {
+  return p.w_dtype == DType::kI8 && !p.gated_silu && p.out_features % 4 == 0 &&
+         p.in_features % 4 == 0;
+}
+
 // out_bf16[r, :] = norm(x[r, :]) rounded to bf16 once, where norm is RMSNorm
 // (x * rsqrt(mean(x^2) + eps) * (weight + weight_offset)) or LayerNorm
 // ((x - mean) * rsqrt(var + eps) * weight + bias, biased variance; weight_offset unused) per

@@ -176,7 +176,14 @@ Status gpu_gemm(Context& ctx, const Tensor& x, const Mat& xm, const LinearWeight
   g.out_features = gated ? p.w.dim(0) / 2 : p.w.dim(0);
   g.accumulate = accumulate;
   g.gated_silu = gated;
-  if (ctx.device.is_cpu()) return cpu::gpu_linear(g);
+  if (ctx.device.is_cpu()) {
+    // The twin of cuda::linear's routing: int8 weights above the crossover run the A8W8 GEMM
+    // (int8 activations) on the GPU, so the twin rounds x the same way.
+    if (g.n_tokens > kTwinSbiMaxTokens && a8w8_eligible(g) && !env_config().no_i8_gemm) {
+      return cpu::gpu_linear_a8w8(g);
+    }
+    return cpu::gpu_linear(g);
+  }
 #if STRATA_HAS_CUDA
   return cuda::linear(*ctx.cuda, g);
 #else

@@ -6,10 +6,15 @@
 //     holds NaN (x, bf16 weights) or 0x7f bytes (8-bit weights) so any read past k shows, and
 //     every compiled block shape (m-tiles per block forced to 1, 2, 4);
 //   - cublaslt_linear: bf16 (direct and scratch paths), fp8 (per-token fp8 activations: compared
-//     with a reference that quantizes x the same way), int8 (SBI slices);
+//     with a reference that quantizes x the same way), int8: the A8W8 path (per-token int8
+//     activations, int8 x int8 -> int32 GEMM, int32 epilogue) against its twin
+//     cpu::gpu_linear_a8w8, which computes the same integer sums and the same f32 epilogue (so
+//     f32 out agrees to the last bit barring the f32 conversion of sums above 2^24), and SBI
+//     slices for int8 shapes IMMA does not take (out_features not a multiple of 4);
 //   - linear(): the dispatch on both sides of the crossover, gated_silu above it;
 //   - CUDA graph capture and replay of all three paths;
-//   - quantize_rows: the same bytes and scales as the CPU twin.
+//   - quantize_rows, quantize_activations_i8: the same bytes and scales as the CPU twins;
+//   - the route: int8 above the crossover takes the A8W8 GEMM for Llama-3 shapes.
 // Outputs start as NaN (or the prior values, for accumulate) and are compared in full, padding
 // included: an element the GPU failed to write, or wrote past the view, fails.
 // Tolerances, relative to max |reference|: f32 out 1e-5 (same values, f32 accumulation in another
@@ -237,6 +242,7 @@ TEST_P(GpuLinearCudaTest, MatchesCpuTwin) {
                                        f32_out ? static_cast<void*>(dout.get()) : dout_bf16.get());
 
   bool fp8_activations = false;
+  bool i8_activations = false;  // the A8W8 path: compare with cpu::gpu_linear_a8w8
   Status s;
   switch (c.path) {
     case Path::kSbi:
@@ -246,6 +252,7 @@ TEST_P(GpuLinearCudaTest, MatchesCpuTwin) {
       LtRoute route = LtRoute::kSbi;
       ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
       fp8_activations = c.w_dtype == DType::kFP8E4M3 && route == LtRoute::kScratch;
+      i8_activations = c.w_dtype == DType::kI8 && route == LtRoute::kScratch;
       RecordProperty("route", route == LtRoute::kDirect    ? "direct"
                               : route == LtRoute::kScratch ? "scratch"
                                                            : "sbi");
@@ -253,16 +260,27 @@ TEST_P(GpuLinearCudaTest, MatchesCpuTwin) {
       break;
     }
     case Path::kLinear:
-      fp8_activations = c.w_dtype == DType::kFP8E4M3 && c.n > sbi_max_tokens() && !c.gated;
-      if (fp8_activations) {
+      if (c.w_dtype != DType::kBF16 && c.n > sbi_max_tokens() && !c.gated) {
         LtRoute route = LtRoute::kSbi;
         ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
-        fp8_activations = route == LtRoute::kScratch;
+        fp8_activations = c.w_dtype == DType::kFP8E4M3 && route == LtRoute::kScratch;
+        i8_activations = c.w_dtype == DType::kI8 && route == LtRoute::kScratch;
       }
       s = linear(ctx(), p);
       break;
   }
   ASSERT_TRUE(s.ok()) << s.to_string();
+  RecordProperty("i8_activations", i8_activations ? "yes" : "no");
+  if (i8_activations) {
+    // The GPU quantized x per token to int8: the twin of that path is the reference.
+    want = pr.prior;
+    want_bf16 = pr.prior_bf16;
+    const GpuLinearParams hp =
+        params_for(c, pr, pr.x.data(), pr.w.data(), pr.scale.data(), pr.bias.data(),
+                   f32_out ? static_cast<void*>(want.data()) : want_bf16.data());
+    const Status ts = cpu::gpu_linear_a8w8(hp);
+    ASSERT_TRUE(ts.ok()) << ts.to_string();
+  }
 
   std::vector<float> got;
   if (f32_out) {
@@ -374,6 +392,43 @@ std::vector<Case> all_cases() {
                     .accumulate = n == 100,
                     .out_dtype = n == 17 || n == 64 ? DType::kBF16 : DType::kF32,
                     .pad = n == 33});
+    }
+    // int8 above the crossover with out_features a multiple of 4: the A8W8 path. Odd token
+    // counts, k not a multiple of 16 (x rows padded in the scratch), bias, accumulate, bf16 out,
+    // padded strides, and a prefill chunk of several workspace slices' worth of tokens.
+    if (dt == DType::kI8) {
+      struct I8 {
+        int64_t n, k, m;
+        bool bias, acc;
+        DType out;
+        bool pad;
+      };
+      for (const I8& q : {I8{17, 256, 432, true, false, DType::kF32, false},
+                          I8{33, 72, 16, false, false, DType::kF32, true},
+                          I8{65, 200, 428, true, false, DType::kBF16, false},
+                          I8{100, 4104, 1024, true, true, DType::kF32, false},
+                          I8{257, 1024, 2048, true, false, DType::kBF16, true},
+                          I8{1031, 2048, 1024, false, true, DType::kF32, false}}) {
+        cs.push_back({.path = Path::kLt,
+                      .n = q.n,
+                      .k = q.k,
+                      .m = q.m,
+                      .w_dtype = dt,
+                      .bias = q.bias,
+                      .accumulate = q.acc,
+                      .out_dtype = q.out,
+                      .pad = q.pad});
+      }
+      for (int64_t n : {17, 63, 64, 2048}) {
+        cs.push_back({.path = Path::kLinear,
+                      .n = n,
+                      .k = 2048,
+                      .m = 1024,
+                      .w_dtype = dt,
+                      .bias = n == 63,
+                      .accumulate = n == 64,
+                      .out_dtype = n == 17 ? DType::kBF16 : DType::kF32});
+      }
     }
     // linear() on both sides of the crossover.
     for (int64_t n : {1, 16, 17, 100}) {
@@ -506,6 +561,95 @@ TEST_F(QuantizeRowsCudaTest, SameBytesAsCpuTwin) {
       EXPECT_EQ(dq.download(st), q);
     }
   }
+}
+
+// ---- quantize_activations_i8: the CPU twin's bytes ------------------------------------------
+
+TEST_F(QuantizeRowsCudaTest, ActivationsI8SameBytesAsCpuTwin) {
+  const cudaStream_t st = ctx().stream;
+  for (int64_t k : {8, 72, 301, 4104}) {
+    SCOPED_TRACE("k " + std::to_string(k));
+    const int64_t n = 9, x_stride = k + 8, q_stride = (k + 15) / 16 * 16;
+    std::mt19937 rng(static_cast<uint32_t>(k));
+    const std::vector<float> src =
+        random_floats(static_cast<size_t>(n * x_stride), rng, -3.0f, 3.0f);
+    std::vector<uint16_t> x(src.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = strata::f32_to_bf16(src[i]);
+    for (int64_t i = 0; i < k; ++i) x[static_cast<size_t>(2 * x_stride + i)] = 0;  // zero token
+    for (int64_t i = 0; i < k; i += 3) {  // a token of tiny values, and one with an outlier
+      x[static_cast<size_t>(4 * x_stride + i)] =
+          strata::f32_to_bf16(src[static_cast<size_t>(i)] * 1e-6f);
+    }
+    x[static_cast<size_t>(6 * x_stride + k / 2)] = strata::f32_to_bf16(250.0f);
+    std::vector<int8_t> q(static_cast<size_t>(n * q_stride), 0x33);
+    std::vector<float> scale(static_cast<size_t>(n));
+    ASSERT_TRUE(
+        cpu::quantize_activations_i8(x.data(), x_stride, n, k, q.data(), q_stride, scale.data())
+            .ok());
+    std::vector<uint8_t> q_bytes(q.size());
+    std::memcpy(q_bytes.data(), q.data(), q.size());
+
+    DeviceArray<uint16_t> dx(x, st);
+    DeviceArray<uint8_t> dq(std::vector<uint8_t>(q.size(), 0x33), st);  // padding kept: 0x33
+    DeviceArray<float> dscale(scale.size());
+    dscale.poison(st);
+    const Status s =
+        quantize_activations_i8(ctx(), dx.get(), x_stride, n, k,
+                                reinterpret_cast<int8_t*>(dq.get()), q_stride, dscale.get());
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(dscale.download(st), scale);
+    EXPECT_EQ(dq.download(st), q_bytes);
+  }
+}
+
+// ---- the route: int8 above the crossover takes the A8W8 GEMM --------------------------------
+
+TEST_F(GpuLinearGraphTest, Int8AboveCrossoverRoutesToA8W8) {
+  // Llama-3-8B's projections (qkv 6144 x 4096, o 4096 x 4096, gate/up as one GEMM 28672 x
+  // 4096 above the crossover, down 4096 x 14336) at decode batches and a prefill chunk: cuBLASLt
+  // must have an int8 algorithm (route kScratch), or int8 stays on the slow SBI slices. Only
+  // plans are looked up: no weights are needed, but the pointers must look aligned.
+  const cudaStream_t st = ctx().stream;
+  DeviceArray<uint8_t> buf(std::vector<uint8_t>(256, 0), st);
+  DeviceArray<float> scale(std::vector<float>(1, 1.0f), st);
+  const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+  for (const auto& mk : shapes) {
+    for (int64_t n : {17, 33, 64, 2048}) {
+      GpuLinearParams p{.x = reinterpret_cast<const uint16_t*>(buf.get()),
+                        .x_stride = mk[1],
+                        .w = buf.get(),
+                        .w_dtype = DType::kI8,
+                        .w_stride = mk[1],
+                        .w_scale = scale.get(),
+                        .out = buf.get(),
+                        .out_dtype = DType::kBF16,
+                        .out_stride = mk[0],
+                        .n_tokens = n,
+                        .in_features = mk[1],
+                        .out_features = mk[0]};
+      LtRoute route = LtRoute::kDirect;
+      const Status s = cublaslt_route(ctx(), p, &route);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      EXPECT_EQ(route, LtRoute::kScratch) << "m " << mk[0] << " k " << mk[1] << " n " << n
+                                          << ": no int8 cuBLASLt algorithm (STRATA_NO_I8_GEMM "
+                                             "set?)";
+    }
+  }
+  // out_features not a multiple of 4: IMMA's rule, so SBI slices.
+  GpuLinearParams p{.x = reinterpret_cast<const uint16_t*>(buf.get()),
+                    .x_stride = 64,
+                    .w = buf.get(),
+                    .w_dtype = DType::kI8,
+                    .w_stride = 64,
+                    .w_scale = scale.get(),
+                    .out = buf.get(),
+                    .out_stride = 431,
+                    .n_tokens = 64,
+                    .in_features = 64,
+                    .out_features = 431};
+  LtRoute route = LtRoute::kDirect;
+  ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
+  EXPECT_EQ(route, LtRoute::kSbi);
 }
 
 // ---- argument checks: no GPU needed, they fail before any CUDA call --------------------------

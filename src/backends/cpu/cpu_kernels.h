@@ -41,6 +41,16 @@ Status norm_bf16(const NormBf16Params& p);                // fused_bf16.cpp
 Status gated_act_bf16(const GatedActBf16Params& p);       // fused_bf16.cpp
 Status rope_kv_append(const RopeKvAppendParams& p);       // fused_bf16.cpp
 Status varlen_attention(const VarlenAttentionParams& p);  // varlen_attention.cpp
+// gpu_linear.cpp: the twins of the GPU linear layer's A8W8 path (int8 weights above the SBI
+// crossover, cuda/linear.cpp). quantize_activations_i8: per token, x_scale[t] = max|x[t, :]| /
+// 127 (1 for an all-zero row), q[t, i] = round-to-nearest-even(x[t, i] / x_scale[t]) clamped to
+// [-127, 127], row stride q_stride. gpu_linear_a8w8: x quantized so, exact int32 dot products
+// with the int8 weights, then out = fma(f32(acc) * x_scale[t], w_scale[m], bias[m]) (+ out), one
+// rounding to bf16 for bf16 out: the same operations as the GPU, so f32 results are bit-equal.
+// Needs a8w8_eligible(p).
+Status quantize_activations_i8(const uint16_t* x, int64_t x_stride, int64_t n_tokens, int64_t k,
+                               int8_t* q, int64_t q_stride, float* x_scale);
+Status gpu_linear_a8w8(const GpuLinearParams& p);
 // gpu_linear.cpp: the twin of cuda::quantize_rows (same scale and rounding rule).
 Status quantize_rows(const uint16_t* w_bf16, int64_t rows, int64_t cols, DType q_dtype, void* q,
                      float* scale);

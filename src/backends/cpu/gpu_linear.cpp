@@ -6,10 +6,12 @@
 // Rounding points, the same as the CUDA kernels: bf16 x and the stored weights are exact in f32;
 // the dot product accumulates in f32 (in k order here; the GPU sums in another order, which is
 // the only difference); then * w_scale[m], + bias[m], silu(gate) * up, + out (accumulate), and
-// one rounding to bf16 for bf16 out.
+// one rounding to bf16 for bf16 out. gpu_linear_a8w8 twins the A8W8 path (int8 weights above
+// the crossover): x rounded per token to int8, exact int32 dot products, then the scales.
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
@@ -132,6 +134,68 @@ Status gpu_linear(const GpuLinearParams& p) {
         } else {
           static_cast<uint16_t*>(p.out)[t * p.out_stride + j] = f32_to_bf16(v);
         }
+      }
+    }
+  }
+  return ok_status();
+}
+
+Status quantize_activations_i8(const uint16_t* x, int64_t x_stride, int64_t n_tokens, int64_t k,
+                               int8_t* q, int64_t q_stride, float* x_scale) {
+  if (n_tokens < 0 || k <= 0 || x_stride < k || q_stride < k) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "quantize_activations_i8: bad shape n_tokens {} k {} (x_stride {}, q_stride {})",
+                  n_tokens, k, x_stride, q_stride);
+  }
+  if (n_tokens > 0 && (x == nullptr || q == nullptr || x_scale == nullptr)) {
+    return Status(StatusCode::kInvalidArgument, "quantize_activations_i8: null x, q or x_scale");
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const uint16_t* xr = x + t * x_stride;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < k; ++i) amax = std::fmax(amax, std::fabs(bf16_to_f32(xr[i])));
+    const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+    x_scale[t] = s;
+    for (int64_t i = 0; i < k; ++i) {
+      const float v = std::clamp(std::nearbyint(bf16_to_f32(xr[i]) / s), -127.0f, 127.0f);
+      q[t * q_stride + i] = static_cast<int8_t>(v);
+    }
+  }
+  return ok_status();
+}
+
+Status gpu_linear_a8w8(const GpuLinearParams& p) {
+  STRATA_RETURN_IF_ERROR(check(p));
+  if (!a8w8_eligible(p)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "gpu_linear_a8w8: needs int8 weights without gated_silu and in/out features "
+                  "multiples of 4 (got {} weights, gated_silu {}, in {} out {})",
+                  dtype_name(p.w_dtype), p.gated_silu, p.in_features, p.out_features);
+  }
+  if (p.n_tokens == 0) return ok_status();
+  const int64_t n = p.n_tokens;
+  const int64_t k = p.in_features;
+  const int64_t m = p.out_features;
+  std::vector<int8_t> xq(static_cast<size_t>(n * k));
+  std::vector<float> xs(static_cast<size_t>(n));
+  STRATA_RETURN_IF_ERROR(quantize_activations_i8(p.x, p.x_stride, n, k, xq.data(), k, xs.data()));
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < m; ++j) {
+    const int8_t* w = static_cast<const int8_t*>(p.w) + j * p.w_stride;
+    const float b = p.bias ? p.bias[j] : 0.0f;
+    for (int64_t t = 0; t < n; ++t) {
+      const int8_t* xt = xq.data() + t * k;
+      int32_t acc = 0;  // exact: |acc| <= 127 * 127 * k
+      for (int64_t i = 0; i < k; ++i) acc += int32_t{xt[i]} * int32_t{w[i]};
+      // The GPU epilogue's operations in its order (linear_epilogue.cu).
+      const float v =
+          std::fma(static_cast<float>(acc) * xs[static_cast<size_t>(t)], p.w_scale[j], b);
+      if (p.out_dtype == DType::kF32) {
+        float* out = static_cast<float*>(p.out) + t * p.out_stride + j;
+        *out = p.accumulate ? *out + v : v;
+      } else {
+        static_cast<uint16_t*>(p.out)[t * p.out_stride + j] = f32_to_bf16(v);
       }
     }
   }

@@ -74,18 +74,23 @@ Status sbi_gemm_with_m_tiles(const LaunchCtx& ctx, const GpuLinearParams& p, int
 
 }  // namespace sbi
 
-// linear.cpp: which path cublaslt_linear takes for these params (cuBLASLt writing out directly,
-// cuBLASLt into the f32 scratch + linear_epilogue, or SBI-GeMM slices for int8 weights and shapes
-// cuBLASLt has no algorithm for), without launching anything; for tests and the benchmark.
+// linear.cpp: which path cublaslt_linear takes for these params (cuBLASLt writing out directly;
+// cuBLASLt into the f32 / int32 scratch + linear_epilogue, which for int8 weights is the A8W8
+// GEMM with int8 activations; or SBI-GeMM slices for shapes cuBLASLt has no algorithm for, int8
+// shapes that are not a8w8_eligible, and int8 under STRATA_NO_I8_GEMM), without launching
+// anything; for tests and the benchmark.
 enum class LtRoute { kDirect, kScratch, kSbi };
 Status cublaslt_route(const LaunchCtx& ctx, const GpuLinearParams& p, LtRoute* route);
 
-// kernels/linear_epilogue.cu, for cublaslt_linear's paths that let cuBLASLt write an f32
-// scratch D[n_tokens, out_features] (row stride d_stride) first:
-//   out[t, m] = D[t, m] * (x_scale ? x_scale[t] : 1) * (w_scale ? w_scale[m] : 1)
-//               (+ bias[m]) (+ out[t, m] if accumulate), stored as f32 or bf16.
+// kernels/linear_epilogue.cu, for cublaslt_linear's paths that let cuBLASLt write an f32 (or,
+// for the int8 GEMM, int32) scratch D[n_tokens, out_features] (row stride d_stride) first:
+//   out[t, m] = fma(f32(D[t, m]) * (x_scale ? x_scale[t] : 1), (w_scale ? w_scale[m] : 1),
+//                   (bias ? bias[m] : 0)) (+ out[t, m] if accumulate), stored as f32 or bf16
+// (one rounding). D may alias out (f32 out, no accumulate): each element is read, then written,
+// by the same thread.
 struct LinearEpilogueArgs {
-  const float* d = nullptr;
+  const float* d = nullptr;        // f32 D, or null when d_i32 is set
+  const int32_t* d_i32 = nullptr;  // int32 D (the int8 x int8 GEMM), or null
   int64_t d_stride = 0;
   const float* x_scale = nullptr;  // per token, or null
   const float* w_scale = nullptr;  // per output feature, or null
@@ -105,5 +110,13 @@ Status linear_epilogue(const LaunchCtx& ctx, const LinearEpilogueArgs& a);
 Status quantize_activations_fp8(const LaunchCtx& ctx, const uint16_t* x, int64_t x_stride,
                                 int64_t n_tokens, int64_t k, uint8_t* q, int64_t q_stride,
                                 float* x_scale);
+
+// kernels/linear_epilogue.cu: per-token int8 quantization of bf16 activations for the int8
+// cuBLASLt GEMM (the A8W8 path): x_scale[t] = max|x[t, :]| / 127 (1 for an all-zero row),
+// q[t, i] = round-to-nearest-even(x[t, i] / x_scale[t]) clamped to [-127, 127], row stride
+// q_stride. Twin: cpu::quantize_activations_i8 (the same bytes and scales).
+Status quantize_activations_i8(const LaunchCtx& ctx, const uint16_t* x, int64_t x_stride,
+                               int64_t n_tokens, int64_t k, int8_t* q, int64_t q_stride,
+                               float* x_scale);
 
 }  // namespace strata::cuda

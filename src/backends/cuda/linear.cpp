@@ -3,7 +3,8 @@
 //
 // Layout: our row-major W [M, K] is cuBLASLt's column-major [K, M], x [n, K] is column-major
 // [K, n] and out [n, M] is column-major [M, n], so out^T = op_T(W) * x^T: a TN GEMM, the layout
-// fp8 GEMMs require on Hopper. Compute in f32 (CUBLAS_COMPUTE_32F).
+// fp8 GEMMs require on Hopper and int8 (IMMA) GEMMs require everywhere. Compute in f32
+// (CUBLAS_COMPUTE_32F), or in int32 for int8 x int8 (CUBLAS_COMPUTE_32I, int32 scales).
 //
 // Paths:
 //   bf16, direct  - cuBLASLt writes out itself: bias through the BIAS epilogue (f32 out only:
@@ -19,12 +20,31 @@
 //                   NOTE: cuBLASLt's outer-vector scaling
 //                   (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) could apply both scales inside the
 //                   GEMM and skip the f32 round trip; not used until measured on Hopper.
-//   int8          - no int8 x bf16 GEMM in cuBLASLt: sbi_gemm in 64-token slices (correct, but it
-//                   re-reads W per slice: slow for prefill; dequantizing to a bf16 scratch copy
-//                   per call would be the faster fallback if int8 prefill ever matters).
+//   int8 (A8W8)   - the scratch path with int8 activations: cuBLASLt has no int8 x bf16 GEMM, so
+//                   x is quantized per token to int8 (quantize_activations_i8: symmetric,
+//                   max|x| / 127, round to nearest even), the GEMM runs int8 x int8 -> int32 on
+//                   the tensor cores (exact integer sums), and linear_epilogue converts the int32
+//                   D to f32 and applies x_scale[t] * w_scale[m], bias, accumulate and the one
+//                   bf16 rounding. Taken for a8w8_eligible shapes (out_features and in_features
+//                   multiples of 4: the IMMA kernels' rule for the regular layout; x rows are
+//                   padded to 16 bytes, D rows to 4 elements, W rows are 16-byte aligned by
+//                   check_gpu_linear).
+//                   NOTE: int8 activations cost accuracy: per token, each x element moves by up
+//                   to max|x[t, :]| / 254, so a token with one large outlier loses resolution in
+//                   all of its other features (errors 0.4-0.6% of the largest output on the op
+//                   table's uniform random data, measured with the CPU twin; more with outlier
+//                   features, which LLM activations have: on the llama fixture the CPU twins'
+//                   logits move 1.21e-1 of max|logit| from f32 against 7.4e-2 for int8 weights
+//                   alone, and 41 of 48 greedy tokens equal bf16's). The
+//                   SBI path (up to the crossover) keeps x in bf16, so a sequence's logits can
+//                   differ slightly between a small and a large batch. Not yet measured on a GPU.
+//   int8 (SBI)    - int8 shapes that are not a8w8_eligible, shapes cuBLASLt has no IMMA
+//                   algorithm for, and STRATA_NO_I8_GEMM=1 (A/B of the old path): sbi_gemm in
+//                   64-token slices (bf16 activations; correct, but it re-reads W per slice: slow
+//                   above the crossover).
 // Workspace (ctx.workspace): the direct path gives all of it to cuBLASLt; the scratch paths give
-// cuBLASLt a quarter and use the rest for [x_q fp8 | x_scale | D f32], processing the tokens in
-// slices that fit (an error if not even one token fits).
+// cuBLASLt a quarter and use the rest for [D f32 / int32 | x_q fp8 / int8 | x_scale], processing
+// the tokens in slices that fit (an error if not even one token fits).
 //
 // Algorithms come from cublasLtMatmulAlgoGetHeuristic once per shape (M, K, n, strides,
 // alignments, path) and are cached in a process-wide map; descriptors are built on the stack
@@ -54,7 +74,7 @@ namespace {
 constexpr const char* kOp = "cublaslt_linear";
 constexpr size_t kAlign = 256;
 
-enum class LtPath : uint8_t { kBf16Direct, kBf16Scratch, kFp8Scratch };
+enum class LtPath : uint8_t { kBf16Direct, kBf16Scratch, kFp8Scratch, kI8Scratch };
 
 struct PlanKey {
   cublasLtHandle_t handle;
@@ -133,9 +153,37 @@ uint32_t row_align(const void* p, int64_t ld_bytes) {
       std::min(lowbit(reinterpret_cast<uintptr_t>(p)), lowbit(static_cast<uint64_t>(ld_bytes))));
 }
 
+// Bytes of one element of D.
+int64_t d_elem_bytes(cudaDataType_t t) {
+  return t == CUDA_R_32F || t == CUDA_R_32I ? 4 : 2;
+}
+
+// alpha = 1 and beta (0 or 1) in the plan's scale type: int32 for the int8 GEMM
+// (CUBLAS_COMPUTE_32I with CUDA_R_32I scales), f32 otherwise.
+struct Scalars {
+  float alpha_f = 1.0f, beta_f = 0.0f;
+  int32_t alpha_i = 1, beta_i = 0;
+  const void* alpha = nullptr;
+  const void* beta = nullptr;
+  explicit Scalars(const PlanKey& key) {
+    beta_f = key.beta ? 1.0f : 0.0f;
+    beta_i = key.beta ? 1 : 0;
+    const bool i8 = key.path == LtPath::kI8Scratch;
+    alpha = i8 ? static_cast<const void*>(&alpha_i) : &alpha_f;
+    beta = i8 ? static_cast<const void*>(&beta_i) : &beta_f;
+  }
+  Scalars(const Scalars&) = delete;
+  Scalars& operator=(const Scalars&) = delete;
+};
+
 Status build(const PlanKey& key, const float* bias, Descs* s) {
-  const cudaDataType_t ab = key.path == LtPath::kFp8Scratch ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescInit(&s->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const bool i8 = key.path == LtPath::kI8Scratch;
+  const cudaDataType_t ab = key.path == LtPath::kFp8Scratch ? CUDA_R_8F_E4M3
+                            : i8                            ? CUDA_R_8I
+                                                            : CUDA_R_16BF;
+  // int8 x int8 -> int32 (IMMA): int32 compute and int32 scales.
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescInit(
+      &s->op, i8 ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, i8 ? CUDA_R_32I : CUDA_R_32F));
   const cublasOperation_t trans_a = CUBLAS_OP_T;
   const cublasOperation_t trans_b = CUBLAS_OP_N;
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(&s->op, CUBLASLT_MATMUL_DESC_TRANSA,
@@ -229,9 +277,9 @@ Status autotune(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, Descs& s, 
     plan.tuned = true;
     return ok_status();
   }
-  const size_t d_bytes = static_cast<size_t>(key.ldd) * static_cast<size_t>(key.n - 1) *
-                             (key.d_type == CUDA_R_32F ? 4 : 2) +
-                         static_cast<size_t>(key.m) * (key.d_type == CUDA_R_32F ? 4 : 2);
+  const auto elem = static_cast<size_t>(d_elem_bytes(key.d_type));
+  const size_t d_bytes = static_cast<size_t>(key.ldd) * static_cast<size_t>(key.n - 1) * elem +
+                         static_cast<size_t>(key.m) * elem;
   // Stream-ordered allocation: cudaMalloc / cudaFree can wait for the whole device, which
   // deadlocks in-process tensor-parallel ranks on one GPU (a peer's one-shot kernel waits for
   // this rank's next collective).
@@ -244,15 +292,14 @@ Status autotune(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, Descs& s, 
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   (void)cudaEventCreate(&e0);
   (void)cudaEventCreate(&e1);
-  const float alpha = 1.0f;
-  const float beta = key.beta ? 1.0f : 0.0f;
+  const Scalars sc(key);
   float best = 1e30f;
   size_t best_i = 0;
   for (size_t i = 0; i < plan.candidates.size(); ++i) {
     const cublasLtMatmulAlgo_t& algo = plan.candidates[i];
     auto once = [&] {
-      return cublasLtMatmul(key.handle, &s.op, &alpha, a, &s.a, b, &s.b, &beta, d, &s.d, d, &s.d,
-                            &algo, workspace, key.workspace, ctx.stream);
+      return cublasLtMatmul(key.handle, &s.op, sc.alpha, a, &s.a, b, &s.b, sc.beta, d, &s.d, d,
+                            &s.d, &algo, workspace, key.workspace, ctx.stream);
     };
     if (once() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm that fails is skipped
     (void)cudaEventRecord(e0, ctx.stream);
@@ -308,10 +355,9 @@ Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, const fl
     }
   }
   if (!plan.tuned) STRATA_RETURN_IF_ERROR(autotune(ctx, key, plan, s, a, b, d, workspace));
-  const float alpha = 1.0f;
-  const float beta = key.beta ? 1.0f : 0.0f;
-  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(key.handle, &s.op, &alpha, a, &s.a, b, &s.b, &beta,
-                                               d, &s.d, d, &s.d, &plan.algo, workspace,
+  const Scalars sc(key);
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(key.handle, &s.op, sc.alpha, a, &s.a, b, &s.b,
+                                               sc.beta, d, &s.d, d, &s.d, &plan.algo, workspace,
                                                key.workspace, ctx.stream));
   if (!warmed) {
     std::lock_guard<std::mutex> lock(ctx.lt_plans->mu);
@@ -353,22 +399,25 @@ Status bf16_direct(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
 Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, bool* done) {
   *done = false;
   const bool fp8 = p.w_dtype == DType::kFP8E4M3;
+  const bool i8 = p.w_dtype == DType::kI8;  // the A8W8 GEMM: int8 x, int32 D
+  const bool q8 = fp8 || i8;                // x quantized per token into the scratch
   const int64_t m = p.out_features;
   const int64_t k = p.in_features;
   const int64_t n = p.n_tokens;
   const size_t lt_bytes = ctx.workspace_bytes / 4 / kAlign * kAlign;
-  const int64_t ldq = (k + 15) / 16 * 16;  // fp8 x rows: 16-byte aligned
-  // f32 out that is overwritten holds D itself (the epilogue then runs in place): no D scratch,
-  // so the token slices are only limited by the fp8 copy of x.
+  const int64_t ldq = (k + 15) / 16 * 16;  // 8-bit x rows: 16-byte aligned
+  // f32 out that is overwritten holds D itself (the epilogue then runs in place; an int32 D has
+  // the f32's size): no D scratch, so the token slices are only limited by the 8-bit copy of x.
   const bool d_in_out =
       p.out_dtype == DType::kF32 && !p.accumulate && row_align(p.out, p.out_stride * 4) >= 16;
   const int64_t ldd = d_in_out ? p.out_stride : (m + 3) / 4 * 4;  // scratch rows 16-byte aligned
-  const int64_t per_token = (d_in_out ? 0 : ldd * 4) + (fp8 ? ldq + 4 : 0);
+  const int64_t per_token = (d_in_out ? 0 : ldd * 4) + (q8 ? ldq + 4 : 0);
   const int64_t avail = static_cast<int64_t>(ctx.workspace_bytes - lt_bytes) - 3 * kAlign;
   const int64_t slice = per_token == 0 ? n : std::min<int64_t>(n, avail / per_token);
   if (ctx.workspace == nullptr || slice < 1) {
     return errorf(StatusCode::kFailedPrecondition,
-                  "{}: workspace of {} bytes holds no token of the f32 scratch for out_features {} "
+                  "{}: workspace of {} bytes holds no token of the f32 / int32 scratch for "
+                  "out_features {} "
                   "(needs {} bytes per token beyond cuBLASLt's quarter)",
                   kOp, ctx.workspace_bytes, m, per_token);
   }
@@ -381,18 +430,20 @@ Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
 
   const auto key_for = [&](int64_t ns) {
     return PlanKey{.handle = ctx.cublaslt,
-                   .path = fp8 ? LtPath::kFp8Scratch : LtPath::kBf16Scratch,
-                   .d_type = CUDA_R_32F,
+                   .path = fp8  ? LtPath::kFp8Scratch
+                           : i8 ? LtPath::kI8Scratch
+                                : LtPath::kBf16Scratch,
+                   .d_type = i8 ? CUDA_R_32I : CUDA_R_32F,
                    .bias = false,
                    .beta = false,
                    .m = m,
                    .k = k,
                    .n = ns,
                    .lda = p.w_stride,
-                   .ldb = fp8 ? ldq : p.x_stride,
+                   .ldb = q8 ? ldq : p.x_stride,
                    .ldd = ldd,
-                   .align_a = row_align(p.w, p.w_stride * (fp8 ? 1 : 2)),
-                   .align_b = fp8 ? row_align(xq, ldq) : row_align(p.x, p.x_stride * 2),
+                   .align_a = row_align(p.w, p.w_stride * (q8 ? 1 : 2)),
+                   .align_b = q8 ? row_align(xq, ldq) : row_align(p.x, p.x_stride * 2),
                    .align_d = row_align(d, ldd * 4),
                    .align_bias = 0,
                    .workspace = lt_bytes};
@@ -420,16 +471,20 @@ Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
     const uint16_t* x = p.x + t0 * p.x_stride;
     if (fp8) {
       STRATA_RETURN_IF_ERROR(quantize_activations_fp8(ctx, x, p.x_stride, ns, k, xq, ldq, xs));
+    } else if (i8) {
+      STRATA_RETURN_IF_ERROR(quantize_activations_i8(ctx, x, p.x_stride, ns, k,
+                                                     reinterpret_cast<int8_t*>(xq), ldq, xs));
     }
     const bool full = ns == slice;
     float* d_slice = d_in_out ? d + t0 * ldd : d;
     STRATA_RETURN_IF_ERROR(run_matmul(ctx, full ? full_key : rest_key,
                                       full ? *full_plan : *rest_plan, nullptr, p.w,
-                                      fp8 ? static_cast<const void*>(xq) : x, d_slice, base));
+                                      q8 ? static_cast<const void*>(xq) : x, d_slice, base));
     LinearEpilogueArgs e;
-    e.d = d_slice;
+    e.d = i8 ? nullptr : d_slice;
+    e.d_i32 = i8 ? reinterpret_cast<const int32_t*>(d_slice) : nullptr;
     e.d_stride = ldd;
-    e.x_scale = fp8 ? xs : nullptr;
+    e.x_scale = q8 ? xs : nullptr;
     e.w_scale = p.w_scale;
     e.bias = p.bias;
     e.out = static_cast<char*>(p.out) + t0 * p.out_stride * out_elem;
@@ -454,7 +509,11 @@ Status cublaslt_dispatch(const LaunchCtx& ctx, const GpuLinearParams& p, bool la
   }
   *route = LtRoute::kSbi;
   if (p.n_tokens == 0) return ok_status();
-  if (p.w_dtype == DType::kI8) return launch ? sbi_gemm(ctx, p) : ok_status();  // slow: see top
+  // int8 shapes IMMA does not take (m or k not a multiple of 4), and STRATA_NO_I8_GEMM=1 (A/B):
+  // SBI slices, slow (see top).
+  if (p.w_dtype == DType::kI8 && (!a8w8_eligible(p) || env_config().no_i8_gemm)) {
+    return launch ? sbi_gemm(ctx, p) : ok_status();
+  }
   if (ctx.cublaslt == nullptr) {
     return errorf(StatusCode::kInvalidArgument, "{}: no cuBLASLt handle in the LaunchCtx", kOp);
   }
@@ -467,7 +526,8 @@ Status cublaslt_dispatch(const LaunchCtx& ctx, const GpuLinearParams& p, bool la
   *route = LtRoute::kScratch;
   STRATA_RETURN_IF_ERROR(via_scratch(ctx, p, launch, &done));
   if (done) return ok_status();
-  // No cuBLASLt algorithm for this shape (e.g. fp8 with k not a multiple of 16): SBI slices.
+  // No cuBLASLt algorithm for this shape (e.g. fp8 with k not a multiple of 16, or an int8 shape
+  // the IMMA kernels reject): SBI slices.
   *route = LtRoute::kSbi;
   return launch ? sbi_gemm(ctx, p) : ok_status();
 }
