@@ -25,6 +25,7 @@ class ModelRunner final : public Executor {
                                                      const ParallelConfig& par,
                                                      std::unique_ptr<Model> host,
                                                      Communicator& comm, Communicator* pipeline,
+                                                     Communicator* expert,
                                                      const RunnerOptions& options);
 
   const ModelConfig& config() const override { return model_->config(); }
@@ -71,12 +72,14 @@ class ModelRunner final : public Executor {
   const RunnerOptions& options() const { return opt_; }
 
  private:
-  ModelRunner(Communicator& comm, Communicator* pipeline) : comm_(comm), pipe_(pipeline) {}
+  ModelRunner(Communicator& comm, Communicator* pipeline, Communicator* expert)
+      : comm_(comm), pipe_(pipeline), expert_(expert) {}
   Status allocate(const RunnerOptions& o);
   Status run(const ForwardBatch& b, float* out_logits, int32_t* out_ids);
 
-  Communicator& comm_;  // the tensor-parallel group: the layer program's collectives
-  Communicator* pipe_;  // the pipeline group (stage s = rank s), null without stages
+  Communicator& comm_;    // the tensor-parallel group: the layer program's collectives
+  Communicator* pipe_;    // the pipeline group (stage s = rank s), null without stages
+  Communicator* expert_;  // the expert-parallel group, null without expert parallelism
   RunnerOptions opt_;
   std::unique_ptr<DeviceRuntime> runtime_;
   std::unique_ptr<Model> model_;
@@ -96,13 +99,23 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
                                                          const ParallelConfig& par,
                                                          std::unique_ptr<Model> host,
                                                          Communicator& comm, Communicator* pipeline,
+                                                         Communicator* expert,
                                                          const RunnerOptions& options) {
   if (par.pp_size > 1 &&
       (pipeline == nullptr || pipeline->size() != par.pp_size || pipeline->rank() != par.pp_rank)) {
     return errorf(StatusCode::kInvalidArgument, "pipeline stage {} of {} needs its stage group",
                   par.pp_rank, par.pp_size);
   }
-  std::unique_ptr<ModelRunner> r(new ModelRunner(comm, pipeline));
+  if (par.ep_size > 1 &&
+      (expert == nullptr || expert->size() != par.ep_size || expert->rank() != par.ep_rank)) {
+    return errorf(StatusCode::kInvalidArgument, "expert-parallel rank {} of {} needs its group",
+                  par.ep_rank, par.ep_size);
+  }
+  if (par.ep_size > 1 && par.pp_size > 1) {
+    return Status(StatusCode::kUnimplemented,
+                  "expert parallelism with pipeline stages is not built yet");
+  }
+  std::unique_ptr<ModelRunner> r(new ModelRunner(comm, pipeline, expert));
   r->opt_ = options;
   RunnerOptions& o = r->opt_;
   if (o.act_dtype != DType::kF32 && o.act_dtype != DType::kBF16) {
@@ -130,6 +143,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   if (o.profile || !r->runtime_->supports_graphs()) o.cuda_graphs = false;
   // Pipeline stages hand hidden states over through host memory between steps: eager for now.
   if (par.pp_size > 1) o.cuda_graphs = false;
+  // The expert-parallel all-to-alls read their counts on the host (model/moe.cpp): eager.
+  if (par.ep_size > 1) o.cuda_graphs = false;
   DeviceRuntime& rt = *r->runtime_;
   if (device_layout) {
     DeviceLayout layout;
@@ -295,6 +310,7 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
   ForwardArgs args{
       ctx, step_.args, ws_, kv_->layers(), comm_, par.first_layer, par.last_layer, step_.head};
   args.weights = streamer_.get();
+  args.expert_comm = expert_;
   rt.begin_step(step_.args.max_q_len == 1);
   STRATA_RETURN_IF_ERROR(
       rt.run(step_.graph, step_.graph_key, [&] { return model_->forward(args); }));
@@ -336,11 +352,11 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
 
 Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const ParallelConfig& par,
                                               std::unique_ptr<Model> host, Communicator& comm,
-                                              const RunnerOptions& options,
-                                              Communicator* pipeline) {
+                                              const RunnerOptions& options, Communicator* pipeline,
+                                              Communicator* expert) {
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<ModelRunner> r,
-      ModelRunner::create(config, par, std::move(host), comm, pipeline, options));
+      ModelRunner::create(config, par, std::move(host), comm, pipeline, expert, options));
   return std::unique_ptr<Executor>(std::move(r));
 }
 
