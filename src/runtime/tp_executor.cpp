@@ -8,6 +8,7 @@
 // Pipeline stages (make_in_process_pp_executor) run the same way: one runner per stage over its
 // layer range, the hidden states passed stage to stage with send/recv, the last stage's results
 // sent back to stage 0.
+#include <omp.h>
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -37,6 +38,10 @@ class RankPool {
  public:
   RankPool(int n, std::function<void()> on_fail, std::chrono::seconds deadline)
       : n_(n),
+        // NOTE: the ranks share the CPU threads the caller may use: n ranks each running
+        // OpenMP teams of the full size oversubscribe the cores, and a rank waiting for a peer
+        // at a collective then waits for spinning teams (seconds per pass on two cores).
+        omp_threads_(std::max(1, omp_get_max_threads() / std::max(1, n))),
         on_fail_(std::move(on_fail)),
         deadline_(deadline),
         done_(static_cast<size_t>(n), true) {
@@ -71,7 +76,11 @@ class RankPool {
     }
     cv_.notify_all();
     watch_cv_.notify_all();
-    finish(0, f(0));
+    const int caller_threads = omp_get_max_threads();
+    if (n_ > 1) omp_set_num_threads(omp_threads_);
+    Status st0 = f(0);
+    if (n_ > 1) omp_set_num_threads(caller_threads);
+    finish(0, std::move(st0));
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [&] { return pending_ == 0; });
     job_ = nullptr;
@@ -96,6 +105,7 @@ class RankPool {
     if (fire && on_fail_) on_fail_();
   }
   void work(int r) {
+    omp_set_num_threads(omp_threads_);
     uint64_t seen = 0;
     for (;;) {
       const std::function<Status(int)>* job = nullptr;
@@ -138,6 +148,7 @@ class RankPool {
   }
 
   int n_;
+  int omp_threads_;  // OpenMP threads per rank
   std::function<void()> on_fail_;
   std::chrono::seconds deadline_;
   std::vector<std::thread> threads_;
@@ -572,7 +583,8 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
   }
   if (cuda && tp > 1) {
     // The tensor-parallel groups' device collectives: the one-shot kernels for every size.
-    const int64_t largest = oneshot_sizes(config, options, tp).largest;
+    // The layer output's gathered chunks are padded to a multiple of the world: W rows more.
+    const int64_t largest = oneshot_sizes(config, options, tp).largest + W * config.hidden * 4;
     std::vector<Status> st(static_cast<size_t>(W));
     std::vector<std::thread> threads;
     for (int w = 0; w < W; ++w) {
