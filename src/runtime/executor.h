@@ -173,8 +173,8 @@ Status run_follower(Executor& local, Communicator& control);
 // engines need beside it. Member order matters: `exec` may refer to `comm`.
 struct LoadedExecutor {
   ModelInfo info;
-  int64_t max_len = 0;  // context length
-  std::unique_ptr<Communicator> comm;
+  int64_t max_len = 0;                   // context length
+  std::unique_ptr<Communicator> comm;    // the world (rank 0 drives the other ranks through it)
   std::unique_ptr<Tokenizer> tokenizer;  // null when the model has none (or dummy presets)
   std::unique_ptr<Executor> exec;
 };

@@ -6,6 +6,7 @@
 
 #include "../model/fixture_util.h"
 #include "../model/moe_parallel_util.h"
+#include "strata/engine.h"
 
 namespace strata {
 
@@ -79,6 +80,35 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ExpertParallel,
                            return std::string(i.param.fixture) + "_tp" +
                                   std::to_string(i.param.tp) + "_ep" + std::to_string(i.param.ep);
                          });
+
+// The same through EngineConfig (load_executor: --expert-parallel-size under mpirun), every
+// rank scoring the same tokens: EP = N, and TP = 2 x EP = 2 on four ranks.
+TEST(ExpertParallel, EngineMatchesSingleRank) {
+  const std::string dir = testing::moe_fixture("qwen2_moe");
+  auto ref = testing::load_reference(dir);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  const int n = g_comm->size();
+  std::vector<std::pair<int, int>> layouts = {{1, n}};
+  if (n == 4) layouts.push_back({2, 2});
+  auto single = make_single_rank_communicator();
+  const std::vector<int32_t>& ids = ref->inputs.back();
+  auto one = run_one(dir, ParallelConfig{}, *single, nullptr, ids);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  for (const auto& [tp, ep] : layouts) {
+    EngineConfig cfg;
+    cfg.model = dir;
+    cfg.parallel.tp = tp;
+    cfg.parallel.ep = ep;
+    cfg.show_progress = false;
+    auto engine = Engine::create(cfg);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    EXPECT_EQ((*engine)->world_size(), n);
+    auto logits = (*engine)->score(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    EXPECT_LE(testing::relative_error(*logits, one->logits), 1e-5)
+        << "TP " << tp << " EP " << ep << " rank " << g_comm->rank();
+  }
+}
 
 TEST(ExpertParallel, AllToAllRowsUnevenAndEmptySplits) {
   const std::string err = testing::check_all_to_all_rows(*g_comm);
