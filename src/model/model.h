@@ -145,6 +145,9 @@ struct ForwardArgs {
   // The expert-parallel group (ranks of this tensor-parallel rank; rank = ParallelConfig::ep_rank)
   // when ep_size > 1: the mixture-of-experts layers' all-to-alls.
   Communicator* expert_comm = nullptr;
+  // Tests: every sparse layer appends its routing (top-k expert ids, [n_tokens, k]) here, read
+  // back on the host (a synchronization: never inside a CUDA graph). Null: nothing recorded.
+  std::vector<int32_t>* moe_route_trace = nullptr;
 };
 
 class Model;

@@ -269,6 +269,12 @@ Status moe_layer(const Model& m, ForwardArgs& a, int64_t layer) {
   route.k = k;
   route.renormalize = c.moe_renormalize;
   STRATA_RETURN_IF_ERROR(ops::moe_route(a.ctx, logits, route, ids, w));
+  if (a.moe_route_trace != nullptr) {
+    std::vector<int32_t>& t = *a.moe_route_trace;
+    t.resize(t.size() + static_cast<size_t>(n * k));
+    STRATA_RETURN_IF_ERROR(ops::download(a.ctx, ids, t.data() + t.size() - n * k));
+    STRATA_RETURN_IF_ERROR(ops::synchronize(a.ctx));
+  }
   if (m.parallel().ep_size > 1) {
     STRATA_RETURN_IF_ERROR(experts_parallel(m, a, L, h, ids, w, x));
   } else {

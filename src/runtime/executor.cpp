@@ -151,6 +151,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   if (par.pp_size > 1) o.cuda_graphs = false;
   // The expert-parallel all-to-alls read their counts on the host (model/moe.cpp): eager.
   if (par.ep_size > 1) o.cuda_graphs = false;
+  if (o.moe_route_trace != nullptr) o.cuda_graphs = false;
   DeviceRuntime& rt = *r->runtime_;
   if (device_layout) {
     DeviceLayout layout;
@@ -317,6 +318,7 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
       ctx, step_.args, ws_, kv_->layers(), comm_, par.first_layer, par.last_layer, step_.head};
   args.weights = streamer_.get();
   args.expert_comm = expert_;
+  args.moe_route_trace = opt_.moe_route_trace;
   rt.begin_step(step_.args.max_q_len == 1);
   STRATA_RETURN_IF_ERROR(
       rt.run(step_.graph, step_.graph_key, [&] { return model_->forward(args); }));

@@ -109,6 +109,9 @@ struct RunnerOptions {
   int64_t pp_min_micro_batch_tokens = 256;
   // Weight streaming (device layout only): --gpu-weight-budget, --offload-weights, prefetch.
   ResidencyOptions residency;
+  // Tests: each forward pass appends every sparse layer's routing here (ForwardArgs,
+  // moe_route_trace; turns CUDA graphs off). Must outlive the runner.
+  std::vector<int32_t>* moe_route_trace = nullptr;
 };
 
 // Message sizes of tensor-parallel ranks' device collectives: the largest one a forward pass

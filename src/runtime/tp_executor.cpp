@@ -615,6 +615,7 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
     }
     RunnerOptions ro = o;
     ro.device = rank_device(w);
+    if (w > 0) ro.moe_route_trace = nullptr;  // rank 0's routing only (one vector)
     if (shared_gpu && o.num_kv_blocks <= 0) {
       ro.gpu_memory_utilization = o.gpu_memory_utilization * (w + 1) / W;
     }
@@ -707,6 +708,7 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     }
     RunnerOptions ro = o;
     ro.device = rank_device(r);
+    if (r > 0) ro.moe_route_trace = nullptr;  // rank 0's routing only (one vector)
     if (shared_gpu && o.num_kv_blocks <= 0) {
       // Ranks on one GPU share it: each takes its share of --gpu-memory-utilization.
       ro.gpu_memory_utilization = o.gpu_memory_utilization * (r + 1) / tp;

@@ -32,10 +32,14 @@ Result<testing::MoeRun> ep_run(const std::string& dir, int tp, int ep,
   o.num_kv_blocks = 16;
   o.max_num_tokens = 64;
   o.max_num_seqs = 4;
-  o.cuda_graphs = true;  // one rank replays graphs; expert parallelism turns them off itself
+  o.cuda_graphs = true;         // the route trace and expert parallelism turn them off
+  std::vector<int32_t> routes;  // rank 0's
+  o.moe_route_trace = &routes;
   STRATA_ASSIGN_OR_RETURN(
       auto exec, make_in_process_tp_executor(config, testing::moe_loader(dir, config), tp, o, ep));
-  return testing::moe_run(*exec, ids, 3);
+  STRATA_ASSIGN_OR_RETURN(testing::MoeRun run, testing::moe_run(*exec, ids, 3));
+  run.routes = std::move(routes);
+  return run;
 }
 
 struct Case {
@@ -63,6 +67,11 @@ TEST_P(EpCuda, MatchesOneRank) {
     // attention and its all-reduces round in another order.
     EXPECT_LE(err, c.tp == 1 ? 1e-2 : 2e-2) << c.fixture << " TP " << c.tp << " EP " << c.ep;
     EXPECT_EQ(many->greedy, one->greedy) << c.fixture << " TP " << c.tp << " EP " << c.ep;
+    // EP alone runs the router on the same rows as one rank (TP attention rounds differently:
+    // a near-tie could route another way, which the logits bound covers).
+    if (c.tp == 1) {
+      EXPECT_EQ(many->routes, one->routes) << c.fixture << " TP " << c.tp << " EP " << c.ep;
+    }
   }
 }
 

@@ -43,6 +43,7 @@ inline std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)> moe_
 struct MoeRun {
   std::vector<float> logits;    // [ids, vocab] of the prompt, prefilled in chunks of 5
   std::vector<int32_t> greedy;  // argmax continuation, one token per forward pass
+  std::vector<int32_t> routes;  // every sparse layer's top-k ids, pass after pass (the caller's)
 };
 
 // The prompt's logits through `exec` (prefill in chunks of 5: several forward calls of uneven

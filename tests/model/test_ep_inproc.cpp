@@ -20,7 +20,9 @@ namespace {
 Result<testing::MoeRun> inproc_run(const std::string& dir, int tp, int ep, DType act,
                                    const std::vector<int32_t>& ids) {
   STRATA_ASSIGN_OR_RETURN(ModelConfig config, testing::moe_config(dir));
+  std::vector<int32_t> routes;  // rank 0's
   RunnerOptions o;
+  o.moe_route_trace = &routes;
   o.act_dtype = act;
   o.max_model_len = 64;
   o.num_kv_blocks = 16;
@@ -29,7 +31,9 @@ Result<testing::MoeRun> inproc_run(const std::string& dir, int tp, int ep, DType
   o.max_num_seqs = 4;
   STRATA_ASSIGN_OR_RETURN(
       auto exec, make_in_process_tp_executor(config, testing::moe_loader(dir, config), tp, o, ep));
-  return testing::moe_run(*exec, ids, 3);
+  STRATA_ASSIGN_OR_RETURN(testing::MoeRun run, testing::moe_run(*exec, ids, 3));
+  run.routes = std::move(routes);
+  return run;
 }
 
 struct Case {
@@ -58,6 +62,8 @@ TEST_P(EpInProcess, MatchesOneRank) {
     EXPECT_LE(err, tol) << c.fixture << " TP " << c.tp << " EP " << c.ep << " " << what;
     if (act == DType::kF32 || c.tp == 1) {
       EXPECT_EQ(many->greedy, one->greedy) << c.fixture << " TP " << c.tp << " EP " << c.ep;
+      ASSERT_FALSE(one->routes.empty());
+      EXPECT_EQ(many->routes, one->routes) << c.fixture << " TP " << c.tp << " EP " << c.ep;
     }
   }
 }

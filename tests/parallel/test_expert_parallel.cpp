@@ -1,7 +1,8 @@
 // Mixture-of-experts parallelism on the CPU under mpirun (issue 12, item 4): the world of this
 // run (2 or 4 ranks) as expert parallel (EP = N), expert slicing (TP = 2) and TP = 2 x EP = 2
-// with PCC. Each configuration's logits must equal the single-rank logits, computed in the same
-// process, within 1e-5 relative, and its greedy continuation must be the single-rank one.
+// with PCC. On every rank, each configuration's routing (every sparse layer's top-k ids in
+// every forward pass) must be the single-rank routing, computed in the same process, its logits
+// within 1e-5 relative of the single-rank logits, and its greedy continuation the same.
 #include <gtest/gtest.h>
 
 #include "../model/fixture_util.h"
@@ -28,12 +29,16 @@ Result<testing::MoeRun> run_one(const std::string& dir, const ParallelConfig& pa
                                 const std::vector<int32_t>& ids) {
   STRATA_ASSIGN_OR_RETURN(ModelConfig config, testing::moe_config(dir));
   STRATA_ASSIGN_OR_RETURN(auto model, testing::moe_loader(dir, config)(par));
+  std::vector<int32_t> routes;
   RunnerOptions ro;  // the CPU reference: f32 activations, the weights as stored
   ro.block_size = 4;
   ro.num_kv_blocks = 16;
+  ro.moe_route_trace = &routes;
   STRATA_ASSIGN_OR_RETURN(
       auto exec, make_runner(config, par, std::move(model), tp_comm, ro, nullptr, ep_comm));
-  return testing::moe_run(*exec, ids, 3);
+  STRATA_ASSIGN_OR_RETURN(testing::MoeRun run, testing::moe_run(*exec, ids, 3));
+  run.routes = std::move(routes);
+  return run;
 }
 
 class ExpertParallel : public ::testing::TestWithParam<Layout> {};
@@ -64,6 +69,9 @@ TEST_P(ExpertParallel, MatchesSingleRank) {
     if (g_comm->rank() == 0) std::printf("[ info ] %s: max err %.2e\n", name_of(l).c_str(), err);
     EXPECT_LE(err, 1e-5) << name_of(l) << " rank " << g_comm->rank();
     EXPECT_EQ(b->greedy, a->greedy) << name_of(l) << " rank " << g_comm->rank();
+    // Every rank routes every token of every pass as one rank does.
+    ASSERT_FALSE(a->routes.empty());
+    EXPECT_EQ(b->routes, a->routes) << name_of(l) << " rank " << g_comm->rank();
   }
 }
 
