@@ -408,10 +408,18 @@ Status Model::load_moe_layer(int64_t l, LayerWeights& L) {
   const bool sliced = f.size() != F;
   L.expert_gate_up.resize(static_cast<size_t>(El));
   L.expert_down.resize(static_cast<size_t>(El));
-  auto add_expert = [&](int64_t e, const Tensor& g, const Tensor& u, const Tensor& d) {
+  auto add_expert = [&](int64_t e, const Tensor& g, const Tensor& u, const Tensor& d) -> Status {
+    if (sliced && dtype_info(d.dtype).is_quantized) {
+      // A column slice of block-quantized rows would cut blocks.
+      return errorf(StatusCode::kUnimplemented,
+                    "{}: layer {}: slicing {} experts over tensor-parallel size {} is not "
+                    "supported (use --expert-parallel-size to split whole experts)",
+                    src.describe(), l, dtype_info(d.dtype).name, par_.tp_size);
+    }
     L.expert_gate_up[static_cast<size_t>(e)].add(sliced ? g.slice_rows(f.begin, f.end) : g);
     L.expert_gate_up[static_cast<size_t>(e)].add(sliced ? u.slice_rows(f.begin, f.end) : u);
     L.expert_down[static_cast<size_t>(e)].add(sliced ? d.slice_cols(f.begin, f.end) : d);
+    return ok_status();
   };
   if (src.has(moe + "gate_exps.weight")) {
     STRATA_ASSIGN_OR_RETURN(Tensor g, fetch(src, moe + "gate_exps.weight", {E, F, H}));
@@ -432,7 +440,8 @@ Status Model::load_moe_layer(int64_t l, LayerWeights& L) {
                           {R, C}, t.device);
     };
     for (int64_t e = 0; e < El; ++e) {
-      add_expert(e, expert(g, e0 + e), expert(u, e0 + e), expert(d, e0 + e));
+      STRATA_RETURN_IF_ERROR(
+          add_expert(e, expert(g, e0 + e), expert(u, e0 + e), expert(d, e0 + e)));
     }
   } else {
     const char* gn = mixtral ? "w1" : "gate_proj";
@@ -449,7 +458,7 @@ Status Model::load_moe_layer(int64_t l, LayerWeights& L) {
       STRATA_ASSIGN_OR_RETURN(Tensor g, fetch(src, ep + gn + ".weight", {F, H}));
       STRATA_ASSIGN_OR_RETURN(Tensor u, fetch(src, ep + un + ".weight", {F, H}));
       STRATA_ASSIGN_OR_RETURN(Tensor d, fetch(src, ep + dn + ".weight", {H, F}));
-      if (e >= e0 && e < e0 + El) add_expert(e - e0, g, u, d);
+      if (e >= e0 && e < e0 + El) STRATA_RETURN_IF_ERROR(add_expert(e - e0, g, u, d));
     }
     if (src.has(moe + "experts." + std::to_string(E) + "." + gn + ".weight")) {
       return errorf(StatusCode::kInvalidArgument,
