@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "fixture_util.h"
+#include "io/gguf.h"
+#include "model/gguf_model.h"
 #include "moe_parallel_util.h"
 
 namespace strata {
@@ -76,6 +78,39 @@ INSTANTIATE_TEST_SUITE_P(Layouts, EpInProcess,
                                   std::to_string(info.param.tp) + "_ep" +
                                   std::to_string(info.param.ep);
                          });
+
+// The GGUF form of Qwen2-MoE (f32, llama.cpp's stacked [E, F, H] expert tensors): the stacked
+// path's expert slicing (TP = 2) and partition (TP = 2 x EP = 2) against one rank.
+TEST(EpInProcess, GgufStackedExpertsMatchOneRank) {
+  auto file = GgufFile::open(testing::moe_fixture("qwen2_moe") + "/model.gguf");
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  auto shared = std::make_shared<const GgufFile>(std::move(*file));
+  auto config = model_config_from_gguf(*shared);
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  std::shared_ptr<TensorSource> src = make_gguf_tensor_source(shared, config->family);
+  auto ref = testing::load_reference(testing::moe_fixture("qwen2_moe"));
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  auto run = [&](int tp, int ep) -> Result<testing::MoeRun> {
+    RunnerOptions o;
+    o.max_model_len = 64;
+    o.num_kv_blocks = 16;
+    o.block_size = 4;
+    o.max_num_tokens = 64;
+    o.max_num_seqs = 4;
+    auto load = [&](const ParallelConfig& par) { return Model::load(*config, par, src); };
+    STRATA_ASSIGN_OR_RETURN(auto exec, make_in_process_tp_executor(*config, load, tp, o, ep));
+    return testing::moe_run(*exec, ref->inputs.back(), 2);
+  };
+  auto one = run(1, 1);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  for (auto [tp, ep] : {std::pair{2, 1}, std::pair{2, 2}}) {
+    auto many = run(tp, ep);
+    ASSERT_TRUE(many.ok()) << many.status().to_string();
+    EXPECT_LE(testing::relative_error(many->logits, one->logits), 1e-5)
+        << "TP " << tp << " EP " << ep;
+    EXPECT_EQ(many->greedy, one->greedy) << "TP " << tp << " EP " << ep;
+  }
+}
 
 TEST(EpInProcess, ExpertsNotDivisibleByGroupIsAClearError) {
   const std::string dir = testing::moe_fixture("mixtral");  // 6 experts
