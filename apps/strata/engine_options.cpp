@@ -173,6 +173,11 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                   "Tensor-parallel ranks (default 1): processes launched with mpirun -np N (one "
                   "GPU each with --device cuda), or, with --device cuda and no mpirun, N threads "
                   "of this process on GPUs index..index+N-1 (all on one GPU when there are fewer)");
+  sub->add_option("--ep,--expert-parallel-size", e.parallel.ep,
+                  "Expert-parallel ranks for mixture-of-experts models (default 1): each holds "
+                  "1/N of every sparse layer's experts (the expert count must be a multiple of "
+                  "N); the world is tp x N ranks, launched with mpirun -np tp*N, or, with --device "
+                  "cuda and no mpirun, tp*N threads of this process");
   sub->add_option("--pp,--pipeline-parallel-size", e.parallel.pp,
                   "Pipeline stages (default 1): the layers split into N contiguous stages run as "
                   "threads of this process (embedding on the first, LM head on the last), on GPUs "

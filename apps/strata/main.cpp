@@ -10,16 +10,17 @@
 
 namespace {
 
-// --tp / --tensor-parallel-size N > 1 in one process (not under mpirun) may put every rank on one
-// GPU, whose collectives need CUDA's kernels loaded eagerly; CUDA reads the setting only when it
-// starts, so it is set before anything else (an explicit CUDA_MODULE_LOADING wins).
+// --tp / --tensor-parallel-size or --ep / --expert-parallel-size N > 1 in one process (not under
+// mpirun) may put every rank on one GPU, whose collectives need CUDA's kernels loaded eagerly; CUDA
+// reads the setting only when it starts, so it is set before anything else (an explicit
+// CUDA_MODULE_LOADING wins).
 void prefer_eager_kernel_loading_for_tp(int argc, char** argv) {
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
     if (std::getenv(v) != nullptr) return;
   }
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], value;
-    for (const char* flag : {"--tp", "--tensor-parallel-size"}) {
+    for (const char* flag : {"--tp", "--tensor-parallel-size", "--ep", "--expert-parallel-size"}) {
       const size_t n = std::strlen(flag);
       if (a == flag && i + 1 < argc) value = argv[i + 1];
       if (a.size() > n && a.compare(0, n, flag) == 0 && a[n] == '=') value = a.substr(n + 1);

@@ -253,7 +253,8 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
   if (c.is_moe()) {
     const int64_t E = c.n_experts, K = c.n_experts_used;
     // The device layout's experts are padded (expert_ffn_padded); the reference's are not.
-    const int64_t Fe = l.act == DType::kBF16 ? expert_ffn_padded(c) : c.expert_ffn_dim;
+    const int64_t Fl = m.expert_ffn_local();
+    const int64_t Fe = l.act == DType::kBF16 ? expert_ffn_padded(Fl) : Fl;
     s.push_back({&Workspace::moe_logits, DType::kF32, {T, E}});
     s.push_back({&Workspace::moe_ids, DType::kI32, {T, K}});
     s.push_back({&Workspace::moe_w, DType::kF32, {T, K}});
@@ -266,6 +267,21 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
     s.push_back({&Workspace::moe_act, l.act, {T * K, Fe}});
     s.push_back({&Workspace::moe_y, DType::kF32, {T * K, H}});
     s.push_back({&Workspace::moe_gate, DType::kF32, {T, 1}});
+    const int ep = m.parallel().ep_size;
+    if (ep > 1) {
+      // Expert parallelism (model/moe.cpp): the rows received from the group, their local
+      // expert ids, unit weights and grouping, the expert outputs in arrival order, and the
+      // gathered chunks of the layer output (padded: every rank's chunk has the same size).
+      const int64_t W = m.parallel().world_size(), Tp = (T + W - 1) / W * W;
+      s.push_back({&Workspace::moe_recv_x, l.act, {T * K, H}});
+      s.push_back({&Workspace::moe_recv_y, DType::kF32, {T * K, H}});
+      s.push_back({&Workspace::moe_recv_ids, DType::kI32, {T * K, 1}});
+      s.push_back({&Workspace::moe_recv_w, DType::kF32, {T * K, 1}});
+      s.push_back({&Workspace::moe_recv_perm, DType::kI32, {T * K}});
+      s.push_back({&Workspace::moe_recv_offsets, DType::kI32, {E + 1}});
+      s.push_back({&Workspace::moe_chunks, DType::kF32, {Tp, H}});
+      s.push_back({&Workspace::moe_gathered, DType::kF32, {Tp, H}});
+    }
   }
   if (tp > 1) {
     s.push_back({&Workspace::logits_local, DType::kF32, {R, chunk}});

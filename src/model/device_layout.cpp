@@ -497,10 +497,11 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
     STRATA_ASSIGN_OR_RETURN(
         d.o, up.linear(L ? &L->o : nullptr, H, q_cols, o_bias, true, "o_proj weights"));
     if (c.layer_moe(l)) {
-      const int64_t E = c.n_experts, Fe = c.expert_ffn_dim, Fs = c.shared_expert_ffn_dim;
-      const int64_t Fp = expert_ffn_padded(c);
-      STRATA_ASSIGN_OR_RETURN(
-          d.router, up.linear(L ? &L->router : nullptr, E, H, false, false, "router weights"));
+      // This rank's experts, each with its slice of the FFN dimension (Model::expert_range).
+      const int64_t E = m->n_experts_local(), Fe = m->expert_ffn_local();
+      const int64_t Fs = c.shared_expert_ffn_dim, Fp = expert_ffn_padded(Fe);
+      STRATA_ASSIGN_OR_RETURN(d.router, up.linear(L ? &L->router : nullptr, c.n_experts, H, false,
+                                                  false, "router weights"));
       STRATA_ASSIGN_OR_RETURN(d.expert_gate_up,
                               up.experts(L ? &L->expert_gate_up : nullptr, E, 2 * Fp, H, 2 * Fe, H,
                                          /*gated=*/true, "expert gate/up weights"));

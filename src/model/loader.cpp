@@ -69,10 +69,31 @@ Status Model::init_shapes() {
                   "{}: intermediate size {} cannot be split over tensor-parallel size {}", where,
                   c.ffn_dim, tp);
   }
-  if (c.is_moe() && tp > 1) {
-    return errorf(StatusCode::kUnimplemented,
-                  "{}: mixture-of-experts models run on one rank so far (tensor-parallel size {})",
-                  where, tp);
+  const int ep = par.ep_size;
+  if (ep < 1 || par.ep_rank < 0 || par.ep_rank >= ep) {
+    return errorf(StatusCode::kInvalidArgument, "invalid expert-parallel rank {} of {}",
+                  par.ep_rank, ep);
+  }
+  if (ep > 1 && !c.is_moe()) {
+    return errorf(
+        StatusCode::kInvalidArgument,
+        "{}: expert-parallel size {} needs a mixture-of-experts model ({} has no experts)", where,
+        ep, c.architecture);
+  }
+  if (c.is_moe() && c.n_experts % ep != 0) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: {} experts cannot be split over expert-parallel size {} (the number of "
+                  "experts must be a multiple of it)",
+                  where, c.n_experts, ep);
+  }
+  if (c.is_moe() && ep == 1 && c.expert_ffn_dim % tp != 0) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: expert intermediate size {} cannot be sliced over tensor-parallel size {}",
+                  where, c.expert_ffn_dim, tp);
+  }
+  if (c.is_moe()) {
+    expert_range_ = par.expert_shard(c.n_experts);
+    expert_ffn_range_ = par.expert_ffn_shard(c.expert_ffn_dim);
   }
   n_heads_local_ = c.n_heads / tp;
   n_kv_local_ = c.n_heads_kv >= tp ? c.n_heads_kv / tp : 1;
@@ -380,8 +401,26 @@ Status Model::load_moe_layer(int64_t l, LayerWeights& L) {
   const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
   STRATA_ASSIGN_OR_RETURN(Tensor router, fetch(src, moe + "gate.weight", {E, H}));
   L.router.add(router);
-  L.expert_gate_up.resize(static_cast<size_t>(E));
-  L.expert_down.resize(static_cast<size_t>(E));
+  // This rank's experts [e0, e0 + El) (expert parallelism), each one's FFN rows / down columns
+  // [f.begin, f.end) (expert slicing over the tensor-parallel group).
+  const int64_t e0 = expert_range_.begin, El = expert_range_.size();
+  const ShardRange f = expert_ffn_range_;
+  const bool sliced = f.size() != F;
+  L.expert_gate_up.resize(static_cast<size_t>(El));
+  L.expert_down.resize(static_cast<size_t>(El));
+  auto add_expert = [&](int64_t e, const Tensor& g, const Tensor& u, const Tensor& d) -> Status {
+    if (sliced && dtype_info(d.dtype).is_quantized) {
+      // A column slice of block-quantized rows would cut blocks.
+      return errorf(StatusCode::kUnimplemented,
+                    "{}: layer {}: slicing {} experts over tensor-parallel size {} is not "
+                    "supported (use --expert-parallel-size to split whole experts)",
+                    src.describe(), l, dtype_info(d.dtype).name, par_.tp_size);
+    }
+    L.expert_gate_up[static_cast<size_t>(e)].add(sliced ? g.slice_rows(f.begin, f.end) : g);
+    L.expert_gate_up[static_cast<size_t>(e)].add(sliced ? u.slice_rows(f.begin, f.end) : u);
+    L.expert_down[static_cast<size_t>(e)].add(sliced ? d.slice_cols(f.begin, f.end) : d);
+    return ok_status();
+  };
   if (src.has(moe + "gate_exps.weight")) {
     STRATA_ASSIGN_OR_RETURN(Tensor g, fetch(src, moe + "gate_exps.weight", {E, F, H}));
     STRATA_ASSIGN_OR_RETURN(Tensor u, fetch(src, moe + "up_exps.weight", {E, F, H}));
@@ -400,10 +439,9 @@ Status Model::load_moe_layer(int64_t l, LayerWeights& L) {
       return Tensor::make(static_cast<char*>(t.data) + dtype_bytes(t.dtype, e * R * C), t.dtype,
                           {R, C}, t.device);
     };
-    for (int64_t e = 0; e < E; ++e) {
-      L.expert_gate_up[static_cast<size_t>(e)].add(expert(g, e));
-      L.expert_gate_up[static_cast<size_t>(e)].add(expert(u, e));
-      L.expert_down[static_cast<size_t>(e)].add(expert(d, e));
+    for (int64_t e = 0; e < El; ++e) {
+      STRATA_RETURN_IF_ERROR(
+          add_expert(e, expert(g, e0 + e), expert(u, e0 + e), expert(d, e0 + e)));
     }
   } else {
     const char* gn = mixtral ? "w1" : "gate_proj";
@@ -420,9 +458,7 @@ Status Model::load_moe_layer(int64_t l, LayerWeights& L) {
       STRATA_ASSIGN_OR_RETURN(Tensor g, fetch(src, ep + gn + ".weight", {F, H}));
       STRATA_ASSIGN_OR_RETURN(Tensor u, fetch(src, ep + un + ".weight", {F, H}));
       STRATA_ASSIGN_OR_RETURN(Tensor d, fetch(src, ep + dn + ".weight", {H, F}));
-      L.expert_gate_up[static_cast<size_t>(e)].add(g);
-      L.expert_gate_up[static_cast<size_t>(e)].add(u);
-      L.expert_down[static_cast<size_t>(e)].add(d);
+      if (e >= e0 && e < e0 + El) STRATA_RETURN_IF_ERROR(add_expert(e - e0, g, u, d));
     }
     if (src.has(moe + "experts." + std::to_string(E) + "." + gn + ".weight")) {
       return errorf(StatusCode::kInvalidArgument,

@@ -56,10 +56,10 @@ struct DeviceLayout {
 
 // The device layout pads each expert's FFN dimension to a multiple of this (zero gate/up rows
 // and down columns: exact), so the expert GEMMs' 16-byte loads of act rows and of 8-bit weight
-// rows stay aligned for any expert_ffn_dim.
+// rows stay aligned for any expert_ffn_dim. `ffn`: the rank's slice (Model::expert_ffn_local).
 constexpr int64_t kExpertFfnAlign = 16;
-inline int64_t expert_ffn_padded(const ModelConfig& c) {
-  return (c.expert_ffn_dim + kExpertFfnAlign - 1) / kExpertFfnAlign * kExpertFfnAlign;
+inline int64_t expert_ffn_padded(int64_t ffn) {
+  return (ffn + kExpertFfnAlign - 1) / kExpertFfnAlign * kExpertFfnAlign;
 }
 
 // The activation buffers of one forward pass, sized for the largest batch (runtime allocates
@@ -91,6 +91,15 @@ struct Workspace {
   Tensor moe_act;      // act [T K, Fe]
   Tensor moe_y;        // f32 [T K, hidden]: expert outputs, permuted
   Tensor moe_gate;     // f32 [T, 1]: shared-expert gate logits
+  // Expert parallelism (R <= T K rows received from the expert-parallel group, W world ranks):
+  Tensor moe_recv_x;        // act [T K, hidden]: received rows, then grouped by local expert
+  Tensor moe_recv_y;        // f32 [T K, hidden]: expert outputs in arrival order
+  Tensor moe_recv_ids;      // i32 [T K, 1]: local expert of each received row
+  Tensor moe_recv_w;        // f32 [T K, 1]: ones (the un-grouping combine)
+  Tensor moe_recv_perm;     // i32 [T K]: arrival row -> grouped row
+  Tensor moe_recv_offsets;  // i32 [E + 1]: per local expert row ranges
+  Tensor moe_chunks;        // f32 [ceil(T / W) W, hidden]: the expert-parallel group's chunks
+  Tensor moe_gathered;      // f32 [ceil(T / W) W, hidden]: every rank's chunk of the output
 };
 
 struct WorkspaceLimits {
@@ -125,7 +134,7 @@ struct ForwardArgs {
   const ops::StepArgs& step;
   Workspace& ws;
   std::span<ops::KvLayer> kv;  // one per layer of the model
-  Communicator& comm;
+  Communicator& comm;          // the tensor-parallel group
   int64_t first_layer = 0;
   int64_t last_layer = -1;  // -1: n_layers
   HeadArgs head;
@@ -133,6 +142,12 @@ struct ForwardArgs {
   // (blocks::residual_linear_norm); that layer skips its own and clears it.
   bool next_norm_done = false;
   LayerWeightHook* weights = nullptr;  // weight streaming (null: every layer resident)
+  // The expert-parallel group (ranks of this tensor-parallel rank; rank = ParallelConfig::ep_rank)
+  // when ep_size > 1: the mixture-of-experts layers' all-to-alls.
+  Communicator* expert_comm = nullptr;
+  // Tests: every sparse layer appends its routing (top-k expert ids, [n_tokens, k]) here, read
+  // back on the host (a synchronization: never inside a CUDA graph). Null: nothing recorded.
+  std::vector<int32_t>* moe_route_trace = nullptr;
 };
 
 class Model;
@@ -169,6 +184,12 @@ class Model {
   int64_t n_heads_kv_local() const { return n_kv_local_; }
   int64_t ffn_local() const { return ffn_local_; }
   ShardRange vocab_range() const { return vocab_range_; }
+  // Mixture of experts: the experts this rank holds (expert parallelism) and the slice of each
+  // one's FFN dimension (expert slicing over the tensor-parallel group); all of both on one rank.
+  ShardRange expert_range() const { return expert_range_; }
+  int64_t n_experts_local() const { return expert_range_.size(); }
+  ShardRange expert_ffn_range() const { return expert_ffn_range_; }
+  int64_t expert_ffn_local() const { return expert_ffn_range_.size(); }
   int64_t vocab_local() const { return vocab_range_.size(); }
   int64_t qkv_dim() const { return (n_heads_local_ + 2 * n_kv_local_) * config_.head_dim; }
   // Bytes one forward pass reads: every weight once (the tied embedding once).
@@ -209,6 +230,7 @@ class Model {
   DType weight_dtype_ = DType::kF32;
   int64_t n_heads_local_ = 0, n_kv_local_ = 0, ffn_local_ = 0;
   ShardRange vocab_range_;
+  ShardRange expert_range_, expert_ffn_range_;
   size_t weight_bytes_ = 0;
 };
 

@@ -13,9 +13,30 @@
 //            x += sigmoid(h Wsg^T) * shared(h)            Qwen2-MoE's shared expert
 //   dense:   x += (silu(h Wg^T) * (h Wu^T)) Wd^T
 //
-// NOTE: one rank only for now (Model::init_shapes refuses tensor parallelism for MoE models);
-// expert parallelism and expert slicing are separate work (issue 12, item 4).
+// Parallelism (model/model.h, ParallelConfig): attention and the dense layers are
+// tensor-parallel over the TP group as in Llama; the shared expert is replicated. The routed
+// experts run in one of three ways:
+//   one rank      as above
+//   expert slicing (tp > 1, ep = 1): every rank holds every expert with its slice of the FFN
+//                 dimension; the combined partial sums are all-reduced over the TP group.
+//   expert parallel (ep > 1, PCC): every rank holds E / ep whole experts. The n tokens (the
+//                 same on every rank of the world) are cut into tp x ep chunks; rank (tp_rank,
+//                 ep_rank) takes chunk tp_rank ep + ep_rank (PCC: the TP group's tokens split
+//                 among its ranks, then among the expert-parallel group), sends its rows to
+//                 the experts' owners (all-to-all with variable splits inside the EP group,
+//                 the per-expert counts exchanged first), runs the rows it received through
+//                 its experts, sends the outputs back, combines them, and the chunks are
+//                 all-gathered in the EP group, then in the TP group.
+// Routing is computed from the same inputs on every rank (the router over all n tokens), so
+// every rank makes the one-rank decisions.
+// NOTE: the expert-parallel path reads the per-expert counts on the host (a synchronization
+// per sparse layer): the executor runs it eagerly, without CUDA graphs.
+#include <string>
+#include <vector>
+
+#include "core/status.h"
 #include "model/program.h"
+#include "parallel/comm.h"
 
 namespace strata {
 
@@ -26,36 +47,65 @@ Tensor view(const Tensor& slot, int64_t rows, int64_t cols) {
   return Tensor::make(slot.data, slot.dtype, {rows, cols}, slot.device);
 }
 
-}  // namespace
-
-Status moe_layer(const Model& m, ForwardArgs& a, int64_t layer) {
-  const ModelConfig& c = m.config();
-  const LayerWeights& L = m.weights().layers[static_cast<size_t>(layer)];
-  const int64_t n = a.step.n_tokens, H = c.hidden;
-  Tensor x = blocks::rows(a.ws.x, n), h = blocks::rows(a.ws.h, n);
-  const bool sliding = c.sliding_window > 0;
-  ops::section(a.ctx, "attn_norm");
-  STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, blocks::norm_args(c), h));
-  STRATA_RETURN_IF_ERROR(blocks::self_attention(m, a, layer, sliding));
-  ops::section(a.ctx, "o_proj");
-  STRATA_RETURN_IF_ERROR(
-      blocks::residual_linear_norm(m, a, blocks::rows(a.ws.attn, n), L.o, L.ffn_norm, "ffn_norm"));
-  if (!c.layer_moe(layer)) {
-    STRATA_RETURN_IF_ERROR(blocks::mlp_in(m, a, layer));
-    ops::section(a.ctx, "down");
-    return blocks::residual_linear(m, a, blocks::rows(a.ws.act, n).slice_cols(0, L.down.cols()),
-                                   L.down);
+// The expert-parallel group's collectives: on the tensors directly where the communicator takes
+// the device's memory (host memory; NCCL), else staged through host memory (the in-process
+// group of ranks sharing one GPU, whose all-to-all is host-only).
+Status group_all_to_all_v(ops::Context& ctx, Communicator& comm, const Tensor& send,
+                          const int64_t* send_rows, Tensor& recv, const int64_t* recv_rows) {
+  if (comm.supports(ctx.device) &&
+      (ctx.device.is_cpu() || comm.size() == 1 || std::string(comm.name()) != "in-process")) {
+    return ops::all_to_all_v(ctx, comm, send, send_rows, recv, recv_rows);
   }
+  const int n = comm.size();
+  const int64_t row_bytes = dtype_bytes(send.dtype, send.cols());
+  int64_t s_total = 0, r_total = 0;
+  std::vector<int64_t> sc(static_cast<size_t>(n)), so(static_cast<size_t>(n)),
+      rc(static_cast<size_t>(n)), ro(static_cast<size_t>(n));
+  for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
+    so[r] = s_total * row_bytes;
+    sc[r] = send_rows[r] * row_bytes;
+    ro[r] = r_total * row_bytes;
+    rc[r] = recv_rows[r] * row_bytes;
+    s_total += send_rows[r];
+    r_total += recv_rows[r];
+  }
+  std::vector<uint8_t> hs(static_cast<size_t>(s_total * row_bytes)),
+      hr(static_cast<size_t>(r_total * row_bytes));
+  if (s_total > 0) {
+    STRATA_RETURN_IF_ERROR(ops::download(ctx, send.slice_rows(0, s_total), hs.data()));
+    STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+  }
+  STRATA_RETURN_IF_ERROR(comm.all_to_all_v(hs.data(), sc.data(), so.data(), hr.data(), rc.data(),
+                                           ro.data(), DType::kU8, CommStream::host()));
+  if (r_total > 0) {
+    Tensor dst = recv.slice_rows(0, r_total);
+    STRATA_RETURN_IF_ERROR(ops::upload(ctx, hr.data(), dst));
+    STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+  }
+  return ok_status();
+}
 
-  const int64_t E = c.n_experts, k = c.n_experts_used, S = n * k;
-  ops::section(a.ctx, "router");
-  Tensor logits = view(a.ws.moe_logits, n, E);
-  STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, h, L.router, logits));
-  Tensor ids = view(a.ws.moe_ids, n, k), w = view(a.ws.moe_w, n, k);
-  ops::MoeRouteArgs route;
-  route.k = k;
-  route.renormalize = c.moe_renormalize;
-  STRATA_RETURN_IF_ERROR(ops::moe_route(a.ctx, logits, route, ids, w));
+Status group_all_gather(ops::Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv) {
+  if (comm.supports(ctx.device) &&
+      (ctx.device.is_cpu() || comm.size() == 1 || std::string(comm.name()) != "in-process")) {
+    return ops::all_gather(ctx, comm, send, recv);
+  }
+  const int64_t bytes = dtype_bytes(send.dtype, send.numel());
+  std::vector<uint8_t> hs(static_cast<size_t>(bytes)), hr(static_cast<size_t>(bytes * comm.size()));
+  STRATA_RETURN_IF_ERROR(ops::download(ctx, send, hs.data()));
+  STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+  STRATA_RETURN_IF_ERROR(
+      comm.all_gather(hs.data(), bytes, DType::kU8, hr.data(), CommStream::host()));
+  STRATA_RETURN_IF_ERROR(ops::upload(ctx, hr.data(), recv));
+  return ops::synchronize(ctx);
+}
+
+// The routed experts on this rank: every expert, whole (one rank) or its FFN slice (expert
+// slicing: the partial outputs are all-reduced over the tensor-parallel group).
+Status experts_local(const Model& m, ForwardArgs& a, const LayerWeights& L, const Tensor& h,
+                     const Tensor& ids, const Tensor& w, Tensor& x) {
+  const ModelConfig& c = m.config();
+  const int64_t n = a.step.n_tokens, H = c.hidden, E = c.n_experts, S = n * c.n_experts_used;
   ops::section(a.ctx, "moe_permute");
   Tensor offsets = view(a.ws.moe_offsets, 1, E + 1);
   STRATA_RETURN_IF_ERROR(ops::moe_offsets(a.ctx, ids, E, offsets));
@@ -72,7 +122,164 @@ Status moe_layer(const Model& m, ForwardArgs& a, int64_t layer) {
   STRATA_RETURN_IF_ERROR(
       ops::moe_experts(a.ctx, h_perm, offsets, experts, c.activation, ff, act, y_perm));
   ops::section(a.ctx, "moe_combine");
-  STRATA_RETURN_IF_ERROR(ops::moe_combine(a.ctx, y_perm, perm, w, x, /*accumulate=*/true));
+  if (m.parallel().tp_size == 1) {
+    return ops::moe_combine(a.ctx, y_perm, perm, w, x, /*accumulate=*/true);
+  }
+  // Expert slicing: each rank's combine is a partial sum over its FFN slice.
+  Tensor y = blocks::rows(a.ws.y, n);
+  STRATA_RETURN_IF_ERROR(ops::moe_combine(a.ctx, y_perm, perm, w, y, /*accumulate=*/false));
+  STRATA_RETURN_IF_ERROR(ops::all_reduce(a.ctx, a.comm, y));
+  return ops::add(a.ctx, x, y, x);
+}
+
+// The routed experts with expert parallelism (see the top of the file): x[0, n) += the
+// combined expert outputs, computed by the expert-parallel group. h, ids, w: every token's
+// normed input and routing, identical on every rank.
+Status experts_parallel(const Model& m, ForwardArgs& a, const LayerWeights& L, const Tensor& h,
+                        const Tensor& ids, const Tensor& w, Tensor& x) {
+  const ModelConfig& c = m.config();
+  const ParallelConfig& par = m.parallel();
+  if (a.expert_comm == nullptr || a.expert_comm->size() != par.ep_size ||
+      a.expert_comm->rank() != par.ep_rank) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "expert-parallel rank {} of {} runs without its expert-parallel group",
+                  par.ep_rank, par.ep_size);
+  }
+  Communicator& group = *a.expert_comm;
+  const int ep = par.ep_size, tp = par.tp_size;
+  const int64_t n = a.step.n_tokens, H = c.hidden, E = c.n_experts, k = c.n_experts_used;
+  const int64_t El = m.n_experts_local(), W = par.world_size();
+  // PCC: this rank's chunk of the tokens.
+  const int64_t per = (n + W - 1) / W, chunk = int64_t{par.tp_rank} * ep + par.ep_rank;
+  const int64_t t0 = std::min(n, chunk * per), t1 = std::min(n, t0 + per), mc = t1 - t0;
+  Workspace& ws = a.ws;
+  ops::Context& ctx = a.ctx;
+
+  // Group the chunk's (token, slot) rows by expert, hence by the rank that owns the expert.
+  ops::section(ctx, "moe_dispatch");
+  std::vector<int32_t> off(static_cast<size_t>(E + 1), 0);
+  Tensor offsets = view(ws.moe_offsets, 1, E + 1);
+  Tensor h_perm = view(ws.moe_x, mc * k, H), perm = view(ws.moe_perm, 1, mc * k);
+  Tensor ids_c = ids.slice_rows(t0, t1), w_c = w.slice_rows(t0, t1);
+  if (mc > 0) {
+    STRATA_RETURN_IF_ERROR(ops::moe_offsets(ctx, ids_c, E, offsets));
+    Tensor h_c = h.slice_rows(t0, t1);
+    STRATA_RETURN_IF_ERROR(ops::moe_permute(ctx, h_c, ids_c, offsets, h_perm, perm));
+    STRATA_RETURN_IF_ERROR(ops::download(ctx, offsets, off.data()));
+    STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+  }
+  // The counts first: rank r gets how many of this chunk's rows go to each of its experts.
+  std::vector<int32_t> send_counts(static_cast<size_t>(E)), recv_counts(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    send_counts[static_cast<size_t>(e)] =
+        off[static_cast<size_t>(e + 1)] - off[static_cast<size_t>(e)];
+  }
+  STRATA_RETURN_IF_ERROR(group.all_to_all(send_counts.data(), El, DType::kI32, recv_counts.data(),
+                                          CommStream::host()));
+  std::vector<int64_t> send_rows(static_cast<size_t>(ep)), recv_rows(static_cast<size_t>(ep));
+  std::vector<int32_t> recv_expert;  // the local expert of every received row, in arrival order
+  for (int r = 0; r < ep; ++r) {
+    const auto ri = static_cast<size_t>(r);
+    send_rows[ri] = off[static_cast<size_t>((r + 1) * El)] - off[static_cast<size_t>(r * El)];
+    recv_rows[ri] = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      const int32_t cnt = recv_counts[static_cast<size_t>(r * El + e)];
+      recv_rows[ri] += cnt;
+      recv_expert.insert(recv_expert.end(), static_cast<size_t>(cnt), static_cast<int32_t>(e));
+    }
+  }
+  const auto R = static_cast<int64_t>(recv_expert.size());
+  Tensor recv_x = view(ws.moe_recv_x, R, H);
+  STRATA_RETURN_IF_ERROR(
+      group_all_to_all_v(ctx, group, h_perm, send_rows.data(), recv_x, recv_rows.data()));
+
+  // This rank's experts over the rows it received, grouped by expert, then back in arrival order.
+  ops::section(ctx, "experts");
+  Tensor recv_y = view(ws.moe_recv_y, R, H);
+  if (R > 0) {
+    Tensor rids = view(ws.moe_recv_ids, R, 1), rw = view(ws.moe_recv_w, R, 1);
+    const std::vector<float> ones(static_cast<size_t>(R), 1.0f);
+    STRATA_RETURN_IF_ERROR(ops::upload(ctx, recv_expert.data(), rids));
+    STRATA_RETURN_IF_ERROR(ops::upload(ctx, ones.data(), rw));
+    Tensor roff = view(ws.moe_recv_offsets, 1, El + 1), rperm = view(ws.moe_recv_perm, 1, R);
+    Tensor grouped = view(ws.moe_x, R, H);  // h_perm has been sent
+    STRATA_RETURN_IF_ERROR(ops::moe_offsets(ctx, rids, El, roff));
+    STRATA_RETURN_IF_ERROR(ops::moe_permute(ctx, recv_x, rids, roff, grouped, rperm));
+    const int64_t Fe = L.expert_gate_up[0].rows() / 2;
+    Tensor ff = ws.moe_ff.dtype == DType::kF32 ? view(ws.moe_ff, R, 2 * Fe) : Tensor{};
+    Tensor act = view(ws.moe_act, R, Fe);
+    Tensor y_grouped = view(ws.moe_y, R, H);
+    const ops::MoeExperts experts{L.expert_gate_up.data(), L.expert_down.data(), El, R};
+    STRATA_RETURN_IF_ERROR(
+        ops::moe_experts(ctx, grouped, roff, experts, c.activation, ff, act, y_grouped));
+    STRATA_RETURN_IF_ERROR(ops::moe_combine(ctx, y_grouped, rperm, rw, recv_y, false));
+    // The uploads' host arrays must outlive the copies.
+    STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+  }
+
+  // The outputs back to the rows' owners, combined per token into this rank's chunk.
+  ops::section(ctx, "moe_combine");
+  Tensor y_back = view(ws.moe_y, mc * k, H);
+  STRATA_RETURN_IF_ERROR(
+      group_all_to_all_v(ctx, group, recv_y, recv_rows.data(), y_back, send_rows.data()));
+  Tensor mine = view(ws.y, per, H);
+  if (mc > 0) {
+    Tensor out = mine.slice_rows(0, mc);
+    STRATA_RETURN_IF_ERROR(ops::moe_combine(ctx, y_back, perm, w_c, out, false));
+  }
+  // Every rank's chunk (padded to `per` rows), in chunk order: the EP group's, then the TP group's.
+  Tensor chunks = view(ws.moe_chunks, ep * per, H);
+  STRATA_RETURN_IF_ERROR(group_all_gather(ctx, group, mine, chunks));
+  Tensor all = chunks;
+  if (tp > 1) {
+    all = view(ws.moe_gathered, W * per, H);
+    STRATA_RETURN_IF_ERROR(ops::all_gather(ctx, a.comm, chunks, all));
+  }
+  Tensor y = all.slice_rows(0, n);
+  return ops::add(ctx, x, y, x);
+}
+
+}  // namespace
+
+Status moe_layer(const Model& m, ForwardArgs& a, int64_t layer) {
+  const ModelConfig& c = m.config();
+  const LayerWeights& L = m.weights().layers[static_cast<size_t>(layer)];
+  const int64_t n = a.step.n_tokens;
+  Tensor x = blocks::rows(a.ws.x, n), h = blocks::rows(a.ws.h, n);
+  const bool sliding = c.sliding_window > 0;
+  ops::section(a.ctx, "attn_norm");
+  STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, blocks::norm_args(c), h));
+  STRATA_RETURN_IF_ERROR(blocks::self_attention(m, a, layer, sliding));
+  ops::section(a.ctx, "o_proj");
+  STRATA_RETURN_IF_ERROR(
+      blocks::residual_linear_norm(m, a, blocks::rows(a.ws.attn, n), L.o, L.ffn_norm, "ffn_norm"));
+  if (!c.layer_moe(layer)) {
+    STRATA_RETURN_IF_ERROR(blocks::mlp_in(m, a, layer));
+    ops::section(a.ctx, "down");
+    return blocks::residual_linear(m, a, blocks::rows(a.ws.act, n).slice_cols(0, L.down.cols()),
+                                   L.down);
+  }
+
+  const int64_t E = c.n_experts, k = c.n_experts_used;
+  ops::section(a.ctx, "router");
+  Tensor logits = view(a.ws.moe_logits, n, E);
+  STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, h, L.router, logits));
+  Tensor ids = view(a.ws.moe_ids, n, k), w = view(a.ws.moe_w, n, k);
+  ops::MoeRouteArgs route;
+  route.k = k;
+  route.renormalize = c.moe_renormalize;
+  STRATA_RETURN_IF_ERROR(ops::moe_route(a.ctx, logits, route, ids, w));
+  if (a.moe_route_trace != nullptr) {
+    std::vector<int32_t>& t = *a.moe_route_trace;
+    t.resize(t.size() + static_cast<size_t>(n * k));
+    STRATA_RETURN_IF_ERROR(ops::download(a.ctx, ids, t.data() + t.size() - n * k));
+    STRATA_RETURN_IF_ERROR(ops::synchronize(a.ctx));
+  }
+  if (m.parallel().ep_size > 1) {
+    STRATA_RETURN_IF_ERROR(experts_parallel(m, a, L, h, ids, w, x));
+  } else {
+    STRATA_RETURN_IF_ERROR(experts_local(m, a, L, h, ids, w, x));
+  }
   if (L.shared_gate_up.defined()) {
     ops::section(a.ctx, "shared_expert");
     const int64_t Fs = c.shared_expert_ffn_dim;

@@ -908,6 +908,43 @@ Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& 
       .with_context(kOp);
 }
 
+Status all_to_all_v(Context& ctx, Communicator& comm, const Tensor& send, const int64_t* send_rows,
+                    Tensor& recv, const int64_t* recv_rows) {
+  constexpr const char* kOp = "all_to_all_v";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&send, &recv}));
+  if (send.dtype != recv.dtype || send.ndim != 2 || recv.ndim != 2 || send.cols() != recv.cols() ||
+      !send.is_contiguous() || !recv.is_contiguous()) {
+    return invalid(kOp, "send and recv must be contiguous 2-D tensors of one dtype and width");
+  }
+  const int n = comm.size();
+  const int64_t cols = send.cols();
+  std::vector<int64_t> sc(static_cast<size_t>(n)), so(static_cast<size_t>(n)),
+      rc(static_cast<size_t>(n)), ro(static_cast<size_t>(n));
+  int64_t s_total = 0, r_total = 0;
+  for (int r = 0; r < n; ++r) {
+    const auto i = static_cast<size_t>(r);
+    if (send_rows[i] < 0 || recv_rows[i] < 0) return invalid(kOp, "negative row counts");
+    so[i] = s_total * cols;
+    sc[i] = send_rows[i] * cols;
+    ro[i] = r_total * cols;
+    rc[i] = recv_rows[i] * cols;
+    s_total += send_rows[i];
+    r_total += recv_rows[i];
+  }
+  if (s_total > send.rows() || r_total > recv.rows()) {
+    return invalid(kOp, fmt::format("{} rows to send of {}, {} to receive into {}", s_total,
+                                    send.rows(), r_total, recv.rows()));
+  }
+  if (n > 1 && !comm.supports(ctx.device)) {
+    return errorf(StatusCode::kUnimplemented, "{}: the {} communicator takes no {} buffers", kOp,
+                  comm.name(), ctx.device.to_string());
+  }
+  return comm
+      .all_to_all_v(send.data, sc.data(), so.data(), recv.data, rc.data(), ro.data(), send.dtype,
+                    comm_stream(ctx))
+      .with_context(kOp);
+}
+
 }  // namespace strata::ops
 
 // ---- mixture of experts ---------------------------------------------------------------------

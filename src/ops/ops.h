@@ -273,6 +273,12 @@ Status quantize_rows(Context& ctx, const Tensor& w_bf16, Tensor& q, Tensor& scal
 Status all_reduce(Context& ctx, Communicator& comm, Tensor& x);
 // recv [size * n, cols] rank-major = every rank's send [n, cols] (f32).
 Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv);
+// Rows of a contiguous 2-D tensor to every rank with variable splits (the mixture-of-experts
+// dispatch and combine): send_rows[r] rows of send, in rank order, go to rank r; recv_rows[r]
+// rows from rank r land in recv, in rank order (host arrays of comm.size() entries, zeros
+// allowed; every rank's recv_rows[r] must equal rank r's send_rows[this rank]). Any dtype.
+Status all_to_all_v(Context& ctx, Communicator& comm, const Tensor& send, const int64_t* send_rows,
+                    Tensor& recv, const int64_t* recv_rows);
 // The end of a row-parallel layer and the next norm: y = all_reduce(y) (+ bias); x += y;
 // h = norm(x). y, x f32 [n, hidden]. One kernel where the communicator fuses it (the one-shot
 // all-reduce with RMSNorm into bf16, contiguous rows); otherwise all_reduce, add_bias and

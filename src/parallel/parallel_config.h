@@ -1,5 +1,6 @@
 // ParallelConfig: this rank's place in the parallel world as a value type: its tensor-parallel
-// rank (Megatron shards) and its pipeline stage (a contiguous layer range). The sharding rules
+// rank (Megatron shards), its expert-parallel rank (which experts of a mixture-of-experts layer
+// it holds) and its pipeline stage (a contiguous layer range). The sharding rules
 // themselves live in the model loader, which asks this struct which slice of each dimension and
 // which layers its rank owns.
 #pragma once
@@ -24,6 +25,28 @@ struct ParallelConfig {
   int pp_rank = 0;
   int64_t first_layer = 0;
   int64_t last_layer = -1;
+  // Expert parallelism: the world is tp_size x ep_size ranks, numbered Megatron-style with the
+  // tensor-parallel rank fastest (world rank = ep_rank * tp_size + tp_rank). The ranks of one
+  // tensor-parallel rank form the expert-parallel group; ep_rank holds experts
+  // [ep_rank E / ep_size, (ep_rank + 1) E / ep_size) of every sparse layer (whole experts).
+  // With ep_size 1 and tp_size > 1 every rank holds every expert, its FFN dimension sliced over
+  // the tensor-parallel group (expert slicing).
+  int ep_size = 1;
+  int ep_rank = 0;
+
+  int world_size() const { return tp_size * ep_size; }
+  int world_rank() const { return ep_rank * tp_size + tp_rank; }
+  // This rank's experts of n_experts (n_experts % ep_size == 0 required by the caller).
+  ShardRange expert_shard(int64_t n_experts) const {
+    const int64_t per = n_experts / ep_size;
+    return {per * ep_rank, per * (ep_rank + 1)};
+  }
+  // This rank's slice of each expert's FFN dimension: whole with expert parallelism, split over
+  // the tensor-parallel group without it (ffn % tp_size == 0 required by the caller).
+  ShardRange expert_ffn_shard(int64_t ffn) const {
+    if (ep_size > 1) return {0, ffn};
+    return even_shard(ffn);
+  }
 
   bool has_layer(int64_t l) const { return l >= first_layer && (last_layer < 0 || l < last_layer); }
   int64_t stage_end(int64_t n_layers) const { return last_layer < 0 ? n_layers : last_layer; }

@@ -25,6 +25,7 @@ class ModelRunner final : public Executor {
                                                      const ParallelConfig& par,
                                                      std::unique_ptr<Model> host,
                                                      Communicator& comm, Communicator* pipeline,
+                                                     Communicator* expert,
                                                      const RunnerOptions& options);
 
   const ModelConfig& config() const override { return model_->config(); }
@@ -66,17 +67,25 @@ class ModelRunner final : public Executor {
     return true;
   }
 
+  // Communicators this runner uses and owns (the groups split from an mpirun world).
+  void adopt(std::vector<std::unique_ptr<Communicator>> comms) {
+    for (auto& c : comms) owned_.push_back(std::move(c));
+  }
+
   const Model& model() const { return *model_; }
   DeviceRuntime& runtime() { return *runtime_; }
   const RunnerOptions& options() const { return opt_; }
 
  private:
-  ModelRunner(Communicator& comm, Communicator* pipeline) : comm_(comm), pipe_(pipeline) {}
+  ModelRunner(Communicator& comm, Communicator* pipeline, Communicator* expert)
+      : comm_(comm), pipe_(pipeline), expert_(expert) {}
   Status allocate(const RunnerOptions& o);
   Status run(const ForwardBatch& b, float* out_logits, int32_t* out_ids);
 
-  Communicator& comm_;  // the tensor-parallel group: the layer program's collectives
-  Communicator* pipe_;  // the pipeline group (stage s = rank s), null without stages
+  std::vector<std::unique_ptr<Communicator>> owned_;  // first: destroyed after the rest
+  Communicator& comm_;    // the tensor-parallel group: the layer program's collectives
+  Communicator* pipe_;    // the pipeline group (stage s = rank s), null without stages
+  Communicator* expert_;  // the expert-parallel group, null without expert parallelism
   RunnerOptions opt_;
   std::unique_ptr<DeviceRuntime> runtime_;
   std::unique_ptr<Model> model_;
@@ -96,13 +105,23 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
                                                          const ParallelConfig& par,
                                                          std::unique_ptr<Model> host,
                                                          Communicator& comm, Communicator* pipeline,
+                                                         Communicator* expert,
                                                          const RunnerOptions& options) {
   if (par.pp_size > 1 &&
       (pipeline == nullptr || pipeline->size() != par.pp_size || pipeline->rank() != par.pp_rank)) {
     return errorf(StatusCode::kInvalidArgument, "pipeline stage {} of {} needs its stage group",
                   par.pp_rank, par.pp_size);
   }
-  std::unique_ptr<ModelRunner> r(new ModelRunner(comm, pipeline));
+  if (par.ep_size > 1 &&
+      (expert == nullptr || expert->size() != par.ep_size || expert->rank() != par.ep_rank)) {
+    return errorf(StatusCode::kInvalidArgument, "expert-parallel rank {} of {} needs its group",
+                  par.ep_rank, par.ep_size);
+  }
+  if (par.ep_size > 1 && par.pp_size > 1) {
+    return Status(StatusCode::kUnimplemented,
+                  "expert parallelism with pipeline stages is not built yet");
+  }
+  std::unique_ptr<ModelRunner> r(new ModelRunner(comm, pipeline, expert));
   r->opt_ = options;
   RunnerOptions& o = r->opt_;
   if (o.act_dtype != DType::kF32 && o.act_dtype != DType::kBF16) {
@@ -130,6 +149,9 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   if (o.profile || !r->runtime_->supports_graphs()) o.cuda_graphs = false;
   // Pipeline stages hand hidden states over through host memory between steps: eager for now.
   if (par.pp_size > 1) o.cuda_graphs = false;
+  // The expert-parallel all-to-alls read their counts on the host (model/moe.cpp): eager.
+  if (par.ep_size > 1) o.cuda_graphs = false;
+  if (o.moe_route_trace != nullptr) o.cuda_graphs = false;
   DeviceRuntime& rt = *r->runtime_;
   if (device_layout) {
     DeviceLayout layout;
@@ -295,6 +317,8 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
   ForwardArgs args{
       ctx, step_.args, ws_, kv_->layers(), comm_, par.first_layer, par.last_layer, step_.head};
   args.weights = streamer_.get();
+  args.expert_comm = expert_;
+  args.moe_route_trace = opt_.moe_route_trace;
   rt.begin_step(step_.args.max_q_len == 1);
   STRATA_RETURN_IF_ERROR(
       rt.run(step_.graph, step_.graph_key, [&] { return model_->forward(args); }));
@@ -336,11 +360,11 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
 
 Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const ParallelConfig& par,
                                               std::unique_ptr<Model> host, Communicator& comm,
-                                              const RunnerOptions& options,
-                                              Communicator* pipeline) {
+                                              const RunnerOptions& options, Communicator* pipeline,
+                                              Communicator* expert) {
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<ModelRunner> r,
-      ModelRunner::create(config, par, std::move(host), comm, pipeline, options));
+      ModelRunner::create(config, par, std::move(host), comm, pipeline, expert, options));
   return std::unique_ptr<Executor>(std::move(r));
 }
 
@@ -384,14 +408,54 @@ Result<std::unique_ptr<Communicator>> make_device_communicator(std::unique_ptr<C
   return make_nccl_communicator(std::move(*ipc), ro.device.index, oneshot_max);
 }
 
+namespace {
+
+// A rank's tensor-parallel group (the world ranks of its ep_rank, ordered by tp_rank) and
+// expert-parallel group (those of its tp_rank, ordered by ep_rank), split from the world.
+struct ExpertGroups {
+  std::unique_ptr<Communicator> tp, ep;
+};
+
+Result<ExpertGroups> split_expert_groups(Communicator& world, const ParallelConfig& par) {
+  ExpertGroups g;
+  STRATA_ASSIGN_OR_RETURN(g.tp, world.split(par.ep_rank, par.tp_rank));
+  STRATA_ASSIGN_OR_RETURN(g.ep, world.split(par.tp_rank, par.ep_rank));
+  return g;
+}
+
+// A runner over its groups, which it owns.
+Result<std::unique_ptr<Executor>> make_expert_parallel_runner(const ModelConfig& config,
+                                                              const ParallelConfig& par,
+                                                              std::unique_ptr<Model> host,
+                                                              ExpertGroups g,
+                                                              const RunnerOptions& ro) {
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelRunner> r,
+      ModelRunner::create(config, par, std::move(host), *g.tp, nullptr, g.ep.get(), ro));
+  std::vector<std::unique_ptr<Communicator>> owned;
+  owned.push_back(std::move(g.tp));
+  owned.push_back(std::move(g.ep));
+  r->adopt(std::move(owned));
+  return std::unique_ptr<Executor>(std::move(r));
+}
+
+}  // namespace
+
 Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOptions& eo) {
   LoadedExecutor out;
   const bool cuda = cfg.device.is_cuda();
-  if (cfg.parallel.ep != 1 || cfg.parallel.dp != 1) {
-    return Status(StatusCode::kUnimplemented,
-                  "expert and data parallel sizes other than 1 are not built yet");
+  if (cfg.parallel.dp != 1) {
+    return Status(StatusCode::kUnimplemented, "data parallel sizes other than 1 are not built yet");
+  }
+  const int ep = cfg.parallel.ep;
+  if (ep < 1) {
+    return errorf(StatusCode::kInvalidArgument, "--expert-parallel-size {} must be >= 1", ep);
   }
   const int pp = cfg.parallel.pp;
+  if (ep > 1 && pp > 1) {
+    return Status(StatusCode::kUnimplemented,
+                  "--expert-parallel-size with --pipeline-parallel-size > 1 is not built yet");
+  }
   if (pp < 1) return errorf(StatusCode::kInvalidArgument, "--pipeline-parallel-size must be >= 1");
   if (cfg.parallel.pp_micro_batch < 1) {
     return errorf(StatusCode::kInvalidArgument, "--pp-micro-batch must be >= 1");
@@ -481,6 +545,12 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       std::shared_ptr<TensorSource> weights = loaded.weights;
       auto load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
       STRATA_ASSIGN_OR_RETURN(out.exec, make_in_process_pp_executor(config, load, bounds, ro));
+    } else if (ep > 1) {
+      const ParallelConfig par = loaded.model->parallel();
+      STRATA_ASSIGN_OR_RETURN(ExpertGroups g, split_expert_groups(*out.comm, par));
+      STRATA_ASSIGN_OR_RETURN(
+          out.exec,
+          make_expert_parallel_runner(config, par, std::move(loaded.model), std::move(g), ro));
     } else {
       const ParallelConfig par = loaded.model->parallel();
       STRATA_ASSIGN_OR_RETURN(out.exec,
@@ -506,11 +576,18 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   if (cfg.parallel.tp < 1) {
     return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
   }
-  if (mpi && env.launcher_size != cfg.parallel.tp) {
+  const int world = cfg.parallel.tp * ep;
+  if (mpi && env.launcher_size != world) {
     return errorf(StatusCode::kInvalidArgument,
-                  "--tensor-parallel-size {} but {} ranks were launched (use mpirun -np {}, or no "
-                  "mpirun: {} ranks as threads of one process, one GPU each)",
-                  cfg.parallel.tp, env.launcher_size, cfg.parallel.tp, cfg.parallel.tp);
+                  "--tensor-parallel-size {} x --expert-parallel-size {} but {} ranks were "
+                  "launched (use mpirun -np {}, or no mpirun: {} ranks as threads of one process, "
+                  "one GPU each)",
+                  cfg.parallel.tp, ep, env.launcher_size, world, world);
+  }
+  if (mpi && ep > 1 && env.tp_one_gpu) {
+    return Status(StatusCode::kUnimplemented,
+                  "--expert-parallel-size under mpirun with every rank on one GPU "
+                  "(STRATA_TP_ONE_GPU) is not built yet; run without mpirun (ranks as threads)");
   }
   ModelConfig config;
   std::shared_ptr<TensorSource> weights;  // null: random weights
@@ -547,11 +624,22 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       config = host->config();
     }
     ParallelConfig par;
-    par.tp_size = out.comm->size();
-    par.tp_rank = out.comm->rank();
-    STRATA_ASSIGN_OR_RETURN(out.comm,
-                            make_device_communicator(std::move(out.comm), config, ro, shared_gpu));
-    if (!shared_gpu || par.tp_size == 1) {
+    par.tp_size = cfg.parallel.tp;
+    par.tp_rank = out.comm->rank() % cfg.parallel.tp;
+    par.ep_size = ep;
+    par.ep_rank = out.comm->rank() / cfg.parallel.tp;
+    if (ep == 1) {
+      STRATA_ASSIGN_OR_RETURN(
+          out.comm, make_device_communicator(std::move(out.comm), config, ro, shared_gpu));
+    }
+    if (ep > 1) {
+      // The world stays the control group; the tensor-parallel group gets the device
+      // collectives, the expert-parallel group's go through host memory (model/moe.cpp).
+      STRATA_ASSIGN_OR_RETURN(ExpertGroups g, split_expert_groups(*out.comm, par));
+      STRATA_ASSIGN_OR_RETURN(g.tp, make_device_communicator(std::move(g.tp), config, ro, false));
+      STRATA_ASSIGN_OR_RETURN(
+          out.exec, make_expert_parallel_runner(config, par, std::move(host), std::move(g), ro));
+    } else if (!shared_gpu || par.tp_size == 1) {
       STRATA_ASSIGN_OR_RETURN(out.exec, make_runner(config, par, std::move(host), *out.comm, ro));
     } else {
       // Every process on one GPU: rank 0 sizes its KV pool within its share of
@@ -580,7 +668,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       }
       out.exec = std::move(*e);
     }
-  } else if (cfg.parallel.tp == 1 && pp == 1 && !dummy) {
+  } else if (cfg.parallel.tp == 1 && ep == 1 && pp == 1 && !dummy) {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
     out.info = std::move(loaded.info);
     out.tokenizer = std::move(loaded.tokenizer);
@@ -608,13 +696,13 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       if (weights)
         load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
       STRATA_ASSIGN_OR_RETURN(out.exec, make_in_process_pp_executor(config, load, bounds, ro));
-    } else if (cfg.parallel.tp > 1) {
+    } else if (cfg.parallel.tp > 1 || ep > 1) {
       // Ranks as threads of this process, one GPU each (or all on one GPU when there are fewer).
       std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)> load;
       if (weights)
         load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
       STRATA_ASSIGN_OR_RETURN(out.exec,
-                              make_in_process_tp_executor(config, load, cfg.parallel.tp, ro));
+                              make_in_process_tp_executor(config, load, cfg.parallel.tp, ro, ep));
     } else {
       std::unique_ptr<Model> host;
       if (weights) {

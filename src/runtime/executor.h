@@ -109,6 +109,9 @@ struct RunnerOptions {
   int64_t pp_min_micro_batch_tokens = 256;
   // Weight streaming (device layout only): --gpu-weight-budget, --offload-weights, prefetch.
   ResidencyOptions residency;
+  // Tests: each forward pass appends every sparse layer's routing here (ForwardArgs,
+  // moe_route_trace; turns CUDA graphs off). Must outlive the runner.
+  std::vector<int32_t>* moe_route_trace = nullptr;
 };
 
 // Message sizes of tensor-parallel ranks' device collectives: the largest one a forward pass
@@ -124,21 +127,27 @@ OneShotSizes oneshot_sizes(const ModelConfig& config, const RunnerOptions& optio
 // A runner over `host` (the model loaded as stored on the CPU; moved to the device layout when
 // options ask for it), or over random weights of `config` when host is null. `comm` is the
 // tensor-parallel group (the layer program's collectives); `pipeline` the pipeline group when
-// par.pp_size > 1 (stage par.pp_rank = its rank). Both must outlive the runner.
+// par.pp_size > 1 (stage par.pp_rank = its rank); `expert` the expert-parallel group when
+// par.ep_size > 1 (rank par.ep_rank). All must outlive the runner.
 Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const ParallelConfig& par,
                                               std::unique_ptr<Model> host, Communicator& comm,
                                               const RunnerOptions& options,
-                                              Communicator* pipeline = nullptr);
+                                              Communicator* pipeline = nullptr,
+                                              Communicator* expert = nullptr);
 
 // Tensor parallelism inside one process: `tp` ranks as threads, each a ModelRunner over its
 // Megatron shard (load(par) returns the host model sharded for rank par.tp_rank; null `load`
 // means random weights), talking through the in-process communicator — host memory on the CPU,
 // the one-shot kernels on a GPU (all ranks on options.device). The executor runs every forward
 // pass on all ranks at once and returns rank 0's results. How TP is tested on one GPU and in CI.
+// ep > 1: tp x ep ranks (ParallelConfig: world rank = ep_rank tp + tp_rank), each rank with
+// its tensor-parallel and its expert-parallel group (mixture-of-experts models: experts
+// partitioned over the expert-parallel group, tokens split among the ranks around the
+// all-to-alls, model/moe.cpp); load(par) then returns rank (par.tp_rank, par.ep_rank)'s shard.
 Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
-    const RunnerOptions& options);
+    const RunnerOptions& options, int ep = 1);
 
 // Pipeline parallelism inside one process: stage s (a thread) runs layers [bounds[s],
 // bounds[s + 1]) (runtime/pipeline_schedule.h, pipeline_bounds) with its own KV pool for those
@@ -167,8 +176,8 @@ Status run_follower(Executor& local, Communicator& control);
 // engines need beside it. Member order matters: `exec` may refer to `comm`.
 struct LoadedExecutor {
   ModelInfo info;
-  int64_t max_len = 0;  // context length
-  std::unique_ptr<Communicator> comm;
+  int64_t max_len = 0;                   // context length
+  std::unique_ptr<Communicator> comm;    // the world (rank 0 drives the other ranks through it)
   std::unique_ptr<Tokenizer> tokenizer;  // null when the model has none (or dummy presets)
   std::unique_ptr<Executor> exec;
 };

@@ -231,6 +231,10 @@ Status check_engine_config(const EngineConfig& cfg) {
   if (cfg.parallel.tp < 1) {
     return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
   }
+  if (cfg.parallel.ep < 1) {
+    return errorf(StatusCode::kInvalidArgument, "--expert-parallel-size {} must be >= 1",
+                  cfg.parallel.ep);
+  }
   if (cfg.max_model_len < 0) {
     return errorf(StatusCode::kInvalidArgument,
                   "--max-model-len {} must be >= 0 (0 = the model's own)", cfg.max_model_len);
@@ -250,20 +254,22 @@ Result<LoadedModel> load_model(const EngineConfig& cfg) {
   }
   LoadedModel out;
   const EnvConfig& env = env_config();
-  if (cfg.parallel.tp > 1 && env.launcher_size != cfg.parallel.tp) {
+  // The world: tp x ep ranks (world rank = ep_rank tp + tp_rank).
+  const int world = cfg.parallel.tp * cfg.parallel.ep;
+  if (world > 1 && env.launcher_size != world) {
     return errorf(StatusCode::kInvalidArgument,
-                  "--tensor-parallel-size {} needs {} ranks: launch with mpirun -np {} (this "
-                  "process was started with {})",
-                  cfg.parallel.tp, cfg.parallel.tp, cfg.parallel.tp,
+                  "--tensor-parallel-size {} x --expert-parallel-size {} needs {} ranks: launch "
+                  "with mpirun -np {} (this process was started with {})",
+                  cfg.parallel.tp, cfg.parallel.ep, world, world,
                   env.launcher_size > 0 ? env.launcher_size : 1);
   }
-  if (cfg.parallel.tp > 1 || env.launcher_size > 1) {
+  if (world > 1 || env.launcher_size > 1) {
     STRATA_ASSIGN_OR_RETURN(out.comm, make_mpi_communicator());
-    if (out.comm->size() != cfg.parallel.tp) {
+    if (out.comm->size() != world) {
       return errorf(StatusCode::kInvalidArgument,
-                    "--tensor-parallel-size {} but {} MPI ranks were launched (use mpirun -np "
-                    "{})",
-                    cfg.parallel.tp, out.comm->size(), cfg.parallel.tp);
+                    "--tensor-parallel-size {} x --expert-parallel-size {} but {} MPI ranks "
+                    "were launched (use mpirun -np {})",
+                    cfg.parallel.tp, cfg.parallel.ep, out.comm->size(), world);
     }
   } else {
     out.comm = make_single_rank_communicator();
@@ -292,8 +298,10 @@ Result<LoadedModel> load_model(const EngineConfig& cfg) {
     });
   }
   ParallelConfig par;
-  par.tp_size = out.comm->size();
-  par.tp_rank = out.comm->rank();
+  par.tp_size = cfg.parallel.tp;
+  par.tp_rank = out.comm->rank() % cfg.parallel.tp;
+  par.ep_size = cfg.parallel.ep;
+  par.ep_rank = out.comm->rank() / cfg.parallel.tp;
   if (cfg.parallel.pp <= 1) {
     STRATA_ASSIGN_OR_RETURN(out.model, Model::load(config, par, files.weights));
   }

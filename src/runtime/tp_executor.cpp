@@ -8,6 +8,7 @@
 // Pipeline stages (make_in_process_pp_executor) run the same way: one runner per stage over its
 // layer range, the hidden states passed stage to stage with send/recv, the last stage's results
 // sent back to stage 0.
+#include <omp.h>
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -37,6 +38,10 @@ class RankPool {
  public:
   RankPool(int n, std::function<void()> on_fail, std::chrono::seconds deadline)
       : n_(n),
+        // NOTE: the ranks share the CPU threads the caller may use: n ranks each running
+        // OpenMP teams of the full size oversubscribe the cores, and a rank waiting for a peer
+        // at a collective then waits for spinning teams (seconds per pass on two cores).
+        omp_threads_(std::max(1, omp_get_max_threads() / std::max(1, n))),
         on_fail_(std::move(on_fail)),
         deadline_(deadline),
         done_(static_cast<size_t>(n), true) {
@@ -71,7 +76,11 @@ class RankPool {
     }
     cv_.notify_all();
     watch_cv_.notify_all();
-    finish(0, f(0));
+    const int caller_threads = omp_get_max_threads();
+    if (n_ > 1) omp_set_num_threads(omp_threads_);
+    Status st0 = f(0);
+    if (n_ > 1) omp_set_num_threads(caller_threads);
+    finish(0, std::move(st0));
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [&] { return pending_ == 0; });
     job_ = nullptr;
@@ -96,6 +105,7 @@ class RankPool {
     if (fire && on_fail_) on_fail_();
   }
   void work(int r) {
+    omp_set_num_threads(omp_threads_);
     uint64_t seen = 0;
     for (;;) {
       const std::function<Status(int)>* job = nullptr;
@@ -138,6 +148,7 @@ class RankPool {
   }
 
   int n_;
+  int omp_threads_;  // OpenMP threads per rank
   std::function<void()> on_fail_;
   std::chrono::seconds deadline_;
   std::vector<std::thread> threads_;
@@ -529,11 +540,112 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
 
 }  // namespace
 
+namespace {
+
+// tp x ep ranks as threads (make_in_process_tp_executor with ep > 1): world rank w = ep_rank tp
+// + tp_rank; each rank's tensor-parallel group (the ranks of its ep_rank) and expert-parallel
+// group (the ranks of its tp_rank) are in-process communicators of their own. On a GPU the
+// tensor-parallel groups get the one-shot device collectives; the expert-parallel groups' few
+// collectives go through host memory (model/moe.cpp), so every rank may share one GPU.
+Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
+    const ModelConfig& config,
+    const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
+    int ep, const RunnerOptions& options) {
+  const int W = tp * ep;
+  if (config.n_experts > 0 && config.n_experts % ep != 0) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{} experts cannot be split over expert-parallel size {} (the number of experts "
+                  "must be a multiple of it)",
+                  config.n_experts, ep);
+  }
+  std::vector<std::unique_ptr<Communicator>> tp_comms(static_cast<size_t>(W)),
+      ep_comms(static_cast<size_t>(W));
+  for (int e = 0; e < ep; ++e) {
+    std::vector<std::unique_ptr<Communicator>> g = make_in_process_communicators(tp);
+    for (int t = 0; t < tp; ++t) tp_comms[static_cast<size_t>(e * tp + t)] = std::move(g[t]);
+  }
+  for (int t = 0; t < tp; ++t) {
+    std::vector<std::unique_ptr<Communicator>> g = make_in_process_communicators(ep);
+    for (int e = 0; e < ep; ++e) ep_comms[static_cast<size_t>(e * tp + t)] = std::move(g[e]);
+  }
+  const bool cuda = options.device.is_cuda();
+  const bool shared_gpu =
+      cuda && (env_config().tp_one_gpu || options.device.index + W > cuda_device_count());
+  auto rank_device = [&](int w) {
+    return cuda && !shared_gpu ? Device::cuda(options.device.index + w) : options.device;
+  };
+  if (shared_gpu && cuda_lazy_module_loading()) {
+    return Status(
+        StatusCode::kFailedPrecondition,
+        "expert-parallel ranks sharing one GPU need CUDA_MODULE_LOADING=EAGER in the "
+        "environment before the process starts (a kernel loaded lazily waits for the "
+        "peer's collective, which waits for it); the strata command sets it for --ep > 1");
+  }
+  if (cuda && tp > 1) {
+    // The tensor-parallel groups' device collectives: the one-shot kernels for every size.
+    // The layer output's gathered chunks are padded to a multiple of the world: W rows more.
+    const int64_t largest = oneshot_sizes(config, options, tp).largest + W * config.hidden * 4;
+    std::vector<Status> st(static_cast<size_t>(W));
+    std::vector<std::thread> threads;
+    for (int w = 0; w < W; ++w) {
+      threads.emplace_back([&, w] {
+        st[static_cast<size_t>(w)] = init_in_process_device(*tp_comms[static_cast<size_t>(w)],
+                                                            rank_device(w).index, largest);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int w = 0; w < W; ++w) {
+      if (!st[static_cast<size_t>(w)].ok()) {
+        return st[static_cast<size_t>(w)].with_context("rank " + std::to_string(w) +
+                                                       " tensor-parallel collectives");
+      }
+    }
+  }
+  std::vector<std::unique_ptr<Executor>> ranks;
+  RunnerOptions o = options;
+  for (int w = 0; w < W; ++w) {
+    ParallelConfig par;
+    par.tp_size = tp;
+    par.tp_rank = w % tp;
+    par.ep_size = ep;
+    par.ep_rank = w / tp;
+    std::unique_ptr<Model> host;
+    if (load) {
+      STRATA_ASSIGN_OR_RETURN(host, load(par));
+    }
+    RunnerOptions ro = o;
+    ro.device = rank_device(w);
+    if (w > 0) ro.moe_route_trace = nullptr;  // rank 0's routing only (one vector)
+    if (shared_gpu && o.num_kv_blocks <= 0) {
+      ro.gpu_memory_utilization = o.gpu_memory_utilization * (w + 1) / W;
+    }
+    Result<std::unique_ptr<Executor>> e =
+        make_runner(config, par, std::move(host), *tp_comms[static_cast<size_t>(w)], ro, nullptr,
+                    ep_comms[static_cast<size_t>(w)].get());
+    if (!e.ok()) {
+      return e.status().with_context("rank " + std::to_string(w) + " (tensor-parallel rank " +
+                                     std::to_string(par.tp_rank) + ", expert-parallel rank " +
+                                     std::to_string(par.ep_rank) + ")");
+    }
+    if (w == 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;  // the same ids on every rank
+    ranks.push_back(std::move(*e));
+  }
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (auto& c : tp_comms) comms.push_back(std::move(c));
+  for (auto& c : ep_comms) comms.push_back(std::move(c));
+  return std::unique_ptr<Executor>(
+      std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks)));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
-    const RunnerOptions& options) {
+    const RunnerOptions& options, int ep) {
   if (tp < 1) return errorf(StatusCode::kInvalidArgument, "tensor-parallel size {}", tp);
+  if (ep < 1) return errorf(StatusCode::kInvalidArgument, "expert-parallel size {}", ep);
+  if (ep > 1) return make_in_process_ep_executor(config, load, tp, ep, options);
   std::vector<std::unique_ptr<Communicator>> comms = make_in_process_communicators(tp);
   // Rank r runs on GPU index + r when there are that many, else every rank shares GPU index
   // (how tensor parallelism is tested on one GPU; STRATA_TP_ONE_GPU=1 forces it).
@@ -596,6 +708,7 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     }
     RunnerOptions ro = o;
     ro.device = rank_device(r);
+    if (r > 0) ro.moe_route_trace = nullptr;  // rank 0's routing only (one vector)
     if (shared_gpu && o.num_kv_blocks <= 0) {
       // Ranks on one GPU share it: each takes its share of --gpu-memory-utilization.
       ro.gpu_memory_utilization = o.gpu_memory_utilization * (r + 1) / tp;

@@ -180,6 +180,18 @@ TEST(Cli, TensorParallelWithoutMpi) {
   EXPECT_EQ(r.err.rfind("strata: error: ", 0), 0u) << r.err;
 }
 
+// --expert-parallel-size: without mpirun on the CPU, with pipeline stages, below 1: one line
+// naming the flag.
+TEST(Cli, ExpertParallelFlags) {
+  const std::string moe = std::string(STRATA_FIXTURE_DIR) + "/moe/qwen2_moe";
+  expect_clean_error(run_strata("run -m " + moe + " -p hi --expert-parallel-size 2"),
+                     "--expert-parallel-size 2 needs 2 ranks");
+  expect_clean_error(run_strata("run -m " + moe + " -p hi --ep 2 --pp 2"),
+                     "--expert-parallel-size with --pipeline-parallel-size > 1 is not built yet");
+  expect_clean_error(run_strata("run -m " + moe + " -p hi --ep 0"),
+                     "--expert-parallel-size 0 must be >= 1");
+}
+
 // Weight streaming's flags: bad values and a budget too small are one line with the numbers; the
 // plan is printed by `strata info` without a GPU.
 TEST(Cli, WeightStreamingFlags) {

@@ -1,8 +1,8 @@
-// Tensor-parallel serving across processes (mpirun -np N): rank 0's ServingEngine drives, the
-// other ranks follow its broadcast steps. 16 concurrent greedy requests, with a KV cache too small
-// for all of them (so sequences are preempted and swapped out and back in on every rank), must
-// give exactly the tokens a single-rank greedy loop over the CPU reference gives, computed on
-// rank 0 without the server.
+// Tensor-parallel (and expert-parallel) serving across processes (mpirun -np N): rank 0's
+// ServingEngine drives, the other ranks follow its broadcast steps. 16 concurrent greedy requests,
+// with a KV cache too small for all of them (so sequences are preempted and swapped out and back in
+// on every rank), must give exactly the tokens a single-rank greedy loop over the CPU reference
+// gives, computed on rank 0 without the server.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -71,11 +71,11 @@ Result<std::vector<int32_t>> reference_greedy(const std::string& dir,
   return out;
 }
 
-TEST(TpServing, GreedyOutputsOf16ConcurrentRequestsEqualOneRank) {
-  const std::string dir = testing::fixture_model("llama");
+void serve_and_compare(const std::string& dir, int tp, int ep) {
   ServingConfig cfg;
   cfg.engine.model = dir;
-  cfg.engine.parallel.tp = g_comm->size();
+  cfg.engine.parallel.tp = tp;
+  cfg.engine.parallel.ep = ep;
   cfg.engine.show_progress = false;
   cfg.max_num_seqs = kRequests;
   cfg.block_size = 4;
@@ -120,7 +120,7 @@ TEST(TpServing, GreedyOutputsOf16ConcurrentRequestsEqualOneRank) {
         << done << " of " << kRequests << " requests finished";
   }
   const ServingMetrics m = (*engine)->metrics();
-  std::printf("[ info ] TP=%d serving: %lld preemptions\n", g_comm->size(),
+  std::printf("[ info ] TP=%d EP=%d serving: %lld preemptions\n", tp, ep,
               static_cast<long long>(m.preemptions_total));
   EXPECT_GT(m.preemptions_total, 0) << "the test means to exercise swapping";
   engine->reset();  // rank 0's driver tells the followers to stop
@@ -131,6 +131,16 @@ TEST(TpServing, GreedyOutputsOf16ConcurrentRequestsEqualOneRank) {
     ASSERT_TRUE(want.ok()) << want.status().to_string();
     EXPECT_EQ(got[static_cast<size_t>(i)], *want);
   }
+}
+
+TEST(TpServing, GreedyOutputsOf16ConcurrentRequestsEqualOneRank) {
+  serve_and_compare(testing::fixture_model("llama"), g_comm->size(), 1);
+}
+
+// Expert parallelism over the whole world (Qwen2-MoE: 8 experts, a shared expert, a dense
+// layer): the followers' forward passes join rank 0's all-to-alls in every sparse layer.
+TEST(TpServing, ExpertParallelGreedyOutputsEqualOneRank) {
+  serve_and_compare(std::string(STRATA_FIXTURE_DIR) + "/moe/qwen2_moe", 1, g_comm->size());
 }
 
 }  // namespace
