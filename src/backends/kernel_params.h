@@ -247,6 +247,12 @@ struct CopyRowsParams {
   int64_t rows = 0;
 };
 
+// Which CPU kernels the block-quantized products run (strata::cpu::quant_linear and friends),
+// best last: kBest resolves to the best this CPU supports; a variant the CPU lacks falls back to
+// the best one below it (quant_isa_supported says which run as asked). kAvx512 is AVX-512
+// F/BW/DQ/VL; kAvx512Vnni adds AVX512-VNNI (vpdpbusd for the int8 products).
+enum class QuantIsa { kBest, kScalar, kAvx2, kAvx512, kAvx512Vnni };
+
 // out[t, r] = sum_i x[t, i] * W[r, i] (+ bias[r]) for a block-quantized weight W
 // (strata::cpu::quant_linear). Weight rows are `weight_row_blocks` blocks apart (0: contiguous
 // rows of in_features / block_size blocks), so a column slice of a larger matrix works too.
@@ -267,6 +273,8 @@ struct QuantLinearParams {
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   bool force_scalar = false;  // run the scalar kernels even where AVX2 exists (tests)
+  // The kernels to run at most (tests and A/B runs); force_scalar overrides it.
+  QuantIsa isa = QuantIsa::kBest;
   // true: activations stay f32 and each weight block is dequantized in registers (exact up to
   // f32 summation order). false: activations are rounded to int8 blocks first (llama.cpp's
   // scheme; faster, but moves logits by ~1e-1 on real models).

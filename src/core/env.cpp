@@ -46,6 +46,7 @@ EnvConfig read_env() {
     const char* v = get(name);
     return v != nullptr && v[0] == '1';
   };
+  if (const char* v = get("STRATA_CPU_ISA")) c.cpu_isa = v;
   c.cuda_profile = flag("STRATA_CUDA_PROFILE");
   c.no_autotune = flag("STRATA_NO_AUTOTUNE");
   c.no_pdl = flag("STRATA_NO_PDL");

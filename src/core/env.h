@@ -14,6 +14,9 @@ struct EnvConfig {
   int launcher_rank = -1;
   int launcher_size = -1;
   int launcher_local_rank = -1;  // rank on this host (OpenMPI, MPICH/Hydra, Slurm): its GPU
+  // STRATA_CPU_ISA=scalar|avx2|avx512|avx512-vnni: the best CPU kernel variant to use at most
+  // (A/B runs of the SIMD variants on one machine); empty: the best the CPU supports.
+  std::string cpu_isa;
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
   bool cuda_profile = false;  // STRATA_CUDA_PROFILE=1: event-timed sections, eager launches
   bool no_autotune = false;   // STRATA_NO_AUTOTUNE=1: cuBLASLt keeps its heuristic's first pick

@@ -165,12 +165,32 @@ TEST(Quant, DequantizeRejectsPartialBlocksAndPlainInts) {
   EXPECT_FALSE(dequantize_row(DType::kI32, buf.data(), out.data(), 4).ok());
 }
 
-TEST(Quant, ActivationQuantizationScalarAndAvx2Agree) {
+// The SIMD variants of the block-quant kernels; each test below runs once per variant and
+// skips (saying why) the ones this CPU cannot run.
+const QuantIsa kSimdIsas[] = {QuantIsa::kAvx2, QuantIsa::kAvx512, QuantIsa::kAvx512Vnni};
+std::string isa_test_name(const ::testing::TestParamInfo<QuantIsa>& info) {
+  std::string s = quant_isa_name(info.param);
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
+// Why this CPU cannot run `isa`'s kernels; empty when it can.
+std::string cannot_run(QuantIsa isa) {
+  if (quant_isa_supported(isa)) return "";
+  return std::string("this CPU cannot run the ") + quant_isa_name(isa) +
+         " kernels (best here: " + quant_isa_name(quant_best_isa()) + ")";
+}
+
+class QuantSimd : public ::testing::TestWithParam<QuantIsa> {};
+INSTANTIATE_TEST_SUITE_P(Isa, QuantSimd, ::testing::ValuesIn(kSimdIsas), isa_test_name);
+
+// Every variant's activation quantizer reproduces the scalar one bit for bit.
+TEST_P(QuantSimd, ActivationQuantizationMatchesScalarBitExactly) {
+  if (const std::string why = cannot_run(GetParam()); !why.empty()) GTEST_SKIP() << why;
   const int64_t k = 4096;
   std::vector<float> x = random_rows(1, k, 7);
   x[100] = 0.5f * (127.0f / 25.0f);  // lands near a .5 rounding boundary for some blocks
   const Q8Row a = quantize(x.data(), k, QuantIsa::kScalar);
-  const Q8Row b = quantize(x.data(), k, QuantIsa::kBest);
+  const Q8Row b = quantize(x.data(), k, GetParam());
   EXPECT_EQ(a.qs, b.qs);
   EXPECT_EQ(std::memcmp(a.d.data(), b.d.data(), a.d.size() * 4), 0);
   EXPECT_EQ(std::memcmp(a.s.data(), b.s.data(), a.s.size() * 4), 0);
@@ -189,7 +209,14 @@ TEST(Quant, ActivationQuantizationScalarAndAvx2Agree) {
   }
 }
 
-TEST_F(QuantFixture, DotMatchesReferences) {
+// QuantFixture once per kernel variant (scalar and the SIMD ones).
+class QuantIsaFixture : public QuantFixture, public ::testing::WithParamInterface<QuantIsa> {};
+const QuantIsa kAllIsas[] = {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512,
+                             QuantIsa::kAvx512Vnni};
+INSTANTIATE_TEST_SUITE_P(Isa, QuantIsaFixture, ::testing::ValuesIn(kAllIsas), isa_test_name);
+
+TEST_P(QuantIsaFixture, DotMatchesReferences) {
+  if (const std::string why = cannot_run(GetParam()); !why.empty()) GTEST_SKIP() << why;
   std::printf("quant kernels: best ISA here is %s\n", quant_isa_name(quant_best_isa()));
   for (const TypeCase& tc : kQuantTypes) {
     for (const char* tag : {"a", "b"}) {
@@ -198,7 +225,7 @@ TEST_F(QuantFixture, DotMatchesReferences) {
       const std::vector<float> wref = read_f32(kDir + name + ".f32");
       const int64_t k = t.cols();
       const std::vector<float> x = random_rows(1, k, 11);
-      for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kBest}) {
+      for (QuantIsa isa : {QuantIsa::kScalar, GetParam()}) {
         const Q8Row q = quantize(x.data(), k, isa);
         for (int64_t r = 0; r < t.rows(); ++r) {
           const auto* w = static_cast<const uint8_t*>(t.data) + dtype_bytes(t.dtype, r * k);
@@ -215,8 +242,9 @@ TEST_F(QuantFixture, DotMatchesReferences) {
 }
 
 // quant_linear over all rows for 1..9 tokens (tiles of 4 plus remainders), with bias and
-// strided x / out, scalar and best ISA, with and without caller scratch.
-TEST_F(QuantFixture, LinearMatchesReferences) {
+// strided x / out, forced scalar and the parameter's ISA, with and without caller scratch.
+TEST_P(QuantIsaFixture, LinearMatchesReferences) {
+  if (const std::string why = cannot_run(GetParam()); !why.empty()) GTEST_SKIP() << why;
   for (const TypeCase& tc : kQuantTypes) {
     for (const char* tag : {"a", "b"}) {
       const std::string name = std::string(tc.name) + "." + tag;
@@ -247,6 +275,7 @@ TEST_F(QuantFixture, LinearMatchesReferences) {
           p.x_stride = x_stride;
           p.out_stride = out_stride;
           p.force_scalar = scalar;
+          p.isa = GetParam();
           p.f32_activations = f32_act;
           if (n % 2 == 0) {
             p.scratch = scratch.data();
@@ -364,8 +393,9 @@ std::vector<uint8_t> random_quant_rows(DType dt, int64_t rows, int64_t row_block
   return w;
 }
 
-// The AVX2 f32-activation kernels (the fused decode kernels for n_tokens < 16, the dequantizing
-// GEMM above) against the scalar f32 path (force_scalar: dequantize_row + scalar dot) for every
+// Each SIMD variant's f32-activation kernels (the fused decode kernels for n_tokens < 16, with
+// int16 activations the AVX-512 ones where the variant has them; the dequantizing GEMM above)
+// against the scalar f32 path (force_scalar: dequantize_row + scalar dot) for every
 // block type: n_tokens 1..7, 9, 15 (token groups), 16, 23, 40 (GEMM: partial 6-token panels),
 // row counts that are not multiples of the 4-row tile or the 16-row panel, k past one 256-value
 // k-block, rows with a block count that leaves a tail after
@@ -374,8 +404,8 @@ std::vector<uint8_t> random_quant_rows(DType dt, int64_t rows, int64_t row_block
 // differ only by f32 summation order: within 1e-5 of sum |w_i x_i| + |bias|; with int16_decode
 // the 32-value types' decode kernels also round x to int16, which adds at most
 // sum_blk max|x_blk| / 65534 * sum|w_blk|.
-TEST(Quant, F32ActivationAvx2MatchesScalar) {
-  if (quant_best_isa() != QuantIsa::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+TEST_P(QuantSimd, F32ActivationMatchesScalar) {
+  if (const std::string why = cannot_run(GetParam()); !why.empty()) GTEST_SKIP() << why;
   for (const TypeCase& tc : kQuantTypes) {
     const DTypeInfo& info = dtype_info(tc.dtype);
     const bool kq = info.block_size == 256;
@@ -422,6 +452,7 @@ TEST(Quant, F32ActivationAvx2MatchesScalar) {
             ASSERT_TRUE(quant_linear(p).ok());
             for (const bool i16 : {false, true}) {
               p.force_scalar = false;
+              p.isa = GetParam();
               p.int16_decode = i16;
               p.out = got.data();
               ASSERT_TRUE(quant_linear(p).ok());
@@ -459,7 +490,7 @@ TEST(Quant, F32ActivationAvx2MatchesScalar) {
 
 // The AVX2 dequantizers (the GEMM's weight packing) reproduce dequantize_row bit for bit.
 TEST(Quant, DequantAvx2MatchesScalarBitExactly) {
-  if (quant_best_isa() != QuantIsa::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  if (!cpu_supports(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
   for (const TypeCase& tc : kQuantTypes) {
     const DTypeInfo& info = dtype_info(tc.dtype);
     const int64_t blocks = 5;
@@ -474,6 +505,82 @@ TEST(Quant, DequantAvx2MatchesScalarBitExactly) {
       ASSERT_EQ(std::memcmp(&got[static_cast<size_t>(i)], &want[static_cast<size_t>(i)], 4), 0)
           << tc.name << " value " << i << ": " << got[static_cast<size_t>(i)] << " vs "
           << want[static_cast<size_t>(i)];
+    }
+  }
+}
+
+// The int8-activation kernels of each SIMD variant against the scalar ones, through
+// quant_linear (f32_activations = false) on random blocks: one token (tiles of 1..4 rows), 2..5
+// and 9 tokens (one row, tiles of 1..4 tokens), row counts that leave partial tiles, block
+// counts that leave a tail after groups of 8 (and an odd one, so a 512-bit pair is split), padded
+// weight rows, strided x and out. Both sides quantize x identically (the quantizers agree bit
+// for bit, above) and every block's integer dot is exact, so they differ only by f32 summation
+// order: within 1e-5 of sum |w_i d_a q_i| (+ |bias|).
+TEST_P(QuantSimd, Int8KernelsMatchScalar) {
+  if (const std::string why = cannot_run(GetParam()); !why.empty()) GTEST_SKIP() << why;
+  for (const TypeCase& tc : kQuantTypes) {
+    const DTypeInfo& info = dtype_info(tc.dtype);
+    const bool kq = info.block_size == 256;
+    const std::vector<int64_t> ks =
+        kq ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 96, 288, 608, 1024};
+    for (const int64_t k : ks) {
+      for (const int64_t m : {1, 6, 13}) {
+        const int64_t row_blocks = k / info.block_size + 1;
+        const std::vector<uint8_t> w =
+            random_quant_rows(tc.dtype, m, row_blocks, static_cast<uint32_t>(k * 17 + m));
+        std::vector<float> wf(static_cast<size_t>(m * k));
+        for (int64_t r = 0; r < m; ++r) {
+          ASSERT_TRUE(dequantize_row(tc.dtype, w.data() + r * row_blocks * info.block_bytes,
+                                     wf.data() + r * k, k)
+                          .ok());
+        }
+        std::vector<float> bias(static_cast<size_t>(m));
+        for (int64_t r = 0; r < m; ++r)
+          bias[static_cast<size_t>(r)] = 0.1f * static_cast<float>(r % 3) - 0.1f;
+        for (const int64_t n : {1, 2, 3, 4, 5, 9}) {
+          const int64_t x_stride = k + 8;
+          const int64_t out_stride = m + 2;
+          const std::vector<float> x =
+              random_rows(n, x_stride, static_cast<uint32_t>(77 + n + k + m));
+          std::vector<float> got(static_cast<size_t>(n * out_stride), -7.0f);
+          std::vector<float> want(got.size(), -7.0f);
+          QuantLinearParams p;
+          p.x = x.data();
+          p.weight = w.data();
+          p.weight_dtype = tc.dtype;
+          p.bias = bias.data();
+          p.n_tokens = n;
+          p.in_features = k;
+          p.out_features = m;
+          p.x_stride = x_stride;
+          p.out_stride = out_stride;
+          p.weight_row_blocks = row_blocks;
+          p.f32_activations = false;
+          p.isa = QuantIsa::kScalar;
+          p.out = want.data();
+          ASSERT_TRUE(quant_linear(p).ok());
+          p.isa = GetParam();
+          p.out = got.data();
+          ASSERT_TRUE(quant_linear(p).ok());
+          for (int64_t t = 0; t < n; ++t) {
+            const Q8Row q = quantize(x.data() + t * x_stride, k, QuantIsa::kScalar);
+            for (int64_t r = 0; r < m; ++r) {
+              double mag = std::fabs(bias[static_cast<size_t>(r)]);
+              for (int64_t i = 0; i < k; ++i) {
+                mag += std::fabs(static_cast<double>(wf[static_cast<size_t>(r * k + i)]) *
+                                 q.d[static_cast<size_t>(i / 32)] * q.qs[static_cast<size_t>(i)]);
+              }
+              const size_t o = static_cast<size_t>(t * out_stride + r);
+              EXPECT_NEAR(got[o], want[o], 1e-5 * mag + 1e-30)
+                  << tc.name << " k " << k << " m " << m << " n " << n << " tok " << t << " row "
+                  << r << " isa " << quant_isa_name(GetParam());
+            }
+            for (int64_t r = m; r < out_stride; ++r) {
+              EXPECT_EQ(got[static_cast<size_t>(t * out_stride + r)], -7.0f);
+            }
+          }
+        }
+      }
     }
   }
 }

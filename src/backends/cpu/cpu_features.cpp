@@ -1,8 +1,11 @@
 // Which SIMD variants of the CPU kernels this machine can run, detected once per process.
 // __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0).
+// STRATA_CPU_ISA (core/env.h) caps what is reported, for A/B runs on one machine.
 #include <string>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/quant.h"
+#include "core/env.h"
 #include "strata/engine.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -13,8 +16,9 @@ namespace strata::cpu {
 namespace {
 
 struct CpuFeatures {
-  bool avx2 = false;    // avx2 + fma + f16c
-  bool avx512 = false;  // avx512f/bw/dq/vl on top of avx2
+  bool avx2 = false;         // avx2 + fma + f16c
+  bool avx512 = false;       // avx512f/bw/dq/vl on top of avx2
+  bool avx512_vnni = false;  // avx512_vnni on top of avx512
 };
 
 CpuFeatures detect() {
@@ -27,7 +31,16 @@ CpuFeatures detect() {
   f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  // CPUID leaf 7 ECX bit 11 (the XCR0 check for the zmm state is part of f.avx512).
+  unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
+  f.avx512_vnni =
+      f.avx512 && __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) != 0 && ((c7 >> 11) & 1u) != 0;
 #endif
+  // The cap: each level keeps only what it names and below.
+  const std::string& cap = env_config().cpu_isa;
+  if (cap == "scalar") f.avx2 = false;
+  if (cap == "scalar" || cap == "avx2") f.avx512 = false;
+  if (cap == "scalar" || cap == "avx2" || cap == "avx512") f.avx512_vnni = false;
   return f;
 }
 
@@ -56,6 +69,10 @@ CpuIsa best_cpu_isa() {
   return CpuIsa::kScalar;
 }
 
+bool cpu_has_avx512_vnni() {
+  return features().avx512_vnni;
+}
+
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kScalar:
@@ -76,7 +93,11 @@ std::string cpu_kernel_path() {
   using cpu::CpuIsa;
   std::string s = cpu::cpu_isa_name(cpu::best_cpu_isa());
   s += cpu::cpu_supports(CpuIsa::kAvx2) ? " (avx2 fma f16c; " : " (no avx2/fma/f16c; ";
-  s += cpu::cpu_supports(CpuIsa::kAvx512) ? "avx512f/bw/dq/vl)" : "no avx512f/bw/dq/vl)";
+  s += cpu::cpu_supports(CpuIsa::kAvx512) ? "avx512f/bw/dq/vl; " : "no avx512f/bw/dq/vl; ";
+  s += cpu::cpu_has_avx512_vnni() ? "avx512_vnni; " : "no avx512_vnni; ";
+  s += "block-quant ";
+  s += cpu::quant_isa_name(cpu::quant_best_isa());
+  s += ")";
   return s;
 }
 

@@ -75,6 +75,8 @@ bool cpu_supports(CpuIsa isa);
 // The best variant this CPU runs.
 CpuIsa best_cpu_isa();
 const char* cpu_isa_name(CpuIsa isa);
+// Whether this CPU has AVX512-VNNI on top of kAvx512 (the block-quant kernels' vpdpbusd).
+bool cpu_has_avx512_vnni();
 
 // Which algorithm linear uses: kAuto picks GEMV for few tokens and GEMM for more.
 enum class LinearPath { kAuto, kGemv, kGemm };

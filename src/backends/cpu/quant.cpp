@@ -1,6 +1,7 @@
 // Block-quantized weights on the CPU: dequantization, the scalar reference dot kernels, ISA
 // dispatch, and quant_linear (quantize the activations once, then OpenMP over weight rows).
-// Layouts are listed in quant_impl.h; the AVX2 kernels live in quant_avx2.cpp.
+// Layouts are listed in quant_impl.h; the AVX2 kernels live in quant_avx2.cpp, the AVX-512 ones
+// in quant_avx512.cpp.
 #include "backends/cpu/quant.h"
 
 #include <algorithm>
@@ -256,33 +257,47 @@ void tile_rows(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8A
   for (int r = 0; r < nr; ++r) kFn(w + r * row_bytes, n, a, nt, out + r * nt);
 }
 
-bool cpu_has_avx2() {
-#if defined(STRATA_QUANT_HAVE_AVX2)
-  return cpu_supports(CpuIsa::kAvx2);  // avx2 + fma + f16c, detected once (cpu_features.cpp)
-#else
-  return false;
-#endif
-}
-
-QuantIsa resolve(QuantIsa isa) {
-  if (isa == QuantIsa::kScalar) return QuantIsa::kScalar;
-  return cpu_has_avx2() ? QuantIsa::kAvx2 : QuantIsa::kScalar;
-}
-
 TileDotFn tile_dot(DType dt, QuantIsa isa) {
+  switch (quant_detail::resolve_quant_isa(isa)) {
+    case QuantIsa::kBest:
+    case QuantIsa::kScalar:
+      break;
 #if defined(STRATA_QUANT_HAVE_AVX2)
-  if (resolve(isa) == QuantIsa::kAvx2) return quant_detail::tile_dot_avx2(dt);
+    case QuantIsa::kAvx512Vnni:
+      return quant_detail::avx512_vnni::tile_dot(dt);
+    case QuantIsa::kAvx512:
+      return quant_detail::avx512::tile_dot(dt);
+    case QuantIsa::kAvx2:
+      return quant_detail::tile_dot_avx2(dt);
+#else
+    case QuantIsa::kAvx2:
+    case QuantIsa::kAvx512:
+    case QuantIsa::kAvx512Vnni:
+      break;
 #endif
+  }
   return quant_detail::tile_dot_scalar(dt);
 }
 
 void quantize_rows(const float* x, int64_t n, int8_t* qs, float* d, float* s, QuantIsa isa) {
+  switch (quant_detail::resolve_quant_isa(isa)) {
+    case QuantIsa::kBest:
+    case QuantIsa::kScalar:
+      break;
 #if defined(STRATA_QUANT_HAVE_AVX2)
-  if (resolve(isa) == QuantIsa::kAvx2) {
-    quant_detail::quantize_row_q8_avx2(x, n, qs, d, s);
-    return;
-  }
+    case QuantIsa::kAvx512Vnni:
+      return quant_detail::avx512_vnni::quantize_row_q8(x, n, qs, d, s);
+    case QuantIsa::kAvx512:
+      return quant_detail::avx512::quantize_row_q8(x, n, qs, d, s);
+    case QuantIsa::kAvx2:
+      return quant_detail::quantize_row_q8_avx2(x, n, qs, d, s);
+#else
+    case QuantIsa::kAvx2:
+    case QuantIsa::kAvx512:
+    case QuantIsa::kAvx512Vnni:
+      break;
 #endif
+  }
   quant_detail::quantize_row_q8_scalar(x, n, qs, d, s);
 }
 
@@ -294,6 +309,18 @@ size_t align_up(size_t v) {
 }  // namespace
 
 namespace quant_detail {
+
+QuantIsa resolve_quant_isa(QuantIsa isa) {
+  QuantIsa best = QuantIsa::kScalar;
+#if defined(STRATA_QUANT_HAVE_AVX2)
+  // Detected once (cpu_features.cpp): avx2 + fma + f16c; avx512f/bw/dq/vl; avx512_vnni.
+  if (cpu_supports(CpuIsa::kAvx2)) best = QuantIsa::kAvx2;
+  if (cpu_supports(CpuIsa::kAvx512)) best = QuantIsa::kAvx512;
+  if (cpu_has_avx512_vnni()) best = QuantIsa::kAvx512Vnni;
+#endif
+  if (isa == QuantIsa::kBest) return best;
+  return static_cast<int>(isa) < static_cast<int>(best) ? isa : best;
+}
 
 TileDotFn tile_dot_scalar(DType dt) {
   switch (dt) {
@@ -350,7 +377,11 @@ void quantize_row_q8_scalar(const float* x, int64_t n, int8_t* qs, float* d, flo
 // ---- public API --------------------------------------------------------------------------------
 
 QuantIsa quant_best_isa() {
-  return resolve(QuantIsa::kBest);
+  return quant_detail::resolve_quant_isa(QuantIsa::kBest);
+}
+
+bool quant_isa_supported(QuantIsa isa) {
+  return isa == QuantIsa::kBest || quant_detail::resolve_quant_isa(isa) == isa;
 }
 
 const char* quant_isa_name(QuantIsa isa) {
@@ -361,6 +392,10 @@ const char* quant_isa_name(QuantIsa isa) {
       return "scalar";
     case QuantIsa::kAvx2:
       return "avx2";
+    case QuantIsa::kAvx512:
+      return "avx512";
+    case QuantIsa::kAvx512Vnni:
+      return "avx512-vnni";
   }
   return "?";
 }
@@ -442,7 +477,7 @@ size_t quant_linear_scratch_bytes(int64_t n_tokens, int64_t in_features) {
 
 Status quant_linear(const QuantLinearParams& p) {
   const DTypeInfo& info = dtype_info(p.weight_dtype);
-  const QuantIsa isa = p.force_scalar ? QuantIsa::kScalar : QuantIsa::kBest;
+  const QuantIsa isa = p.force_scalar ? QuantIsa::kScalar : p.isa;
   TileDotFn fn = tile_dot(p.weight_dtype, isa);
   if (fn == nullptr) {
     return errorf(StatusCode::kUnimplemented,

@@ -16,9 +16,10 @@
 // Accuracy: the int8 activation costs at most max|x_block| / 254 per element, so
 // |q8 dot - f32 dot| <= sum_blocks (max|x_block| / 254) * sum|w_block| (tests check this bound).
 //
-// NOTE: AVX2 kernels are compiled with __attribute__((target("avx2,fma,f16c"))) and chosen at
-// run time (__builtin_cpu_supports); the scalar kernels compute the same formulas, are the
-// readable reference, and run everywhere else.
+// NOTE: AVX2 kernels are compiled with __attribute__((target("avx2,fma,f16c"))), the AVX-512
+// ones (quant_avx512.cpp: 512-bit, and a second copy with AVX512-VNNI's vpdpbusd) with their
+// own target attributes, and chosen at run time (cpu_features.cpp); the scalar kernels compute
+// the same formulas, are the readable reference, and run everywhere else.
 #pragma once
 
 #include <cstddef>
@@ -39,11 +40,13 @@ struct Q8Act {
   const float* s = nullptr;    // [n / 32] d * sum(qs over the block)
 };
 
-// Which kernels to run; kBest resolves to the best this CPU supports.
-enum class QuantIsa { kBest, kScalar, kAvx2 };
+// Which kernels to run (backends/kernel_params.h); kBest resolves to the best this CPU supports.
+using ::strata::QuantIsa;
 
-// The ISA kBest resolves to on this machine (kScalar or kAvx2).
+// The ISA kBest resolves to on this machine (kScalar, kAvx2, kAvx512 or kAvx512Vnni).
 QuantIsa quant_best_isa();
+// Whether `isa` runs as asked here (kBest and kScalar always do).
+bool quant_isa_supported(QuantIsa isa);
 const char* quant_isa_name(QuantIsa isa);
 
 // True for the block-quantized types these kernels handle.
@@ -54,7 +57,7 @@ bool quant_supported(DType dt);
 Status dequantize_row(DType dt, const void* src, float* dst, int64_t n);
 
 // Quantize x[0, n) (n a multiple of 32) into qs[n], d[n/32], s[n/32]: d = max|x| / 127,
-// q = round-to-nearest-even(x / d), s = d * sum(q). Scalar and AVX2 give identical bits.
+// q = round-to-nearest-even(x / d), s = d * sum(q). Every ISA gives identical bits.
 void quantize_row_q8(const float* x, int64_t n, int8_t* qs, float* d, float* s,
                      QuantIsa isa = QuantIsa::kBest);
 

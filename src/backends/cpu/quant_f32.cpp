@@ -4,11 +4,12 @@
 // rounds x to 8 bits per element, which moved SmolLM2's logits by up to ~1.5).
 //
 // Variants:
-//   n_tokens < 16 (decode), AVX2: the fused unpack-and-FMA kernels of quant_avx2.cpp
+//   n_tokens < 16 (decode), AVX2 or better: the fused unpack-and-FMA kernels of quant_avx2.cpp
 //     (row_dot_f32_avx2, row_dot_f32_tokens_avx2) for all eight block types, with the
 //     activation's per-32 block sums computed once per call for the offset / min terms.
 //     Threads split the rows into contiguous slabs and read them row after row; with 2..15
-//     tokens each row is unpacked once per group of up to 4 tokens.
+//     tokens each row is unpacked once per group of up to 4 tokens. The int16 decode kernels
+//     of the 32-value types have AVX-512 variants (quant_avx512.cpp), chosen by p.isa.
 //   n_tokens >= 16 (prefill, batched decode): the f32 GEMM of linear.cpp (linear_quant_gemm),
 //     whose packer dequantizes each panel of weight rows with the AVX2 dequantizers.
 //   force_scalar, or no AVX2: dequantize_row + dot per row (the reference the AVX2 kernels
@@ -65,7 +66,9 @@ STRATA_AVX2 void block_sums32_avx2(const float* x, int64_t nb, float* xsum) {
 Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t out_stride,
                         int64_t row_bytes) {
   const int64_t k = p.in_features;
-  const bool avx2 = !p.force_scalar && cpu_supports(CpuIsa::kAvx2);
+  const QuantIsa isa = quant_detail::resolve_quant_isa(p.force_scalar ? QuantIsa::kScalar : p.isa);
+  const bool avx2 = isa != QuantIsa::kScalar;  // AVX2 or better
+  const bool avx512 = isa == QuantIsa::kAvx512 || isa == QuantIsa::kAvx512Vnni;
   const int64_t block = dtype_info(p.weight_dtype).block_size;
   const int64_t info_bytes = dtype_info(p.weight_dtype).block_bytes;
   const auto* w = static_cast<const uint8_t*>(p.weight);
@@ -77,8 +80,22 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
   if (avx2 && p.n_tokens < kGemmTokens) {
     const int64_t n = p.n_tokens;
     const int64_t nb32 = k / 32;
-    const quant_detail::RowDotI16Fn i16 =
-        p.int16_decode ? quant_detail::row_dot_i16_avx2(p.weight_dtype) : nullptr;
+    // The int16 kernels: AVX-512 (one 32-value block per 512-bit multiply) where the CPU has
+    // it, else AVX2.
+    quant_detail::RowDotI16Fn i16 = nullptr;
+    quant_detail::RowsI16Fn rows4 = nullptr;
+    if (p.int16_decode) {
+      if (isa == QuantIsa::kAvx512Vnni) {
+        i16 = quant_detail::avx512_vnni::row_dot_i16(p.weight_dtype);
+        rows4 = quant_detail::avx512_vnni::rows4_i16(p.weight_dtype);
+      } else if (isa == QuantIsa::kAvx512) {
+        i16 = quant_detail::avx512::row_dot_i16(p.weight_dtype);
+        rows4 = quant_detail::avx512::rows4_i16(p.weight_dtype);
+      } else {
+        i16 = quant_detail::row_dot_i16_avx2(p.weight_dtype);
+        rows4 = quant_detail::rows4_i16_avx2(p.weight_dtype);
+      }
+    }
     if (i16 != nullptr) {
       // int16 activations: x quantized once per call, then each thread streams its slab of
       // rows, each row unpacked once per group of <= 4 tokens.
@@ -102,7 +119,6 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
       if (n == 1) {
         // One token: 4 rows per kernel call (contiguous slabs of 4-row tiles per thread), the
         // last < 4 rows one at a time.
-        const quant_detail::RowsI16Fn rows4 = quant_detail::rows4_i16_avx2(p.weight_dtype);
         const quant_detail::Q16Act a{aq, ad, as};
         const int64_t tiles = p.out_features / 4;
 #pragma omp parallel for schedule(static)
@@ -182,7 +198,7 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
                               .n_tokens = p.n_tokens,
                               .in_features = k,
                               .out_features = p.out_features},
-                             best_cpu_isa());
+                             avx512 ? CpuIsa::kAvx512 : CpuIsa::kAvx2);
   }
 
   // The reference path (force_scalar, or no AVX2): dequantize each row, then scalar dots.

@@ -95,6 +95,28 @@ DequantFn dequant_avx2(DType dt);
 RowDotI16Fn row_dot_i16_avx2(DType dt);
 RowsI16Fn rows4_i16_avx2(DType dt);
 void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s);
+
+// The AVX-512 kernels (quant_avx512.cpp), one namespace per copy: avx512 (F/BW/DQ/VL) and
+// avx512_vnni (the same plus vpdpbusd for the u8 x i8 products). The int8-activation tiles
+// for every block type, the activation quantizer, and the int16-activation decode kernels of
+// the 32-value block types (nullptr for the others).
+#define STRATA_QUANT_HAVE_AVX512 1
+namespace avx512 {
+TileDotFn tile_dot(DType dt);
+void quantize_row_q8(const float* x, int64_t n, int8_t* qs, float* d, float* s);
+RowDotI16Fn row_dot_i16(DType dt);
+RowsI16Fn rows4_i16(DType dt);
+}  // namespace avx512
+namespace avx512_vnni {
+TileDotFn tile_dot(DType dt);
+void quantize_row_q8(const float* x, int64_t n, int8_t* qs, float* d, float* s);
+RowDotI16Fn row_dot_i16(DType dt);
+RowsI16Fn rows4_i16(DType dt);
+}  // namespace avx512_vnni
 #endif
+
+// `isa` resolved on this CPU: kBest becomes the best supported variant, a variant the CPU
+// lacks the best one below it (never kBest).
+QuantIsa resolve_quant_isa(QuantIsa isa);
 
 }  // namespace strata::cpu::quant_detail

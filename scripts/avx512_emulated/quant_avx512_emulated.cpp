@@ -1,0 +1,200 @@
+// The AVX-512 block-quant kernels (src/backends/cpu/quant_avx512_kernels.inc) run on any x86-64
+// with AVX2 through SIMDe's portable AVX-512 (SIMDE_ENABLE_NATIVE_ALIASES maps each _mm512_*
+// intrinsic to its emulation), checked against the scalar kernels (int8 tiles: 1..4 rows x 1..4
+// tokens, and the activation quantizer, bit for bit) and the AVX2 int16 decode kernels, for all
+// eight block types and block counts that leave tails. Both copies (with and without VNNI) are
+// built. A development check for machines without AVX-512; run_check.sh builds and runs it.
+// The emulation follows Intel's definitions, so it checks lane layouts, masks, tails and
+// operand orders, not speed.
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/quant_impl.h"
+#include "core/half.h"
+
+// Intrinsics SIMDe 0.8.2 lacks (or does not alias), built from ones it has.
+static inline simde__m512i emu_cvtepu8_epi16(simde__m256i a) {
+  alignas(64) uint8_t in[32];
+  alignas(64) uint16_t out[32];
+  simde_mm256_storeu_si256(reinterpret_cast<simde__m256i*>(in), a);
+  for (int i = 0; i < 32; ++i) out[i] = in[i];
+  return simde_mm512_loadu_si512(out);
+}
+static inline float emu_reduce_add_ps(simde__m512 a) {
+  alignas(64) float v[16];
+  simde_mm512_storeu_ps(v, a);
+  float s = 0;
+  for (float x : v) s += x;
+  return s;
+}
+static inline int emu_reduce_add_epi32(simde__m512i a) {
+  alignas(64) int32_t v[16];
+  simde_mm512_storeu_si512(v, a);
+  int s = 0;
+  for (int x : v) s += x;
+  return s;
+}
+#define _mm512_cvtepu8_epi16(a) emu_cvtepu8_epi16(a)
+#define _mm512_mask_srli_epi16(src, k, a, imm) \
+  simde_mm512_mask_mov_epi16(src, k, simde_mm512_srli_epi16(a, imm))
+#define _mm512_reduce_add_ps(a) emu_reduce_add_ps(a)
+#define _mm512_reduce_add_epi32(a) emu_reduce_add_epi32(a)
+
+#define STRATA_Q512
+#define STRATA_Q512_VNNI 0
+#define STRATA_Q512_NS emu512
+#include "backends/cpu/quant_avx512_kernels.inc"
+#undef STRATA_Q512_VNNI
+#undef STRATA_Q512_NS
+#define STRATA_Q512_VNNI 1
+#define STRATA_Q512_NS emu512_vnni
+#include "backends/cpu/quant_avx512_kernels.inc"
+
+using namespace strata;
+using namespace strata::cpu;
+using namespace strata::cpu::quant_detail;
+
+namespace {
+
+void put16(uint8_t* p, float v) {
+  const uint16_t h = f32_to_f16(v);
+  std::memcpy(p, &h, 2);
+}
+
+struct Kernels {
+  const char* name;
+  TileDotFn (*tile_dot)(DType);
+  void (*quantize)(const float*, int64_t, int8_t*, float*, float*);
+  RowDotI16Fn (*row_dot_i16)(DType);
+  RowsI16Fn (*rows4_i16)(DType);
+};
+
+bool near(double got, double want, double tol) {
+  return std::fabs(got - want) <= tol;
+}
+
+}  // namespace
+
+int main() {
+  const Kernels copies[] = {
+      {"avx512", emu512::tile_dot, emu512::quantize_row_q8, emu512::row_dot_i16, emu512::rows4_i16},
+      {"avx512-vnni", emu512_vnni::tile_dot, emu512_vnni::quantize_row_q8, emu512_vnni::row_dot_i16,
+       emu512_vnni::rows4_i16}};
+  const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                         DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  int fails = 0, checks = 0;
+  for (const Kernels& kc : copies) {
+    for (DType dt : types) {
+      const DTypeInfo& info = dtype_info(dt);
+      for (int64_t nblk : {1, 3, 9, 19, 32}) {
+        const int64_t n = nblk * info.block_size;
+        const int64_t row_blocks = nblk + 1;  // padded rows
+        const int64_t row_bytes = row_blocks * info.block_bytes;
+        constexpr int kRows = 4 + 16;  // rows4 prefetches 16 rows on
+        constexpr int kToks = 4;
+        std::vector<uint8_t> w(static_cast<size_t>(kRows * row_bytes));
+        for (auto& b : w) b = static_cast<uint8_t>(rng());
+        for (int64_t j = 0; j < kRows * row_blocks; ++j) {
+          uint8_t* b = w.data() + j * info.block_bytes;
+          if (info.block_size == 32) {
+            put16(b, 0.01f + 0.02f * u(rng));
+            if (dt == DType::kQ4_1 || dt == DType::kQ5_1) put16(b + 2, u(rng));
+          } else if (dt == DType::kQ6_K) {
+            put16(b + 208, 0.01f * u(rng));
+          } else {
+            put16(b, 0.01f * u(rng));
+            put16(b + 2, 0.01f * u(rng));
+          }
+        }
+        std::vector<float> x(static_cast<size_t>(kToks * n));
+        for (auto& v : x) v = 3.0f * u(rng);
+        const size_t nb = static_cast<size_t>(kToks * n / 32);
+        std::vector<int8_t> qs(x.size()), qs2(x.size());
+        std::vector<float> d(nb), s(nb), d2(nb), s2(nb);
+        for (int t = 0; t < kToks; ++t) {
+          quantize_row_q8_scalar(x.data() + t * n, n, qs.data() + t * n, d.data() + t * n / 32,
+                                 s.data() + t * n / 32);
+          kc.quantize(x.data() + t * n, n, qs2.data() + t * n, d2.data() + t * n / 32,
+                      s2.data() + t * n / 32);
+        }
+        ++checks;
+        if (qs != qs2 || std::memcmp(d.data(), d2.data(), nb * 4) != 0 ||
+            std::memcmp(s.data(), s2.data(), nb * 4) != 0) {
+          std::printf("%s quantize_row_q8 differs from scalar (n %lld)\n", kc.name,
+                      static_cast<long long>(n));
+          ++fails;
+        }
+        const Q8Act a{qs.data(), d.data(), s.data()};
+        const TileDotFn ref = tile_dot_scalar(dt), got = kc.tile_dot(dt);
+        for (int nr = 1; nr <= 4; ++nr) {
+          for (int nt = 1; nt <= 4; ++nt) {
+            float o1[16], o2[16];
+            ref(w.data(), row_bytes, nr, n, a, nt, o1);
+            got(w.data(), row_bytes, nr, n, a, nt, o2);
+            for (int i = 0; i < nr * nt; ++i) {
+              // Integer dots are exact; f32 summation order only.
+              double mag = 0;
+              std::vector<float> row(static_cast<size_t>(n));
+              (void)dequantize_row(dt, w.data() + (i / nt) * row_bytes, row.data(), n);
+              for (int64_t e = 0; e < n; ++e) {
+                mag += std::fabs(row[static_cast<size_t>(e)] * d[(i % nt) * n / 32 + e / 32] *
+                                 qs[static_cast<size_t>((i % nt) * n + e)]);
+              }
+              ++checks;
+              if (!near(o2[i], o1[i], 1e-5 * mag + 1e-30)) {
+                std::printf("%s int8 %.*s blocks %lld rows %d tokens %d out %d: %g, scalar %g\n",
+                            kc.name, static_cast<int>(info.name.size()), info.name.data(),
+                            static_cast<long long>(nblk), nr, nt, i, o2[i], o1[i]);
+                ++fails;
+              }
+            }
+          }
+        }
+        if (info.block_size != 32) continue;
+        std::vector<int16_t> q16(x.size());
+        std::vector<float> d16(nb), s16(nb);
+        for (int t = 0; t < kToks; ++t) {
+          quantize_row_q16_avx2(x.data() + t * n, n, q16.data() + t * n, d16.data() + t * n / 32,
+                                s16.data() + t * n / 32);
+        }
+        const Q16Act a16{q16.data(), d16.data(), s16.data()};
+        for (int nt = 1; nt <= 4; ++nt) {
+          float o1[4], o2[4];
+          row_dot_i16_avx2(dt)(w.data(), n, a16, nt, o1);
+          kc.row_dot_i16(dt)(w.data(), n, a16, nt, o2);
+          for (int i = 0; i < nt; ++i) {
+            ++checks;
+            if (!near(o2[i], o1[i], 1e-5 * (std::fabs(o1[i]) + 1))) {
+              std::printf("%s int16 row %.*s blocks %lld tokens %d: %g, avx2 %g\n", kc.name,
+                          static_cast<int>(info.name.size()), info.name.data(),
+                          static_cast<long long>(nblk), nt, o2[i], o1[i]);
+              ++fails;
+            }
+          }
+        }
+        float o1[4], o2[4];
+        rows4_i16_avx2(dt)(w.data(), row_bytes, n, a16, o1);
+        kc.rows4_i16(dt)(w.data(), row_bytes, n, a16, o2);
+        for (int i = 0; i < 4; ++i) {
+          ++checks;
+          if (!near(o2[i], o1[i], 1e-5 * (std::fabs(o1[i]) + 1))) {
+            std::printf("%s int16 rows4 %.*s blocks %lld row %d: %g, avx2 %g\n", kc.name,
+                        static_cast<int>(info.name.size()), info.name.data(),
+                        static_cast<long long>(nblk), i, o2[i], o1[i]);
+            ++fails;
+          }
+        }
+      }
+    }
+  }
+  std::printf("emulated AVX-512 block-quant kernels: %d checks, %d failures\n", checks, fails);
+  return fails == 0 ? 0 : 1;
+}
