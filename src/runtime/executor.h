@@ -150,10 +150,14 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
 // tokens, a decode step into up to `stages` groups of at least that many sequences (each
 // micro-batch reads the weights again: small decode batches stay whole). load(par) returns the host
 // model holding stage par.pp_rank's layers (null: random weights).
+// With tp > 1 each stage is a tensor-parallel group of tp ranks (threads, as
+// make_in_process_tp_executor): tp x pp runners, world rank pp_rank * tp + tp_rank (Megatron's
+// numbering, tp fastest) on GPU index + world rank when there are that many; rank i of stage s
+// sends its hidden states to rank i of stage s + 1 (one pipeline group per tensor-parallel rank).
 Result<std::unique_ptr<Executor>> make_in_process_pp_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load,
-    const std::vector<int64_t>& bounds, const RunnerOptions& options);
+    const std::vector<int64_t>& bounds, const RunnerOptions& options, int tp = 1);
 
 // Tensor parallelism across processes, for the serving engine: on rank 0, an executor that
 // broadcasts every call (the step's arrays, swaps) on `control` before running it on `local`;
