@@ -250,20 +250,26 @@ Result<LoadedModel> load_model(const EngineConfig& cfg) {
   }
   LoadedModel out;
   const EnvConfig& env = env_config();
-  if (cfg.parallel.tp > 1 && env.launcher_size != cfg.parallel.tp) {
+  // On the CPU, tensor-parallel ranks are processes; under mpirun the world is tp x pp ranks
+  // (pipeline stages without mpirun are threads of this process).
+  const int pp = std::max(1, cfg.parallel.pp);
+  const bool launched = env.launcher_size > 1;
+  const int world = cfg.parallel.tp * pp;
+  const std::string want =
+      pp > 1 ? fmt::format("--tensor-parallel-size {} x --pipeline-parallel-size {}",
+                           cfg.parallel.tp, pp)
+             : fmt::format("--tensor-parallel-size {}", cfg.parallel.tp);
+  if (cfg.parallel.tp > 1 && env.launcher_size != world) {
     return errorf(StatusCode::kInvalidArgument,
-                  "--tensor-parallel-size {} needs {} ranks: launch with mpirun -np {} (this "
-                  "process was started with {})",
-                  cfg.parallel.tp, cfg.parallel.tp, cfg.parallel.tp,
-                  env.launcher_size > 0 ? env.launcher_size : 1);
+                  "{} needs {} ranks: launch with mpirun -np {} (this process was started with {})",
+                  want, world, world, env.launcher_size > 0 ? env.launcher_size : 1);
   }
-  if (cfg.parallel.tp > 1 || env.launcher_size > 1) {
+  if (cfg.parallel.tp > 1 || launched) {
     STRATA_ASSIGN_OR_RETURN(out.comm, make_mpi_communicator());
-    if (out.comm->size() != cfg.parallel.tp) {
+    if (out.comm->size() != world) {
       return errorf(StatusCode::kInvalidArgument,
-                    "--tensor-parallel-size {} but {} MPI ranks were launched (use mpirun -np "
-                    "{})",
-                    cfg.parallel.tp, out.comm->size(), cfg.parallel.tp);
+                    "{} but {} MPI ranks were launched (use mpirun -np {})", want, out.comm->size(),
+                    world);
     }
   } else {
     out.comm = make_single_rank_communicator();
