@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <omp.h>
+
 #include "core/env.h"
 #include "core/status.h"
 #include "parallel/inproc_comm.h"
@@ -35,8 +37,11 @@ namespace {
 // ranks blocked on a peer that will never arrive return instead of hanging.
 class RankPool {
  public:
+  // Each worker's CPU ops use its share of the caller's OpenMP threads (n teams of all the
+  // threads would oversubscribe the cores and spin against each other).
   RankPool(int n, std::function<void()> on_fail, std::chrono::seconds deadline)
       : n_(n),
+        threads_per_rank_(std::max(1, omp_get_max_threads() / std::max(1, n))),
         on_fail_(std::move(on_fail)),
         deadline_(deadline),
         done_(static_cast<size_t>(n), true) {
@@ -96,6 +101,7 @@ class RankPool {
     if (fire && on_fail_) on_fail_();
   }
   void work(int r) {
+    omp_set_num_threads(threads_per_rank_);  // this thread's own setting
     uint64_t seen = 0;
     for (;;) {
       const std::function<Status(int)>* job = nullptr;
@@ -138,6 +144,7 @@ class RankPool {
   }
 
   int n_;
+  int threads_per_rank_;
   std::function<void()> on_fail_;
   std::chrono::seconds deadline_;
   std::vector<std::thread> threads_;
@@ -261,6 +268,8 @@ class InProcessTpExecutor final : public InProcessGroupExecutor {
       return ranks_[static_cast<size_t>(r)]->forward(b, s.data());
     });
   }
+  // A pipeline stage's ranks wait for their inputs together: rank 0's time stands for them.
+  double wait_seconds() const override { return ranks_[0]->wait_seconds(); }
   Status forward_argmax(const ForwardBatch& b, int32_t* ids) override {
     ids_.resize(ranks_.size());
     return pool_.run([&](int r) -> Status {
@@ -453,8 +462,13 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
 
   void start_stages() {
     if (!stage_threads_.empty()) return;
-    for (int s = 0; s < static_cast<int>(ranks_.size()); ++s) {
-      stage_threads_.emplace_back([this, s] { stage_loop(s); });
+    const int n = static_cast<int>(ranks_.size());
+    const int threads = std::max(1, omp_get_max_threads() / n);  // as RankPool's ranks
+    for (int s = 0; s < n; ++s) {
+      stage_threads_.emplace_back([this, s, threads] {
+        omp_set_num_threads(threads);
+        stage_loop(s);
+      });
     }
   }
   void stop_stages() {
