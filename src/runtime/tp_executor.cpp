@@ -626,7 +626,11 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     par.tp_rank = r;
     std::unique_ptr<Model> host;
     if (load) {
-      STRATA_ASSIGN_OR_RETURN(host, load(par));
+      Result<std::unique_ptr<Model>> m = load(par);
+      if (!m.ok()) {
+        return m.status().with_context(where_s + "tensor-parallel rank " + std::to_string(r));
+      }
+      host = std::move(*m);
     }
     RunnerOptions ro = o;
     ro.device = where.device(o, w0 + r);
@@ -723,7 +727,9 @@ Result<std::unique_ptr<Executor>> make_in_process_pp_executor(const ModelConfig&
     comms.push_back(make_single_rank_communicator());
     std::unique_ptr<Model> host;
     if (load) {
-      STRATA_ASSIGN_OR_RETURN(host, load(par));
+      Result<std::unique_ptr<Model>> m = load(par);
+      if (!m.ok()) return m.status().with_context("pipeline stage " + std::to_string(s));
+      host = std::move(*m);
     }
     RunnerOptions ro = o;
     ro.device = where.device(o, s);

@@ -177,6 +177,32 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TpPpInProcess,
                            return name;
                          });
 
+// A rank that cannot load names its stage and tensor-parallel rank.
+TEST(TpPpInProcessErrors, AFailingRankNamesItsPlace) {
+  const std::string dir = testing::fixture_model("llama");
+  auto text = read_text_file(dir + "/config.json");
+  ASSERT_TRUE(text.ok());
+  auto config = parse_hf_config(*text, dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  auto ckpt = Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  std::shared_ptr<TensorSource> src = std::move(*ckpt);
+  auto load = [&](const ParallelConfig& par) -> Result<std::unique_ptr<Model>> {
+    if (par.pp_rank == 1 && par.tp_rank == 1) return Status(StatusCode::kDataLoss, "bad shard");
+    return Model::load(*config, par, src);
+  };
+  RunnerOptions o;
+  o.max_model_len = 64;
+  o.num_kv_blocks = 8;
+  o.block_size = 4;
+  auto exec = make_in_process_pp_executor(*config, load, {0, 2, 3}, o, 2);
+  ASSERT_FALSE(exec.ok());
+  EXPECT_NE(exec.status().message().find("pipeline stage 1, tensor-parallel rank 1"),
+            std::string::npos)
+      << exec.status().to_string();
+  EXPECT_FALSE(make_in_process_pp_executor(*config, load, {0, 2, 3}, o, 0).ok());
+}
+
 // Prompts cut into micro-batches of 2+ tokens that flow through the stages concurrently (stage
 // s on micro-batch m while s + 1 runs m - 1): a micro-batch's attention reads the KV its
 // predecessors wrote, so the logits equal one stage's up to the kernels' row-count dependence.
