@@ -179,9 +179,11 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                   "N); the world is tp x N ranks, launched with mpirun -np tp*N, or, with --device "
                   "cuda and no mpirun, tp*N threads of this process");
   sub->add_option("--pp,--pipeline-parallel-size", e.parallel.pp,
-                  "Pipeline stages (default 1): the layers split into N contiguous stages run as "
-                  "threads of this process (embedding on the first, LM head on the last), on GPUs "
-                  "index..index+N-1 with --device cuda (all on one GPU when there are fewer)");
+                  "Pipeline stages (default 1): the layers split into N contiguous stages "
+                  "(embedding on the first, LM head on the last); with --tp T, T x N ranks, rank "
+                  "= stage * T + tensor-parallel rank. Without mpirun: threads of this process "
+                  "(--device cuda: rank r on GPU index+r, all on one GPU when there are fewer); "
+                  "on the CPU, mpirun -np T*N runs one process per rank");
   sub->add_option("--plan", e.plan,
                   "CUDA: choose --tp / --pp with the cost model of `strata plan`: auto (plan "
                   "for the GPUs visible from --device, or the mpirun world, with the shipped "

@@ -70,10 +70,10 @@ std::string plan_to_json(const PlanReport& report);
 Result<PlanReport> plan_from_json(const std::string& text, const std::string& what);
 
 // The layout the engine runs for a plan (`--plan`): the engine keeps one layout for both phases
-// and runs 1D weight-stationary FFNs with head-sharded attention, tensor or pipeline parallel
-// (not both yet), no expert / data parallelism and no host streaming. Among those that fit,
-// the (tp, pp) whose best prefill row plus best decode row predict the shortest phases wins.
-// world > 0: only layouts of exactly that many ranks (an mpirun world).
+// and runs 1D weight-stationary FFNs with head-sharded attention, tensor and pipeline parallel,
+// no expert / data parallelism and no host streaming. Among those that fit, the (tp, pp) whose
+// best prefill row plus best decode row predict the shortest phases wins. world > 0: an mpirun
+// world of that many GPU processes, which runs tensor parallelism only (tp = world).
 struct EngineLayoutChoice {
   PlanRow prefill, decode;  // the rows the choice rests on (same tp, pp)
 };

@@ -273,8 +273,9 @@ Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world
         r.host_streamed || r.ep != 1 || r.dp != 1) {
       return false;
     }
-    if (r.tp > 1 && r.pp > 1) return false;  // tensor x pipeline: not built yet
-    return world <= 0 || r.tp * r.pp == world;
+    // mpirun (world > 0) puts one GPU per process, where pipeline stages are not built yet.
+    if (world > 0) return r.pp == 1 && r.tp == world;
+    return true;
   };
   struct Pick {
     const PlanRow* prefill = nullptr;
@@ -307,7 +308,7 @@ Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world
         "fits: 1D weight-stationary, head-sharded attention, tensor or pipeline "
         "parallel{}",
         rep.model, rep.gpus, rep.profile,
-        world > 0 ? ", tp x pp = the mpirun world of " + std::to_string(world) : std::string());
+        world > 0 ? ", tp = the mpirun world of " + std::to_string(world) : std::string());
   }
   return EngineLayoutChoice{*best->prefill, *best->decode};
 }

@@ -463,11 +463,12 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   if (pp == 1 && !cfg.parallel.pp_layers.empty()) {
     return Status(StatusCode::kInvalidArgument, "--pp-layers needs --pipeline-parallel-size > 1");
   }
-  if (pp > 1 && (cfg.parallel.tp > 1 || env_config().launcher_size > 1)) {
+  if (pp > 1 && cuda && env_config().launcher_size > 1) {
     return Status(StatusCode::kUnimplemented,
-                  "pipeline parallelism runs its stages as threads of one process for now: "
-                  "--pipeline-parallel-size with --tensor-parallel-size > 1 or under mpirun is not "
-                  "built yet");
+                  "pipeline stages on GPUs under mpirun are not built yet: run them without "
+                  "mpirun, as threads of one process (--pipeline-parallel-size P "
+                  "[--tensor-parallel-size T] puts rank (stage s, tensor-parallel rank i) on GPU "
+                  "s * T + i), or use mpirun on the CPU");
   }
   // A shape preset has no files to read: it implies dummy weights.
   const bool dummy = cfg.load_format == LoadFormat::kDummy || !cfg.model_config.empty();
@@ -539,12 +540,24 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     ro.max_num_seqs = std::max<int64_t>(64, std::max<int64_t>(cfg.max_num_seqs, eo.cpu_seqs));
     ro.max_logit_rows = ro.max_num_tokens;
     ro.cuda_graphs = false;
+    if (out.comm->size() > 1) {
+      // mpirun: every rank sizes the pool alike; rank 0's count makes it certain (the driver's
+      // block ids address every rank's pool).
+      STRATA_RETURN_IF_ERROR(out.comm->broadcast(&n_blocks, sizeof(n_blocks), 0));
+      ro.num_kv_blocks = n_blocks;
+    }
     if (pp > 1) {
       STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds,
                               pipeline_bounds(config.n_layers, pp, cfg.parallel.pp_layers));
       std::shared_ptr<TensorSource> weights = loaded.weights;
       auto load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
-      STRATA_ASSIGN_OR_RETURN(out.exec, make_in_process_pp_executor(config, load, bounds, ro));
+      if (out.comm->size() > 1) {
+        // mpirun: this process is one rank (stage, tensor-parallel rank) of tp x pp.
+        STRATA_ASSIGN_OR_RETURN(
+            out.exec, make_pipeline_rank(config, bounds, cfg.parallel.tp, *out.comm, load, ro));
+      } else {
+        STRATA_ASSIGN_OR_RETURN(out.exec, make_in_process_pp_executor(config, load, bounds, ro));
+      }
     } else if (ep > 1) {
       const ParallelConfig par = loaded.model->parallel();
       STRATA_ASSIGN_OR_RETURN(ExpertGroups g, split_expert_groups(*out.comm, par));
@@ -689,13 +702,15 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       weights = files.weights;
     }
     if (pp > 1) {
-      // Pipeline stages as threads of this process, one GPU each (or all on one GPU).
+      // Pipeline stages as threads of this process, one GPU each (or all on one GPU); with
+      // --tensor-parallel-size T each stage is T ranks, rank (s, i) on GPU index + s * T + i.
       STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds,
                               pipeline_bounds(config.n_layers, pp, cfg.parallel.pp_layers));
       std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)> load;
       if (weights)
         load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
-      STRATA_ASSIGN_OR_RETURN(out.exec, make_in_process_pp_executor(config, load, bounds, ro));
+      STRATA_ASSIGN_OR_RETURN(
+          out.exec, make_in_process_pp_executor(config, load, bounds, ro, cfg.parallel.tp));
     } else if (cfg.parallel.tp > 1 || ep > 1) {
       // Ranks as threads of this process, one GPU each (or all on one GPU when there are fewer).
       std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)> load;

@@ -159,10 +159,14 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
 // tokens, a decode step into up to `stages` groups of at least that many sequences (each
 // micro-batch reads the weights again: small decode batches stay whole). load(par) returns the host
 // model holding stage par.pp_rank's layers (null: random weights).
+// With tp > 1 each stage is a tensor-parallel group of tp ranks (threads, as
+// make_in_process_tp_executor): tp x pp runners, world rank pp_rank * tp + tp_rank (Megatron's
+// numbering, tp fastest) on GPU index + world rank when there are that many; rank i of stage s
+// sends its hidden states to rank i of stage s + 1 (one pipeline group per tensor-parallel rank).
 Result<std::unique_ptr<Executor>> make_in_process_pp_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load,
-    const std::vector<int64_t>& bounds, const RunnerOptions& options);
+    const std::vector<int64_t>& bounds, const RunnerOptions& options, int tp = 1);
 
 // Tensor parallelism across processes, for the serving engine: on rank 0, an executor that
 // broadcasts every call (the step's arrays, swaps) on `control` before running it on `local`;
@@ -171,6 +175,20 @@ Result<std::unique_ptr<Executor>> make_in_process_pp_executor(
 std::unique_ptr<Executor> make_driver_executor(std::unique_ptr<Executor> local,
                                                Communicator& control);
 Status run_follower(Executor& local, Communicator& control);
+
+// Pipeline (x tensor) parallelism across processes: this process's rank of `world` (tp x pp
+// ranks, world rank = pp_rank * tp + tp_rank as Megatron numbers them) runs stage pp_rank's
+// layers [bounds[pp_rank], bounds[pp_rank + 1]) over its tensor-parallel shard (load(par); null:
+// random weights). The world is split into the stage's tensor-parallel group and the pipeline
+// group of its tensor-parallel rank; hidden states pass stage to stage with send/recv, and the
+// last stage's rank 0 sends each pass's logits or ids to world rank 0 (the engines' results;
+// the other ranks' are unspecified). Every rank of `world` must call it; all fail if one does.
+// Serve it as tensor parallelism is served: make_driver_executor on rank 0, run_follower on the
+// others.
+Result<std::unique_ptr<Executor>> make_pipeline_rank(
+    const ModelConfig& config, const std::vector<int64_t>& bounds, int tp, Communicator& world,
+    const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load,
+    const RunnerOptions& options);
 
 // An executor for EngineConfig (device, weights, quantization, load format), with what the
 // engines need beside it. Member order matters: `exec` may refer to `comm`.

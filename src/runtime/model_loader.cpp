@@ -254,22 +254,27 @@ Result<LoadedModel> load_model(const EngineConfig& cfg) {
   }
   LoadedModel out;
   const EnvConfig& env = env_config();
-  // The world: tp x ep ranks (world rank = ep_rank tp + tp_rank).
-  const int world = cfg.parallel.tp * cfg.parallel.ep;
-  if (world > 1 && env.launcher_size != world) {
+  // On the CPU, tensor- and expert-parallel ranks are processes; under mpirun the world is
+  // tp x pp x ep ranks (pipeline stages without mpirun are threads of this process).
+  const int pp = std::max(1, cfg.parallel.pp);
+  const int ep = std::max(1, cfg.parallel.ep);
+  const bool launched = env.launcher_size > 1;
+  const int world = cfg.parallel.tp * pp * ep;
+  std::string want = fmt::format("--tensor-parallel-size {}", cfg.parallel.tp);
+  if (pp > 1) want += fmt::format(" x --pipeline-parallel-size {}", pp);
+  if (ep > 1) want += fmt::format(" x --expert-parallel-size {}", ep);
+  const bool processes = cfg.parallel.tp > 1 || ep > 1;
+  if (processes && env.launcher_size != world) {
     return errorf(StatusCode::kInvalidArgument,
-                  "--tensor-parallel-size {} x --expert-parallel-size {} needs {} ranks: launch "
-                  "with mpirun -np {} (this process was started with {})",
-                  cfg.parallel.tp, cfg.parallel.ep, world, world,
-                  env.launcher_size > 0 ? env.launcher_size : 1);
+                  "{} needs {} ranks: launch with mpirun -np {} (this process was started with {})",
+                  want, world, world, env.launcher_size > 0 ? env.launcher_size : 1);
   }
-  if (world > 1 || env.launcher_size > 1) {
+  if (processes || launched) {
     STRATA_ASSIGN_OR_RETURN(out.comm, make_mpi_communicator());
     if (out.comm->size() != world) {
       return errorf(StatusCode::kInvalidArgument,
-                    "--tensor-parallel-size {} x --expert-parallel-size {} but {} MPI ranks "
-                    "were launched (use mpirun -np {})",
-                    cfg.parallel.tp, cfg.parallel.ep, out.comm->size(), world);
+                    "{} but {} MPI ranks were launched (use mpirun -np {})", want, out.comm->size(),
+                    world);
     }
   } else {
     out.comm = make_single_rank_communicator();

@@ -5,7 +5,11 @@
 // their own shard, repeat until the driver says stop. Every rank thus runs the same step with the
 // same collectives; only rank 0 samples. KV swap-outs keep each rank's shard of a block in that
 // rank's host memory, under the key the driver gives (the host slot's address on rank 0).
+// Pipeline stages across processes (make_pipeline_rank) follow the same way: every rank runs
+// every step on its stage's layers and its shard; the last stage returns the results to rank 0.
 #include <cstring>
+#include <functional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -124,7 +128,136 @@ class DriverExecutor final : public Executor {
   Communicator& control_;
 };
 
+// One rank of pipeline (x tensor) parallelism across processes: the runner of stage par.pp_rank
+// over its tensor-parallel shard, owning the groups it talks through (split from the world, so
+// declared before the runner, which refers to them). The engines see world rank 0 (stage 0,
+// tensor-parallel rank 0); the last stage's rank 0 sends each pass's results there over the
+// pipeline group of tensor-parallel rank 0, after the pass (the hidden states went the other way
+// in the same group, so the messages cannot cross).
+class PipelineRankExecutor final : public Executor {
+ public:
+  PipelineRankExecutor(const ParallelConfig& par, std::unique_ptr<Communicator> tp_group,
+                       std::unique_ptr<Communicator> pipe_group)
+      : par_(par), tp_(std::move(tp_group)), pipe_(std::move(pipe_group)) {}
+  void set_local(std::unique_ptr<Executor> local) { local_ = std::move(local); }
+  Communicator& tp_group() { return *tp_; }
+  Communicator& pipe_group() { return *pipe_; }
+
+  const ModelConfig& config() const override { return local_->config(); }
+  KvPool& cache() override { return local_->cache(); }
+  std::string backend_name() const override { return local_->backend_name(); }
+  Status forward(const ForwardBatch& b, float* logits) override {
+    const int64_t n = static_cast<int64_t>(b.logit_rows.size()) * config().vocab;
+    return run(b, logits, nullptr, n, DType::kF32);
+  }
+  Status forward_argmax(const ForwardBatch& b, int32_t* ids) override {
+    return run(b, nullptr, ids, static_cast<int64_t>(b.logit_rows.size()), DType::kI32);
+  }
+  size_t block_bytes() const override { return local_->block_bytes(); }
+  Status copy_block_to_host(int32_t block, void* host) override {
+    return local_->copy_block_to_host(block, host);
+  }
+  Status copy_block_from_host(int32_t block, const void* host) override {
+    return local_->copy_block_from_host(block, host);
+  }
+  int64_t max_model_len() const override { return local_->max_model_len(); }
+  std::string device_name() const override { return local_->device_name(); }
+  int64_t device_weight_bytes() const override { return local_->device_weight_bytes(); }
+  std::vector<int> gpus() const override { return local_->gpus(); }
+  int64_t graph_captures() const override { return local_->graph_captures(); }
+  int64_t graph_replays() const override { return local_->graph_replays(); }
+  double wait_seconds() const override { return local_->wait_seconds(); }
+
+ private:
+  // n elements of dtype dt: the pass's logits (f32) or ids (i32).
+  Status run(const ForwardBatch& b, float* logits, int32_t* ids, int64_t n, DType dt) {
+    void* out = logits != nullptr ? static_cast<void*>(logits) : static_cast<void*>(ids);
+    const bool sender = par_.tp_rank == 0 && par_.last_stage();
+    const bool receiver = par_.tp_rank == 0 && par_.first_stage();
+    if ((sender || receiver) && out == nullptr && n > 0) {
+      scratch_.resize(static_cast<size_t>(n));  // 4-byte elements either way
+      out = scratch_.data();
+    }
+    if (receiver) {
+      STRATA_RETURN_IF_ERROR(ids != nullptr ? local_->forward_argmax(b, nullptr)
+                                            : local_->forward(b, nullptr));
+      if (n == 0 || b.tokens.empty()) return ok_status();
+      return pipe_->recv(out, n, dt, par_.pp_size - 1, CommStream::host());
+    }
+    STRATA_RETURN_IF_ERROR(ids != nullptr ? local_->forward_argmax(b, static_cast<int32_t*>(out))
+                                          : local_->forward(b, static_cast<float*>(out)));
+    if (!sender || n == 0 || b.tokens.empty()) return ok_status();
+    return pipe_->send(out, n, dt, 0, CommStream::host());
+  }
+
+  ParallelConfig par_;
+  std::unique_ptr<Communicator> tp_, pipe_;  // before local_: the runner refers to them
+  std::unique_ptr<Executor> local_;
+  std::vector<float> scratch_;
+};
+
 }  // namespace
+
+Result<std::unique_ptr<Executor>> make_pipeline_rank(
+    const ModelConfig& config, const std::vector<int64_t>& bounds, int tp, Communicator& world,
+    const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load,
+    const RunnerOptions& options) {
+  const int pp = static_cast<int>(bounds.size()) - 1;
+  if (pp < 1 || tp < 1 || world.size() != tp * pp) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--tensor-parallel-size {} x --pipeline-parallel-size {} needs {} ranks, but {} "
+                  "were launched (use mpirun -np {})",
+                  tp, pp, tp * pp, world.size(), tp * pp);
+  }
+  ParallelConfig par;
+  par.tp_size = tp;
+  par.tp_rank = world.rank() % tp;
+  par.pp_size = pp;
+  par.pp_rank = world.rank() / tp;
+  par.first_layer = bounds[static_cast<size_t>(par.pp_rank)];
+  par.last_layer = bounds[static_cast<size_t>(par.pp_rank) + 1];
+  // Megatron's numbering (tp fastest): a stage's ranks form its tensor-parallel group; rank i
+  // of every stage forms pipeline group i. Every rank splits, in the same order.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> tp_group,
+                          world.split(par.pp_rank, par.tp_rank));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> pipe_group,
+                          world.split(par.tp_rank, par.pp_rank));
+  auto rank =
+      std::make_unique<PipelineRankExecutor>(par, std::move(tp_group), std::move(pipe_group));
+  Status st = ok_status();
+  {
+    std::unique_ptr<Model> host;
+    if (load) {
+      Result<std::unique_ptr<Model>> m = load(par);
+      if (m.ok()) {
+        host = std::move(*m);
+      } else {
+        st = m.status();
+      }
+    }
+    if (st.ok()) {
+      Result<std::unique_ptr<Executor>> e =
+          make_runner(config, par, std::move(host), rank->tp_group(), options, &rank->pipe_group());
+      if (e.ok()) {
+        rank->set_local(std::move(*e));
+      } else {
+        st = e.status();
+      }
+    }
+  }
+  // Every rank learns whether all loaded (a rank that returned alone would leave its peers
+  // waiting in their first collective).
+  int32_t failed = st.ok() ? 0 : 1;
+  STRATA_RETURN_IF_ERROR(world.all_reduce(&failed, 1, DType::kI32, CommStream::host()));
+  if (!st.ok()) {
+    return st.with_context("pipeline stage " + std::to_string(par.pp_rank) +
+                           ", tensor-parallel rank " + std::to_string(par.tp_rank));
+  }
+  if (failed != 0) {
+    return errorf(StatusCode::kInternal, "{} pipeline rank(s) failed to load", failed);
+  }
+  return std::unique_ptr<Executor>(std::move(rank));
+}
 
 std::unique_ptr<Executor> make_driver_executor(std::unique_ptr<Executor> local,
                                                Communicator& control) {

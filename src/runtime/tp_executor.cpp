@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include <omp.h>
+
 #include "core/env.h"
 #include "core/status.h"
 #include "parallel/inproc_comm.h"
@@ -36,12 +38,11 @@ namespace {
 // ranks blocked on a peer that will never arrive return instead of hanging.
 class RankPool {
  public:
+  // Each worker's CPU ops use its share of the caller's OpenMP threads (n teams of all the
+  // threads would oversubscribe the cores and spin against each other).
   RankPool(int n, std::function<void()> on_fail, std::chrono::seconds deadline)
       : n_(n),
-        // NOTE: the ranks share the CPU threads the caller may use: n ranks each running
-        // OpenMP teams of the full size oversubscribe the cores, and a rank waiting for a peer
-        // at a collective then waits for spinning teams (seconds per pass on two cores).
-        omp_threads_(std::max(1, omp_get_max_threads() / std::max(1, n))),
+        threads_per_rank_(std::max(1, omp_get_max_threads() / std::max(1, n))),
         on_fail_(std::move(on_fail)),
         deadline_(deadline),
         done_(static_cast<size_t>(n), true) {
@@ -77,7 +78,7 @@ class RankPool {
     cv_.notify_all();
     watch_cv_.notify_all();
     const int caller_threads = omp_get_max_threads();
-    if (n_ > 1) omp_set_num_threads(omp_threads_);
+    if (n_ > 1) omp_set_num_threads(threads_per_rank_);
     Status st0 = f(0);
     if (n_ > 1) omp_set_num_threads(caller_threads);
     finish(0, std::move(st0));
@@ -105,7 +106,7 @@ class RankPool {
     if (fire && on_fail_) on_fail_();
   }
   void work(int r) {
-    omp_set_num_threads(omp_threads_);
+    omp_set_num_threads(threads_per_rank_);  // this thread's own setting
     uint64_t seen = 0;
     for (;;) {
       const std::function<Status(int)>* job = nullptr;
@@ -148,7 +149,7 @@ class RankPool {
   }
 
   int n_;
-  int omp_threads_;  // OpenMP threads per rank
+  int threads_per_rank_;
   std::function<void()> on_fail_;
   std::chrono::seconds deadline_;
   std::vector<std::thread> threads_;
@@ -172,11 +173,15 @@ class RankPool {
 // runner's slice of it, concatenated) and the device facts.
 class InProcessGroupExecutor : public Executor {
  public:
-  // `comms`: every communicator the runners refer to (destroyed after them).
+  // `comms`: every communicator the runners refer to (destroyed after them). `also_abort`
+  // (optional) wakes ranks blocked on communicators owned elsewhere (a tensor-parallel stage's
+  // ranks waiting on the pipeline group).
   InProcessGroupExecutor(std::vector<std::unique_ptr<Communicator>> comms,
-                         std::vector<std::unique_ptr<Executor>> ranks, std::string label)
+                         std::vector<std::unique_ptr<Executor>> ranks, std::string label,
+                         std::function<void()> also_abort = nullptr)
       : comms_(std::move(comms)),
         ranks_(std::move(ranks)),
+        also_abort_(std::move(also_abort)),
         pool_(
             static_cast<int>(ranks_.size()), [this] { abort_all(); },
             std::chrono::seconds(env_config().collective_timeout_s)),
@@ -237,10 +242,12 @@ class InProcessGroupExecutor : public Executor {
     for (const auto& c : comms_) {
       if (c != nullptr) c->abort();
     }
+    if (also_abort_) also_abort_();
   }
 
   std::vector<std::unique_ptr<Communicator>> comms_;  // before ranks_: the runners refer to them
   std::vector<std::unique_ptr<Executor>> ranks_;
+  std::function<void()> also_abort_;
   RankPool pool_;
 
  private:
@@ -251,8 +258,10 @@ class InProcessGroupExecutor : public Executor {
 class InProcessTpExecutor final : public InProcessGroupExecutor {
  public:
   InProcessTpExecutor(std::vector<std::unique_ptr<Communicator>> comms,
-                      std::vector<std::unique_ptr<Executor>> ranks)
-      : InProcessGroupExecutor(std::move(comms), std::move(ranks), "tensor-parallel ranks") {}
+                      std::vector<std::unique_ptr<Executor>> ranks,
+                      std::function<void()> also_abort = nullptr)
+      : InProcessGroupExecutor(std::move(comms), std::move(ranks), "tensor-parallel ranks",
+                               std::move(also_abort)) {}
 
   Status forward(const ForwardBatch& b, float* logits) override {
     scratch_.resize(ranks_.size());
@@ -264,6 +273,8 @@ class InProcessTpExecutor final : public InProcessGroupExecutor {
       return ranks_[static_cast<size_t>(r)]->forward(b, s.data());
     });
   }
+  // A pipeline stage's ranks wait for their inputs together: rank 0's time stands for them.
+  double wait_seconds() const override { return ranks_[0]->wait_seconds(); }
   Status forward_argmax(const ForwardBatch& b, int32_t* ids) override {
     ids_.resize(ranks_.size());
     return pool_.run([&](int r) -> Status {
@@ -286,7 +297,9 @@ class InProcessTpExecutor final : public InProcessGroupExecutor {
 // chunked prefill. The last stage writes the results straight into the caller's buffers.
 class InProcessPpExecutor final : public InProcessGroupExecutor {
  public:
-  // `comms`: the pipeline group and each stage's tensor-parallel group (one rank).
+  // `stages`: one runner per stage, or with tensor parallelism one InProcessTpExecutor per stage
+  // (its own ranks and threads). `comms`: the pipeline groups and the one-rank stages'
+  // tensor-parallel groups.
   InProcessPpExecutor(std::vector<std::unique_ptr<Communicator>> comms,
                       std::vector<std::unique_ptr<Executor>> stages, int64_t min_tokens)
       : InProcessGroupExecutor(std::move(comms), std::move(stages), "pipeline stages"),
@@ -454,8 +467,13 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
 
   void start_stages() {
     if (!stage_threads_.empty()) return;
-    for (int s = 0; s < static_cast<int>(ranks_.size()); ++s) {
-      stage_threads_.emplace_back([this, s] { stage_loop(s); });
+    const int n = static_cast<int>(ranks_.size());
+    const int threads = std::max(1, omp_get_max_threads() / n);  // as RankPool's ranks
+    for (int s = 0; s < n; ++s) {
+      stage_threads_.emplace_back([this, s, threads] {
+        omp_set_num_threads(threads);
+        stage_loop(s);
+      });
     }
   }
   void stop_stages() {
@@ -538,7 +556,7 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
   bool first_start_set_ = false;
 };
 
-}  // namespace
+using LoadFn = std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>;
 
 namespace {
 
@@ -639,44 +657,52 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
 
 }  // namespace
 
-Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
-    const ModelConfig& config,
-    const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
-    const RunnerOptions& options, int ep) {
-  if (tp < 1) return errorf(StatusCode::kInvalidArgument, "tensor-parallel size {}", tp);
-  if (ep < 1) return errorf(StatusCode::kInvalidArgument, "expert-parallel size {}", ep);
-  if (ep > 1) return make_in_process_ep_executor(config, load, tp, ep, options);
-  std::vector<std::unique_ptr<Communicator>> comms = make_in_process_communicators(tp);
-  // Rank r runs on GPU index + r when there are that many, else every rank shares GPU index
-  // (how tensor parallelism is tested on one GPU; STRATA_TP_ONE_GPU=1 forces it).
-  const bool cuda = options.device.is_cuda();
-  const bool shared_gpu =
-      cuda && (env_config().tp_one_gpu || options.device.index + tp > cuda_device_count());
-  auto rank_device = [&](int r) {
-    return cuda && !shared_gpu ? Device::cuda(options.device.index + r) : options.device;
-  };
-  if (shared_gpu && tp > 1 && cuda_lazy_module_loading()) {
-    return Status(
-        StatusCode::kFailedPrecondition,
-        "tensor-parallel ranks sharing one GPU need CUDA_MODULE_LOADING=EAGER in the "
-        "environment before the process starts (a kernel loaded lazily waits for the "
-        "peer's collective, which waits for it); the strata command sets it for --tp > 1");
+// Where the `world` ranks of one process run (world rank w = pp_rank * tp + tp_rank): on GPU
+// index + w when there are that many, else all on GPU index (STRATA_TP_ONE_GPU=1 forces it),
+// each with its share of --gpu-memory-utilization.
+struct Placement {
+  bool cuda = false;
+  bool shared_gpu = false;
+  int world = 1;
+  Device device(const RunnerOptions& o, int w) const {
+    return cuda && !shared_gpu ? Device::cuda(o.device.index + w) : o.device;
   }
-  if (cuda && tp > 1) {
+};
+
+Placement place(const RunnerOptions& o, int world, bool tp_one_gpu) {
+  Placement p;
+  p.cuda = o.device.is_cuda();
+  p.world = world;
+  p.shared_gpu = p.cuda && (tp_one_gpu || o.device.index + world > cuda_device_count());
+  return p;
+}
+
+// One tensor-parallel group of `tp` ranks as threads: world ranks [w0, w0 + tp). `stage` holds
+// the pipeline fields (pp_size 1 without stages); with stages, pipes[i] is rank i's pipeline
+// group. `o` gives every runner's options; its num_kv_blocks is set by the first runner made
+// when it is 0, so every rank (and every stage) addresses the same block ids.
+Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
+    const ModelConfig& config, const LoadFn& load, int tp, const ParallelConfig& stage,
+    const std::vector<Communicator*>& pipes, int w0, const Placement& where, RunnerOptions& o,
+    std::function<void()> also_abort) {
+  const std::string where_s =
+      stage.pp_size > 1 ? "pipeline stage " + std::to_string(stage.pp_rank) + ", " : "";
+  std::vector<std::unique_ptr<Communicator>> comms = make_in_process_communicators(tp);
+  if (where.cuda && tp > 1) {
     // Device collectives, set up on every rank at once: the one-shot kernels (peers' buffers
     // read directly) for decode-sized messages; across GPUs, NCCL above oneshot_max_bytes. On a
     // shared GPU NCCL cannot run two ranks, so the one-shot kernels take every size.
-    const OneShotSizes sizes = oneshot_sizes(config, options, tp);
+    const OneShotSizes sizes = oneshot_sizes(config, o, tp);
     const int64_t largest = sizes.largest, oneshot_max = sizes.oneshot_max;
     std::vector<Status> st(static_cast<size_t>(tp));
     std::vector<std::thread> threads;
     for (int r = 0; r < tp; ++r) {
       threads.emplace_back([&, r] {
         std::unique_ptr<Communicator>& c = comms[static_cast<size_t>(r)];
-        const int dev = rank_device(r).index;
-        Status s = init_in_process_device(*c, dev,
-                                          shared_gpu ? largest : std::max<int64_t>(oneshot_max, 1));
-        if (s.ok() && !shared_gpu) {
+        const int dev = where.device(o, w0 + r).index;
+        Status s = init_in_process_device(
+            *c, dev, where.shared_gpu ? largest : std::max<int64_t>(oneshot_max, 1));
+        if (s.ok() && !where.shared_gpu) {
           Result<std::unique_ptr<Communicator>> nccl =
               make_nccl_communicator(std::move(c), dev, oneshot_max);
           if (nccl.ok()) {
@@ -691,79 +717,142 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     for (std::thread& t : threads) t.join();
     for (int r = 0; r < tp; ++r) {
       if (!st[static_cast<size_t>(r)].ok()) {
-        return st[static_cast<size_t>(r)].with_context("tensor-parallel rank " + std::to_string(r) +
-                                                       " collectives");
+        return st[static_cast<size_t>(r)].with_context(where_s + "tensor-parallel rank " +
+                                                       std::to_string(r) + " collectives");
       }
     }
   }
   std::vector<std::unique_ptr<Executor>> ranks;
-  RunnerOptions o = options;
+  const double util = o.gpu_memory_utilization;
   for (int r = 0; r < tp; ++r) {
-    ParallelConfig par;
+    ParallelConfig par = stage;
     par.tp_size = tp;
     par.tp_rank = r;
     std::unique_ptr<Model> host;
     if (load) {
-      STRATA_ASSIGN_OR_RETURN(host, load(par));
+      Result<std::unique_ptr<Model>> m = load(par);
+      if (!m.ok()) {
+        return m.status().with_context(where_s + "tensor-parallel rank " + std::to_string(r));
+      }
+      host = std::move(*m);
     }
     RunnerOptions ro = o;
-    ro.device = rank_device(r);
-    if (r > 0) ro.moe_route_trace = nullptr;  // rank 0's routing only (one vector)
-    if (shared_gpu && o.num_kv_blocks <= 0) {
+    ro.device = where.device(o, w0 + r);
+    if (r > 0 || w0 > 0) ro.moe_route_trace = nullptr;  // rank 0's routing only (one vector)
+    if (where.shared_gpu && o.num_kv_blocks <= 0) {
       // Ranks on one GPU share it: each takes its share of --gpu-memory-utilization.
-      ro.gpu_memory_utilization = o.gpu_memory_utilization * (r + 1) / tp;
+      ro.gpu_memory_utilization = util * (w0 + r + 1) / where.world;
     }
+    Communicator* pipe = pipes.empty() ? nullptr : pipes[static_cast<size_t>(r)];
     Result<std::unique_ptr<Executor>> e =
-        make_runner(config, par, std::move(host), *comms[static_cast<size_t>(r)], ro);
-    if (!e.ok()) return e.status().with_context("tensor-parallel rank " + std::to_string(r));
-    if (r == 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;  // the same ids on every rank
+        make_runner(config, par, std::move(host), *comms[static_cast<size_t>(r)], ro, pipe);
+    if (!e.ok())
+      return e.status().with_context(where_s + "tensor-parallel rank " + std::to_string(r));
+    if (o.num_kv_blocks <= 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;
     ranks.push_back(std::move(*e));
   }
-  return std::unique_ptr<Executor>(
-      std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks)));
+  return std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks),
+                                               std::move(also_abort));
 }
 
-Result<std::unique_ptr<Executor>> make_in_process_pp_executor(
-    const ModelConfig& config,
-    const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load,
-    const std::vector<int64_t>& bounds, const RunnerOptions& options) {
+}  // namespace
+
+Result<std::unique_ptr<Executor>> make_in_process_tp_executor(const ModelConfig& config,
+                                                              const LoadFn& load, int tp,
+                                                              const RunnerOptions& options,
+                                                              int ep) {
+  if (tp < 1) return errorf(StatusCode::kInvalidArgument, "tensor-parallel size {}", tp);
+  if (ep < 1) return errorf(StatusCode::kInvalidArgument, "expert-parallel size {}", ep);
+  if (ep > 1) return make_in_process_ep_executor(config, load, tp, ep, options);
+  const Placement where = place(options, tp, env_config().tp_one_gpu);
+  if (where.shared_gpu && tp > 1 && cuda_lazy_module_loading()) {
+    return Status(
+        StatusCode::kFailedPrecondition,
+        "tensor-parallel ranks sharing one GPU need CUDA_MODULE_LOADING=EAGER in the "
+        "environment before the process starts (a kernel loaded lazily waits for the "
+        "peer's collective, which waits for it); the strata command sets it for --tp > 1");
+  }
+  RunnerOptions o = options;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<InProcessTpExecutor> group,
+                          make_tp_group(config, load, tp, ParallelConfig{}, {}, 0, where, o, {}));
+  return std::unique_ptr<Executor>(std::move(group));
+}
+
+Result<std::unique_ptr<Executor>> make_in_process_pp_executor(const ModelConfig& config,
+                                                              const LoadFn& load,
+                                                              const std::vector<int64_t>& bounds,
+                                                              const RunnerOptions& options,
+                                                              int tp) {
   const int pp = static_cast<int>(bounds.size()) - 1;
   if (pp < 1 || bounds.front() != 0 || bounds.back() != config.n_layers) {
     return errorf(StatusCode::kInvalidArgument, "pipeline bounds for {} stages of {} layers", pp,
                   config.n_layers);
   }
-  std::vector<std::unique_ptr<Communicator>> comms = make_in_process_communicators(pp);
+  if (tp < 1) return errorf(StatusCode::kInvalidArgument, "tensor-parallel size {}", tp);
   // Stage s on GPU index + s when there are that many, else all stages share GPU index, each
-  // with its share of --gpu-memory-utilization. Hidden states go through pinned host memory, so
-  // no device collective is involved (nor CUDA_MODULE_LOADING=EAGER needed).
-  const bool cuda = options.device.is_cuda();
-  const bool shared_gpu = cuda && options.device.index + pp > cuda_device_count();
-  std::vector<std::unique_ptr<Communicator>> singles;
+  // with its share of --gpu-memory-utilization (with tensor parallelism, rank (s, i) on GPU
+  // index + s * tp + i). Hidden states go through pinned host memory, so no device collective
+  // is involved between stages.
+  const Placement where = place(options, tp * pp, tp > 1 && env_config().tp_one_gpu);
+  if (where.shared_gpu && tp > 1 && cuda_lazy_module_loading()) {
+    return Status(
+        StatusCode::kFailedPrecondition,
+        "tensor-parallel ranks sharing one GPU need CUDA_MODULE_LOADING=EAGER in the "
+        "environment before the process starts (a kernel loaded lazily waits for the "
+        "peer's collective, which waits for it); the strata command sets it for --tp > 1");
+  }
+  // The pipeline groups: one per tensor-parallel rank i, linking rank i of every stage (hidden
+  // states go from (stage s, rank i) to (stage s + 1, rank i)); pipes[i][s] is stage s's end.
+  std::vector<std::vector<std::unique_ptr<Communicator>>> pipes;
+  for (int i = 0; i < tp; ++i) pipes.push_back(make_in_process_communicators(pp));
+  std::vector<Communicator*> all_pipes;
+  for (auto& g : pipes) {
+    for (auto& c : g) all_pipes.push_back(c.get());
+  }
+  std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::unique_ptr<Executor>> stages;
   RunnerOptions o = options;
   for (int s = 0; s < pp; ++s) {
-    singles.push_back(make_single_rank_communicator());
     ParallelConfig par;
     par.pp_size = pp;
     par.pp_rank = s;
     par.first_layer = bounds[static_cast<size_t>(s)];
     par.last_layer = bounds[static_cast<size_t>(s) + 1];
+    if (tp > 1) {
+      std::vector<Communicator*> stage_pipes;
+      for (int i = 0; i < tp; ++i)
+        stage_pipes.push_back(pipes[static_cast<size_t>(i)][static_cast<size_t>(s)].get());
+      // A stage's rank that fails wakes the other stages' ranks blocked on the pipeline too.
+      auto abort_pipes = [all_pipes] {
+        for (Communicator* c : all_pipes) c->abort();
+      };
+      STRATA_ASSIGN_OR_RETURN(
+          std::unique_ptr<InProcessTpExecutor> group,
+          make_tp_group(config, load, tp, par, stage_pipes, s * tp, where, o, abort_pipes));
+      stages.push_back(std::move(group));
+      continue;
+    }
+    comms.push_back(make_single_rank_communicator());
     std::unique_ptr<Model> host;
     if (load) {
-      STRATA_ASSIGN_OR_RETURN(host, load(par));
+      Result<std::unique_ptr<Model>> m = load(par);
+      if (!m.ok()) return m.status().with_context("pipeline stage " + std::to_string(s));
+      host = std::move(*m);
     }
     RunnerOptions ro = o;
-    if (cuda && !shared_gpu) ro.device = Device::cuda(options.device.index + s);
-    if (shared_gpu && o.num_kv_blocks <= 0) {
+    ro.device = where.device(o, s);
+    if (where.shared_gpu && o.num_kv_blocks <= 0) {
       ro.gpu_memory_utilization = o.gpu_memory_utilization * (s + 1) / pp;
     }
-    Result<std::unique_ptr<Executor>> e = make_runner(config, par, std::move(host), *singles.back(),
-                                                      ro, comms[static_cast<size_t>(s)].get());
+    Result<std::unique_ptr<Executor>> e = make_runner(config, par, std::move(host), *comms.back(),
+                                                      ro, pipes[0][static_cast<size_t>(s)].get());
     if (!e.ok()) return e.status().with_context("pipeline stage " + std::to_string(s));
     if (s == 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;  // the same ids on every stage
     stages.push_back(std::move(*e));
   }
-  for (auto& c : singles) comms.push_back(std::move(c));
+  for (auto& g : pipes) {
+    for (auto& c : g) comms.push_back(std::move(c));
+  }
   return std::unique_ptr<Executor>(std::make_unique<InProcessPpExecutor>(
       std::move(comms), std::move(stages), options.pp_min_micro_batch_tokens));
 }

@@ -1,7 +1,8 @@
 // Tensor parallelism on ONE GPU through the in-process communicator (ranks = threads, each its
 // own stream): the one-shot all-reduce / all-gather against their CPU twin (reduce_sum_host,
 // bit-exact), eagerly and replayed from CUDA graphs, and whole models at TP = 2 and 4 against
-// TP = 1 on the GPU with CUDA graphs on (decode steps replay graphs that contain the collectives).
+// TP = 1 on the GPU with CUDA graphs on (decode steps replay graphs that contain the collectives);
+// pipeline stages, and TP x PP, on the one GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -340,7 +341,7 @@ Result<std::vector<float>> cuda_tp_logits(const std::string& dir, int tp,
   std::unique_ptr<Executor> exec;
   if (pp > 1) {
     STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds, pipeline_bounds(config.n_layers, pp, {}));
-    STRATA_ASSIGN_OR_RETURN(exec, make_in_process_pp_executor(config, load, bounds, o));
+    STRATA_ASSIGN_OR_RETURN(exec, make_in_process_pp_executor(config, load, bounds, o, tp));
   } else {
     STRATA_ASSIGN_OR_RETURN(exec, make_in_process_tp_executor(config, load, tp, o));
   }
@@ -442,6 +443,47 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PpCuda,
                          [](const auto& info) {
                            return std::string(info.param.model) + "_pp" +
                                   std::to_string(info.param.tp);
+                         });
+
+// Tensor x pipeline parallelism on one GPU: every stage a group of tensor-parallel threads (the
+// one-shot collectives inside the stage, hidden states through pinned host memory between
+// stages), TP x PP ranks on the one card, against TP = 1 with graphs (mirrors the CPU test
+// TpPpInProcess in tests/model/test_pp_inproc.cpp).
+struct TpPpCase {
+  const char* model;
+  int tp, pp;
+};
+
+class TpPpCuda : public ::testing::TestWithParam<TpPpCase> {};
+
+TEST_P(TpPpCuda, MatchesOneRank) {
+  REQUIRE_GPU();
+  const TpPpCase& c = GetParam();
+  const std::string dir = testing::fixture_model(c.model);
+  auto ref = testing::load_reference(dir);
+  ASSERT_TRUE(ref.ok());
+  std::vector<int32_t> g1, gn;
+  int64_t r1 = 0, rn = 0;
+  auto one = cuda_tp_logits(dir, 1, ref->inputs[1], 12, &g1, &r1);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto many = cuda_tp_logits(dir, c.tp, ref->inputs[1], 12, &gn, &rn, c.pp);
+  ASSERT_TRUE(many.ok()) << many.status().to_string();
+  const double err = testing::relative_error(*many, *one);
+  std::printf("[ info ] %s TP=%d x PP=%d on one GPU: %.2e of max|logit| from TP=1; greedy %s\n",
+              c.model, c.tp, c.pp, err, gn == g1 ? "identical" : "differs");
+  EXPECT_LE(err, 2e-2);
+  size_t same = 0;
+  while (same < g1.size() && g1[same] == gn[same]) ++same;
+  EXPECT_GE(same, 6u) << "greedy tokens diverge early";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TpPpCuda,
+                         ::testing::Values(TpPpCase{"llama", 2, 2}, TpPpCase{"gemma3", 2, 3},
+                                           TpPpCase{"neox", 2, 2}),
+                         [](const auto& info) {
+                           return std::string(info.param.model) + "_tp" +
+                                  std::to_string(info.param.tp) + "_pp" +
+                                  std::to_string(info.param.pp);
                          });
 
 }  // namespace

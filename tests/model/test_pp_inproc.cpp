@@ -4,6 +4,7 @@
 // unchanged, so the logits must be bit-identical to one stage's, and so must the swapped KV
 // blocks (each stage holds its own layers' K and V). Also: stage bounds, --pp-layers errors, the
 // hybrid schedule tables and their bubble, and the Engine path (--pp on the command line).
+// Tensor x pipeline parallelism (each stage a group of tensor-parallel threads) against one rank.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -31,7 +32,7 @@ struct PpRun {
 // default keeps a chunk whole; 2 cuts it into several that flow through the stages).
 Result<PpRun> pp_run(const std::string& dir, const std::vector<int64_t>& layers_per_stage,
                      DType act, const std::vector<int32_t>& ids, int64_t chunk = 5,
-                     int64_t min_tokens = 256, double* bubble = nullptr) {
+                     int64_t min_tokens = 256, double* bubble = nullptr, int tp = 1) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
@@ -48,7 +49,7 @@ Result<PpRun> pp_run(const std::string& dir, const std::vector<int64_t>& layers_
   STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds,
                           pipeline_bounds(config.n_layers, pp, layers_per_stage));
   auto load = [&](const ParallelConfig& par) { return Model::load(config, par, src); };
-  STRATA_ASSIGN_OR_RETURN(auto exec, make_in_process_pp_executor(config, load, bounds, o));
+  STRATA_ASSIGN_OR_RETURN(auto exec, make_in_process_pp_executor(config, load, bounds, o, tp));
   PpRun out;
   out.logits.resize(ids.size() * static_cast<size_t>(config.vocab));
   SequenceKv seq;
@@ -123,6 +124,84 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PpInProcess,
                            for (int64_t l : info.param.layers) name += std::to_string(l);
                            return name;
                          });
+
+// Tensor x pipeline parallelism: each stage a tensor-parallel group of 2 ranks (threads), the
+// hidden states going from rank i of a stage to rank i of the next. Against one rank: the f32
+// logits within 1e-5 relative (the all-reduce sums in another order) and the greedy tokens
+// equal; the bf16 twins within the TP tolerance. Prompts are cut into micro-batches of 2+
+// tokens that flow through the stages concurrently (PpAsync below runs TP x PP passes in flight).
+struct TpPpCase {
+  const char* model;
+  std::vector<int64_t> layers;  // per stage
+  int tp;
+};
+
+class TpPpInProcess : public ::testing::TestWithParam<TpPpCase> {};
+
+TEST_P(TpPpInProcess, MatchesOneRank) {
+  const TpPpCase& c = GetParam();
+  const std::string dir = testing::fixture_model(c.model);
+  auto ref = testing::load_reference(dir);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  const std::vector<int32_t>& ids = ref->inputs[1];
+  int64_t n_layers = 0;
+  for (int64_t l : c.layers) n_layers += l;
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    auto one = pp_run(dir, {n_layers}, act, ids);
+    ASSERT_TRUE(one.ok()) << one.status().to_string();
+    for (int64_t min_tokens : {int64_t{2}}) {
+      auto many = pp_run(dir, c.layers, act, ids, 5, min_tokens, nullptr, c.tp);
+      ASSERT_TRUE(many.ok()) << many.status().to_string();
+      const double err = testing::relative_error(many->logits, one->logits);
+      const char* what = act == DType::kF32 ? "f32" : "bf16 twins";
+      std::printf(
+          "[ info ] %s TP=%d x PP=%zu %s, micro-batches of %lld+ tokens: %.2e of "
+          "max|logit|\n",
+          c.model, c.tp, c.layers.size(), what, static_cast<long long>(min_tokens), err);
+      EXPECT_LE(err, act == DType::kF32 ? 1e-5 : 2e-2) << c.model << " " << what;
+      if (act == DType::kF32) EXPECT_EQ(many->ids, one->ids) << c.model;
+      // A block is every rank's shard of it, stage by stage: as large as one rank's.
+      EXPECT_EQ(many->block_host.size(), one->block_host.size()) << c.model;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TpPpInProcess,
+                         ::testing::Values(TpPpCase{"llama", {2, 1}, 2},
+                                           TpPpCase{"gpt2", {1, 1}, 2},
+                                           TpPpCase{"gemma3", {1, 2}, 2}),
+                         [](const auto& info) {
+                           std::string name = std::string(info.param.model) + "_tp" +
+                                              std::to_string(info.param.tp) + "_pp";
+                           for (int64_t l : info.param.layers) name += std::to_string(l);
+                           return name;
+                         });
+
+// A rank that cannot load names its stage and tensor-parallel rank.
+TEST(TpPpInProcessErrors, AFailingRankNamesItsPlace) {
+  const std::string dir = testing::fixture_model("llama");
+  auto text = read_text_file(dir + "/config.json");
+  ASSERT_TRUE(text.ok());
+  auto config = parse_hf_config(*text, dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  auto ckpt = Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  std::shared_ptr<TensorSource> src = std::move(*ckpt);
+  auto load = [&](const ParallelConfig& par) -> Result<std::unique_ptr<Model>> {
+    if (par.pp_rank == 1 && par.tp_rank == 1) return Status(StatusCode::kDataLoss, "bad shard");
+    return Model::load(*config, par, src);
+  };
+  RunnerOptions o;
+  o.max_model_len = 64;
+  o.num_kv_blocks = 8;
+  o.block_size = 4;
+  auto exec = make_in_process_pp_executor(*config, load, {0, 2, 3}, o, 2);
+  ASSERT_FALSE(exec.ok());
+  EXPECT_NE(exec.status().message().find("pipeline stage 1, tensor-parallel rank 1"),
+            std::string::npos)
+      << exec.status().to_string();
+  EXPECT_FALSE(make_in_process_pp_executor(*config, load, {0, 2, 3}, o, 0).ok());
+}
 
 // Prompts cut into micro-batches of 2+ tokens that flow through the stages concurrently (stage
 // s on micro-batch m while s + 1 runs m - 1): a micro-batch's attention reads the KV its
@@ -237,7 +316,7 @@ TEST(PpAsync, PassesInFlightMatchOneStage) {
   std::shared_ptr<TensorSource> src = std::move(*ckpt);
   const int64_t V = config->vocab;
   // Logits of two decode steps of four sequences: [step][seq][V].
-  auto run = [&](int pp, bool async) -> std::vector<float> {
+  auto run = [&](int pp, bool async, int tp) -> std::vector<float> {
     RunnerOptions o;
     o.max_model_len = 64;
     o.num_kv_blocks = 32;
@@ -247,7 +326,7 @@ TEST(PpAsync, PassesInFlightMatchOneStage) {
     auto bounds = pipeline_bounds(config->n_layers, pp, {});
     EXPECT_TRUE(bounds.ok());
     auto load = [&](const ParallelConfig& par) { return Model::load(*config, par, src); };
-    auto exec = make_in_process_pp_executor(*config, load, *bounds, o);
+    auto exec = make_in_process_pp_executor(*config, load, *bounds, o, tp);
     EXPECT_TRUE(exec.ok()) << exec.status().to_string();
     if (!exec.ok()) return {};
     EXPECT_EQ((*exec)->pipeline_depth(), pp);
@@ -315,14 +394,16 @@ TEST(PpAsync, PassesInFlightMatchOneStage) {
     EXPECT_GE((*exec)->measured_bubble(), 0.0);
     return out;
   };
-  const std::vector<float> one = run(1, false);
+  const std::vector<float> one = run(1, false, 1);
   ASSERT_FALSE(one.empty());
-  for (int pp : {2, 3}) {
-    const std::vector<float> got = run(pp, true);
+  // (stages, tensor-parallel ranks per stage)
+  for (auto [pp, tp] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{2, 2}}) {
+    const std::vector<float> got = run(pp, true, tp);
     ASSERT_EQ(got.size(), one.size());
     const double err = testing::relative_error(got, one);
-    std::printf("[ info ] llama, %d stages, 2 passes in flight: %.2e of max|logit|\n", pp, err);
-    EXPECT_LE(err, 1e-5) << pp << " stages";
+    std::printf("[ info ] llama, %d stages x TP %d, 2 passes in flight: %.2e of max|logit|\n", pp,
+                tp, err);
+    EXPECT_LE(err, 1e-5) << pp << " stages, TP " << tp;
   }
 }
 

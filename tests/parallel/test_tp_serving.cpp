@@ -1,8 +1,8 @@
-// Tensor-parallel (and expert-parallel) serving across processes (mpirun -np N): rank 0's
-// ServingEngine drives, the other ranks follow its broadcast steps. 16 concurrent greedy requests,
-// with a KV cache too small for all of them (so sequences are preempted and swapped out and back in
-// on every rank), must give exactly the tokens a single-rank greedy loop over the CPU reference
-// gives, computed on rank 0 without the server.
+// Tensor-, expert- and pipeline-parallel serving across processes (mpirun -np N): rank 0's
+// ServingEngine drives, the other ranks follow its broadcast steps. 16 concurrent greedy requests
+// at TP = N or EP = N (32 at PP = 2, TP = N / 2), with a KV cache too small for all of them (so
+// sequences are preempted and swapped out and back in on every rank), must give exactly the tokens
+// a single-rank greedy loop over the CPU reference gives, computed on rank 0 without the server.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,11 +30,11 @@ namespace {
 constexpr int kRequests = 16;
 constexpr int64_t kMaxTokens = 10;
 
-std::vector<std::vector<int32_t>> prompts(int64_t vocab) {
+std::vector<std::vector<int32_t>> prompts(int64_t vocab, int n = kRequests) {
   std::mt19937 rng(5);
   std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(vocab - 1));
-  std::vector<std::vector<int32_t>> p(kRequests);
-  for (int i = 0; i < kRequests; ++i) {
+  std::vector<std::vector<int32_t>> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
     p[static_cast<size_t>(i)].resize(static_cast<size_t>(4 + (i * 7) % 23));
     for (int32_t& t : p[static_cast<size_t>(i)]) t = tok(rng);
   }
@@ -71,15 +71,18 @@ Result<std::vector<int32_t>> reference_greedy(const std::string& dir,
   return out;
 }
 
-void serve_and_compare(const std::string& dir, int tp, int ep) {
+// Serves `n` concurrent greedy requests with rank 0's engine over tp x pp x ep ranks (the others
+// follow) and checks each against the single-rank greedy loop.
+void serve_and_check(const std::string& dir, int tp, int pp, int ep, int n) {
   ServingConfig cfg;
   cfg.engine.model = dir;
   cfg.engine.parallel.tp = tp;
+  cfg.engine.parallel.pp = pp;
   cfg.engine.parallel.ep = ep;
   cfg.engine.show_progress = false;
-  cfg.max_num_seqs = kRequests;
+  cfg.max_num_seqs = n;
   cfg.block_size = 4;
-  cfg.num_kv_blocks = 40;  // < 16 sequences x ~9 blocks: preemption and swap happen
+  cfg.num_kv_blocks = 40;  // < n sequences x ~9 blocks: preemption and swap happen
   cfg.preemption_mode = PreemptionMode::kSwap;
   cfg.enable_prefix_caching = false;
   auto engine = ServingEngine::create(cfg);
@@ -90,13 +93,13 @@ void serve_and_compare(const std::string& dir, int tp, int ep) {
     EXPECT_TRUE(st.ok()) << st.to_string();
     return;
   }
-  const auto ps = prompts((*engine)->info().vocab);
+  const auto ps = prompts((*engine)->info().vocab, n);
   std::mutex mu;
   std::condition_variable cv;
   int done = 0;
-  std::vector<std::vector<int32_t>> got(kRequests);
-  std::vector<std::string> reasons(kRequests);
-  for (int i = 0; i < kRequests; ++i) {
+  std::vector<std::vector<int32_t>> got(static_cast<size_t>(n));
+  std::vector<std::string> reasons(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
     CompletionRequest r;
     r.prompt_tokens = ps[static_cast<size_t>(i)];
     r.sampling.temperature = 0.0f;
@@ -116,15 +119,15 @@ void serve_and_compare(const std::string& dir, int tp, int ep) {
   }
   {
     std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return done == kRequests; }))
-        << done << " of " << kRequests << " requests finished";
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return done == n; }))
+        << done << " of " << n << " requests finished";
   }
   const ServingMetrics m = (*engine)->metrics();
-  std::printf("[ info ] TP=%d EP=%d serving: %lld preemptions\n", tp, ep,
-              static_cast<long long>(m.preemptions_total));
+  std::printf("[ info ] TP=%d x PP=%d x EP=%d serving %d requests: %lld preemptions\n", tp, pp, ep,
+              n, static_cast<long long>(m.preemptions_total));
   EXPECT_GT(m.preemptions_total, 0) << "the test means to exercise swapping";
   engine->reset();  // rank 0's driver tells the followers to stop
-  for (int i = 0; i < kRequests; ++i) {
+  for (int i = 0; i < n; ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
     EXPECT_EQ(reasons[static_cast<size_t>(i)], "length");
     auto want = reference_greedy(dir, ps[static_cast<size_t>(i)]);
@@ -134,13 +137,20 @@ void serve_and_compare(const std::string& dir, int tp, int ep) {
 }
 
 TEST(TpServing, GreedyOutputsOf16ConcurrentRequestsEqualOneRank) {
-  serve_and_compare(testing::fixture_model("llama"), g_comm->size(), 1);
+  serve_and_check(testing::fixture_model("llama"), g_comm->size(), 1, 1, kRequests);
 }
 
 // Expert parallelism over the whole world (Qwen2-MoE: 8 experts, a shared expert, a dense
 // layer): the followers' forward passes join rank 0's all-to-alls in every sparse layer.
 TEST(TpServing, ExpertParallelGreedyOutputsEqualOneRank) {
-  serve_and_compare(std::string(STRATA_FIXTURE_DIR) + "/moe/qwen2_moe", 1, g_comm->size());
+  serve_and_check(std::string(STRATA_FIXTURE_DIR) + "/moe/qwen2_moe", 1, 1, g_comm->size(),
+                  kRequests);
+}
+
+// Pipeline stages as processes: PP = 2 with two ranks, TP = 2 x PP = 2 with four; 32 requests.
+TEST(PpServing, GreedyOutputsOf32ConcurrentRequestsEqualOneRank) {
+  const int w = g_comm->size();
+  serve_and_check(testing::fixture_model("llama"), w / 2, 2, 1, 32);
 }
 
 }  // namespace
