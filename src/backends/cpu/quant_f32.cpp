@@ -9,7 +9,8 @@
 //     activation's per-32 block sums computed once per call for the offset / min terms.
 //     Threads split the rows into contiguous slabs and read them row after row; with 2..15
 //     tokens each row is unpacked once per group of up to 4 tokens. The int16 decode kernels
-//     of the 32-value types have AVX-512 variants (quant_avx512.cpp), chosen by p.isa.
+//     of the 32-value types have AVX-512 variants (quant_avx512.cpp), run only when p.isa
+//     asks for them (they lost to AVX2 on the AVX-512 CPU measured).
 //   n_tokens >= 16 (prefill, batched decode): the f32 GEMM of linear.cpp (linear_quant_gemm),
 //     whose packer dequantizes each panel of weight rows with the AVX2 dequantizers.
 //   force_scalar, or no AVX2: dequantize_row + dot per row (the reference the AVX2 kernels
@@ -80,12 +81,19 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
   if (avx2 && p.n_tokens < kGemmTokens) {
     const int64_t n = p.n_tokens;
     const int64_t nb32 = k / 32;
-    // The int16 kernels: AVX-512 (one 32-value block per 512-bit multiply) where the CPU has
-    // it, else AVX2.
+    // The int16 kernels: AVX2 unless a caller asks for the AVX-512 ones (p.isa; tests). The
+    // AVX-512 variants (one 32-value block per 512-bit multiply) lost on the one AVX-512 CPU
+    // measured (Xeon with VNNI/AMX, SmolLM2 Q4_1 tg128: 155 t/s vs AVX2's 202 at 2 threads, 246
+    // vs 300 at 16; bench/results/cpu-smollm2-vs-llamacpp-h100host-isa-ab.md): the same
+    // instruction count per block on fewer 512-bit ports.
     quant_detail::RowDotI16Fn i16 = nullptr;
     quant_detail::RowsI16Fn rows4 = nullptr;
+    const bool asked512 = p.isa == QuantIsa::kAvx512 || p.isa == QuantIsa::kAvx512Vnni;
     if (p.int16_decode) {
-      if (isa == QuantIsa::kAvx512Vnni) {
+      if (!asked512) {
+        i16 = quant_detail::row_dot_i16_avx2(p.weight_dtype);
+        rows4 = quant_detail::rows4_i16_avx2(p.weight_dtype);
+      } else if (isa == QuantIsa::kAvx512Vnni) {
         i16 = quant_detail::avx512_vnni::row_dot_i16(p.weight_dtype);
         rows4 = quant_detail::avx512_vnni::rows4_i16(p.weight_dtype);
       } else if (isa == QuantIsa::kAvx512) {
