@@ -558,6 +558,16 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
 
 using LoadFn = std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>;
 
+// Ranks sharing one GPU with lazily loaded kernels deadlock: a kernel's first load waits for the
+// GPU to go idle, while a peer's collective spins waiting for this rank.
+Status lazy_loading_error(const char* kind, const char* flag) {
+  return errorf(StatusCode::kFailedPrecondition,
+                "{}-parallel ranks sharing one GPU need CUDA_MODULE_LOADING=EAGER in the "
+                "environment before the process starts (a kernel loaded lazily waits for the "
+                "peer's collective, which waits for it); the strata command sets it for {} > 1",
+                kind, flag);
+}
+
 namespace {
 
 // tp x ep ranks as threads (make_in_process_tp_executor with ep > 1): world rank w = ep_rank tp
@@ -593,11 +603,7 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
     return cuda && !shared_gpu ? Device::cuda(options.device.index + w) : options.device;
   };
   if (shared_gpu && cuda_lazy_module_loading()) {
-    return Status(
-        StatusCode::kFailedPrecondition,
-        "expert-parallel ranks sharing one GPU need CUDA_MODULE_LOADING=EAGER in the "
-        "environment before the process starts (a kernel loaded lazily waits for the "
-        "peer's collective, which waits for it); the strata command sets it for --ep > 1");
+    return lazy_loading_error("expert", "--ep");
   }
   if (cuda && tp > 1) {
     // The tensor-parallel groups' device collectives: the one-shot kernels for every size.
@@ -766,11 +772,7 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(const ModelConfig&
   if (ep > 1) return make_in_process_ep_executor(config, load, tp, ep, options);
   const Placement where = place(options, tp, env_config().tp_one_gpu);
   if (where.shared_gpu && tp > 1 && cuda_lazy_module_loading()) {
-    return Status(
-        StatusCode::kFailedPrecondition,
-        "tensor-parallel ranks sharing one GPU need CUDA_MODULE_LOADING=EAGER in the "
-        "environment before the process starts (a kernel loaded lazily waits for the "
-        "peer's collective, which waits for it); the strata command sets it for --tp > 1");
+    return lazy_loading_error("tensor", "--tp");
   }
   RunnerOptions o = options;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<InProcessTpExecutor> group,
@@ -795,11 +797,7 @@ Result<std::unique_ptr<Executor>> make_in_process_pp_executor(const ModelConfig&
   // is involved between stages.
   const Placement where = place(options, tp * pp, tp > 1 && env_config().tp_one_gpu);
   if (where.shared_gpu && tp > 1 && cuda_lazy_module_loading()) {
-    return Status(
-        StatusCode::kFailedPrecondition,
-        "tensor-parallel ranks sharing one GPU need CUDA_MODULE_LOADING=EAGER in the "
-        "environment before the process starts (a kernel loaded lazily waits for the "
-        "peer's collective, which waits for it); the strata command sets it for --tp > 1");
+    return lazy_loading_error("tensor", "--tp");
   }
   // The pipeline groups: one per tensor-parallel rank i, linking rank i of every stage (hidden
   // states go from (stage s, rank i) to (stage s + 1, rank i)); pipes[i][s] is stage s's end.
