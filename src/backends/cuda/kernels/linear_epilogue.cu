@@ -47,16 +47,21 @@ __global__ void __launch_bounds__(kThreads) linear_epilogue_kernel(const LinearE
   }
 }
 
+// max |x[0, k)| over the block (every thread gets it): the per-token scale of the quantizers.
+__device__ float row_absmax(const __nv_bfloat16* xr, int64_t k) {
+  float amax = 0.0f;
+  for (int64_t i = threadIdx.x; i < k; i += kThreads) {
+    amax = fmaxf(amax, fabsf(__bfloat162float(xr[i])));
+  }
+  return block_reduce_max(amax);
+}
+
 __global__ void __launch_bounds__(kThreads)
     quantize_activations_kernel(const __nv_bfloat16* x, int64_t x_stride, int64_t k, uint8_t* q,
                                 int64_t q_stride, float* x_scale) {
   const int64_t t = blockIdx.x;
   const __nv_bfloat16* xr = x + t * x_stride;
-  float amax = 0.0f;
-  for (int64_t i = threadIdx.x; i < k; i += kThreads) {
-    amax = fmaxf(amax, fabsf(__bfloat162float(xr[i])));
-  }
-  amax = block_reduce_max(amax);
+  const float amax = row_absmax(xr, k);
   const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
   if (threadIdx.x == 0) x_scale[t] = s;
   for (int64_t i = threadIdx.x; i < k; i += kThreads) {
@@ -71,11 +76,7 @@ __global__ void __launch_bounds__(kThreads)
                                    int64_t q_stride, float* x_scale) {
   const int64_t t = blockIdx.x;
   const __nv_bfloat16* xr = x + t * x_stride;
-  float amax = 0.0f;
-  for (int64_t i = threadIdx.x; i < k; i += kThreads) {
-    amax = fmaxf(amax, fabsf(__bfloat162float(xr[i])));
-  }
-  amax = block_reduce_max(amax);
+  const float amax = row_absmax(xr, k);
   const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
   if (threadIdx.x == 0) x_scale[t] = s;
   for (int64_t i = threadIdx.x; i < k; i += kThreads) {
@@ -107,10 +108,6 @@ Status quantize_activations_fp8(const LaunchCtx& ctx, const uint16_t* x, int64_t
       reinterpret_cast<const __nv_bfloat16*>(x), x_stride, k, q, q_stride, x_scale);
   return kernel_launch_status("quantize_activations_kernel");
 }
-
-}  // namespace strata::cuda
-
-namespace strata::cuda {
 
 Status quantize_activations_i8(const LaunchCtx& ctx, const uint16_t* x, int64_t x_stride,
                                int64_t n_tokens, int64_t k, int8_t* q, int64_t q_stride,
