@@ -13,22 +13,33 @@
 //     at 1..4096 tokens, with enough weight copies to stream from HBM as layers do; the curve
 //     point is total FLOPs / total time at that token count. Peak bf16: an 8192^3 GEMM.
 //   - attention: flash prefill of one 2048-token sequence (32 heads, 8 KV heads, head_dim 128).
-// Not measured (no GPU communicator yet): collectives; the interconnect entry is left at public
-// NVLink figures and says so in "source".
+//   - collectives, when the machine has two GPUs or more: g in-process ranks (threads, GPU r
+//     each) for g = 2 and for every GPU, NCCL all-gather and all-reduce from 16 KB to 256 MB and
+//     the one-shot all-reduce (what the engine takes for decode-sized messages) up to 256 KB,
+//     each replayed from a CUDA graph. The ring model's link bandwidth comes from the largest
+//     all-gather over every GPU (bytes x (g - 1) / g over its time less the latency term) and
+//     its per-hop latency from the engine's fastest 16 KB all-reduce (an all-reduce is a
+//     reduce-scatter plus an all-gather: 2 (g - 1) hops). The raw points are kept in the profile
+//     ("collective_probes"). With one GPU the interconnect entry stays at public NVLink 4
+//     figures and "source" says so.
 #if defined(STRATA_HAS_CUDA)
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "core/status.h"
+#include "parallel/comm.h"
+#include "parallel/inproc_comm.h"
 #include "strata/plan.h"
 
 namespace strata {
@@ -148,6 +159,165 @@ Result<double> gemm_curve_point(const LaunchCtx& ctx, DeviceBuffers& mem, DType 
   return flops / seconds;
 }
 
+// ---- collectives --------------------------------------------------------------------------------
+
+// Median seconds of one call of fn, replayed from a CUDA graph of that call on the rank's stream
+// after a host barrier across the ranks (every rank runs it; rank 0's time is the one kept).
+Result<double> graph_seconds(cudaStream_t stream, Communicator& barrier,
+                             const std::function<Status()>& fn, int reps) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  Status st = fn();
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (!st.ok()) return st;
+  if (end != cudaSuccess || graph == nullptr)
+    return errorf(StatusCode::kInternal, "--calibrate: capturing a collective: {}",
+                  cudaGetErrorString(end));
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (inst != cudaSuccess)
+    return errorf(StatusCode::kInternal, "--calibrate: instantiating a collective's graph: {}",
+                  cudaGetErrorString(inst));
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> times;
+  for (int i = 0; i < reps + 3 && st.ok(); ++i) {
+    st = barrier.barrier();
+    if (!st.ok()) break;
+    cudaEventRecord(e0, stream);
+    cudaGraphLaunch(exec, stream);
+    cudaEventRecord(e1, stream);
+    if (cudaEventSynchronize(e1) != cudaSuccess) {
+      st = errorf(StatusCode::kInternal, "--calibrate: a collective failed: {}",
+                  cudaGetErrorString(cudaGetLastError()));
+      break;
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 3) times.push_back(1e-3 * ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  if (!st.ok()) return st;
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+struct CollectivePoints {
+  std::vector<std::pair<int64_t, double>> all_gather, all_reduce, all_reduce_oneshot;  // bytes, s
+};
+
+// NCCL all-gather / all-reduce (16 KB .. max_bytes, output bytes) and the one-shot all-reduce
+// (16 .. 256 KB) among g in-process ranks on GPUs 0..g-1.
+Result<CollectivePoints> probe_collectives(int g, int64_t max_bytes) {
+  constexpr int64_t kMin = 16 << 10, kOneShotMax = 256 << 10;
+  auto oneshot = make_in_process_communicators(g);
+  auto host = make_in_process_communicators(g);
+  std::vector<std::string> err(static_cast<size_t>(g));
+  CollectivePoints pts;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < g; ++r) {
+    threads.emplace_back([&, r] {
+      // A failed rank wakes the others from their barriers (they fail too) instead of leaving
+      // them waiting.
+      auto fail = [&](const Status& s) {
+        err[static_cast<size_t>(r)] = s.to_string();
+        for (auto& c : oneshot) c->abort();
+      };
+      auto device = cuda::CudaDevice::create(r);
+      if (!device.ok()) return fail(device.status());
+      cudaStream_t stream = (*device)->launch_ctx().stream;
+      Communicator& os = *oneshot[static_cast<size_t>(r)];
+      Status st = init_in_process_device(os, r, kOneShotMax);
+      if (!st.ok()) return fail(st);
+      auto nccl = make_nccl_communicator(std::move(host[static_cast<size_t>(r)]), r, 0);
+      if (!nccl.ok()) return fail(nccl.status());
+      void *send = nullptr, *recv = nullptr;
+      if (cudaMalloc(&send, static_cast<size_t>(max_bytes)) != cudaSuccess ||
+          cudaMalloc(&recv, static_cast<size_t>(max_bytes)) != cudaSuccess) {
+        cudaFree(send);
+        return fail(
+            errorf(StatusCode::kOutOfMemory, "--calibrate: cudaMalloc({} bytes) x 2", max_bytes));
+      }
+      cudaMemset(send, 0, static_cast<size_t>(max_bytes));
+      CommStream s;
+      s.device = Device::cuda(r);
+      s.cuda_stream = stream;
+      for (int64_t b = kMin; b <= max_bytes && st.ok(); b *= 4) {
+        const int64_t per_rank = b / 2 / g;  // bf16 elements each rank contributes
+        auto ag = graph_seconds(
+            stream, os, [&] { return (*nccl)->all_gather(send, per_rank, DType::kBF16, recv, s); },
+            10);
+        if (!ag.ok()) return fail(ag.status());
+        auto ar = graph_seconds(
+            stream, os, [&] { return (*nccl)->all_reduce(send, b / 2, DType::kBF16, s); }, 10);
+        if (!ar.ok()) return fail(ar.status());
+        if (r == 0) {
+          pts.all_gather.emplace_back(b, *ag);
+          pts.all_reduce.emplace_back(b, *ar);
+        }
+        if (b <= kOneShotMax) {
+          auto one = graph_seconds(
+              stream, os, [&] { return os.all_reduce(send, b / 2, DType::kBF16, s); }, 10);
+          if (!one.ok()) return fail(one.status());
+          if (r == 0) pts.all_reduce_oneshot.emplace_back(b, *one);
+        }
+      }
+      cudaStreamSynchronize(stream);
+      cudaFree(send);
+      cudaFree(recv);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& e : err)
+    if (!e.empty()) return Status(StatusCode::kInternal, "--calibrate collectives: " + e);
+  return pts;
+}
+
+nlohmann::json points_json(const std::vector<std::pair<int64_t, double>>& v) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& [bytes, s] : v) a.push_back({bytes, s * 1e6});
+  return a;
+}
+
+// The interconnect entry from the probes (see the file comment), and the raw points.
+Status calibrate_interconnect(int gpus, nlohmann::json& j) {
+  int g_all = 2;
+  while (g_all * 2 <= gpus) g_all *= 2;
+  std::vector<int> groups = {2};
+  if (g_all > 2) groups.push_back(g_all);
+  nlohmann::json probes = nlohmann::json::object();
+  CollectivePoints all;
+  for (int g : groups) {
+    STRATA_ASSIGN_OR_RETURN(CollectivePoints p, probe_collectives(g, int64_t{256} << 20));
+    probes[std::to_string(g)] = {{"all_gather_nccl_us", points_json(p.all_gather)},
+                                 {"all_reduce_nccl_us", points_json(p.all_reduce)},
+                                 {"all_reduce_oneshot_us", points_json(p.all_reduce_oneshot)}};
+    all = std::move(p);  // the last group (every GPU) sets the model's constants
+  }
+  const double g = static_cast<double>(g_all);
+  const double hops = g - 1;
+  // Latency per hop from the engine's fastest 16 KB all-reduce (2 (g - 1) hops), bandwidth from
+  // the largest all-gather with that latency taken off.
+  double ar16 = all.all_reduce.front().second;
+  if (!all.all_reduce_oneshot.empty()) ar16 = std::min(ar16, all.all_reduce_oneshot.front().second);
+  const auto [big_bytes, big_s] = all.all_gather.back();
+  double alpha = ar16 / (2 * hops);
+  const double bw =
+      static_cast<double>(big_bytes) * hops / g / std::max(big_s - alpha * hops, 1e-9);
+  // Take off the bandwidth term of the 16 KB all-reduce too (small, but not nothing).
+  alpha = std::max(0.0, (ar16 - 2 * 16384.0 * hops / g / bw) / (2 * hops));
+  j["interconnect"] = {{"topology", "switch"},
+                       {"bandwidth_GBps", bw / 1e9},
+                       {"latency_us", alpha * 1e6},
+                       {"measured_on_gpus", g_all}};
+  j["collective_probes"] = probes;
+  return ok_status();
+}
+
 }  // namespace
 
 Result<std::string> calibrate_profile(const std::string& name) {
@@ -160,11 +330,15 @@ Result<std::string> calibrate_profile(const std::string& name) {
   nlohmann::json j;
   j["name"] = name;
   j["description"] = (*dev)->name() + ", measured by strata plan --calibrate";
+  const int gpus = cuda::cuda_device_count();
   j["source"] =
       "strata plan --calibrate on " + (*dev)->name() +
       ": HBM copy, pinned host-to-device copy, cuda::linear GEMMs over a Llama-3-8B layer's "
-      "shapes, flash prefill attention; interconnect NOT measured (public NVLink 4 figures: the "
-      "collective probes need the GPU communicator)";
+      "shapes, flash prefill attention" +
+      (gpus >= 2 ? "; interconnect from NCCL all-gather / all-reduce and the one-shot all-reduce "
+                   "over " +
+                       std::to_string(gpus) + " GPUs (collective_probes)"
+                 : "; interconnect NOT measured (one GPU: public NVLink 4 figures)");
   j["memory_GB"] = static_cast<double>(info->total_bytes) / 1e9;
 
   // HBM: device-to-device copy.
@@ -292,7 +466,11 @@ Result<std::string> calibrate_profile(const std::string& name) {
                          static_cast<double>(H * D);
     j["attention_tflops"] = flops / *t / 1e12;
   }
-  j["interconnect"] = {{"topology", "switch"}, {"bandwidth_GBps", 450}, {"latency_us", 2}};
+  if (gpus >= 2) {
+    STRATA_RETURN_IF_ERROR(calibrate_interconnect(gpus, j));
+  } else {
+    j["interconnect"] = {{"topology", "switch"}, {"bandwidth_GBps", 450}, {"latency_us", 2}};
+  }
   // The curves carry the GEMM efficiency; these apply to the roofline terms (KV streaming).
   j["efficiency"] = {{"compute", 0.85}, {"memory", 0.86}, {"host_link", 0.9}};
   j["layer_overhead_us"] = 0;
