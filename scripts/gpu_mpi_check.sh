@@ -2,7 +2,8 @@
 # Tensor parallelism with one process per rank (mpirun) on the GPU machine, in one device call:
 #   1. the CUDA IPC one-shot communicator's tests under mpirun (2 ranks; on one GPU both ranks
 #      share it, with STRATA_TP_ONE_GPU=1 for strata itself)
-#   2. `strata run` of a fixture model, greedy: mpirun TP = 2 must print what TP = 1 prints
+#   2. `strata run` of a fixture model, greedy: mpirun TP = 2, PP = 2 and TP = 2 x PP = 2 must
+#      print what TP = 1 prints
 #   3. `strata serve` under mpirun: concurrent greedy completions equal the TP = 1 text
 #   4. `strata bench` under mpirun (one GPU each when there are two or more GPUs: IPC one-shot
 #      below STRATA_ONESHOT_MAX_BYTES, NCCL above), beside the in-process ranks
@@ -45,6 +46,25 @@ if [ -s "$OUT/run_tp1.out" ] && cmp -s "$OUT/run_tp1.out" "$OUT/run_tp2_mpi.out"
 else
   echo "run: TEXT DIFFERS"; rc=1
 fi
+# Pipeline stages as processes: mpirun PP = 2 (and TP = 2 x PP = 2 with 4 GPUs, or every rank
+# on one GPU) must print what TP = 1 prints.
+MPI4=(mpirun --allow-run-as-root -np 4 -x LD_LIBRARY_PATH -x STRATA_NCCL_LIBRARY -x NCCL_NVLS_ENABLE)
+for cfg in "pp2:2:--pp 2" "tp2pp2:4:--tp 2 --pp 2"; do
+  name=${cfg%%:*}; rest=${cfg#*:}; np=${rest%%:*}; args=${rest#*:}
+  if [ "$np" = 4 ] && [ "$NGPU" -lt 4 ] && [ "$NGPU" -ge 2 ]; then continue; fi
+  L=("${MPI[@]}"); [ "$np" = 4 ] && L=("${MPI4[@]}")
+  echo "== run mpirun $name"
+  # shellcheck disable=SC2086
+  STRATA_COLLECTIVE_TIMEOUT=60 timeout 180 "${L[@]}" "${ONE[@]}" "$BUILD/strata" run -m "$M" \
+    --device cuda $args -p "The quick brown fox" -n 24 --temp 0 > "$OUT/run_${name}_mpi.out" \
+    2> "$OUT/run_${name}_mpi.txt" || rc=1
+  grep -E "error" "$OUT/run_${name}_mpi.txt" | head -n 4
+  if [ -s "$OUT/run_tp1.out" ] && cmp -s "$OUT/run_tp1.out" "$OUT/run_${name}_mpi.out"; then
+    echo "run: mpirun $name text == TP=1 text"
+  else
+    echo "run: $name TEXT DIFFERS"; rc=1
+  fi
+done
 # A tensor-parallel server under mpirun: 8 concurrent greedy completions must each print what
 # `strata run` printed at TP = 1.
 echo "== mpirun serve"

@@ -463,13 +463,6 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   if (pp == 1 && !cfg.parallel.pp_layers.empty()) {
     return Status(StatusCode::kInvalidArgument, "--pp-layers needs --pipeline-parallel-size > 1");
   }
-  if (pp > 1 && cuda && env_config().launcher_size > 1) {
-    return Status(StatusCode::kUnimplemented,
-                  "pipeline stages on GPUs under mpirun are not built yet: run them without "
-                  "mpirun, as threads of one process (--pipeline-parallel-size P "
-                  "[--tensor-parallel-size T] puts rank (stage s, tensor-parallel rank i) on GPU "
-                  "s * T + i), or use mpirun on the CPU");
-  }
   // A shape preset has no files to read: it implies dummy weights.
   const bool dummy = cfg.load_format == LoadFormat::kDummy || !cfg.model_config.empty();
   DType wdt = DType::kBF16;
@@ -589,13 +582,13 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   if (cfg.parallel.tp < 1) {
     return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
   }
-  const int world = cfg.parallel.tp * ep;
+  const int world = cfg.parallel.tp * ep * pp;
   if (mpi && env.launcher_size != world) {
     return errorf(StatusCode::kInvalidArgument,
-                  "--tensor-parallel-size {} x --expert-parallel-size {} but {} ranks were "
-                  "launched (use mpirun -np {}, or no mpirun: {} ranks as threads of one process, "
-                  "one GPU each)",
-                  cfg.parallel.tp, ep, env.launcher_size, world, world);
+                  "--tensor-parallel-size {} x --expert-parallel-size {} x "
+                  "--pipeline-parallel-size {} but {} ranks were launched (use mpirun -np {}, or "
+                  "no mpirun: {} ranks as threads of one process, one GPU each)",
+                  cfg.parallel.tp, ep, pp, env.launcher_size, world, world);
   }
   if (mpi && ep > 1 && env.tp_one_gpu) {
     return Status(StatusCode::kUnimplemented,
@@ -615,71 +608,101 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     ro.device = Device::cuda(cfg.device.index + (shared_gpu ? 0 : local));
     EngineConfig shard_cfg = cfg;
     shard_cfg.device = DeviceSpec::cuda(ro.device.index);
-    if (dummy) {
+    if (pp > 1) {
+      // Pipeline stages, one process per (stage, tensor-parallel rank): each loads only its
+      // stage's layers; the stage's tensor-parallel group gets device collectives, stages pass
+      // hidden states through host memory over MPI.
       STRATA_ASSIGN_OR_RETURN(out.comm, make_mpi_communicator());
-      if (!cfg.model_config.empty()) {
+      if (dummy && !cfg.model_config.empty()) {
         STRATA_ASSIGN_OR_RETURN(config, model_config_preset(cfg.model_config));
         out.info = make_model_info("dummy:" + cfg.model_config, config);
       } else {
-        STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(cfg.model, /*with_weights=*/false));
+        STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(cfg.model, /*with_weights=*/!dummy));
         config = files.config;
         out.info = std::move(files.info);
         out.tokenizer = std::move(files.tokenizer);
+        weights = files.weights;
       }
-    }
-    std::unique_ptr<Model> host;
-    if (!dummy) {
-      STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(shard_cfg));
-      out.info = std::move(loaded.info);
-      out.tokenizer = std::move(loaded.tokenizer);
-      out.comm = std::move(loaded.comm);
-      host = std::move(loaded.model);
-      config = host->config();
-    }
-    ParallelConfig par;
-    par.tp_size = cfg.parallel.tp;
-    par.tp_rank = out.comm->rank() % cfg.parallel.tp;
-    par.ep_size = ep;
-    par.ep_rank = out.comm->rank() / cfg.parallel.tp;
-    if (ep == 1) {
-      STRATA_ASSIGN_OR_RETURN(
-          out.comm, make_device_communicator(std::move(out.comm), config, ro, shared_gpu));
-    }
-    if (ep > 1) {
-      // The world stays the control group; the tensor-parallel group gets the device
-      // collectives, the expert-parallel group's go through host memory (model/moe.cpp).
-      STRATA_ASSIGN_OR_RETURN(ExpertGroups g, split_expert_groups(*out.comm, par));
-      STRATA_ASSIGN_OR_RETURN(g.tp, make_device_communicator(std::move(g.tp), config, ro, false));
-      STRATA_ASSIGN_OR_RETURN(
-          out.exec, make_expert_parallel_runner(config, par, std::move(host), std::move(g), ro));
-    } else if (!shared_gpu || par.tp_size == 1) {
-      STRATA_ASSIGN_OR_RETURN(out.exec, make_runner(config, par, std::move(host), *out.comm, ro));
+      STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds,
+                              pipeline_bounds(config.n_layers, pp, cfg.parallel.pp_layers));
+      std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)> load;
+      if (weights)
+        load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
+      auto device_tp = [&](std::unique_ptr<Communicator> g) {
+        return make_device_communicator(std::move(g), config, ro, shared_gpu);
+      };
+      RunnerOptions rp = ro;
+      if (shared_gpu && rp.num_kv_blocks <= 0) rp.gpu_memory_utilization /= world;
+      STRATA_ASSIGN_OR_RETURN(out.exec, make_pipeline_rank(config, bounds, cfg.parallel.tp,
+                                                           *out.comm, load, rp, device_tp));
     } else {
-      // Every process on one GPU: rank 0 sizes its KV pool within its share of
-      // --gpu-memory-utilization first, and the others take as many blocks (the ranks address
-      // the same block ids).
-      Result<std::unique_ptr<Executor>> e =
-          Status(StatusCode::kInternal, "tensor-parallel rank 0 failed to load");
-      int64_t blocks = -1;
-      if (par.tp_rank == 0) {
-        RunnerOptions r0 = ro;
-        if (r0.num_kv_blocks <= 0) r0.gpu_memory_utilization /= par.tp_size;
-        e = make_runner(config, par, std::move(host), *out.comm, r0);
-        if (e.ok()) blocks = (*e)->cache().config().n_blocks;
+      if (dummy) {
+        STRATA_ASSIGN_OR_RETURN(out.comm, make_mpi_communicator());
+        if (!cfg.model_config.empty()) {
+          STRATA_ASSIGN_OR_RETURN(config, model_config_preset(cfg.model_config));
+          out.info = make_model_info("dummy:" + cfg.model_config, config);
+        } else {
+          STRATA_ASSIGN_OR_RETURN(ModelFiles files, open_model(cfg.model, /*with_weights=*/false));
+          config = files.config;
+          out.info = std::move(files.info);
+          out.tokenizer = std::move(files.tokenizer);
+        }
       }
-      STRATA_RETURN_IF_ERROR(out.comm->broadcast(&blocks, static_cast<int64_t>(sizeof(blocks)), 0));
-      if (par.tp_rank != 0 && blocks > 0) {
-        RunnerOptions rn = ro;
-        rn.num_kv_blocks = blocks;
-        e = make_runner(config, par, std::move(host), *out.comm, rn);
+      std::unique_ptr<Model> host;
+      if (!dummy) {
+        STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(shard_cfg));
+        out.info = std::move(loaded.info);
+        out.tokenizer = std::move(loaded.tokenizer);
+        out.comm = std::move(loaded.comm);
+        host = std::move(loaded.model);
+        config = host->config();
       }
-      int32_t failed = e.ok() ? 0 : 1;
-      STRATA_RETURN_IF_ERROR(out.comm->all_reduce(&failed, 1, DType::kI32, CommStream::host()));
-      if (!e.ok()) return e.status();
-      if (failed != 0) {
-        return errorf(StatusCode::kInternal, "{} tensor-parallel rank(s) failed to load", failed);
+      ParallelConfig par;
+      par.tp_size = cfg.parallel.tp;
+      par.tp_rank = out.comm->rank() % cfg.parallel.tp;
+      par.ep_size = ep;
+      par.ep_rank = out.comm->rank() / cfg.parallel.tp;
+      if (ep == 1) {
+        STRATA_ASSIGN_OR_RETURN(
+            out.comm, make_device_communicator(std::move(out.comm), config, ro, shared_gpu));
       }
-      out.exec = std::move(*e);
+      if (ep > 1) {
+        // The world stays the control group; the tensor-parallel group gets the device
+        // collectives, the expert-parallel group's go through host memory (model/moe.cpp).
+        STRATA_ASSIGN_OR_RETURN(ExpertGroups g, split_expert_groups(*out.comm, par));
+        STRATA_ASSIGN_OR_RETURN(g.tp, make_device_communicator(std::move(g.tp), config, ro, false));
+        STRATA_ASSIGN_OR_RETURN(
+            out.exec, make_expert_parallel_runner(config, par, std::move(host), std::move(g), ro));
+      } else if (!shared_gpu || par.tp_size == 1) {
+        STRATA_ASSIGN_OR_RETURN(out.exec, make_runner(config, par, std::move(host), *out.comm, ro));
+      } else {
+        // Every process on one GPU: rank 0 sizes its KV pool within its share of
+        // --gpu-memory-utilization first, and the others take as many blocks (the ranks address
+        // the same block ids).
+        Result<std::unique_ptr<Executor>> e =
+            Status(StatusCode::kInternal, "tensor-parallel rank 0 failed to load");
+        int64_t blocks = -1;
+        if (par.tp_rank == 0) {
+          RunnerOptions r0 = ro;
+          if (r0.num_kv_blocks <= 0) r0.gpu_memory_utilization /= par.tp_size;
+          e = make_runner(config, par, std::move(host), *out.comm, r0);
+          if (e.ok()) blocks = (*e)->cache().config().n_blocks;
+        }
+        STRATA_RETURN_IF_ERROR(
+            out.comm->broadcast(&blocks, static_cast<int64_t>(sizeof(blocks)), 0));
+        if (par.tp_rank != 0 && blocks > 0) {
+          RunnerOptions rn = ro;
+          rn.num_kv_blocks = blocks;
+          e = make_runner(config, par, std::move(host), *out.comm, rn);
+        }
+        int32_t failed = e.ok() ? 0 : 1;
+        STRATA_RETURN_IF_ERROR(out.comm->all_reduce(&failed, 1, DType::kI32, CommStream::host()));
+        if (!e.ok()) return e.status();
+        if (failed != 0) {
+          return errorf(StatusCode::kInternal, "{} tensor-parallel rank(s) failed to load", failed);
+        }
+        out.exec = std::move(*e);
+      }
     }
   } else if (cfg.parallel.tp == 1 && ep == 1 && pp == 1 && !dummy) {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));

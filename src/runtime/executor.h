@@ -184,11 +184,16 @@ Status run_follower(Executor& local, Communicator& control);
 // last stage's rank 0 sends each pass's logits or ids to world rank 0 (the engines' results;
 // the other ranks' are unspecified). Every rank of `world` must call it; all fail if one does.
 // Serve it as tensor parallelism is served: make_driver_executor on rank 0, run_follower on the
-// others.
+// others. On GPUs, `device_tp` turns the stage's tensor-parallel group into one with device
+// collectives (NCCL / CUDA IPC one-shot); when options.num_kv_blocks is 0, world rank 0 sizes its
+// KV pool first and every other rank takes as many blocks (the driver's block ids address every
+// stage's pool). Hidden states between stages go through host memory either way.
 Result<std::unique_ptr<Executor>> make_pipeline_rank(
     const ModelConfig& config, const std::vector<int64_t>& bounds, int tp, Communicator& world,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load,
-    const RunnerOptions& options);
+    const RunnerOptions& options,
+    const std::function<Result<std::unique_ptr<Communicator>>(std::unique_ptr<Communicator>)>&
+        device_tp = {});
 
 // An executor for EngineConfig (device, weights, quantization, load format), with what the
 // engines need beside it. Member order matters: `exec` may refer to `comm`.

@@ -201,7 +201,9 @@ class PipelineRankExecutor final : public Executor {
 Result<std::unique_ptr<Executor>> make_pipeline_rank(
     const ModelConfig& config, const std::vector<int64_t>& bounds, int tp, Communicator& world,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load,
-    const RunnerOptions& options) {
+    const RunnerOptions& options,
+    const std::function<Result<std::unique_ptr<Communicator>>(std::unique_ptr<Communicator>)>&
+        device_tp) {
   const int pp = static_cast<int>(bounds.size()) - 1;
   if (pp < 1 || tp < 1 || world.size() != tp * pp) {
     return errorf(StatusCode::kInvalidArgument,
@@ -222,28 +224,54 @@ Result<std::unique_ptr<Executor>> make_pipeline_rank(
                           world.split(par.pp_rank, par.tp_rank));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> pipe_group,
                           world.split(par.tp_rank, par.pp_rank));
-  auto rank =
-      std::make_unique<PipelineRankExecutor>(par, std::move(tp_group), std::move(pipe_group));
   Status st = ok_status();
-  {
+  if (device_tp) {
+    Result<std::unique_ptr<Communicator>> d = device_tp(std::move(tp_group));
+    if (d.ok()) {
+      tp_group = std::move(*d);
+    } else {
+      st = d.status().with_context("the stage's tensor-parallel group");
+    }
+  }
+  std::unique_ptr<PipelineRankExecutor> rank;
+  if (st.ok()) {
+    rank = std::make_unique<PipelineRankExecutor>(par, std::move(tp_group), std::move(pipe_group));
+  }
+  auto make = [&](const RunnerOptions& ro) {
+    if (!st.ok()) return;
     std::unique_ptr<Model> host;
     if (load) {
       Result<std::unique_ptr<Model>> m = load(par);
-      if (m.ok()) {
-        host = std::move(*m);
-      } else {
+      if (!m.ok()) {
         st = m.status();
+        return;
+      }
+      host = std::move(*m);
+    }
+    Result<std::unique_ptr<Executor>> e =
+        make_runner(config, par, std::move(host), rank->tp_group(), ro, &rank->pipe_group());
+    if (e.ok()) {
+      rank->set_local(std::move(*e));
+    } else {
+      st = e.status();
+    }
+  };
+  RunnerOptions ro = options;
+  if (ro.device.is_cuda() && ro.num_kv_blocks <= 0) {
+    // GPU pools sized from free memory: rank 0 first, then the others take its block count.
+    if (world.rank() == 0) make(ro);
+    int64_t blocks = world.rank() == 0 && st.ok() ? rank->cache().config().n_blocks : -1;
+    STRATA_RETURN_IF_ERROR(world.broadcast(&blocks, static_cast<int64_t>(sizeof(blocks)), 0));
+    if (world.rank() != 0) {
+      if (blocks > 0) {
+        ro.num_kv_blocks = blocks;
+        make(ro);
+      } else if (st.ok()) {
+        st = Status(StatusCode::kInternal, "world rank 0 failed to load");
       }
     }
-    if (st.ok()) {
-      Result<std::unique_ptr<Executor>> e =
-          make_runner(config, par, std::move(host), rank->tp_group(), options, &rank->pipe_group());
-      if (e.ok()) {
-        rank->set_local(std::move(*e));
-      } else {
-        st = e.status();
-      }
-    }
+  } else {
+    make(ro);
   }
   // Every rank learns whether all loaded (a rank that returned alone would leave its peers
   // waiting in their first collective).
