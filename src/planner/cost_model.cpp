@@ -424,9 +424,15 @@ Result<Estimate> estimate(const ModelShape& s, const HardwareProfile& hw, const 
   const double p2p =
       l.pp > 1 ? comm.gather(st.seqs * st.q * as_d(s.hidden) * kActBytes * 2.0, 2) : 0.0;
   const double stage = layers_per_stage * layer.total() + head.seconds + head_gather + p2p;
-  const double slots = microbatches + as_d(l.pp) - 1.0;  // pipeline fill + drain
+  // Prefill: the micro-batches fill and drain the pipeline. Decode runs seed 000's generation
+  // schedule: pp steps of different sequences in flight across steps, so no stage waits once
+  // the pipeline is full; every sequence advances once per pp stage times (a stage time is one
+  // micro-batch through one stage), with idle stage slots only when there are fewer
+  // micro-batches than stages.
+  const double slots = w.phase == Phase::kPrefill ? microbatches + as_d(l.pp) - 1.0
+                                                  : std::max(microbatches, as_d(l.pp));
   est.step_seconds = slots * stage;
-  est.bubble_fraction = (as_d(l.pp) - 1.0) / slots;
+  est.bubble_fraction = (slots - microbatches) / slots;
   const double scale = slots * layers_per_stage;
   est.compute_s = scale * layer.compute + slots * (head.memory_bound ? 0.0 : head.seconds);
   est.memory_s = scale * layer.memory + slots * (head.memory_bound ? head.seconds : 0.0);

@@ -215,10 +215,17 @@ TEST(CostModel, PipelineBubbleAndExpertsAndStreaming) {
   const Estimate e = value(estimate(llama70, h100, pp, decode));
   // One sequence cannot fill a 4-stage pipeline: 3 of 4 slots are bubble.
   EXPECT_NEAR(e.bubble_fraction, 0.75, 1e-9);
+  // Four sequences decode as seed 000's generation schedule: four steps in flight, one per
+  // stage, and no stage waits; the step takes four stage times.
   PhaseWorkload decode4 = decode;
   decode4.batch = 4;
   const Estimate e4 = value(estimate(llama70, h100, pp, decode4));
-  EXPECT_NEAR(e4.bubble_fraction, 3.0 / 7.0, 1e-9);
+  EXPECT_NEAR(e4.bubble_fraction, 0.0, 1e-9);
+  EXPECT_NEAR(e4.step_seconds / e.step_seconds, 1.0, 0.05);  // weight-bound: 4 ~ 1 sequence
+  // A prefill pass of four micro-batches fills and drains the pipeline: 3 of 7 slots idle.
+  PhaseWorkload prefill4{Phase::kPrefill, 4, 512, 0, WeightFormat::kBF16};
+  const Estimate p4 = value(estimate(llama70, h100, pp, prefill4));
+  EXPECT_NEAR(p4.bubble_fraction, 3.0 / 7.0, 1e-9);
 
   // Experts touched per step grow with the batch and saturate at n_experts.
   const ModelShape moe = value(model_shape_preset("mixtral-8x7b"));
