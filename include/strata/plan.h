@@ -73,7 +73,7 @@ Result<PlanReport> plan_from_json(const std::string& text, const std::string& wh
 // and runs 1D weight-stationary FFNs with head-sharded attention, tensor and pipeline parallel,
 // no expert / data parallelism and no host streaming. Among those that fit, the (tp, pp) whose
 // best prefill row plus best decode row predict the shortest phases wins. world > 0: an mpirun
-// world of that many GPU processes, which runs tensor parallelism only (tp = world).
+// world of that many GPU processes (tp x pp = world).
 struct EngineLayoutChoice {
   PlanRow prefill, decode;  // the rows the choice rests on (same tp, pp)
 };

@@ -273,8 +273,8 @@ Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world
         r.host_streamed || r.ep != 1 || r.dp != 1) {
       return false;
     }
-    // mpirun (world > 0) puts one GPU per process, where pipeline stages are not built yet.
-    if (world > 0) return r.pp == 1 && r.tp == world;
+    // mpirun (world > 0): one GPU per process, tp x pp processes.
+    if (world > 0) return r.tp * r.pp == world;
     return true;
   };
   struct Pick {

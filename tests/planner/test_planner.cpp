@@ -391,7 +391,7 @@ std::pair<int64_t, int64_t> best_runnable(const PlanReport& rep, int world) {
     for (const PlanRow& r : p.rows) {
       const bool ok = r.fits && r.ffn == "1D-WS" && r.attention == "heads" && !r.parallel_block &&
                       !r.host_streamed && r.ep == 1 && r.dp == 1 &&
-                      (world <= 0 || (r.pp == 1 && r.tp == world));
+                      (world <= 0 || r.tp * r.pp == world);
       if (!ok) continue;
       auto& m = best[{r.tp, r.pp}];
       if (!m.count(p.phase) || r.phase_s < m[p.phase]) m[p.phase] = r.phase_s;
@@ -442,8 +442,8 @@ TEST(EngineLayout, WorldOfMpirunAndNothingThatFits) {
   const PlanReport four = engine_plan("llama3-8b", 4, "h100");
   auto c = choose_engine_layout(four, 4);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_EQ(c->decode.tp, 4);  // mpirun on GPUs: tensor parallelism only
-  EXPECT_EQ(c->decode.pp, 1);
+  EXPECT_EQ(c->decode.tp * c->decode.pp, 4);  // mpirun: the layout fills the world
+  EXPECT_EQ(std::make_pair(c->decode.tp, c->decode.pp), best_runnable(four, 4));
   // Every layout of a 4-GPU plan uses 4 ranks: none for a world of 2.
   auto none = choose_engine_layout(four, 2);
   ASSERT_FALSE(none.ok());
