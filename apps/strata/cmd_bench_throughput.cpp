@@ -111,6 +111,7 @@ int bench_throughput(ThroughputOptions& o) {
   auto r =
       run_batch(e, random_prompts(o.num_prompts, o.input_len, info.vocab, o.seed), o.output_len);
   if (!r.ok()) return report(r.status());
+  const ServingMetrics m = e.metrics();
   e.shutdown(true);
   const Run& run = *r;
   const double s = run.seconds;
@@ -122,6 +123,15 @@ int bench_throughput(ThroughputOptions& o) {
   std::printf("Throughput: %.2f requests/s, %.1f total tokens/s, %.1f output tokens/s (%.2f s)\n",
               o.num_prompts / s, static_cast<double>(run.input_tokens + run.output_tokens) / s,
               static_cast<double>(run.output_tokens) / s, s);
+  // Forward passes (warm-up included): how full they were and, with pipeline stages, how many
+  // were in flight and the bubble.
+  const double tokens_per_step =
+      m.steps_total > 0 ? static_cast<double>(m.step_tokens_total) / m.steps_total : 0.0;
+  std::printf("Steps: %lld forward passes, %.1f tokens each, at most %lld in flight",
+              static_cast<long long>(m.steps_total), tokens_per_step,
+              static_cast<long long>(m.max_steps_in_flight));
+  if (m.pipeline_bubble >= 0) std::printf(", pipeline bubble %.1f%%", 100 * m.pipeline_bubble);
+  std::printf("\n");
   if (run.failed > 0) {
     std::fprintf(stderr, "strata: bench-throughput: %lld requests failed: %s\n",
                  static_cast<long long>(run.failed), run.first_error.c_str());
@@ -142,7 +152,11 @@ int bench_throughput(ThroughputOptions& o) {
         {"total_tokens_per_s", static_cast<double>(run.input_tokens + run.output_tokens) / s},
         {"output_tokens_per_s", static_cast<double>(run.output_tokens) / s},
         {"output_tokens", run.output_tokens},
-        {"failed", run.failed}};
+        {"failed", run.failed},
+        {"steps", m.steps_total},
+        {"tokens_per_step", tokens_per_step},
+        {"max_steps_in_flight", m.max_steps_in_flight}};
+    if (m.pipeline_bubble >= 0) j["pipeline_bubble"] = m.pipeline_bubble;
     std::ofstream f(o.json_path);
     f << j.dump(2) << "\n";
     if (!f) return report(Status(StatusCode::kIoError, "cannot write " + o.json_path));

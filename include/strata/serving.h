@@ -76,6 +76,11 @@ struct ServingMetrics {
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   int64_t requests_finished_total = 0, preemptions_total = 0;
   int64_t prefix_cache_hits_total = 0, prefix_cache_queries_total = 0;  // in tokens
+  // Forward passes run, the tokens they carried, and the most passes in flight at once
+  // (pipeline stages keep several); the pipeline bubble measured over every pass so far (idle
+  // stage time over all stage time), -1 without pipeline stages.
+  int64_t steps_total = 0, step_tokens_total = 0, max_steps_in_flight = 0;
+  double pipeline_bubble = -1;
   // Latency histograms: seconds, cumulative counts per bucket upper bound (Prometheus style).
   std::vector<double> bucket_bounds;
   std::vector<int64_t> ttft_buckets, tpot_buckets, e2e_buckets;

@@ -143,6 +143,7 @@ class ServingEngineImpl final : public ServingEngine {
   std::vector<float> logprob_scratch_;
   std::vector<int32_t> top_ids_;
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, finished_total_ = 0;
+  int64_t steps_total_ = 0, step_tokens_total_ = 0, max_in_flight_ = 0;
   LatencyHistogram ttft_{default_latency_buckets()}, tpot_{default_latency_buckets()},
       e2e_{default_latency_buckets()};
 
@@ -415,6 +416,9 @@ void ServingEngineImpl::run_step() {
       return;
     }
     inflight_.push_back(std::move(job));
+    ++steps_total_;
+    step_tokens_total_ += static_cast<int64_t>(inflight_.back()->tokens.size());
+    max_in_flight_ = std::max(max_in_flight_, static_cast<int64_t>(inflight_.size()));
   }
   if (!inflight_.empty()) complete_oldest();
 }
@@ -650,6 +654,10 @@ void ServingEngineImpl::publish_metrics() {
   m.preemptions_total = st.preemptions_total;
   m.prefix_cache_hits_total = st.prefix_cache_hit_tokens;
   m.prefix_cache_queries_total = st.prefix_cache_queries_tokens;
+  m.steps_total = steps_total_;
+  m.step_tokens_total = step_tokens_total_;
+  m.max_steps_in_flight = max_in_flight_;
+  m.pipeline_bubble = exec_->measured_bubble();
   m.bucket_bounds = ttft_.bounds;
   m.ttft_buckets = ttft_.buckets;
   m.tpot_buckets = tpot_.buckets;

@@ -7,7 +7,11 @@
 // Tensor x pipeline parallelism (each stage a group of tensor-parallel threads) against one rank.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #include "core/mapped_file.h"
 #include "fixture_util.h"
@@ -18,6 +22,7 @@
 #include "runtime/pipeline_schedule.h"
 #include "runtime/sequence.h"
 #include "strata/engine.h"
+#include "strata/serving.h"
 
 namespace strata {
 namespace {
@@ -492,6 +497,61 @@ TEST(PipelineEngine, GenerateMatchesOneStage) {
   auto e = Engine::create(bad);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("--pp-layers"), std::string::npos) << e.status().to_string();
+}
+
+// The serving engine's step counters: every token a pass carries is a prompt token or a
+// generated one fed back (n_prompt + max_tokens - 1 per request, no prefix cache, no
+// preemption); with two stages two passes are in flight and a bubble is measured, with one
+// stage one pass at a time and no bubble.
+TEST(ServingPipeline, StepCountersAndBubble) {
+  for (int pp : {1, 2}) {
+    ServingConfig cfg;
+    cfg.engine.model = testing::fixture_model("llama");
+    cfg.engine.parallel.pp = pp;
+    cfg.enable_prefix_caching = false;
+    auto serving = ServingEngine::create(cfg);
+    ASSERT_TRUE(serving.ok()) << serving.status().to_string();
+    constexpr int kRequests = 8;
+    constexpr int64_t kPrompt = 9, kGen = 6;
+    std::mutex mu;
+    std::condition_variable cv;
+    int done = 0;
+    for (int i = 0; i < kRequests; ++i) {
+      CompletionRequest r;
+      for (int64_t t = 0; t < kPrompt; ++t) r.prompt_tokens.push_back(3 + (i * 31 + t * 7) % 250);
+      r.max_tokens = kGen;
+      r.ignore_eos = true;
+      r.sampling.temperature = 0.0f;
+      ASSERT_TRUE((*serving)
+                      ->submit(r,
+                               [&](const CompletionEvent& ev) {
+                                 if (!ev.finished) return;
+                                 std::lock_guard<std::mutex> lk(mu);
+                                 ++done;
+                                 cv.notify_all();
+                               })
+                      .ok());
+    }
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return done == kRequests; }));
+    }
+    ServingMetrics m = (*serving)->metrics();
+    for (int i = 0; i < 500 && m.requests_finished_total < kRequests; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      m = (*serving)->metrics();
+    }
+    EXPECT_EQ(m.step_tokens_total, kRequests * (kPrompt + kGen - 1)) << "pp " << pp;
+    EXPECT_GT(m.steps_total, 0);
+    if (pp == 1) {
+      EXPECT_EQ(m.max_steps_in_flight, 1);
+      EXPECT_LT(m.pipeline_bubble, 0.0);
+    } else {
+      EXPECT_EQ(m.max_steps_in_flight, 2);
+      EXPECT_GE(m.pipeline_bubble, 0.0);
+      EXPECT_LT(m.pipeline_bubble, 1.0);
+    }
+  }
 }
 
 }  // namespace
