@@ -111,6 +111,7 @@ int bench_throughput(ThroughputOptions& o) {
   auto r =
       run_batch(e, random_prompts(o.num_prompts, o.input_len, info.vocab, o.seed), o.output_len);
   if (!r.ok()) return report(r.status());
+  const ServingMetrics m = e.metrics();
   e.shutdown(true);
   const Run& run = *r;
   const double s = run.seconds;
@@ -122,6 +123,18 @@ int bench_throughput(ThroughputOptions& o) {
   std::printf("Throughput: %.2f requests/s, %.1f total tokens/s, %.1f output tokens/s (%.2f s)\n",
               o.num_prompts / s, static_cast<double>(run.input_tokens + run.output_tokens) / s,
               static_cast<double>(run.output_tokens) / s, s);
+  // The batch the KV pool allowed: the most sequences running at once (warm-up included).
+  std::printf("Batch reached: %lld sequences running at once (device KV pool %lld blocks of %lld",
+              static_cast<long long>(m.running_max), static_cast<long long>(info.kv_cache_blocks),
+              static_cast<long long>(info.kv_block_size));
+  if (o.serving.kv_offload) {
+    std::printf("; KV offload: %lld groups, host pool %lld blocks, %lld blocks loaded, %lld stored",
+                static_cast<long long>(m.kv_offload_groups),
+                static_cast<long long>(m.kv_host_blocks_total),
+                static_cast<long long>(m.kv_offload_loaded_blocks_total),
+                static_cast<long long>(m.kv_offload_stored_blocks_total));
+  }
+  std::printf(")\n");
   if (run.failed > 0) {
     std::fprintf(stderr, "strata: bench-throughput: %lld requests failed: %s\n",
                  static_cast<long long>(run.failed), run.first_error.c_str());
@@ -142,6 +155,14 @@ int bench_throughput(ThroughputOptions& o) {
         {"total_tokens_per_s", static_cast<double>(run.input_tokens + run.output_tokens) / s},
         {"output_tokens_per_s", static_cast<double>(run.output_tokens) / s},
         {"output_tokens", run.output_tokens},
+        {"batch_reached", m.running_max},
+        {"kv_cache_blocks", info.kv_cache_blocks},
+        {"kv_block_size", info.kv_block_size},
+        {"kv_offload", o.serving.kv_offload},
+        {"kv_offload_groups", m.kv_offload_groups},
+        {"kv_host_blocks", m.kv_host_blocks_total},
+        {"kv_offload_loaded_blocks", m.kv_offload_loaded_blocks_total},
+        {"kv_offload_stored_blocks", m.kv_offload_stored_blocks_total},
         {"failed", run.failed}};
     std::ofstream f(o.json_path);
     f << j.dump(2) << "\n";
@@ -176,6 +197,7 @@ void add_bench_throughput_command(CLI::App& app, std::vector<Command>& commands)
                   "Context length (default input + output length)");
   sub->add_option("-t,--threads", o->serving.engine.num_threads, "CPU threads; 0 = all cores");
   sub->add_option("--json", o->json_path, "Also write the result as JSON to this file");
+  add_kv_offload_options(sub, o->serving);
   add_engine_device_options(sub, o->serving.engine, /*with_dummy=*/true,
                             /*with_batch_tokens=*/false);
   commands.push_back({sub, [o]() { return bench_throughput(*o); }});

@@ -38,6 +38,15 @@ struct ServingConfig {
   int64_t swap_space_bytes = int64_t{1} << 30;  // host memory for preempted KV blocks
   bool enable_prefix_caching = true;
   PreemptionMode preemption_mode = PreemptionMode::kByCost;
+  // KV offload (--kv-offload): the KV blocks live in a host pool (pinned on a GPU) and the
+  // running sequences, split into groups, take turns on the device pool (num_kv_blocks on the
+  // CPU, what fits on a GPU), each group loaded while the previous one runs. The running set may
+  // then hold more blocks than the device pool. Single rank only; no prefix caching, and
+  // preemption recomputes.
+  bool kv_offload = false;
+  int64_t kv_offload_groups = 0;  // 0: enough that half the device pool holds one group
+  int64_t kv_host_bytes = 0;      // host pool; 0: max_num_seqs sequences of max_model_len,
+                                  // at most 4x the device pool
   std::string served_model_name;  // name in /v1/models; default: the model path's last part
 };
 
@@ -76,6 +85,10 @@ struct ServingMetrics {
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   int64_t requests_finished_total = 0, preemptions_total = 0;
   int64_t prefix_cache_hits_total = 0, prefix_cache_queries_total = 0;  // in tokens
+  int64_t running_max = 0;  // most sequences running at once so far (the batch reached)
+  // KV offload: groups, host pool blocks, blocks copied host -> device and device -> host.
+  int64_t kv_offload_groups = 0, kv_host_blocks_total = 0;
+  int64_t kv_offload_loaded_blocks_total = 0, kv_offload_stored_blocks_total = 0;
   // Latency histograms: seconds, cumulative counts per bucket upper bound (Prometheus style).
   std::vector<double> bucket_bounds;
   std::vector<int64_t> ttft_buckets, tpot_buckets, e2e_buckets;
