@@ -190,6 +190,7 @@ void add_bench_throughput_command(CLI::App& app, std::vector<Command>& commands)
                   "Sequences running at once (default 256)");
   sub->add_option("--max-num-batched-tokens", o->serving.max_num_batched_tokens,
                   "Token budget per engine step (default 8192)");
+  sub->add_option("--block-size", o->serving.block_size, "Tokens per KV-cache block (default 16)");
   sub->add_option("--num-kv-blocks", o->serving.num_kv_blocks,
                   "KV blocks; 0 = from --kv-cache-bytes on the CPU, fill memory on CUDA");
   sub->add_option("--kv-cache-bytes", o->serving.kv_cache_bytes, "CPU KV cache bytes (1 GiB)");

@@ -164,7 +164,7 @@ void add_kv_offload_options(CLI::App* sub, ServingConfig& s) {
         s.kv_offload_groups = n;
       },
       "With --kv-offload: groups of running sequences (default: enough that half the device "
-      "pool holds one group when the host pool is full, at least 2)");
+      "pool holds one group when the host pool is full, at least 2, at most --max-num-seqs)");
   sub->add_option_function<std::string>(
       "--kv-host-gib",
       [&s](const std::string& v) {

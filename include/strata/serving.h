@@ -45,6 +45,7 @@ struct ServingConfig {
   // preemption recomputes.
   bool kv_offload = false;
   int64_t kv_offload_groups = 0;  // 0: enough that half the device pool holds one group
+                                  // (at most max_num_seqs)
   int64_t kv_host_bytes = 0;      // host pool; 0: max_num_seqs sequences of max_model_len,
                                   // at most 4x the device pool
   std::string served_model_name;  // name in /v1/models; default: the model path's last part

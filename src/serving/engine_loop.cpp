@@ -409,9 +409,11 @@ Status ServingEngineImpl::init_offload(const ServingConfig& cfg, SchedulerConfig
                   "device pool ({} blocks), or there is nothing to offload",
                   host_blocks, block_bytes_ >> 10, num_blocks_);
   }
+  // By default no more groups than sequences may run (a group of none is a wasted turn).
   const int64_t groups = cfg.kv_offload_groups > 0
                              ? cfg.kv_offload_groups
-                             : default_offload_groups(num_blocks_, host_blocks);
+                             : std::min(default_offload_groups(num_blocks_, host_blocks),
+                                        std::max<int64_t>(2, cfg.max_num_seqs));
   STRATA_RETURN_IF_ERROR(exec_->kv_offload_enable(host_blocks));
   offload_ = std::make_unique<KvOffloadPlan>(num_blocks_, host_blocks, block_size_, groups);
   sc.num_blocks = host_blocks;
@@ -450,9 +452,11 @@ void ServingEngineImpl::run_offload_step() {
   if (st.ok()) {
     const auto next = static_cast<int32_t>((plan.group() + 1) % plan.groups());
     const std::vector<const SchedSequence*> members = sched_->group_members(next);
-    if (plan.prefetch(members, &prefetch_) && !prefetch_.empty()) {
-      st = exec_->kv_offload_load(prefetch_.device, prefetch_.host);
-    }
+    if (!plan.prefetch(members, &prefetch_)) prefetch_.clear();
+    // Issued even when empty: the next forward pass in that region writes slots that the last
+    // store from there may still be reading, and it waits for this transfer, which waits for
+    // that store.
+    st = exec_->kv_offload_load(prefetch_.device, prefetch_.host);
   }
   if (!st.ok()) {
     fail_step(job->step, st);

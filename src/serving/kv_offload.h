@@ -15,11 +15,14 @@
 // Ordering (Executor::kv_offload_*): the forward waits for the loads (1); a store waits for the
 // forward; a load waits for the last store of the same layer parity, since the slots it fills
 // may be the ones that store reads (step t + 1's prefetch fills region r, which step t's store
-// is reading). Both transfers move the odd layers first, then the even ones, on one stream per
-// direction: the odd layers of a load then come in while the even layers of the store go out,
-// so both directions of the PCIe link are busy (the seed splits odd and even layers between
-// the two GPUs sharing a link; the issue asks for the split between the two directions). The
-// pool keeps each layer's K and V apart, so a layer's blocks are one batch of copies.
+// is reading). The prefetch transfer is issued every step, even with nothing to load, because
+// the forward pass of step t + 2 writes region r too (a new sequence's fresh blocks, or the tail
+// block) and is ordered after step t's store only through it. Both transfers move the odd layers
+// first, then the even ones, on one stream per direction: the odd layers of a load then come in
+// while the even layers of the store go out, so both directions of the PCIe link are busy (the seed
+// splits odd and even layers between the two GPUs sharing a link; the issue asks for the split
+// between the two directions). The pool keeps each layer's K and V apart, so a layer's blocks are
+// one batch of copies.
 //
 // This file is the bookkeeping (which host block sits in which device slot), free of any device:
 // the unit tests check the copies of each step.

@@ -13,6 +13,8 @@
 #include <thread>
 
 #include "fixture_util.h"
+#include "kv_offload_util.h"
+#include "runtime/executor.h"
 #include "strata/engine.h"
 #include "strata/serving.h"
 
@@ -268,6 +270,18 @@ TEST(ServingKvOffloadConfig, ForcedGroupsAndHostBytes) {
   }
   ASSERT_TRUE(col.wait(6));
   EXPECT_EQ(col.get(5).completion_tokens, jobs[5].max_tokens);
+}
+
+// The CPU executor's offload copies (two copy threads) move blocks there and back exactly.
+TEST(ServingKvOffloadConfig, ExecutorRoundTripIsExact) {
+  EngineConfig ecfg;
+  ecfg.model = testing::fixture_model("llama");
+  ecfg.max_model_len = 64;
+  ExecutorOptions eo;
+  eo.cpu_blocks = 8;
+  auto loaded = load_executor(ecfg, eo);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  testing::check_offload_round_trip(*loaded->exec);
 }
 
 TEST(ServingKvOffloadConfig, ClearErrors) {
