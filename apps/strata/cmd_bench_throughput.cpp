@@ -132,6 +132,18 @@ int bench_throughput(ThroughputOptions& o) {
               static_cast<long long>(m.max_steps_in_flight));
   if (m.pipeline_bubble >= 0) std::printf(", pipeline bubble %.1f%%", 100 * m.pipeline_bubble);
   std::printf("\n");
+  // The batch the KV pool allowed: the most sequences running at once (warm-up included).
+  std::printf("Batch reached: %lld sequences running at once (device KV pool %lld blocks of %lld",
+              static_cast<long long>(m.running_max), static_cast<long long>(info.kv_cache_blocks),
+              static_cast<long long>(info.kv_block_size));
+  if (o.serving.kv_offload) {
+    std::printf("; KV offload: %lld groups, host pool %lld blocks, %lld blocks loaded, %lld stored",
+                static_cast<long long>(m.kv_offload_groups),
+                static_cast<long long>(m.kv_host_blocks_total),
+                static_cast<long long>(m.kv_offload_loaded_blocks_total),
+                static_cast<long long>(m.kv_offload_stored_blocks_total));
+  }
+  std::printf(")\n");
   if (run.failed > 0) {
     std::fprintf(stderr, "strata: bench-throughput: %lld requests failed: %s\n",
                  static_cast<long long>(run.failed), run.first_error.c_str());
@@ -152,6 +164,14 @@ int bench_throughput(ThroughputOptions& o) {
         {"total_tokens_per_s", static_cast<double>(run.input_tokens + run.output_tokens) / s},
         {"output_tokens_per_s", static_cast<double>(run.output_tokens) / s},
         {"output_tokens", run.output_tokens},
+        {"batch_reached", m.running_max},
+        {"kv_cache_blocks", info.kv_cache_blocks},
+        {"kv_block_size", info.kv_block_size},
+        {"kv_offload", o.serving.kv_offload},
+        {"kv_offload_groups", m.kv_offload_groups},
+        {"kv_host_blocks", m.kv_host_blocks_total},
+        {"kv_offload_loaded_blocks", m.kv_offload_loaded_blocks_total},
+        {"kv_offload_stored_blocks", m.kv_offload_stored_blocks_total},
         {"failed", run.failed},
         {"steps", m.steps_total},
         {"tokens_per_step", tokens_per_step},
@@ -183,6 +203,7 @@ void add_bench_throughput_command(CLI::App& app, std::vector<Command>& commands)
                   "Sequences running at once (default 256)");
   sub->add_option("--max-num-batched-tokens", o->serving.max_num_batched_tokens,
                   "Token budget per engine step (default 8192)");
+  sub->add_option("--block-size", o->serving.block_size, "Tokens per KV-cache block (default 16)");
   sub->add_option("--num-kv-blocks", o->serving.num_kv_blocks,
                   "KV blocks; 0 = from --kv-cache-bytes on the CPU, fill memory on CUDA");
   sub->add_option("--kv-cache-bytes", o->serving.kv_cache_bytes, "CPU KV cache bytes (1 GiB)");
@@ -190,6 +211,7 @@ void add_bench_throughput_command(CLI::App& app, std::vector<Command>& commands)
                   "Context length (default input + output length)");
   sub->add_option("-t,--threads", o->serving.engine.num_threads, "CPU threads; 0 = all cores");
   sub->add_option("--json", o->json_path, "Also write the result as JSON to this file");
+  add_kv_offload_options(sub, o->serving);
   add_engine_device_options(sub, o->serving.engine, /*with_dummy=*/true,
                             /*with_batch_tokens=*/false);
   commands.push_back({sub, [o]() { return bench_throughput(*o); }});

@@ -313,6 +313,7 @@ void add_serve_command(CLI::App& app, std::vector<Command>& commands) {
   sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching",
                 opt->serving.enable_prefix_caching,
                 "Reuse KV blocks of shared prompt prefixes (default on)");
+  add_kv_offload_options(sub, opt->serving);
   add_threads_option(sub, opt->serving.engine.num_threads);
   add_engine_device_options(sub, opt->serving.engine, /*with_dummy=*/true,
                             /*with_batch_tokens=*/false);

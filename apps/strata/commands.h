@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "strata/engine.h"
+#include "strata/serving.h"
 #include "strata/status.h"
 
 namespace strata::app {
@@ -33,6 +34,8 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy =
 // --gpu-weight-budget, --offload-weights, --no-weight-prefetch (weight streaming) into `e`
 // (part of add_engine_device_options; `strata info` takes them alone).
 void add_weight_residency_options(CLI::App* sub, EngineConfig& e);
+// --kv-offload, --kv-offload-groups, --kv-host-gib (serving engine's KV offload) into `s`.
+void add_kv_offload_options(CLI::App* sub, ServingConfig& s);
 
 // -s/--seed as an integer in [0, 2^64) (2^64 and more is an error, not 2^64 - 1), and
 // -t/--threads.

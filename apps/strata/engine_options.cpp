@@ -151,6 +151,30 @@ void add_weight_residency_options(CLI::App* sub, EngineConfig& e) {
       "previous layer computes (for A/B measurements)");
 }
 
+void add_kv_offload_options(CLI::App* sub, ServingConfig& s) {
+  sub->add_flag("--kv-offload", s.kv_offload,
+                "Keep the KV cache in host memory (pinned on a GPU) and run the sequences in "
+                "groups that take turns on the device's KV pool, the next group loaded while one "
+                "runs: a larger batch than the device pool holds. One rank only; no prefix "
+                "caching; preemption recomputes");
+  sub->add_option_function<int64_t>(
+      "--kv-offload-groups",
+      [&s](int64_t n) {
+        if (n < 2) throw CLI::ValidationError("--kv-offload-groups must be >= 2");
+        s.kv_offload_groups = n;
+      },
+      "With --kv-offload: groups of running sequences (default: enough that half the device "
+      "pool holds one group when the host pool is full, at least 2, at most --max-num-seqs)");
+  sub->add_option_function<std::string>(
+      "--kv-host-gib",
+      [&s](const std::string& v) {
+        const bool bare = !v.empty() && v.find_first_not_of("0123456789.") == std::string::npos;
+        s.kv_host_bytes = parsed(parse_bytes("--kv-host-gib", bare ? v + "GiB" : v));
+      },
+      "With --kv-offload: the host KV pool in GiB (or 512MiB, ...); default: --max-num-seqs "
+      "sequences of --max-model-len, at most 4x the device pool");
+}
+
 void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                                bool with_batch_tokens) {
   add_weight_residency_options(sub, e);

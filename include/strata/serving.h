@@ -38,6 +38,16 @@ struct ServingConfig {
   int64_t swap_space_bytes = int64_t{1} << 30;  // host memory for preempted KV blocks
   bool enable_prefix_caching = true;
   PreemptionMode preemption_mode = PreemptionMode::kByCost;
+  // KV offload (--kv-offload): the KV blocks live in a host pool (pinned on a GPU) and the
+  // running sequences, split into groups, take turns on the device pool (num_kv_blocks on the
+  // CPU, what fits on a GPU), each group loaded while the previous one runs. The running set may
+  // then hold more blocks than the device pool. Single rank only; no prefix caching, and
+  // preemption recomputes.
+  bool kv_offload = false;
+  int64_t kv_offload_groups = 0;  // 0: enough that half the device pool holds one group
+                                  // (at most max_num_seqs)
+  int64_t kv_host_bytes = 0;      // host pool; 0: max_num_seqs sequences of max_model_len,
+                                  // at most 4x the device pool
   std::string served_model_name;  // name in /v1/models; default: the model path's last part
 };
 
@@ -81,6 +91,10 @@ struct ServingMetrics {
   // stage time over all stage time), -1 without pipeline stages.
   int64_t steps_total = 0, step_tokens_total = 0, max_steps_in_flight = 0;
   double pipeline_bubble = -1;
+  int64_t running_max = 0;  // most sequences running at once so far (the batch reached)
+  // KV offload: groups, host pool blocks, blocks copied host -> device and device -> host.
+  int64_t kv_offload_groups = 0, kv_host_blocks_total = 0;
+  int64_t kv_offload_loaded_blocks_total = 0, kv_offload_stored_blocks_total = 0;
   // Latency histograms: seconds, cumulative counts per bucket upper bound (Prometheus style).
   std::vector<double> bucket_bounds;
   std::vector<int64_t> ttft_buckets, tpot_buckets, e2e_buckets;

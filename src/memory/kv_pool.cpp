@@ -79,6 +79,49 @@ Status KvPool::copy_block_from_host(ops::Context& ctx, int32_t block, const void
   return ops::synchronize(ctx);
 }
 
+Status KvPool::offload_copies(void* host, int64_t host_n_blocks,
+                              std::span<const int32_t> device_blocks,
+                              std::span<const int32_t> host_blocks, int parity, bool to_host,
+                              std::vector<KvCopy>& out) const {
+  if (device_blocks.size() != host_blocks.size()) {
+    return errorf(StatusCode::kInvalidArgument, "KV offload: {} device blocks for {} host blocks",
+                  device_blocks.size(), host_blocks.size());
+  }
+  for (size_t i = 0; i < device_blocks.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(check_block(device_blocks[i]));
+    if (host_blocks[i] < 0 || host_blocks[i] >= host_n_blocks) {
+      return errorf(StatusCode::kOutOfRange, "KV offload: host block {} outside the pool of {}",
+                    host_blocks[i], host_n_blocks);
+    }
+  }
+  const KvPoolConfig& c = config_;
+  const size_t block = dtype_bytes(c.dtype, c.block_size * c.n_heads_kv * c.head_dim);
+  char* h = static_cast<char*>(host);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const int64_t layer = c.first_layer + l;
+    if (layer % 2 != parity) continue;
+    const ops::KvLayer& kv = layers_[static_cast<size_t>(layer)];
+    for (int which = 0; which < 2; ++which) {
+      char* dev = static_cast<char*>((which == 0 ? kv.k : kv.v).data);
+      char* hbase =
+          h + static_cast<size_t>(2 * l + which) * static_cast<size_t>(host_n_blocks) * block;
+      for (size_t i = 0; i < device_blocks.size();) {
+        size_t n = 1;  // a run of pairs consecutive in both pools
+        while (i + n < device_blocks.size() &&
+               device_blocks[i + n] == device_blocks[i] + static_cast<int32_t>(n) &&
+               host_blocks[i + n] == host_blocks[i] + static_cast<int32_t>(n)) {
+          ++n;
+        }
+        char* d = dev + static_cast<size_t>(device_blocks[i]) * block;
+        char* hp = hbase + static_cast<size_t>(host_blocks[i]) * block;
+        out.push_back(to_host ? KvCopy{hp, d, n * block} : KvCopy{d, hp, n * block});
+        i += n;
+      }
+    }
+  }
+  return ok_status();
+}
+
 Status SequenceKv::reserve(KvPool& pool, int64_t new_length) {
   const int64_t need = pool.blocks_for(new_length) - static_cast<int64_t>(block_table.size());
   if (need <= 0) return ok_status();

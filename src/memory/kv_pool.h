@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "core/buffer.h"
@@ -37,6 +38,13 @@ struct KvPoolConfig {
   size_t bytes() const { return block_bytes() * static_cast<size_t>(n_blocks + 1); }
 };
 
+// One memory copy (host or device pointers), as KV offload queues them (runtime KvCopier).
+struct KvCopy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+
 class KvPool {
  public:
   // A pool whose storage comes from `alloc` (host or device memory), zeroed on the host.
@@ -61,6 +69,15 @@ class KvPool {
   // Ordered on ctx's stream and waited for.
   Status copy_block_to_host(ops::Context& ctx, int32_t block, void* host);
   Status copy_block_from_host(ops::Context& ctx, int32_t block, const void* host);
+
+  // KV offload (serving/kv_offload.h): the copies that move device_blocks[i] <-> host_blocks[i]
+  // between this pool and a host pool of `host_n_blocks` blocks laid out as this one (per held
+  // layer, K then V, each [host_n_blocks, block_size, n_heads_kv, head_dim]), for the held layers
+  // whose model layer index has parity `parity` (1: odd). to_host: pool -> host. Pairs that
+  // continue the previous one in both pools are merged into one copy. Appended to `out`.
+  Status offload_copies(void* host, int64_t host_n_blocks, std::span<const int32_t> device_blocks,
+                        std::span<const int32_t> host_blocks, int parity, bool to_host,
+                        std::vector<KvCopy>& out) const;
 
  private:
   KvPool(const KvPoolConfig& c, Buffer storage);

@@ -120,6 +120,98 @@ class CpuCopier final : public WeightCopier {
   std::thread thread_;
 };
 
+// KV offload's two copy streams on the CPU: a thread per direction runs its queue in order; a
+// queued wait holds its stream until the event it snapshotted is done. Events are (stream, count
+// of that stream's operations): done once the stream has finished that many.
+class CpuKvCopier final : public KvCopier {
+ public:
+  explicit CpuKvCopier(int events) : events_(static_cast<size_t>(events)) {
+    for (int s = 0; s < 2; ++s) threads_[s] = std::thread([this, s] { loop(s); });
+  }
+  ~CpuKvCopier() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  Status copy(KvStream dir, std::span<const Copy> copies) override {
+    if (dir == KvStream::kCompute) {
+      return Status(StatusCode::kInvalidArgument, "KvCopier::copy: not a copy stream");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    Op op;
+    op.copies.assign(copies.begin(), copies.end());
+    push(index(dir), std::move(op));
+    return ok_status();
+  }
+  Status record(KvStream s, int event) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The compute is synchronous: what was issued on it is done.
+    events_.at(static_cast<size_t>(event)) =
+        s == KvStream::kCompute ? Event{-1, 0} : Event{index(s), issued_[index(s)]};
+    return ok_status();
+  }
+  Status wait(KvStream s, int event) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const Event ev = events_.at(static_cast<size_t>(event));
+    if (s == KvStream::kCompute) {
+      cv_.wait(lock, [&] { return is_done(ev); });
+      return ok_status();
+    }
+    Op op;
+    op.wait = ev;
+    push(index(s), std::move(op));
+    return ok_status();
+  }
+  Status synchronize() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_[0] == issued_[0] && done_[1] == issued_[1]; });
+    return ok_status();
+  }
+
+ private:
+  struct Event {
+    int stream = -1;  // -1: always done
+    int64_t count = 0;
+  };
+  struct Op {
+    std::vector<Copy> copies;
+    Event wait;  // stream -1: no wait
+  };
+  static int index(KvStream s) { return s == KvStream::kToHost ? 0 : 1; }
+  bool is_done(const Event& ev) const { return ev.stream < 0 || done_[ev.stream] >= ev.count; }
+  void push(int s, Op op) {
+    queue_[s].push_back(std::move(op));
+    ++issued_[s];
+    cv_.notify_all();
+  }
+  void loop(int s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_[s].empty(); });
+      if (queue_[s].empty()) return;  // stopping, nothing left
+      Op op = std::move(queue_[s].front());
+      queue_[s].pop_front();
+      cv_.wait(lock, [&] { return is_done(op.wait); });
+      lock.unlock();
+      for (const Copy& c : op.copies) std::memcpy(c.dst, c.src, c.bytes);
+      lock.lock();
+      ++done_[s];
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_[2];
+  int64_t issued_[2] = {0, 0}, done_[2] = {0, 0};
+  std::vector<Event> events_;
+  bool stop_ = false;
+  std::thread threads_[2];
+};
+
 class CpuRuntime final : public DeviceRuntime {
  public:
   CpuRuntime() { ctx_.device = Device::cpu(); }
@@ -134,6 +226,9 @@ class CpuRuntime final : public DeviceRuntime {
   Status make_current() override { return ok_status(); }
   Result<std::unique_ptr<WeightCopier>> make_weight_copier(int slots, int staging) override {
     return std::unique_ptr<WeightCopier>(new CpuCopier(slots, staging));
+  }
+  Result<std::unique_ptr<KvCopier>> make_kv_copier(int events) override {
+    return std::unique_ptr<KvCopier>(new CpuKvCopier(events));
   }
   size_t attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t) const override { return 0; }
   Status run(bool, std::pair<int64_t, int64_t>, const std::function<Status()>& body) override {

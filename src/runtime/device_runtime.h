@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
 #include "core/buffer.h"
 #include "core/device.h"
+#include "memory/kv_pool.h"
 #include "ops/ops.h"
 #include "strata/status.h"
 
@@ -38,6 +40,29 @@ class WeightCopier {
   virtual Status synchronize() = 0;
 };
 
+// KV offload's copies (--kv-offload, serving/kv_offload.h): KV blocks between the device pool and
+// a host pool, on two copy streams, one per direction, so that both PCIe directions carry data
+// at once. Events order the streams against each other and against the compute stream. On the
+// CPU one thread per direction plays its stream, with the same ordering rules, so the offload
+// logic runs with copies that really overlap the compute (a missing wait races there too); the
+// CPU compute is synchronous, so an event recorded on it is complete at once.
+enum class KvStream { kCompute, kToHost, kToDevice };
+
+class KvCopier {
+ public:
+  using Copy = KvCopy;
+  virtual ~KvCopier() = default;
+  // The copies, on the stream of their direction (kToHost or kToDevice), after the work queued
+  // there before. The pointed-to memory must stay valid until they are done.
+  virtual Status copy(KvStream dir, std::span<const Copy> copies) = 0;
+  // Event `event` (< the count the copier was made with) now marks the work queued on `s` so far.
+  virtual Status record(KvStream s, int event) = 0;
+  // Work queued on `s` from now on waits for `event` as last recorded.
+  virtual Status wait(KvStream s, int event) = 0;
+  // Blocks the calling thread until every copy queued so far is done.
+  virtual Status synchronize() = 0;
+};
+
 class DeviceRuntime {
  public:
   // The CPU, or CUDA device N (kNotFound without a GPU; kUnimplemented in a build without CUDA).
@@ -54,6 +79,8 @@ class DeviceRuntime {
   virtual Status make_current() = 0;  // before launching from a new host thread
   // The copier for weight streaming with `slots` device slots and `staging` staging buffers.
   virtual Result<std::unique_ptr<WeightCopier>> make_weight_copier(int slots, int staging) = 0;
+  // The copier for KV offload, with `events` events.
+  virtual Result<std::unique_ptr<KvCopier>> make_kv_copier(int events) = 0;
   // Split-K attention scratch the device's attention kernels can use at these sizes (0: none).
   virtual size_t attention_workspace_bytes(int64_t max_seqs, int64_t n_heads, int64_t head_dim,
                                            int64_t max_kv_len) const = 0;

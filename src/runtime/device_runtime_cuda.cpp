@@ -173,6 +173,107 @@ class CudaCopier final : public WeightCopier {
   std::vector<cudaEvent_t> ready_, free_, staging_;
 };
 
+// KV offload's copies: one non-blocking stream per direction (an H100's copy engines run a
+// host-to-device and a device-to-host copy at once), events between them and the compute stream.
+// A batch of block copies goes out as one cudaMemcpyBatchAsync (one call for thousands of
+// block-sized pieces); a driver without it gets one cudaMemcpyAsync per piece.
+class CudaKvCopier final : public KvCopier {
+ public:
+  static Result<std::unique_ptr<KvCopier>> create(int device, cudaStream_t compute, int events) {
+    std::unique_ptr<CudaKvCopier> c(new CudaKvCopier());
+    c->device_ = device;
+    c->compute_ = compute;
+    for (cudaStream_t* s : {&c->to_host_, &c->to_device_}) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    }
+    for (int i = 0; i < events; ++i) {
+      cudaEvent_t e = nullptr;
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      c->events_.push_back(e);
+      // Recorded once, so a wait before the first real record waits for nothing.
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, compute));
+    }
+    return std::unique_ptr<KvCopier>(std::move(c));
+  }
+  ~CudaKvCopier() override {
+    (void)cudaSetDevice(device_);
+    for (cudaStream_t s : {to_host_, to_device_}) {
+      if (s != nullptr) (void)cudaStreamSynchronize(s);
+    }
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+    for (cudaStream_t s : {to_host_, to_device_}) {
+      if (s != nullptr) (void)cudaStreamDestroy(s);
+    }
+  }
+  Status copy(KvStream dir, std::span<const Copy> copies) override {
+    if (dir == KvStream::kCompute) {
+      return Status(StatusCode::kInvalidArgument, "KvCopier::copy: not a copy stream");
+    }
+    if (copies.empty()) return ok_status();
+    const cudaStream_t s = stream(dir);
+    if (batch_ok_) {
+      dsts_.clear();
+      srcs_.clear();
+      sizes_.clear();
+      for (const Copy& c : copies) {
+        dsts_.push_back(c.dst);
+        srcs_.push_back(c.src);
+        sizes_.push_back(c.bytes);
+      }
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t attr_idx = 0;
+      const cudaError_t e = cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(),
+                                                 copies.size(), &attr, &attr_idx, 1, s);
+      if (e == cudaSuccess) return ok_status();
+      (void)cudaGetLastError();
+      batch_ok_ = false;  // an older driver: one call per copy from now on
+    }
+    const cudaMemcpyKind kind =
+        dir == KvStream::kToHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    for (const Copy& c : copies) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c.dst, c.src, c.bytes, kind, s));
+    }
+    return ok_status();
+  }
+  Status record(KvStream s, int event) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_.at(static_cast<size_t>(event)), stream(s)));
+    return ok_status();
+  }
+  Status wait(KvStream s, int event) override {
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(stream(s), events_.at(static_cast<size_t>(event)), 0));
+    return ok_status();
+  }
+  Status synchronize() override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(to_host_));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(to_device_));
+    return ok_status();
+  }
+
+ private:
+  CudaKvCopier() = default;
+  cudaStream_t stream(KvStream s) const {
+    switch (s) {
+      case KvStream::kCompute:
+        return compute_;
+      case KvStream::kToHost:
+        return to_host_;
+      case KvStream::kToDevice:
+        return to_device_;
+    }
+    return compute_;
+  }
+  int device_ = 0;
+  cudaStream_t compute_ = nullptr, to_host_ = nullptr, to_device_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+  bool batch_ok_ = true;
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
+  std::vector<size_t> sizes_;
+};
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   static Result<std::unique_ptr<DeviceRuntime>> create(int index, bool profile) {
@@ -205,6 +306,10 @@ class CudaRuntime final : public DeviceRuntime {
   Result<std::unique_ptr<WeightCopier>> make_weight_copier(int slots, int staging) override {
     STRATA_RETURN_IF_ERROR(dev_->make_current());
     return CudaCopier::create(dev_->index(), dev_->launch_ctx().stream, slots, staging);
+  }
+  Result<std::unique_ptr<KvCopier>> make_kv_copier(int events) override {
+    STRATA_RETURN_IF_ERROR(dev_->make_current());
+    return CudaKvCopier::create(dev_->index(), dev_->launch_ctx().stream, events);
   }
   size_t attention_workspace_bytes(int64_t max_seqs, int64_t n_heads, int64_t head_dim,
                                    int64_t max_kv_len) const override {

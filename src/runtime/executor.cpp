@@ -48,6 +48,25 @@ class ModelRunner final : public Executor {
     STRATA_RETURN_IF_ERROR(runtime_->make_current());
     return kv_->copy_block_from_host(runtime_->ctx(), block, host);
   }
+  Status kv_offload_enable(int64_t host_blocks) override;
+  Status kv_offload_load(std::span<const int32_t> device_blocks,
+                         std::span<const int32_t> host_blocks) override {
+    return kv_transfer(device_blocks, host_blocks, /*to_host=*/false);
+  }
+  Status kv_offload_wait_loads() override {
+    if (!kv_copier_) return kv_offload_off();
+    STRATA_RETURN_IF_ERROR(runtime_->make_current());
+    return kv_copier_->wait(KvStream::kCompute, kEvLoaded);
+  }
+  Status kv_offload_store(std::span<const int32_t> device_blocks,
+                          std::span<const int32_t> host_blocks) override {
+    return kv_transfer(device_blocks, host_blocks, /*to_host=*/true);
+  }
+  Status kv_offload_synchronize() override {
+    if (!kv_copier_) return ok_status();
+    STRATA_RETURN_IF_ERROR(runtime_->make_current());
+    return kv_copier_->synchronize();
+  }
   int64_t max_model_len() const override { return opt_.max_model_len; }
   std::string device_name() const override { return runtime_->name(); }
   std::vector<int> gpus() const override {
@@ -81,6 +100,14 @@ class ModelRunner final : public Executor {
       : comm_(comm), pipe_(pipeline), expert_(expert) {}
   Status allocate(const RunnerOptions& o);
   Status run(const ForwardBatch& b, float* out_logits, int32_t* out_ids);
+  // KV offload's events: the compute before a store, the end of a store's odd / even layers,
+  // the end of the loads so far.
+  enum KvEvent { kEvComputed, kEvStoredOdd, kEvStoredEven, kEvLoaded, kNumKvEvents };
+  static Status kv_offload_off() {
+    return Status(StatusCode::kFailedPrecondition, "KV offload is not enabled");
+  }
+  Status kv_transfer(std::span<const int32_t> device_blocks, std::span<const int32_t> host_blocks,
+                     bool to_host);
 
   std::vector<std::unique_ptr<Communicator>> owned_;  // first: destroyed after the rest
   Communicator& comm_;    // the tensor-parallel group: the layer program's collectives
@@ -99,7 +126,57 @@ class ModelRunner final : public Executor {
   double wait_seconds_ = 0.0;                 // time blocked receiving them
   std::optional<ResidencyPlan> plan_;         // weight streaming asked for
   std::unique_ptr<WeightStreamer> streamer_;  // some layers streamed
+  Buffer kv_host_;                            // KV offload's host pool (pinned on a GPU)
+  int64_t kv_host_blocks_ = 0;
+  std::unique_ptr<KvCopier> kv_copier_;
+  std::vector<KvCopy> kv_copies_;  // scratch
 };
+
+Status ModelRunner::kv_offload_enable(int64_t host_blocks) {
+  if (host_blocks < 1) {
+    return errorf(StatusCode::kInvalidArgument, "KV offload: {} host blocks", host_blocks);
+  }
+  STRATA_RETURN_IF_ERROR(runtime_->make_current());
+  const size_t bytes = kv_->config().block_bytes() * static_cast<size_t>(host_blocks);
+  Result<Buffer> host = runtime_->allocate_staging(bytes);
+  if (!host.ok()) {
+    return host.status().with_context(
+        fmt::format("KV offload: {:.2f} GiB of host memory for {} blocks",
+                    static_cast<double>(bytes) / (1 << 30), host_blocks));
+  }
+  kv_host_ = std::move(host).value();
+  kv_host_blocks_ = host_blocks;
+  STRATA_ASSIGN_OR_RETURN(kv_copier_, runtime_->make_kv_copier(kNumKvEvents));
+  return ok_status();
+}
+
+// Layers by parity: odd layers go first in both directions, and the load of a layer waits for
+// the store of that layer (kEvStoredOdd / kEvStoredEven), so a load's odd layers overlap the
+// store's even layers (KvCopier: one stream per direction).
+Status ModelRunner::kv_transfer(std::span<const int32_t> device_blocks,
+                                std::span<const int32_t> host_blocks, bool to_host) {
+  if (!kv_copier_) return kv_offload_off();
+  STRATA_RETURN_IF_ERROR(runtime_->make_current());
+  KvCopier& c = *kv_copier_;
+  const KvStream dir = to_host ? KvStream::kToHost : KvStream::kToDevice;
+  if (to_host) {
+    // After the compute that wrote the blocks.
+    STRATA_RETURN_IF_ERROR(c.record(KvStream::kCompute, kEvComputed));
+    STRATA_RETURN_IF_ERROR(c.wait(dir, kEvComputed));
+  }
+  for (int parity : {1, 0}) {
+    const int stored = parity == 1 ? kEvStoredOdd : kEvStoredEven;
+    // A load overwrites slots the last store of these layers may still be reading.
+    if (!to_host) STRATA_RETURN_IF_ERROR(c.wait(dir, stored));
+    kv_copies_.clear();
+    STRATA_RETURN_IF_ERROR(kv_->offload_copies(kv_host_.data(), kv_host_blocks_, device_blocks,
+                                               host_blocks, parity, to_host, kv_copies_));
+    STRATA_RETURN_IF_ERROR(c.copy(dir, kv_copies_));
+    if (to_host) STRATA_RETURN_IF_ERROR(c.record(dir, stored));
+  }
+  if (!to_host) STRATA_RETURN_IF_ERROR(c.record(dir, kEvLoaded));
+  return ok_status();
+}
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& config,
                                                          const ParallelConfig& par,

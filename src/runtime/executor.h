@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,39 @@ class Executor {
     done_.erase(done_.begin());
     return s;
   }
+
+  // KV offload (--kv-offload, serving/kv_offload.h): a host pool of `host_blocks` KV blocks
+  // (pinned on a GPU) beside the device pool, and two copy streams, one per direction. Each
+  // transfer moves the odd layers first, then the even ones, and a load of a layer waits for
+  // the last store of that layer: while the even layers of a store go device -> host, the odd
+  // layers of the next load come host -> device, so both directions of the link are busy (the
+  // slots a load fills may be the ones the store is reading). kUnimplemented for executors over
+  // several ranks (tensor, pipeline or expert parallelism).
+  virtual Status kv_offload_enable(int64_t host_blocks) {
+    (void)host_blocks;
+    return Status(StatusCode::kUnimplemented,
+                  "--kv-offload needs a single-rank executor (no --tp, --pp or --ep)");
+  }
+  // Host -> device: device_blocks[i] <- host_blocks[i], queued on the copy stream.
+  virtual Status kv_offload_load(std::span<const int32_t> device_blocks,
+                                 std::span<const int32_t> host_blocks) {
+    (void)device_blocks;
+    (void)host_blocks;
+    return Status(StatusCode::kUnimplemented, "kv offload");
+  }
+  // The forward passes submitted from now on wait for the loads queued so far.
+  virtual Status kv_offload_wait_loads() {
+    return Status(StatusCode::kUnimplemented, "kv offload");
+  }
+  // Device -> host after the forward passes submitted so far: host_blocks[i] <- device_blocks[i].
+  virtual Status kv_offload_store(std::span<const int32_t> device_blocks,
+                                  std::span<const int32_t> host_blocks) {
+    (void)device_blocks;
+    (void)host_blocks;
+    return Status(StatusCode::kUnimplemented, "kv offload");
+  }
+  // Blocks until every queued offload copy is done.
+  virtual Status kv_offload_synchronize() { return ok_status(); }
 
   // Weight streaming: the residency plan (null when none was asked for) and the streaming
   // counters (false when no layer is streamed).

@@ -31,6 +31,7 @@
 #include "runtime/executor.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
+#include "serving/kv_offload.h"
 #include "serving/scheduler.h"
 #include "strata/serving.h"
 #include "text/tokenizer.h"
@@ -109,6 +110,9 @@ class ServingEngineImpl final : public ServingEngine {
     ForwardBatch batch;
   };
   void run_step();
+  // --kv-offload: one step of the current group (serving/kv_offload.h).
+  void run_offload_step();
+  Status init_offload(const ServingConfig& cfg, SchedulerConfig& sc);
   void prepare(StepJob& job);
   void complete_oldest();
   void fail_step(const ScheduledStep& step, const Status& st);
@@ -130,13 +134,17 @@ class ServingEngineImpl final : public ServingEngine {
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Executor> exec_;
-  size_t block_bytes_ = 0;  // one KV block, all layers, as a swap slot holds it
+  size_t block_bytes_ = 0;      // one KV block, all layers, as a swap slot holds it
+  int64_t max_seq_blocks_ = 0;  // most blocks one request may need
 
   // Loop thread only.
   std::unique_ptr<Scheduler> sched_;
   std::atomic<bool> warned_no_template_{false};
   Buffer swap_;                                    // [num_swap_blocks, block_bytes_]
   std::deque<std::unique_ptr<StepJob>> inflight_;  // submitted steps, oldest first
+  std::unique_ptr<KvOffloadPlan> offload_;         // --kv-offload
+  KvOffloadCopies loads_, prefetch_, stores_;
+  int64_t running_max_ = 0, offload_loaded_ = 0, offload_stored_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<RequestState>> requests_;
   std::vector<std::unique_ptr<RequestState>> incoming_local_;
   std::vector<uint64_t> cancels_local_;
@@ -187,6 +195,11 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
   comm_ = std::move(loaded.comm);
   tokenizer_ = std::move(loaded.tokenizer);
   exec_ = std::move(loaded.exec);
+  if (cfg.kv_offload && (comm_->size() > 1 || cfg.engine.parallel.tp > 1 ||
+                         cfg.engine.parallel.pp > 1 || cfg.engine.parallel.ep > 1)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--kv-offload runs on one rank: drop --tp, --pp and --ep (and mpirun)");
+  }
   if (comm_->size() > 1) {
     // Ranks as processes: rank 0 drives, the others follow its steps.
     if (comm_->rank() != 0) {
@@ -205,7 +218,8 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
   block_bytes_ = exec_->block_bytes();
   const auto block_bytes = static_cast<int64_t>(block_bytes_);
   num_blocks_ = exec_->cache().config().n_blocks;
-  const int64_t num_swap = cfg.swap_space_bytes / block_bytes;
+  max_seq_blocks_ = num_blocks_;
+  const int64_t num_swap = cfg.kv_offload ? 0 : cfg.swap_space_bytes / block_bytes;
   // Committed as blocks are swapped out (an anonymous mapping), not at start.
   STRATA_ASSIGN_OR_RETURN(swap_, allocate_host(static_cast<size_t>(num_swap) * block_bytes_));
 
@@ -220,6 +234,7 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
   sc.enable_prefix_caching = cfg.enable_prefix_caching;
   sc.preemption_mode = cfg.preemption_mode;
   sc.block_bytes = block_bytes;
+  if (cfg.kv_offload) STRATA_RETURN_IF_ERROR(init_offload(cfg, sc));
   sched_ = std::make_unique<Scheduler>(sc);
   publish_metrics();
   thread_ = std::thread([this] { loop(); });
@@ -286,10 +301,10 @@ Result<uint64_t> ServingEngineImpl::submit(CompletionRequest request, Callback o
   }
   STRATA_RETURN_IF_ERROR(validate_sampling(request.sampling));
   const int64_t max_len = std::min(n_prompt + request.max_tokens, max_len_);
-  if ((max_len + block_size_ - 1) / block_size_ > num_blocks_) {
+  if ((max_len + block_size_ - 1) / block_size_ > max_seq_blocks_) {
     return errorf(StatusCode::kOutOfRange,
                   "prompt + max_tokens ({} tokens) needs more KV blocks than the cache has ({})",
-                  max_len, num_blocks_);
+                  max_len, max_seq_blocks_);
   }
   auto r = std::make_unique<RequestState>();
   r->sampler = std::make_unique<Sampler>(request.sampling);
@@ -372,7 +387,108 @@ void ServingEngineImpl::loop() {
   }
 }
 
+Status ServingEngineImpl::init_offload(const ServingConfig& cfg, SchedulerConfig& sc) {
+  if (cfg.kv_offload_groups < 0 || cfg.kv_offload_groups == 1 || cfg.kv_host_bytes < 0) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--kv-offload-groups must be 0 (automatic) or >= 2, --kv-host-gib >= 0");
+  }
+  const int64_t seq_blocks = (max_len_ + block_size_ - 1) / block_size_;
+  const int64_t region = num_blocks_ / 2;
+  if (region < seq_blocks) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--kv-offload: half the device KV pool ({} of {} blocks) must hold one "
+                  "sequence of the context length {} ({} blocks); lower --max-model-len or "
+                  "give the pool more memory",
+                  region, num_blocks_, max_len_, seq_blocks);
+  }
+  int64_t host_blocks = cfg.kv_host_bytes / static_cast<int64_t>(block_bytes_);
+  if (cfg.kv_host_bytes == 0)
+    host_blocks = std::min(cfg.max_num_seqs * seq_blocks, 4 * num_blocks_);
+  if (host_blocks <= num_blocks_) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--kv-host-gib: the host KV pool ({} blocks of {} KiB) must be larger than the "
+                  "device pool ({} blocks), or there is nothing to offload",
+                  host_blocks, block_bytes_ >> 10, num_blocks_);
+  }
+  // By default no more groups than sequences may run (a group of none is a wasted turn).
+  const int64_t groups = cfg.kv_offload_groups > 0
+                             ? cfg.kv_offload_groups
+                             : std::min(default_offload_groups(num_blocks_, host_blocks),
+                                        std::max<int64_t>(2, cfg.max_num_seqs));
+  STRATA_RETURN_IF_ERROR(exec_->kv_offload_enable(host_blocks));
+  offload_ = std::make_unique<KvOffloadPlan>(num_blocks_, host_blocks, block_size_, groups);
+  sc.num_blocks = host_blocks;
+  sc.offload_groups = groups;
+  sc.group_blocks = region;
+  sc.watermark_blocks = host_blocks / 100;
+  sc.enable_prefix_caching = false;
+  sc.preemption_mode = PreemptionMode::kRecompute;
+  max_seq_blocks_ = region;
+  log_info(
+      "KV offload: {} host blocks ({:.2f} GiB), {} device blocks in two regions of {}, {} "
+      "groups",
+      host_blocks, static_cast<double>(host_blocks) * static_cast<double>(block_bytes_) / (1 << 30),
+      num_blocks_, region, groups);
+  return ok_status();
+}
+
+void ServingEngineImpl::run_offload_step() {
+  KvOffloadPlan& plan = *offload_;
+  const ScheduledStep& step = sched_->schedule(0, 0, plan.group());
+  if (step.empty()) {
+    plan.advance(/*ran=*/false);
+    return;
+  }
+  auto job = std::make_unique<StepJob>();
+  job->step = step;
+  // 1. The step's blocks into this step's region; the forward waits for those loaded now.
+  loads_.clear();
+  Status st = plan.begin_step(job->step, &loads_)
+                  ? ok_status()
+                  : errorf(StatusCode::kInternal, "KV offload: a group outgrew its region");
+  if (st.ok() && !loads_.empty()) st = exec_->kv_offload_load(loads_.device, loads_.host);
+  if (st.ok()) st = exec_->kv_offload_wait_loads();
+  // 2. Prefetch the next group into the other region while this step runs.
+  prefetch_.clear();
+  if (st.ok()) {
+    const auto next = static_cast<int32_t>((plan.group() + 1) % plan.groups());
+    const std::vector<const SchedSequence*> members = sched_->group_members(next);
+    if (!plan.prefetch(members, &prefetch_)) prefetch_.clear();
+    // Issued even when empty: the next forward pass in that region writes slots that the last
+    // store from there may still be reading, and it waits for this transfer, which waits for
+    // that store.
+    st = exec_->kv_offload_load(prefetch_.device, prefetch_.host);
+  }
+  if (!st.ok()) {
+    fail_step(job->step, st);
+    return;
+  }
+  offload_loaded_ += static_cast<int64_t>(loads_.size() + prefetch_.size());
+  // 3. The forward pass on this region (block tables translated to device slots).
+  prepare(*job);
+  st = exec_->submit(job->batch, job->greedy ? nullptr : job->logits.data(),
+                     job->greedy ? job->ids.data() : nullptr);
+  // 4. The blocks it wrote go back to the host pool after it.
+  stores_.clear();
+  if (st.ok()) {
+    plan.stores(job->step, &stores_);
+    st = exec_->kv_offload_store(stores_.device, stores_.host);
+    offload_stored_ += static_cast<int64_t>(stores_.size());
+  }
+  if (!st.ok()) {
+    fail_step(job->step, st);
+    return;
+  }
+  inflight_.push_back(std::move(job));
+  complete_oldest();
+  plan.advance(/*ran=*/true);
+}
+
 void ServingEngineImpl::run_step() {
+  if (offload_) {
+    run_offload_step();
+    return;
+  }
   // Up to pipeline_depth() steps of disjoint sequences in flight (pipeline stages: seed 000's
   // generation schedule), each about 1/depth of the running sequences; else one step at a time.
   const int depth = std::max(1, exec_->pipeline_depth());
@@ -438,8 +554,16 @@ void ServingEngineImpl::prepare(StepJob& job) {
       job.token_seq.push_back(static_cast<int32_t>(i));
       job.token_pos.push_back(static_cast<int32_t>(p));
     }
-    std::copy(s.seq->block_table.begin(), s.seq->block_table.end(),
-              job.block_tables.begin() + i * max_blocks);
+    if (offload_) {
+      // Host blocks -> the device slots they sit in for this step.
+      for (size_t b = 0; b < s.seq->block_table.size(); ++b) {
+        job.block_tables[static_cast<size_t>(i * max_blocks) + b] =
+            offload_->device_block(s.seq->block_table[b]);
+      }
+    } else {
+      std::copy(s.seq->block_table.begin(), s.seq->block_table.end(),
+                job.block_tables.begin() + i * max_blocks);
+    }
     if (s.needs_logits) {
       job.logit_rows.push_back(static_cast<int32_t>(job.tokens.size() - 1));
       job.with_logits.emplace_back(s.id, static_cast<int64_t>(job.logit_rows.size() - 1));
@@ -641,6 +765,7 @@ void ServingEngineImpl::finish(RequestState& r, CompletionEvent ev, const char* 
 
 void ServingEngineImpl::publish_metrics() {
   const SchedulerStats st = sched_->stats();
+  running_max_ = std::max(running_max_, st.running);
   std::lock_guard<std::mutex> lk(metrics_mu_);
   ServingMetrics& m = metrics_;
   m.running = st.running;
@@ -658,6 +783,13 @@ void ServingEngineImpl::publish_metrics() {
   m.step_tokens_total = step_tokens_total_;
   m.max_steps_in_flight = max_in_flight_;
   m.pipeline_bubble = exec_->measured_bubble();
+  m.running_max = running_max_;
+  if (offload_) {
+    m.kv_offload_groups = offload_->groups();
+    m.kv_host_blocks_total = st.blocks_total;
+    m.kv_offload_loaded_blocks_total = offload_loaded_;
+    m.kv_offload_stored_blocks_total = offload_stored_;
+  }
   m.bucket_bounds = ttft_.bounds;
   m.ttft_buckets = ttft_.buckets;
   m.tpot_buckets = tpot_.buckets;

@@ -19,12 +19,32 @@ void insert_by_arrival(std::vector<SchedSequence*>& list, SchedSequence* seq) {
 }  // namespace
 
 Scheduler::Scheduler(const SchedulerConfig& config)
-    : config_(config), blocks_(config.num_blocks, config.block_size, config.enable_prefix_caching) {
+    // KV offload keeps no prefix cache: a cached block of another group is not on the device.
+    : config_(config),
+      blocks_(config.num_blocks, config.block_size,
+              config.enable_prefix_caching && config.offload_groups == 0) {
   free_slots_.reserve(static_cast<size_t>(config.num_swap_blocks));
   for (int64_t i = config.num_swap_blocks - 1; i >= 0; --i) {
     free_slots_.push_back(static_cast<int32_t>(i));
   }
   step_.seqs.reserve(static_cast<size_t>(config.max_num_seqs));
+  if (config.offload_groups > 0) {
+    group_used_.assign(static_cast<size_t>(config.offload_groups), 0);
+    group_seqs_.assign(static_cast<size_t>(config.offload_groups), 0);
+  }
+}
+
+int64_t Scheduler::group_seq_cap() const {
+  const int64_t g = std::max<int64_t>(config_.offload_groups, 1);
+  return std::max<int64_t>(1, (config_.max_num_seqs + g - 1) / g);
+}
+
+std::vector<const SchedSequence*> Scheduler::group_members(int32_t group) const {
+  std::vector<const SchedSequence*> out;
+  for (const SchedSequence* s : running_) {
+    if (s->group == group) out.push_back(s);
+  }
+  return out;
 }
 
 Status Scheduler::add(uint64_t id, std::span<const int32_t> prompt, int64_t max_new_tokens) {
@@ -47,6 +67,12 @@ Status Scheduler::add(uint64_t id, std::span<const int32_t> prompt, int64_t max_
                   "request {}: {} tokens need {} KV blocks, the cache has {}", id, max_len,
                   blocks_for(max_len), config_.num_blocks);
   }
+  if (config_.offload_groups > 0 && blocks_for(max_len) > config_.group_blocks) {
+    return errorf(StatusCode::kOutOfRange,
+                  "request {}: {} tokens need {} KV blocks, half the device pool (what one KV "
+                  "offload group may hold) is {}",
+                  id, max_len, blocks_for(max_len), config_.group_blocks);
+  }
   auto seq = std::make_unique<SchedSequence>();
   seq->id = id;
   seq->arrival = next_arrival_++;
@@ -61,25 +87,38 @@ Status Scheduler::add(uint64_t id, std::span<const int32_t> prompt, int64_t max_
   return ok_status();
 }
 
+int64_t Scheduler::room_blocks(const SchedSequence& seq) const {
+  int64_t room = blocks_.num_free();
+  if (seq.group >= 0) {
+    room = std::min(room, config_.group_blocks - group_used_[static_cast<size_t>(seq.group)]);
+  }
+  return std::max<int64_t>(room, 0);
+}
+
 bool Scheduler::grow(SchedSequence& seq, int64_t n_tokens) {
   const int64_t need = blocks_for(n_tokens) - static_cast<int64_t>(seq.block_table.size());
-  if (need > blocks_.num_free()) return false;
+  if (need > room_blocks(seq)) return false;
   for (int64_t i = 0; i < need; ++i) {
     const int32_t b = blocks_.allocate();
     STRATA_CHECK(b >= 0);
     seq.block_table.push_back(b);
   }
+  if (seq.group >= 0 && need > 0) group_used_[static_cast<size_t>(seq.group)] += need;
   return true;
 }
 
 int64_t Scheduler::fit_chunk(const SchedSequence& seq, int64_t want, int64_t reserve) const {
-  const int64_t free = std::max<int64_t>(blocks_.num_free() - reserve, 0);
+  const int64_t free =
+      std::max<int64_t>(std::min(blocks_.num_free() - reserve, room_blocks(seq)), 0);
   const int64_t room =
       (static_cast<int64_t>(seq.block_table.size()) + free) * config_.block_size - seq.n_computed;
   return std::max<int64_t>(std::min(want, room), 0);
 }
 
 void Scheduler::release_blocks(SchedSequence& seq) {
+  if (seq.group >= 0) {
+    group_used_[static_cast<size_t>(seq.group)] -= static_cast<int64_t>(seq.block_table.size());
+  }
   // Tail first, so the LRU evicts a prefix's last blocks before its first ones.
   for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) {
     blocks_.release(*it);
@@ -107,6 +146,8 @@ bool Scheduler::should_swap(const SchedSequence& seq) const {
 }
 
 void Scheduler::preempt(SchedSequence& seq) {
+  // Leaves its offload group: its blocks are given back below, its turn ends.
+  const int32_t group = seq.group;
   ++counters_.preemptions_total;
   ++seq.n_preemptions;
   ++step_.num_preempted;
@@ -120,22 +161,34 @@ void Scheduler::preempt(SchedSequence& seq) {
       seq.swap_slots.push_back(slot);
     }
     release_blocks(seq);
+    if (group >= 0) --group_seqs_[static_cast<size_t>(group)];
+    seq.group = -1;
     seq.state = SeqState::kSwapped;
     insert_by_arrival(swapped_, &seq);
     return;
   }
   ++counters_.recomputes_total;
   release_blocks(seq);
+  if (group >= 0) --group_seqs_[static_cast<size_t>(group)];
+  seq.group = -1;
   seq.n_computed = 0;
   seq.block_hashes.clear();
   seq.state = SeqState::kWaiting;
   insert_by_arrival(waiting_, &seq);
 }
 
-SchedSequence* Scheduler::preempt_latest() {
+SchedSequence* Scheduler::preempt_for(const SchedSequence& seq, int64_t n_tokens) {
+  const int64_t need = blocks_for(n_tokens) - static_cast<int64_t>(seq.block_table.size());
+  const bool group_full =
+      seq.group >= 0 && group_used_[static_cast<size_t>(seq.group)] + need > config_.group_blocks;
+  return preempt_latest(group_full ? seq.group : -1);
+}
+
+SchedSequence* Scheduler::preempt_latest(int32_t group) {
   for (size_t j = running_.size(); j-- > 0;) {
     SchedSequence* victim = running_[j];
     if (victim->in_step || victim->in_flight) continue;
+    if (group >= 0 && victim->group != group) continue;
     running_.erase(running_.begin() + static_cast<int64_t>(j));
     preempt(*victim);
     return victim;
@@ -175,7 +228,8 @@ void Scheduler::push_scheduled(SchedSequence& seq, int64_t n_tokens) {
   budget_ -= n_tokens;
 }
 
-const ScheduledStep& Scheduler::schedule(int64_t max_seqs, int64_t max_decodes) {
+const ScheduledStep& Scheduler::schedule(int64_t max_seqs, int64_t max_decodes, int32_t group) {
+  STRATA_CHECK(group < 0 || (config_.offload_groups > 0 && group < config_.offload_groups));
   const auto cap = static_cast<size_t>(max_seqs > 0 ? max_seqs : config_.max_num_seqs);
   auto room = [&] { return budget_ > 0 && step_.seqs.size() < cap; };
   step_.seqs.clear();
@@ -192,13 +246,14 @@ const ScheduledStep& Scheduler::schedule(int64_t max_seqs, int64_t max_decodes) 
   for (size_t i = 0;
        i < running_.size() && room() && (max_decodes <= 0 || step_.seqs.size() < decode_cap);) {
     SchedSequence* s = running_[i];
-    if (s->in_flight || static_cast<int64_t>(s->tokens.size()) - s->n_computed != 1) {
+    if (s->in_flight || static_cast<int64_t>(s->tokens.size()) - s->n_computed != 1 ||
+        (group >= 0 && s->group != group)) {
       ++i;
       continue;
     }
     bool self_preempted = false;
     while (!grow(*s, s->n_computed + 1)) {
-      SchedSequence* victim = preempt_latest();
+      SchedSequence* victim = preempt_for(*s, s->n_computed + 1);
       STRATA_CHECK(victim != nullptr);
       if (victim == s) {
         self_preempted = true;
@@ -214,7 +269,7 @@ const ScheduledStep& Scheduler::schedule(int64_t max_seqs, int64_t max_decodes) 
   for (size_t i = 0; i < running_.size() && room();) {
     SchedSequence* s = running_[i];
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
-    if (s->in_step || s->in_flight || remaining <= 1) {
+    if (s->in_step || s->in_flight || remaining <= 1 || (group >= 0 && s->group != group)) {
       ++i;
       continue;
     }
@@ -222,7 +277,7 @@ const ScheduledStep& Scheduler::schedule(int64_t max_seqs, int64_t max_decodes) 
     int64_t chunk = fit_chunk(*s, want, 0);
     bool self_preempted = false;
     while (chunk == 0) {
-      SchedSequence* victim = preempt_latest();
+      SchedSequence* victim = preempt_for(*s, s->n_computed + 1);
       STRATA_CHECK(victim != nullptr);
       if (victim == s) {
         self_preempted = true;
@@ -267,18 +322,22 @@ const ScheduledStep& Scheduler::schedule(int64_t max_seqs, int64_t max_decodes) 
 
   // 4. Admit waiting sequences (FCFS) while nothing is swapped out.
   while (!preempted && swapped_.empty() && !waiting_.empty() && room() &&
-         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+         static_cast<int64_t>(running_.size()) < config_.max_num_seqs &&
+         (group < 0 || group_seqs_[static_cast<size_t>(group)] < group_seq_cap())) {
     SchedSequence* s = waiting_.front();
+    s->group = group;  // counts against the group's room from here
     match_prefix(*s);
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
     const int64_t reserve = running_.empty() ? 0 : config_.watermark_blocks;
     const int64_t chunk = fit_chunk(*s, std::min(remaining, budget_), reserve);
     if (chunk == 0) {
       release_blocks(*s);
+      s->group = -1;
       s->n_computed = 0;
       s->block_hashes.clear();
       break;
     }
+    if (group >= 0) ++group_seqs_[static_cast<size_t>(group)];
     counters_.prefix_cache_queries_tokens += static_cast<int64_t>(s->tokens.size());
     counters_.prefix_cache_hit_tokens += s->n_computed;
     if (!s->admitted_once) s->n_cached_prompt = std::min(s->n_computed, s->n_prompt);
@@ -334,6 +393,7 @@ bool Scheduler::finish(uint64_t id) {
       break;
     case SeqState::kRunning:
       remove_from(running_, s);
+      if (s->group >= 0) --group_seqs_[static_cast<size_t>(s->group)];
       break;
     case SeqState::kSwapped:
       remove_from(swapped_, s);

@@ -15,6 +15,13 @@
 // recompute (blocks freed; it re-enters waiting at its arrival position and recomputes prompt +
 // generated tokens as a longer prompt). See PreemptionMode for the rule.
 //
+// KV offload (offload_groups > 0, serving/kv_offload.h): the blocks are host blocks (the host
+// pool is authoritative), and every running sequence belongs to one of offload_groups groups.
+// schedule(..., group) builds a step of that group only (decodes and prompt chunks of its
+// sequences; admitted sequences join it), and a group never holds more than group_blocks blocks
+// (half the device pool: the group that runs and the one being loaded). A sequence that needs a
+// block its group has no room for preempts the latest sequence of its group (recompute).
+//
 // Prefix caching: full blocks are hashed (parent hash, block token ids) once computed; an
 // admitted sequence looks its prompt's full blocks up and starts after the cached ones (at
 // least one prompt token is always computed, to get the logits).
@@ -55,6 +62,8 @@ struct SchedulerConfig {
   double recompute_tokens_per_s = 4000.0;  // prefill throughput, for kByCost
   double swap_bytes_per_s = 8e9;           // host <-> device copy bandwidth, for kByCost
   int64_t block_bytes = 0;                 // KV bytes of one block (all layers), for kByCost
+  int64_t offload_groups = 0;              // KV offload: groups of running sequences (0: off)
+  int64_t group_blocks = 0;                // KV offload: most blocks one group holds
 };
 
 enum class SeqState { kWaiting, kRunning, kSwapped, kFinished };
@@ -73,6 +82,7 @@ struct SchedSequence {
   std::vector<int32_t> swap_slots;     // host slots while swapped
   std::vector<uint64_t> block_hashes;  // hashes of the full computed blocks, in order
   int64_t n_preemptions = 0;
+  int32_t group = -1;      // KV offload: its group while running
   bool in_step = false;    // scheduled in the step being built
   bool in_flight = false;  // scheduled in a step not completed yet (pipelined steps)
 };
@@ -120,7 +130,8 @@ class Scheduler {
   // max_decodes (0: no cap) caps the decode tokens of running sequences: a pipelined engine
   // splits the running sequences evenly over its steps in flight, while prompt chunks and
   // admissions may still fill a step up to max_seqs.
-  const ScheduledStep& schedule(int64_t max_seqs = 0, int64_t max_decodes = 0);
+  // group >= 0 (KV offload): only that group's sequences run, and admitted ones join it.
+  const ScheduledStep& schedule(int64_t max_seqs = 0, int64_t max_decodes = 0, int32_t group = -1);
   // The step's tokens were computed: advance each sequence and publish its newly full blocks
   // (sequences finished in the meantime are skipped; `step` may be a copy).
   void complete_step(const ScheduledStep& step);
@@ -131,6 +142,13 @@ class Scheduler {
   bool finish(uint64_t id);
 
   const SchedSequence* find(uint64_t id) const;
+  // KV offload: the running sequences of `group`, in arrival order; blocks the group holds.
+  std::vector<const SchedSequence*> group_members(int32_t group) const;
+  int64_t group_blocks_used(int32_t group) const {
+    return group_used_.empty() ? 0 : group_used_[static_cast<size_t>(group)];
+  }
+  // Most sequences one offload group admits: max_num_seqs spread over the groups.
+  int64_t group_seq_cap() const;
   bool has_work() const { return !running_.empty() || !waiting_.empty() || !swapped_.empty(); }
   SchedulerStats stats() const;
   const BlockManager& blocks() const { return blocks_; }
@@ -140,10 +158,16 @@ class Scheduler {
   int64_t blocks_for(int64_t n_tokens) const {
     return (n_tokens + config_.block_size - 1) / config_.block_size;
   }
-  // Grow seq's table to hold `n_tokens` positions; false (nothing taken) when short of blocks.
+  // Grow seq's table to hold `n_tokens` positions; false (nothing taken) when short of blocks
+  // (or, with KV offload, its group is).
   bool grow(SchedSequence& seq, int64_t n_tokens);
-  // Preempt the latest running sequence that is not scheduled yet; returns it.
-  SchedSequence* preempt_latest();
+  // Blocks seq may still take: free ones, and with KV offload its group's room.
+  int64_t room_blocks(const SchedSequence& seq) const;
+  // Preempt the latest running sequence that is not scheduled yet (of `group` when >= 0);
+  // returns it.
+  SchedSequence* preempt_latest(int32_t group = -1);
+  // The victim preempt_latest picks when seq needs blocks: of its group when the group is full.
+  SchedSequence* preempt_for(const SchedSequence& seq, int64_t n_tokens);
   void preempt(SchedSequence& seq);
   bool should_swap(const SchedSequence& seq) const;
   void release_blocks(SchedSequence& seq);
@@ -163,6 +187,7 @@ class Scheduler {
   int64_t next_arrival_ = 0;
   int64_t budget_ = 0;
   SchedulerStats counters_;
+  std::vector<int64_t> group_used_, group_seqs_;  // KV offload: blocks and sequences per group
 };
 
 }  // namespace strata

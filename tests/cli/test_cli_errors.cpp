@@ -547,6 +547,37 @@ TEST(Cli, BenchThroughputRunsAllRequests) {
   EXPECT_NE(r.out.find("output tokens/s"), std::string::npos) << r.out;
 }
 
+// --kv-offload: a device pool of 12 blocks (6 sequences of 32 tokens) and 24 sequences
+// running at once; the batch reached and the offload counters are reported; bad combinations
+// are one-line errors.
+TEST(Cli, BenchThroughputKvOffloadReportsTheBatch) {
+  const std::string json =
+      (fs::temp_directory_path() / ("strata_kvoff_" + std::to_string(getpid()) + ".json")).string();
+  CliRun r = run_strata("bench-throughput -m " + fixture("llama") +
+                        " --num-prompts 24 --input-len 20 --output-len 12 --max-num-seqs 24 "
+                        "--warmup 0 --num-kv-blocks 12 --block-size 8 --kv-offload "
+                        "--kv-host-gib 64MiB --json " +
+                        json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(json);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  fs::remove(json);
+  EXPECT_NE(text.find("\"output_tokens\": 288"), std::string::npos) << text;  // 24 x 12
+  EXPECT_NE(text.find("\"batch_reached\": 24"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"kv_offload\": true"), std::string::npos) << text;
+  EXPECT_NE(r.out.find("Batch reached: 24"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("KV offload:"), std::string::npos) << r.out;
+
+  const CliRun groups =
+      run_strata("bench-throughput -m " + fixture("llama") + " --kv-offload --kv-offload-groups 1");
+  EXPECT_EQ(groups.exit_code, 1);
+  EXPECT_NE(groups.err.find("--kv-offload-groups must be >= 2"), std::string::npos) << groups.err;
+  const CliRun pp = run_strata("bench-throughput -m " + fixture("llama") +
+                               " --num-prompts 2 --warmup 0 --kv-offload --pp 2");
+  EXPECT_EQ(pp.exit_code, 1);
+  EXPECT_NE(pp.err.find("--kv-offload runs on one rank"), std::string::npos) << pp.err;
+}
+
 // `strata info` on mixture-of-experts models: the experts and top-k of a checkpoint and of a
 // --model-config preset.
 TEST(CliInfo, PrintsExpertsAndTopK) {

@@ -13,6 +13,8 @@
 #include <thread>
 
 #include "fixture_util.h"
+#include "kv_offload_util.h"
+#include "runtime/executor.h"
 #include "strata/engine.h"
 #include "strata/serving.h"
 
@@ -200,6 +202,119 @@ TEST(ServingPipeline, ThreeStagesWithSwapKeepOutputs) {
 
 INSTANTIATE_TEST_SUITE_P(Cpu, ServingFixture, ::testing::Values("llama", "qwen2"),
                          [](const auto& info) { return std::string(info.param); });
+
+// Issue 11 item 3, --kv-offload: 32 concurrent greedy requests with a device pool of 24 blocks
+// of 16 (about 8 of these requests' worth): the host pool holds the KV, the running sequences
+// take turns on the device in groups, and every completion equals the single-request engine's.
+// The batch reached is larger than the device pool alone allows.
+class ServingKvOffload : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ServingKvOffload, LargerBatchThanTheDevicePoolKeepsOutputs) {
+  const std::string model = GetParam();
+  EngineConfig ecfg;
+  ecfg.model = testing::fixture_model(model);
+  auto engine = Engine::create(ecfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<Job> jobs = make_jobs(32);
+  ServingConfig cfg = base_config(model);
+  cfg.engine.max_model_len = 96;  // 6 blocks: half the device pool holds two such sequences
+  cfg.max_num_seqs = 32;
+  cfg.num_kv_blocks = 24;
+  cfg.kv_offload = true;
+  auto serving = ServingEngine::create(cfg);
+  ASSERT_TRUE(serving.ok()) << serving.status().to_string();
+  Collector col;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE((*serving)->submit(greedy(jobs[i]), col.callback(static_cast<int>(i))).ok());
+  }
+  ASSERT_TRUE(col.wait(static_cast<int>(jobs.size())));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Output o = col.get(static_cast<int>(i));
+    EXPECT_EQ(o.tokens, reference_tokens(**engine, jobs[i])) << model << " request " << i;
+    EXPECT_EQ(o.finish_reason, "length");
+  }
+  const ServingMetrics m = idle_metrics(**serving);
+  EXPECT_EQ(m.kv_offload_groups, 8);  // default: 96 host blocks, regions of 12
+  EXPECT_EQ(m.kv_host_blocks_total, 96);
+  EXPECT_EQ(m.kv_blocks_used, 0);
+  EXPECT_EQ(m.requests_finished_total, 32);
+  // About 8 of these sequences fit the 24 device blocks at once; offload ran more.
+  EXPECT_GT(m.running_max, 12);
+  EXPECT_GT(m.kv_offload_loaded_blocks_total, 0);
+  EXPECT_GT(m.kv_offload_stored_blocks_total, 0);
+  ::testing::Test::RecordProperty("running_max", static_cast<int>(m.running_max));
+  (*serving)->shutdown(true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, ServingKvOffload, ::testing::Values("llama", "gpt2"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// Two groups forced, and a host pool given in bytes.
+TEST(ServingKvOffloadConfig, ForcedGroupsAndHostBytes) {
+  ServingConfig cfg = base_config("llama");
+  cfg.engine.max_model_len = 64;
+  cfg.num_kv_blocks = 16;
+  cfg.max_num_seqs = 8;
+  cfg.kv_offload = true;
+  cfg.kv_offload_groups = 2;
+  cfg.kv_host_bytes = int64_t{1} << 20;
+  auto serving = ServingEngine::create(cfg);
+  ASSERT_TRUE(serving.ok()) << serving.status().to_string();
+  const ServingMetrics m = idle_metrics(**serving);
+  EXPECT_EQ(m.kv_offload_groups, 2);
+  EXPECT_GT(m.kv_host_blocks_total, 16);
+  Collector col;
+  const std::vector<Job> jobs = make_jobs(6);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE((*serving)->submit(greedy(jobs[i]), col.callback(static_cast<int>(i))).ok());
+  }
+  ASSERT_TRUE(col.wait(6));
+  EXPECT_EQ(col.get(5).completion_tokens, jobs[5].max_tokens);
+}
+
+// The CPU executor's offload copies (two copy threads) move blocks there and back exactly.
+TEST(ServingKvOffloadConfig, ExecutorRoundTripIsExact) {
+  EngineConfig ecfg;
+  ecfg.model = testing::fixture_model("llama");
+  ecfg.max_model_len = 64;
+  ExecutorOptions eo;
+  eo.cpu_blocks = 8;
+  auto loaded = load_executor(ecfg, eo);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  testing::check_offload_round_trip(*loaded->exec);
+}
+
+TEST(ServingKvOffloadConfig, ClearErrors) {
+  auto fails_with = [](ServingConfig cfg, const char* what) {
+    auto s = ServingEngine::create(cfg);
+    ASSERT_FALSE(s.ok()) << what;
+    EXPECT_NE(s.status().message().find(what), std::string::npos) << s.status().message();
+  };
+  ServingConfig cfg = base_config("llama");
+  cfg.engine.max_model_len = 64;
+  cfg.num_kv_blocks = 16;
+  cfg.kv_offload = true;
+  {
+    ServingConfig c = cfg;
+    c.engine.parallel.pp = 2;
+    fails_with(c, "--kv-offload runs on one rank");
+  }
+  {
+    ServingConfig c = cfg;
+    c.num_kv_blocks = 6;  // half of it cannot hold one 64-token sequence (4 blocks)
+    fails_with(c, "half the device KV pool");
+  }
+  {
+    ServingConfig c = cfg;
+    c.kv_host_bytes = 1;  // no block
+    fails_with(c, "must be larger than the device pool");
+  }
+  {
+    ServingConfig c = cfg;
+    c.kv_offload_groups = 1;
+    fails_with(c, "--kv-offload-groups");
+  }
+}
 
 TEST(ServingEngine, PrefixCacheReportsCachedTokensAndKeepsOutput) {
   EngineConfig ecfg;
