@@ -6,12 +6,27 @@
 # copy) under an 8 GiB GPU weight budget: --dp 1 against --dp N with partitioned fetch, and --dp N
 # with whole-layer fetch (each replica copies every layer over its own link) as the A/B. The same
 # total batch in each run (--dp N splits it among the replicas). JSON under $OUT.
-#   BUILD=<dir with strata, tests/, bench/> [DP=N] [BATCH=16,64] scripts/gpu_partitioned_fetch.sh
+# Test binaries find the fixtures through the absolute path they were built with: SRC_ROOT (the
+# checkout's path on the build machine) is linked to this checkout when it does not exist here.
+# STAGES picks stages (default "tests h2d bench").
+#   BUILD=<dir with strata, tests/, bench/> [DP=N] [BATCH=16,64] [SRC_ROOT=/work/main] \
+#     scripts/gpu_partitioned_fetch.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
+STAGES=${STAGES:-tests h2d bench}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+if [ -z "${STRATA_NCCL_LIBRARY:-}" ]; then  # NCCL from PyTorch's wheel when none is installed
+  lib=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib', 'libnccl.so.2'))" 2>/dev/null)
+  [ -n "$lib" ] && [ -f "$lib" ] && export STRATA_NCCL_LIBRARY="$lib"
+fi
+SRC_ROOT=${SRC_ROOT:-/work/main}
+if [ ! -e "$SRC_ROOT/tests/fixtures" ] && [ "$SRC_ROOT" != "$PWD" ]; then
+  mkdir -p "$(dirname "$SRC_ROOT")" && ln -sfn "$PWD" "$SRC_ROOT"
+fi
 if [ -d .gpu_carry/lib ]; then export LD_LIBRARY_PATH="$PWD/.gpu_carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 DP=${DP:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 [ "${DP:-0}" -ge 2 ] || DP=2  # one GPU: both replicas on it (the one-shot kernels gather)
@@ -24,8 +39,14 @@ step() {  # step NAME LIMIT CMD...
   grep -E "^\| |error|PASSED|FAILED|GB/s|replicas" "$OUT/$name.txt" | head -n 24
 }
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1 || true
-step fetch_tests 300 "$BUILD/tests/test_cuda" --gtest_filter='PartitionedFetchCuda.*:WeightStreamingCuda.FixturesHostTierEqualResident'
-step h2d 120 "$BUILD/bench/bench_h2d" --gpus "$DP" --json "$OUT/h2d.json"
+if has tests; then
+  step fetch_tests 300 "$BUILD/tests/test_cuda" \
+    --gtest_filter='PartitionedFetchCuda.*:WeightStreamingCuda.FixturesHostTierEqualResident'
+fi
+if has h2d; then
+  step h2d 120 "$BUILD/bench/bench_h2d" --gpus "$DP" --json "$OUT/h2d.json"
+fi
+has bench || { echo "== done rc=$rc"; exit $rc; }
 B34="--device cuda --model-config llama-34b --gpu-weight-budget 8 --ctx 512 --decode-steps 2 -r 1"
 B34="$B34 --batch $BATCH --prefill 16x512 --max-num-batched-tokens 16384"
 # shellcheck disable=SC2086
