@@ -9,7 +9,7 @@
 # Test binaries find the fixtures through the absolute path they were built with: SRC_ROOT (the
 # checkout's path on the build machine) is linked to this checkout when it does not exist here.
 # STAGES picks stages (default "tests h2d bench").
-#   BUILD=<dir with strata, tests/, bench/> [DP=N] [BATCH=16,64] [SRC_ROOT=/work/main] \
+#   BUILD=<dir with strata, tests/, bench/> [DP=N] [BATCH=16,64] [PREFILL=16x512] [SRC_ROOT=/work/main] \
 #     scripts/gpu_partitioned_fetch.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -31,6 +31,7 @@ if [ -d .gpu_carry/lib ]; then export LD_LIBRARY_PATH="$PWD/.gpu_carry/lib${LD_L
 DP=${DP:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 [ "${DP:-0}" -ge 2 ] || DP=2  # one GPU: both replicas on it (the one-shot kernels gather)
 BATCH=${BATCH:-16,64}
+PREFILL=${PREFILL-16x512}  # empty: no prefill row
 rc=0
 step() {  # step NAME LIMIT CMD...
   local name=$1 lim=$2; shift 2
@@ -48,7 +49,7 @@ if has h2d; then
 fi
 has bench || { echo "== done rc=$rc"; exit $rc; }
 B34="--device cuda --model-config llama-34b --gpu-weight-budget 8 --ctx 512 --decode-steps 2 -r 1"
-B34="$B34 --batch $BATCH --prefill 16x512 --max-num-batched-tokens 16384"
+B34="$B34 --batch $BATCH --max-num-batched-tokens 16384${PREFILL:+ --prefill $PREFILL}"
 # shellcheck disable=SC2086
 step llama34b_dp1 400 "$BUILD/strata" bench $B34 --json "$OUT/llama34b_dp1.json"
 # shellcheck disable=SC2086
