@@ -173,6 +173,8 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
 // replica is chosen when its position 0 is in the batch and remembered by its first block), runs
 // the shares at once and puts the results back in the batch's order. Every replica's pool has
 // the block ids of the engines' one block accounting (each holds only its own sequences' KV).
+// Swaps move every replica's copy of a block, and a swapped-out first block's replica travels
+// with its host slot, so a sequence swapped back in under new block ids stays where its KV is.
 // Weight streaming: streamed layers' pinned host blobs are shared by all replicas; with
 // `partitioned` (and dp > 1) each replica fetches 1/dp of every streamed layer and an
 // all-gather over the replicas (in-process: host memory on the CPU, the one-shot kernels on one

@@ -575,6 +575,25 @@ class InProcessDpExecutor final : public InProcessGroupExecutor {
     return run(b, nullptr, ids);
   }
   int data_parallel_size() const override { return static_cast<int>(ranks_.size()); }
+  // Swaps move every replica's copy of a block; a sequence's first block also carries its
+  // replica through the host slot, so the sequence swapped back in under a new first block
+  // stays on the replica that holds its KV.
+  Status copy_block_to_host(int32_t block, void* host) override {
+    STRATA_RETURN_IF_ERROR(InProcessGroupExecutor::copy_block_to_host(block, host));
+    auto it = home_.find(block);
+    if (it != home_.end()) {
+      swapped_[host] = it->second;
+    } else {
+      swapped_.erase(host);
+    }
+    return ok_status();
+  }
+  Status copy_block_from_host(int32_t block, const void* host) override {
+    STRATA_RETURN_IF_ERROR(InProcessGroupExecutor::copy_block_from_host(block, host));
+    auto it = swapped_.find(host);
+    if (it != swapped_.end()) home_[block] = it->second;
+    return ok_status();
+  }
   const ResidencyPlan* residency_plan() const override { return ranks_[0]->residency_plan(); }
   bool stream_stats(StreamStats* out) const override { return ranks_[0]->stream_stats(out); }
   std::vector<StreamStats> replica_stream_stats() const override {
@@ -586,8 +605,6 @@ class InProcessDpExecutor final : public InProcessGroupExecutor {
     }
     return all;
   }
-  // The replica each sequence of `b` runs on (tests; assigns as a forward pass would).
-  std::vector<int> replicas_of(const ForwardBatch& b) { return assign(b); }
 
  private:
   struct Share {
@@ -682,8 +699,9 @@ class InProcessDpExecutor final : public InProcessGroupExecutor {
   }
 
   std::vector<Share> shares_;
-  std::unordered_map<int32_t, int> home_;  // first block id -> replica
-  uint64_t next_ = 0;                      // round robin over new sequences
+  std::unordered_map<int32_t, int> home_;         // first block id -> replica
+  std::unordered_map<const void*, int> swapped_;  // host slot of a swapped-out block -> replica
+  uint64_t next_ = 0;                             // round robin over new sequences
 };
 
 using LoadFn = std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>;

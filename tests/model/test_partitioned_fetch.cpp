@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include "core/mapped_file.h"
 #include "fixture_util.h"
@@ -78,7 +79,9 @@ struct Outputs {
 // `prompts` prefilled together in one pass (logits of every position), then decode steps of all
 // of them on fixed tokens, alternately logits and greedy ids (device argmax). Sequence k owns
 // blocks [k * per, (k + 1) * per).
-Result<Outputs> run(Executor& e, const std::vector<std::vector<int32_t>>& prompts, int steps) {
+// `after_prefill` (optional) may move sequences' blocks (swaps) and edit their tables.
+Result<Outputs> run(Executor& e, const std::vector<std::vector<int32_t>>& prompts, int steps,
+                    const std::function<Status(std::vector<int32_t>&)>& after_prefill = nullptr) {
   const int64_t V = e.config().vocab;
   const int64_t per = kMaxLen / kBlock, n = static_cast<int64_t>(prompts.size());
   std::vector<int32_t> tables;
@@ -110,6 +113,7 @@ Result<Outputs> run(Executor& e, const std::vector<std::vector<int32_t>>& prompt
   std::vector<float> l(rows.size() * static_cast<size_t>(V));
   STRATA_RETURN_IF_ERROR(e.forward(batch(), l.data()));
   out.logits = l;
+  if (after_prefill) STRATA_RETURN_IF_ERROR(after_prefill(tables));
   for (int s = 0; s < steps; ++s) {
     tokens.clear();
     seq.clear();
@@ -275,6 +279,47 @@ TEST(PartitionedFetchDisk, ReplicasEqualResidentReplicas) {
     EXPECT_EQ(got->ids, want->ids);
     expect_partitioned(s->exec->replica_stream_stats(), 2, std::string(name) + " disk");
   }
+}
+
+// Preemption by swapping: a sequence's blocks copied to host slots and back under other block
+// ids. It must stay on the replica that holds its KV (its first block's replica travels with
+// the host slot); given another replica, its decode steps would attend to nothing.
+TEST(PartitionedFetchSwap, SwappedSequenceKeepsItsReplica) {
+  const std::string dir = testing::fixture_model("llama");
+  auto ref = testing::load_reference(dir);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  const auto prompts = prompts_of(*ref, 3);
+  auto swap_first = [&](Executor& e) {
+    return [&e, &prompts](std::vector<int32_t>& tables) -> Status {
+      // Sequence 0's blocks to the host and back at blocks 24.. (sequence 3's, unused).
+      const int64_t per = kMaxLen / kBlock;
+      const int64_t used = (static_cast<int64_t>(prompts[0].size()) + kBlock - 1) / kBlock;
+      std::vector<std::vector<uint8_t>> host(static_cast<size_t>(used),
+                                             std::vector<uint8_t>(e.block_bytes()));
+      for (int64_t j = 0; j < used; ++j) {
+        STRATA_RETURN_IF_ERROR(e.copy_block_to_host(tables[static_cast<size_t>(j)],
+                                                    host[static_cast<size_t>(j)].data()));
+      }
+      for (int64_t j = 0; j < used; ++j) {
+        tables[static_cast<size_t>(j)] = static_cast<int32_t>(3 * per + j);
+        STRATA_RETURN_IF_ERROR(e.copy_block_from_host(tables[static_cast<size_t>(j)],
+                                                      host[static_cast<size_t>(j)].data()));
+      }
+      return ok_status();
+    };
+  };
+  auto one = make(dir, 0, ResidencyOptions{});
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto want = run(*one->exec, prompts, 4, swap_first(*one->exec));
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  ResidencyOptions o;
+  o.offload = WeightOffload::kCpu;
+  auto s = make(dir, 2, o);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  auto got = run(*s->exec, prompts, 4, swap_first(*s->exec));
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_LT(testing::relative_error(got->logits, want->logits), 2e-2);
+  EXPECT_EQ(got->ids, want->ids);
 }
 
 // The parts: 256-byte aligned, covering the blob once, the last one shorter (or empty).
