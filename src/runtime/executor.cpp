@@ -363,6 +363,9 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
   }
   STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
   if (comm_.size() > 1) STRATA_RETURN_IF_ERROR(comm_.health());
+  // Partitioned fetch: a layer part's all-gather that gave up waiting for a peer (one-shot
+  // kernels) or NCCL's asynchronous error.
+  if (opt_.fetch_group != nullptr) STRATA_RETURN_IF_ERROR(opt_.fetch_group->health());
   rt.collect_profile();
   // A pipeline's results are the last stage's (the executor asks that stage for them).
   if (has_head && n_out > 0 && out_logits != nullptr) {

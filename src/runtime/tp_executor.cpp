@@ -679,16 +679,18 @@ class InProcessDpExecutor final : public InProcessGroupExecutor {
       sb.max_blocks_per_seq = mb;
       sb.n_seqs = sh.n_seqs;
       sb.logit_rows = sh.rows;
-      if (logits != nullptr) {
-        sh.logits.resize(sh.rows.size() * static_cast<size_t>(V));
-        return e.forward(sb, sh.logits.data());
+      if (ids != nullptr) {
+        sh.ids.resize(sh.rows.size());
+        return e.forward_argmax(sb, sh.ids.data());
       }
-      sh.ids.resize(sh.rows.size());
-      return e.forward_argmax(sb, sh.ids.data());
+      if (logits == nullptr) return e.forward(sb, nullptr);  // no results wanted
+      sh.logits.resize(sh.rows.size() * static_cast<size_t>(V));
+      return e.forward(sb, sh.logits.data());
     }));
+    if (logits == nullptr && ids == nullptr) return ok_status();
     for (const Share& sh : shares_) {
       for (size_t k = 0; k < sh.out.size(); ++k) {
-        if (logits != nullptr) {
+        if (ids == nullptr) {
           std::copy_n(sh.logits.data() + k * static_cast<size_t>(V), V, logits + sh.out[k] * V);
         } else {
           ids[sh.out[k]] = sh.ids[k];
