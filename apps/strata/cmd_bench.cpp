@@ -180,10 +180,11 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e, nlohmann::ordered_js
   // Weight streaming: the slots hold a layer at a time; a pass reads the resident weights and
   // every streamed layer once.
   const WeightStreamInfo ws = e.weight_streaming();
-  const double weights =
-      info.backend == "CUDA"
-          ? static_cast<double>(info.device_weight_bytes - ws.slot_bytes + ws.bytes_per_pass)
-          : static_cast<double>(info.weight_bytes);
+  // Data-parallel replicas each hold (and read) the weights: one replica's share.
+  const double weights = info.backend == "CUDA"
+                             ? static_cast<double>(info.device_weight_bytes / std::max(1, ws.dp) -
+                                                   ws.slot_bytes + ws.bytes_per_pass)
+                             : static_cast<double>(info.weight_bytes);
   const bool tied = info.tied_embeddings;
   const double streamed = tied ? weights : weights - emb_bytes;
   // KV bytes per cached token (all layers, K and V; bf16 on CUDA, f32 on the CPU).
@@ -263,10 +264,48 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e, nlohmann::ordered_js
   };
   // Weight streaming: the bytes copied into the slots per forward pass and the rate that makes
   // over the pass's time (the figure ZeRO-Inference's bound is: host-to-device bandwidth).
+  // Data-parallel replicas: every replica gets the whole layers each pass (stream_GBps is per
+  // replica, stream_GBps_total over all of them); under partitioned fetch each copies its part
+  // from host memory (h2d_GBps_per_replica, from the counters over the row's passes) and the
+  // all-gather brings the rest.
+  WeightStreamInfo before = ws;
   auto streaming = [&](nlohmann::ordered_json& j, const char* test, int64_t b, double seconds) {
     if (!ws.streaming) return;
     const WeightStreamInfo now = e.weight_streaming();
     const double gbps = static_cast<double>(ws.bytes_per_pass) / seconds / 1e9;
+    if (ws.dp > 1 || ws.fetch_parts > 1) {
+      nlohmann::ordered_json h2d = nlohmann::ordered_json::array();
+      nlohmann::ordered_json per_pass = nlohmann::ordered_json::array();
+      double h2d_total = 0;
+      for (size_t r = 0; r < now.replica_passes.size(); ++r) {
+        const int64_t p0 = r < before.replica_passes.size() ? before.replica_passes[r] : 0;
+        const int64_t b0 =
+            r < before.replica_bytes_copied.size() ? before.replica_bytes_copied[r] : 0;
+        const int64_t passes = now.replica_passes[r] - p0;
+        const double bytes = passes > 0 ? static_cast<double>(now.replica_bytes_copied[r] - b0) /
+                                              static_cast<double>(passes)
+                                        : 0.0;
+        per_pass.push_back(bytes);
+        h2d.push_back(bytes / seconds / 1e9);
+        h2d_total += bytes / seconds / 1e9;
+      }
+      j["dp"] = ws.dp;
+      j["partitioned_fetch"] = ws.fetch_parts > 1;
+      j["stream_GBps_total"] = gbps * ws.dp;
+      j["h2d_bytes_per_pass_per_replica"] = per_pass;
+      j["h2d_GBps_per_replica"] = h2d;
+      j["h2d_GBps_total"] = h2d_total;
+      if (!to_stdout) {
+        std::printf(
+            "|   %d data-parallel replicas, %s: per replica %.1f GB/s of layers arrive "
+            "(%.1f GB/s over all), host-to-device %.1f GB/s in all (%s batch %lld)\n",
+            ws.dp,
+            ws.fetch_parts > 1 ? "partitioned fetch (1/N of each layer from host, all-gather)"
+                               : "whole layers from host",
+            gbps, gbps * ws.dp, h2d_total, test, static_cast<long long>(b));
+      }
+      before = now;
+    }
     j["offload"] = ws.tier;
     j["prefetch"] = ws.prefetch;
     j["layers_streamed"] = ws.layers_streamed;

@@ -145,6 +145,11 @@ void add_weight_residency_options(CLI::App* sub, EngineConfig& e) {
       "CUDA: where streamed layers live: auto (pinned host memory when --gpu-weight-budget is "
       "given, default), cpu (pinned host memory; without a budget every layer is streamed) or "
       "disk (read from the checkpoint file on every pass with O_DIRECT; bf16 only)");
+  sub->add_flag("--partitioned-fetch,!--no-partitioned-fetch", e.partitioned_fetch,
+                "CUDA, weight streaming with --dp N > 1: each replica copies 1/N of every "
+                "streamed layer over its own host link and an all-gather over the replicas "
+                "completes it on every GPU (default on; --no-partitioned-fetch: every replica "
+                "copies whole layers)");
   sub->add_flag(
       "--no-weight-prefetch", [&e](int64_t) { e.weight_prefetch = false; },
       "CUDA, weight streaming: copy each streamed layer just before it runs instead of while the "
@@ -202,6 +207,13 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                   "1/N of every sparse layer's experts (the expert count must be a multiple of "
                   "N); the world is tp x N ranks, launched with mpirun -np tp*N, or, with --device "
                   "cuda and no mpirun, tp*N threads of this process");
+  sub->add_option("--dp,--data-parallel-size", e.parallel.dp,
+                  "CUDA: data-parallel replicas (default 1): N threads of this process, replica r "
+                  "on GPU index+r (all on one GPU when there are fewer), each with the whole "
+                  "model and its own KV cache; every forward pass's sequences are split among "
+                  "them. With streamed weights (--gpu-weight-budget / --offload-weights) the "
+                  "replicas share one pinned host copy and fetch each layer partitioned "
+                  "(--partitioned-fetch). Not with --tp, --pp, --ep or mpirun");
   sub->add_option("--pp,--pipeline-parallel-size", e.parallel.pp,
                   "Pipeline stages (default 1): the layers split into N contiguous stages "
                   "(embedding on the first, LM head on the last); with --tp T, T x N ranks, rank "

@@ -20,7 +20,8 @@ void prefer_eager_kernel_loading_for_tp(int argc, char** argv) {
   }
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], value;
-    for (const char* flag : {"--tp", "--tensor-parallel-size", "--ep", "--expert-parallel-size"}) {
+    for (const char* flag : {"--tp", "--tensor-parallel-size", "--ep", "--expert-parallel-size",
+                             "--dp", "--data-parallel-size"}) {
       const size_t n = std::strlen(flag);
       if (a == flag && i + 1 < argc) value = argv[i + 1];
       if (a.size() > n && a.compare(0, n, flag) == 0 && a[n] == '=') value = a.substr(n + 1);

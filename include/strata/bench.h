@@ -24,6 +24,12 @@ struct WeightStreamInfo {
   int64_t slot_bytes = 0;      // device memory of the slots (part of the device weight bytes)
   int64_t passes = 0, bytes_copied = 0, disk_bytes = 0;
   bool direct_io = false;
+  // Data-parallel replicas (--dp): their number, the replicas sharing each layer's fetch
+  // (partitioned fetch; 1: each copies whole layers), and per replica the forward passes and the
+  // bytes it copied from host memory so far.
+  int dp = 1;
+  int fetch_parts = 1;
+  std::vector<int64_t> replica_passes, replica_bytes_copied;
 };
 
 class Benchmark {

@@ -90,6 +90,10 @@ struct EngineConfig {
   int64_t gpu_weight_budget = 0;
   WeightOffload offload_weights = WeightOffload::kAuto;
   bool weight_prefetch = true;
+  // Data-parallel replicas (parallel.dp > 1) with streamed weights: each replica fetches 1/dp of
+  // every streamed layer and an all-gather completes it (ZeRO-Inference's partitioned fetch);
+  // false: every replica fetches whole layers.
+  bool partitioned_fetch = true;
   // --plan auto|FILE and --plan-workload: the CLI replaces parallel.tp / .pp with the layout the
   // cost model of `strata plan` picks, before the engine loads (the library ignores them).
   std::string plan;

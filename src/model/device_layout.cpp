@@ -305,6 +305,21 @@ Status add_streamed_layer(StreamedWeights& sw, int64_t l, LayerWeights& d, const
   StreamedLayer s;
   s.layer = l;
   s.bytes = bl.bytes;
+  if (sw.tier == LayerTier::kHost && layout.shared_host) {
+    // Another replica's blob of the same layer (same layout, same weights): no second copy.
+    const StreamedWeights& other = *layout.shared_host;
+    const int k = l < static_cast<int64_t>(other.index_of_layer.size())
+                      ? other.index_of_layer[static_cast<size_t>(l)]
+                      : -1;
+    if (k < 0 || other.layers[static_cast<size_t>(k)].bytes != bl.bytes ||
+        other.layers[static_cast<size_t>(k)].host.empty()) {
+      return errorf(StatusCode::kInternal,
+                    "weight streaming: layer {} differs from the shared replica's host blob", l);
+    }
+    s.host = other.layers[static_cast<size_t>(k)].host;
+    sw.layers.push_back(std::move(s));
+    return ok_status();
+  }
   if (sw.tier == LayerTier::kHost) {
     if (!layout.host_alloc) return Status(StatusCode::kInternal, "weight streaming: no host_alloc");
     Result<Buffer> b = layout.host_alloc(bl.bytes);
@@ -537,6 +552,11 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
     // from slot k % n_slots, so its views have fixed addresses.
     const int n_slots = std::max(1, plan->n_slots);
     for (const StreamedLayer& s : sw->layers) sw->slot_bytes = std::max(sw->slot_bytes, s.bytes);
+    // Partitioned fetch: room for every replica's 256-byte aligned part of the largest layer.
+    if (plan->options.fetch_parts > 1) {
+      const size_t quantum = static_cast<size_t>(plan->options.fetch_parts) * 256;
+      sw->slot_bytes = (sw->slot_bytes + quantum - 1) / quantum * quantum;
+    }
     for (int i = 0; i < n_slots; ++i) {
       Result<Buffer> b = alloc.allocate(sw->slot_bytes);
       if (!b.ok()) return b.status().with_context("weight streaming slot");

@@ -52,6 +52,9 @@ struct DeviceLayout {
   // (disk tier), and their views point into the plan's slots (model/residency.h).
   const ResidencyPlan* residency = nullptr;
   std::function<Result<Buffer>(size_t)> host_alloc;
+  // Host tier: the host blobs of another replica of the same model (data-parallel replicas share
+  // one pinned host copy of the streamed layers); null: this model makes its own.
+  std::shared_ptr<const StreamedWeights> shared_host;
 };
 
 // The device layout pads each expert's FFN dimension to a multiple of this (zero gate/up rows

@@ -34,6 +34,10 @@ struct ResidencyOptions {
   // At most this many resident layers (-1: as many as the budget holds). Lets the tests mix
   // resident and streamed layers in the tiny fixtures, whose embeddings dwarf their layers.
   int64_t max_resident_layers = -1;
+  // Partitioned fetch (data-parallel replicas, runtime/weight_streamer.h): the slots are padded
+  // to a multiple of fetch_parts x 256 bytes, so every replica's part of a layer (the blob split
+  // into fetch_parts 256-byte aligned parts, the last one shorter) has room in an all-gather.
+  int fetch_parts = 1;
   bool requested() const { return gpu_weight_budget > 0 || offload != WeightOffload::kAuto; }
 };
 

@@ -141,8 +141,9 @@ class InProcessCommunicator final : public Communicator {
     g_->in[static_cast<size_t>(rank_)] = send;
     STRATA_RETURN_IF_ERROR(g_->barrier(rank_));
     for (int r = 0; r < g_->n; ++r) {
-      std::memcpy(static_cast<char*>(recv) + bytes * r, g_->in[static_cast<size_t>(r)],
-                  static_cast<size_t>(bytes));
+      char* dst = static_cast<char*>(recv) + bytes * r;
+      if (dst == g_->in[static_cast<size_t>(r)]) continue;  // in place: this rank's own part
+      std::memcpy(dst, g_->in[static_cast<size_t>(r)], static_cast<size_t>(bytes));
     }
     return g_->barrier(rank_);
   }

@@ -40,6 +40,16 @@ class BenchmarkImpl final : public Benchmark {
     w.bytes_copied = st.bytes;
     w.disk_bytes = st.disk_bytes;
     w.direct_io = st.direct_io;
+    w.dp = exec_->data_parallel_size();
+    w.fetch_parts = st.fetch_parts;
+    for (const StreamStats& r : exec_->replica_stream_stats()) {
+      w.replica_passes.push_back(r.passes);
+      w.replica_bytes_copied.push_back(r.bytes);
+    }
+    if (w.replica_passes.empty()) {
+      w.replica_passes.push_back(st.passes);
+      w.replica_bytes_copied.push_back(st.bytes);
+    }
     return w;
   }
   int rank() const override { return comm_->rank(); }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "parallel/comm.h"
 
 namespace strata {
 
@@ -39,8 +40,15 @@ class CpuCopier final : public WeightCopier {
   }
   Status copy(int slot, void* dst, const void* src, size_t bytes, int staging) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Job j{slot, dst, src, bytes, staging, ++ready_rec_[static_cast<size_t>(slot)], 0};
+    Job j{slot, dst, src, bytes, staging, ++ready_rec_[static_cast<size_t>(slot)], 0, nullptr};
     if (staging >= 0) j.staging_seq = ++staging_rec_[static_cast<size_t>(staging)];
+    queue_.push_back(j);
+    cv_.notify_all();
+    return ok_status();
+  }
+  Status gather(int slot, void* dst, size_t part, Communicator& comm) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Job j{slot, dst, nullptr, part, -1, ++ready_rec_[static_cast<size_t>(slot)], 0, &comm};
     queue_.push_back(j);
     cv_.notify_all();
     return ok_status();
@@ -48,20 +56,21 @@ class CpuCopier final : public WeightCopier {
   Status wait_ready(int slot) override {
     std::unique_lock<std::mutex> lock(mu_);
     const int64_t target = ready_rec_[static_cast<size_t>(slot)];
-    wait(lock, [&] { return ready_done_[static_cast<size_t>(slot)] >= target; });
-    return ok_status();
+    wait(lock, [&] { return ready_done_[static_cast<size_t>(slot)] >= target || !error_.ok(); });
+    return error_;
   }
   Status mark_free(int) override { return ok_status(); }
   Status wait_staging(int staging) override {
     std::unique_lock<std::mutex> lock(mu_);
     const int64_t target = staging_rec_[static_cast<size_t>(staging)];
-    wait(lock, [&] { return staging_done_[static_cast<size_t>(staging)] >= target; });
-    return ok_status();
+    wait(lock,
+         [&] { return staging_done_[static_cast<size_t>(staging)] >= target || !error_.ok(); });
+    return error_;
   }
   Status synchronize() override {
     std::unique_lock<std::mutex> lock(mu_);
-    wait(lock, [&] { return queue_.empty() && busy_ == 0; });
-    return ok_status();
+    wait(lock, [&] { return (queue_.empty() && busy_ == 0) || !error_.ok(); });
+    return error_;
   }
 
  private:
@@ -72,6 +81,7 @@ class CpuCopier final : public WeightCopier {
     size_t bytes;
     int staging;
     int64_t ready_seq, staging_seq;
+    Communicator* comm;  // a gather: the all-gather of `bytes` per rank in place at dst
   };
   // Runs the oldest queued copy on this thread (lock held on entry and exit).
   void run_one(std::unique_lock<std::mutex>& lock) {
@@ -79,9 +89,17 @@ class CpuCopier final : public WeightCopier {
     queue_.pop_front();
     ++busy_;
     lock.unlock();
-    std::memcpy(j.dst, j.src, j.bytes);
+    Status st = ok_status();
+    if (j.comm != nullptr) {
+      const int64_t n = static_cast<int64_t>(j.bytes);
+      st = j.comm->all_gather(static_cast<uint8_t*>(j.dst) + n * j.comm->rank(), n, DType::kU8,
+                              j.dst, CommStream::host());
+    } else if (j.bytes > 0) {
+      std::memcpy(j.dst, j.src, j.bytes);
+    }
     lock.lock();
     --busy_;
+    if (!st.ok() && error_.ok()) error_ = st.with_context("weight streaming all-gather");
     int64_t& r = ready_done_[static_cast<size_t>(j.slot)];
     r = std::max(r, j.ready_seq);
     if (j.staging >= 0) {
@@ -95,7 +113,7 @@ class CpuCopier final : public WeightCopier {
   template <class Pred>
   void wait(std::unique_lock<std::mutex>& lock, Pred done) {
     while (!done()) {
-      if (!queue_.empty()) {
+      if (!queue_.empty() && busy_ == 0) {
         run_one(lock);
       } else {
         cv_.wait(lock);
@@ -105,7 +123,9 @@ class CpuCopier final : public WeightCopier {
   void loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      // One job at a time, in order, as a stream runs them (a gather is a collective: its
+      // peers must see this rank's gathers in issue order).
+      cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && busy_ == 0); });
       if (queue_.empty()) return;  // stopping, nothing left
       run_one(lock);
     }
@@ -116,6 +136,7 @@ class CpuCopier final : public WeightCopier {
   std::deque<Job> queue_;
   int busy_ = 0;  // copies running
   bool stop_ = false;
+  Status error_;  // a gather that failed (a peer aborted): every later wait returns it
   std::vector<int64_t> ready_rec_, ready_done_, staging_rec_, staging_done_;
   std::thread thread_;
 };

@@ -20,6 +20,8 @@
 
 namespace strata {
 
+class Communicator;
+
 // Weight streaming's copies (runtime/weight_streamer.h): host memory into device slots on a
 // copy stream of its own, ordered against the compute stream with events. On the CPU a copy
 // thread plays the copy stream (the compute is synchronous), so the same streaming logic runs
@@ -30,6 +32,11 @@ class WeightCopier {
   // After the compute that mark_free(slot) last recorded: dst <- src (bytes) on the copy stream;
   // then the slot is ready, and (staging >= 0) the staging buffer `staging` free again.
   virtual Status copy(int slot, void* dst, const void* src, size_t bytes, int staging) = 0;
+  // Partitioned fetch (data-parallel replicas): after the copies issued so far, the in-place
+  // all-gather over `comm` of `part` bytes per rank at dst (rank r's part at dst + r * part),
+  // on the copy stream (the CPU's copy thread); then the slot is ready. Every rank of comm must
+  // issue the same gathers in the same order.
+  virtual Status gather(int slot, void* dst, size_t part, Communicator& comm) = 0;
   // The compute stream waits for the last copy into `slot`.
   virtual Status wait_ready(int slot) = 0;
   // The compute stream's work so far is the last to read `slot`.

@@ -17,6 +17,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "core/status.h"
+#include "parallel/comm.h"
 #include "runtime/device_runtime.h"
 
 namespace strata {
@@ -145,6 +146,21 @@ class CudaCopier final : public WeightCopier {
     if (staging >= 0) {
       STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_[static_cast<size_t>(staging)], copy_));
     }
+    return ok_status();
+  }
+  Status gather(int slot, void* dst, size_t part, Communicator& comm) override {
+    // On the copy stream after this rank's part arrived: NCCL (or the in-process one-shot
+    // kernels) fills the peers' parts in place; the compute stream waits for it via ready_.
+    CommStream s;
+    s.device = Device::cuda(device_);
+    s.cuda_stream = copy_;
+    // Moved as bf16 elements (parts are multiples of 256 bytes): the one-shot kernels take f32
+    // and bf16 only, and an all-gather only copies.
+    const auto n = static_cast<int64_t>(part / 2);
+    STRATA_RETURN_IF_ERROR(
+        comm.all_gather(static_cast<uint8_t*>(dst) + part * static_cast<size_t>(comm.rank()), n,
+                        DType::kBF16, dst, s));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[static_cast<size_t>(slot)], copy_));
     return ok_status();
   }
   Status wait_ready(int slot) override {

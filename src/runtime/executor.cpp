@@ -85,6 +85,21 @@ class ModelRunner final : public Executor {
     *out = streamer_->stats();
     return true;
   }
+  std::shared_ptr<const StreamedWeights> streamed_weights() const override {
+    return model_->streamed();
+  }
+  Status stream_pass() override {
+    if (!streamer_ || opt_.fetch_group == nullptr) return ok_status();
+    STRATA_RETURN_IF_ERROR(runtime_->make_current());
+    const ParallelConfig& par = model_->parallel();
+    const int64_t last = par.stage_end(model_->config().n_layers);
+    STRATA_RETURN_IF_ERROR(streamer_->begin_pass(par.first_layer, last));
+    for (int64_t l = par.first_layer; l < last; ++l) {
+      STRATA_RETURN_IF_ERROR(streamer_->before_layer(l));
+      STRATA_RETURN_IF_ERROR(streamer_->after_layer(l));
+    }
+    return ok_status();
+  }
 
   // Communicators this runner uses and owns (the groups split from an mpirun world).
   void adopt(std::vector<std::unique_ptr<Communicator>> comms) {
@@ -239,6 +254,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
       STRATA_ASSIGN_OR_RETURN(DeviceMemoryInfo mi, rt.memory_info());
       layout.free_bytes = mi.free_bytes;
     }
+    if (o.fetch_group != nullptr) o.residency.fetch_parts = o.fetch_group->size();
     if (o.residency.requested()) {
       STRATA_ASSIGN_OR_RETURN(ResidencyPlan plan,
                               plan_residency(config, par, o.weight_dtype, o.residency,
@@ -247,6 +263,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
       layout.residency = &*r->plan_;
       DeviceRuntime* rtp = &rt;
       layout.host_alloc = [rtp](size_t n) { return rtp->allocate_staging(n); };
+      layout.shared_host = o.shared_host_blobs;
       for (const std::string& line : r->plan_->describe()) log_info("weights: {}", line);
     }
     if (host) {
@@ -266,7 +283,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   }
   if (r->model_->streamed()) {
     STRATA_ASSIGN_OR_RETURN(
-        r->streamer_, WeightStreamer::create(r->model_->streamed(), rt, o.residency.prefetch));
+        r->streamer_,
+        WeightStreamer::create(r->model_->streamed(), rt, o.residency.prefetch, o.fetch_group));
     // The copies are issued (and the disk read) between layers from the host: eager launches.
     o.cuda_graphs = false;
   }
@@ -422,6 +440,9 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
   }
   STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
   if (comm_.size() > 1) STRATA_RETURN_IF_ERROR(comm_.health());
+  // Partitioned fetch: a layer part's all-gather that gave up waiting for a peer (one-shot
+  // kernels) or NCCL's asynchronous error.
+  if (opt_.fetch_group != nullptr) STRATA_RETURN_IF_ERROR(opt_.fetch_group->health());
   rt.collect_profile();
   // A pipeline's results are the last stage's (the executor asks that stage for them).
   if (has_head && n_out > 0 && out_logits != nullptr) {
@@ -521,8 +542,19 @@ Result<std::unique_ptr<Executor>> make_expert_parallel_runner(const ModelConfig&
 Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOptions& eo) {
   LoadedExecutor out;
   const bool cuda = cfg.device.is_cuda();
-  if (cfg.parallel.dp != 1) {
-    return Status(StatusCode::kUnimplemented, "data parallel sizes other than 1 are not built yet");
+  const int dp = cfg.parallel.dp;
+  if (dp < 1)
+    return errorf(StatusCode::kInvalidArgument, "--data-parallel-size {} must be >= 1", dp);
+  if (dp > 1 && !cuda) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--data-parallel-size > 1 needs --device cuda (the CPU runs one replica; the "
+                  "library's make_in_process_dp_executor runs CPU replicas for tests)");
+  }
+  if (dp > 1 && (cfg.parallel.tp > 1 || cfg.parallel.pp > 1 || cfg.parallel.ep > 1 ||
+                 env_config().launcher_size > 1)) {
+    return Status(StatusCode::kUnimplemented,
+                  "--data-parallel-size with --tp, --pp, --ep or mpirun is not built yet: data-"
+                  "parallel replicas are threads of one process, one GPU each");
   }
   const int ep = cfg.parallel.ep;
   if (ep < 1) {
@@ -781,7 +813,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
         out.exec = std::move(*e);
       }
     }
-  } else if (cfg.parallel.tp == 1 && ep == 1 && pp == 1 && !dummy) {
+  } else if (cfg.parallel.tp == 1 && ep == 1 && pp == 1 && dp == 1 && !dummy) {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
     out.info = std::move(loaded.info);
     out.tokenizer = std::move(loaded.tokenizer);
@@ -811,6 +843,14 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
         load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
       STRATA_ASSIGN_OR_RETURN(
           out.exec, make_in_process_pp_executor(config, load, bounds, ro, cfg.parallel.tp));
+    } else if (dp > 1) {
+      // Data-parallel replicas as threads of this process, replica r on GPU index + r (or all on
+      // one GPU), streamed weights fetched partitioned.
+      std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)> load;
+      if (weights)
+        load = [&](const ParallelConfig& par) { return Model::load(config, par, weights); };
+      STRATA_ASSIGN_OR_RETURN(
+          out.exec, make_in_process_dp_executor(config, load, dp, ro, cfg.partitioned_fetch));
     } else if (cfg.parallel.tp > 1 || ep > 1) {
       // Ranks as threads of this process, one GPU each (or all on one GPU when there are fewer).
       std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)> load;

@@ -117,6 +117,16 @@ class Executor {
     (void)out;
     return false;
   }
+  // Data-parallel replicas (make_in_process_dp_executor): their number, each replica's
+  // streaming counters (empty when not data-parallel or not streaming), and for a runner the
+  // streamed layers (their host blobs are shared with the other replicas).
+  virtual int data_parallel_size() const { return 1; }
+  virtual std::vector<StreamStats> replica_stream_stats() const { return {}; }
+  virtual std::shared_ptr<const StreamedWeights> streamed_weights() const { return nullptr; }
+  // Partitioned fetch: a forward pass's weight traffic without its compute — every streamed
+  // layer fetched (this rank's part, and the all-gather with the other replicas) and released.
+  // A replica with no sequence in a step runs this so its peers' all-gathers find it.
+  virtual Status stream_pass() { return ok_status(); }
 
  private:
   std::vector<Status> done_;  // the default submit(): finished passes not yet waited for
@@ -143,6 +153,12 @@ struct RunnerOptions {
   int64_t pp_min_micro_batch_tokens = 256;
   // Weight streaming (device layout only): --gpu-weight-budget, --offload-weights, prefetch.
   ResidencyOptions residency;
+  // Data-parallel replicas: the group whose ranks split every streamed layer's fetch (partitioned
+  // fetch, runtime/weight_streamer.h; null: whole layers), and another replica's streamed
+  // weights whose pinned host blobs this runner shares instead of making its own (null: its own).
+  // fetch_group must outlive the runner.
+  Communicator* fetch_group = nullptr;
+  std::shared_ptr<const StreamedWeights> shared_host_blobs;
   // Tests: each forward pass appends every sparse layer's routing here (ForwardArgs,
   // moe_route_trace; turns CUDA graphs off). Must outlive the runner.
   std::vector<int32_t>* moe_route_trace = nullptr;
@@ -182,6 +198,25 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
     const RunnerOptions& options, int ep = 1);
+
+// Data-parallel replicas inside one process: `dp` ranks as threads, each a ModelRunner over the
+// whole model (load(ParallelConfig{}) per replica; null: random weights of options.seed) with
+// its own KV pool, on GPU index + r when there are that many GPUs, else all on GPU index
+// (STRATA_TP_ONE_GPU=1 forces it); on the CPU, threads sharing the cores. A forward pass splits
+// its sequences among the replicas (a sequence stays on the replica that prefilled it: the
+// replica is chosen when its position 0 is in the batch and remembered by its first block), runs
+// the shares at once and puts the results back in the batch's order. Every replica's pool has
+// the block ids of the engines' one block accounting (each holds only its own sequences' KV).
+// Swaps move every replica's copy of a block, and a swapped-out first block's replica travels
+// with its host slot, so a sequence swapped back in under new block ids stays where its KV is.
+// Weight streaming: streamed layers' pinned host blobs are shared by all replicas; with
+// `partitioned` (and dp > 1) each replica fetches 1/dp of every streamed layer and an
+// all-gather over the replicas (in-process: host memory on the CPU, the one-shot kernels on one
+// GPU, NCCL across GPUs) completes it on all of them (ZeRO-Inference's partitioned fetch).
+Result<std::unique_ptr<Executor>> make_in_process_dp_executor(
+    const ModelConfig& config,
+    const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int dp,
+    const RunnerOptions& options, bool partitioned = true);
 
 // Pipeline parallelism inside one process: stage s (a thread) runs layers [bounds[s],
 // bounds[s + 1]) (runtime/pipeline_schedule.h, pipeline_bounds) with its own KV pool for those

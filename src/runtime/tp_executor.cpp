@@ -7,7 +7,9 @@
 // block ids). This is how tensor-parallel logic is tested on one GPU, and on the CPU in CI.
 // Pipeline stages (make_in_process_pp_executor) run the same way: one runner per stage over its
 // layer range, the hidden states passed stage to stage with send/recv, the last stage's results
-// sent back to stage 0.
+// sent back to stage 0. Data-parallel replicas (make_in_process_dp_executor) run the same way:
+// one runner per replica over the whole model, each forward pass's sequences split among them,
+// streamed layers fetched partitioned (each replica its part, then an all-gather).
 #include <omp.h>
 #include <algorithm>
 #include <chrono>
@@ -17,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <omp.h>
@@ -556,6 +559,153 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
   bool first_start_set_ = false;
 };
 
+// Data-parallel replicas: each forward pass's sequences split among the replicas, each running
+// its share at once with the others; the results put back in the batch's order. A sequence stays
+// with the replica that saw its position 0 (its KV is there), found again by its first block id
+// (sequences sharing a cached prefix share that block, and so the replica that holds it).
+class InProcessDpExecutor final : public InProcessGroupExecutor {
+ public:
+  InProcessDpExecutor(std::vector<std::unique_ptr<Communicator>> comms,
+                      std::vector<std::unique_ptr<Executor>> ranks)
+      : InProcessGroupExecutor(std::move(comms), std::move(ranks), "data-parallel replicas"),
+        shares_(ranks_.size()) {}
+
+  Status forward(const ForwardBatch& b, float* logits) override { return run(b, logits, nullptr); }
+  Status forward_argmax(const ForwardBatch& b, int32_t* ids) override {
+    return run(b, nullptr, ids);
+  }
+  int data_parallel_size() const override { return static_cast<int>(ranks_.size()); }
+  // Swaps move every replica's copy of a block; a sequence's first block also carries its
+  // replica through the host slot, so the sequence swapped back in under a new first block
+  // stays on the replica that holds its KV.
+  Status copy_block_to_host(int32_t block, void* host) override {
+    STRATA_RETURN_IF_ERROR(InProcessGroupExecutor::copy_block_to_host(block, host));
+    auto it = home_.find(block);
+    if (it != home_.end()) {
+      swapped_[host] = it->second;
+    } else {
+      swapped_.erase(host);
+    }
+    return ok_status();
+  }
+  Status copy_block_from_host(int32_t block, const void* host) override {
+    STRATA_RETURN_IF_ERROR(InProcessGroupExecutor::copy_block_from_host(block, host));
+    auto it = swapped_.find(host);
+    if (it != swapped_.end()) home_[block] = it->second;
+    return ok_status();
+  }
+  const ResidencyPlan* residency_plan() const override { return ranks_[0]->residency_plan(); }
+  bool stream_stats(StreamStats* out) const override { return ranks_[0]->stream_stats(out); }
+  std::vector<StreamStats> replica_stream_stats() const override {
+    std::vector<StreamStats> all;
+    for (const auto& e : ranks_) {
+      StreamStats st;
+      if (!e->stream_stats(&st)) return {};
+      all.push_back(st);
+    }
+    return all;
+  }
+
+ private:
+  struct Share {
+    std::vector<int32_t> tokens, seq, pos, tables, rows;
+    std::vector<int64_t> out;  // per result row: its row in the caller's results
+    int64_t n_seqs = 0;
+    std::vector<float> logits;
+    std::vector<int32_t> ids;
+  };
+
+  std::vector<int> assign(const ForwardBatch& b) {
+    const int N = static_cast<int>(ranks_.size());
+    const int64_t mb = b.max_blocks_per_seq;
+    std::vector<int> rep(static_cast<size_t>(b.n_seqs), -1);
+    std::vector<bool> fresh(static_cast<size_t>(b.n_seqs), false);
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      if (b.token_pos[i] == 0) fresh[static_cast<size_t>(b.token_seq[i])] = true;
+    }
+    for (int64_t q = 0; q < b.n_seqs; ++q) {
+      const int32_t key = mb > 0 ? b.block_tables[q * mb] : -1;
+      int& r = rep[static_cast<size_t>(q)];
+      if (!fresh[static_cast<size_t>(q)]) {
+        auto it = home_.find(key);
+        if (it != home_.end()) r = it->second;
+      }
+      if (r < 0) {
+        r = static_cast<int>(next_++ % N);
+        if (key >= 0) home_[key] = r;
+      }
+    }
+    return rep;
+  }
+
+  Status run(const ForwardBatch& b, float* logits, int32_t* ids) {
+    if (b.tokens.empty()) return ok_status();
+    const std::vector<int> rep = assign(b);
+    const int64_t mb = b.max_blocks_per_seq;
+    const int64_t V = config().vocab;
+    for (Share& sh : shares_) sh = Share{};
+    std::vector<int32_t> local_seq(static_cast<size_t>(b.n_seqs), -1);
+    for (int64_t q = 0; q < b.n_seqs; ++q) {
+      Share& sh = shares_[static_cast<size_t>(rep[static_cast<size_t>(q)])];
+      local_seq[static_cast<size_t>(q)] = static_cast<int32_t>(sh.n_seqs++);
+      sh.tables.insert(sh.tables.end(), b.block_tables + q * mb, b.block_tables + (q + 1) * mb);
+    }
+    std::vector<int32_t> local_tok(b.tokens.size());
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      const int32_t q = b.token_seq[i];
+      Share& sh = shares_[static_cast<size_t>(rep[static_cast<size_t>(q)])];
+      local_tok[i] = static_cast<int32_t>(sh.tokens.size());
+      sh.tokens.push_back(b.tokens[i]);
+      sh.seq.push_back(local_seq[static_cast<size_t>(q)]);
+      sh.pos.push_back(b.token_pos[i]);
+    }
+    for (size_t k = 0; k < b.logit_rows.size(); ++k) {
+      const auto t = static_cast<size_t>(b.logit_rows[k]);
+      Share& sh = shares_[static_cast<size_t>(rep[static_cast<size_t>(b.token_seq[t])])];
+      sh.rows.push_back(local_tok[t]);
+      sh.out.push_back(static_cast<int64_t>(k));
+    }
+    STRATA_RETURN_IF_ERROR(pool_.run([&](int r) -> Status {
+      Share& sh = shares_[static_cast<size_t>(r)];
+      Executor& e = *ranks_[static_cast<size_t>(r)];
+      // No sequence here this step: the weights still stream (the peers' all-gathers need
+      // this replica's part of every layer).
+      if (sh.tokens.empty()) return e.stream_pass();
+      ForwardBatch sb;
+      sb.tokens = sh.tokens;
+      sb.token_seq = sh.seq;
+      sb.token_pos = sh.pos;
+      sb.block_tables = sh.tables.data();
+      sb.max_blocks_per_seq = mb;
+      sb.n_seqs = sh.n_seqs;
+      sb.logit_rows = sh.rows;
+      if (ids != nullptr) {
+        sh.ids.resize(sh.rows.size());
+        return e.forward_argmax(sb, sh.ids.data());
+      }
+      if (logits == nullptr) return e.forward(sb, nullptr);  // no results wanted
+      sh.logits.resize(sh.rows.size() * static_cast<size_t>(V));
+      return e.forward(sb, sh.logits.data());
+    }));
+    if (logits == nullptr && ids == nullptr) return ok_status();
+    for (const Share& sh : shares_) {
+      for (size_t k = 0; k < sh.out.size(); ++k) {
+        if (ids == nullptr) {
+          std::copy_n(sh.logits.data() + k * static_cast<size_t>(V), V, logits + sh.out[k] * V);
+        } else {
+          ids[sh.out[k]] = sh.ids[k];
+        }
+      }
+    }
+    return ok_status();
+  }
+
+  std::vector<Share> shares_;
+  std::unordered_map<int32_t, int> home_;         // first block id -> replica
+  std::unordered_map<const void*, int> swapped_;  // host slot of a swapped-out block -> replica
+  uint64_t next_ = 0;                             // round robin over new sequences
+};
+
 using LoadFn = std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>;
 
 // Ranks sharing one GPU with lazily loaded kernels deadlock: a kernel's first load waits for the
@@ -778,6 +928,102 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(const ModelConfig&
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<InProcessTpExecutor> group,
                           make_tp_group(config, load, tp, ParallelConfig{}, {}, 0, where, o, {}));
   return std::unique_ptr<Executor>(std::move(group));
+}
+
+Result<std::unique_ptr<Executor>> make_in_process_dp_executor(const ModelConfig& config,
+                                                              const LoadFn& load, int dp,
+                                                              const RunnerOptions& options,
+                                                              bool partitioned) {
+  if (dp < 1) return errorf(StatusCode::kInvalidArgument, "data-parallel size {}", dp);
+  const Placement where = place(options, dp, env_config().tp_one_gpu);
+  const bool fetch = partitioned && dp > 1 && options.residency.requested();
+  if (fetch && where.shared_gpu && cuda_lazy_module_loading()) {
+    return lazy_loading_error("data", "--dp");
+  }
+  // The replicas' group (the partitioned fetch's all-gathers) and each replica's one-rank
+  // tensor-parallel group.
+  std::vector<std::unique_ptr<Communicator>> group = make_in_process_communicators(dp);
+  if (fetch && where.cuda && !where.shared_gpu) {
+    // One GPU each: the layer parts' all-gathers through NCCL (every size), set up on all
+    // replicas at once.
+    std::vector<Status> st(static_cast<size_t>(dp));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < dp; ++r) {
+      threads.emplace_back([&, r] {
+        std::unique_ptr<Communicator>& c = group[static_cast<size_t>(r)];
+        Result<std::unique_ptr<Communicator>> nccl =
+            make_nccl_communicator(std::move(c), where.device(options, r).index, 0);
+        if (nccl.ok()) {
+          c = std::move(*nccl);
+        } else {
+          st[static_cast<size_t>(r)] = nccl.status();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < dp; ++r) {
+      if (!st[static_cast<size_t>(r)].ok()) {
+        return st[static_cast<size_t>(r)].with_context("data-parallel replica " +
+                                                       std::to_string(r) + " fetch group");
+      }
+    }
+  }
+  std::vector<std::unique_ptr<Communicator>> singles;
+  std::vector<std::unique_ptr<Executor>> ranks;
+  RunnerOptions o = options;
+  std::shared_ptr<const StreamedWeights> shared;
+  for (int r = 0; r < dp; ++r) {
+    std::unique_ptr<Model> host;
+    if (load) {
+      Result<std::unique_ptr<Model>> m = load(ParallelConfig{});
+      if (!m.ok()) return m.status().with_context("data-parallel replica " + std::to_string(r));
+      host = std::move(*m);
+    }
+    RunnerOptions ro = o;
+    ro.device = where.device(o, r);
+    if (r > 0) ro.moe_route_trace = nullptr;  // replica 0's routing only (one vector)
+    if (where.shared_gpu && o.num_kv_blocks <= 0) {
+      ro.gpu_memory_utilization = o.gpu_memory_utilization * (r + 1) / dp;
+    }
+    ro.fetch_group = fetch ? group[static_cast<size_t>(r)].get() : nullptr;
+    ro.shared_host_blobs = shared;  // one pinned host copy of the streamed layers
+    singles.push_back(make_single_rank_communicator());
+    Result<std::unique_ptr<Executor>> e =
+        make_runner(config, ParallelConfig{}, std::move(host), *singles.back(), ro);
+    if (!e.ok()) return e.status().with_context("data-parallel replica " + std::to_string(r));
+    if (r == 0) {
+      o.num_kv_blocks = (*e)->cache().config().n_blocks;  // the same block ids on every replica
+      shared = (*e)->streamed_weights();
+      if (shared && shared->tier != LayerTier::kHost) shared.reset();
+    }
+    ranks.push_back(std::move(*e));
+  }
+  if (fetch && where.cuda && where.shared_gpu) {
+    // All replicas on one GPU (how the tests run it): the one-shot kernels take the layer
+    // parts, registered for the largest part once the slots' size is known.
+    std::shared_ptr<const StreamedWeights> sw = ranks[0]->streamed_weights();
+    const int64_t part = sw ? static_cast<int64_t>(part_bytes(sw->slot_bytes, dp)) : int64_t{256};
+    std::vector<Status> st(static_cast<size_t>(dp));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < dp; ++r) {
+      threads.emplace_back([&, r] {
+        st[static_cast<size_t>(r)] =
+            init_in_process_device(*group[static_cast<size_t>(r)], where.device(o, r).index, part);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < dp; ++r) {
+      if (!st[static_cast<size_t>(r)].ok()) {
+        return st[static_cast<size_t>(r)].with_context("data-parallel replica " +
+                                                       std::to_string(r) + " fetch group");
+      }
+    }
+  }
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (auto& c : group) comms.push_back(std::move(c));
+  for (auto& c : singles) comms.push_back(std::move(c));
+  return std::unique_ptr<Executor>(
+      std::make_unique<InProcessDpExecutor>(std::move(comms), std::move(ranks)));
 }
 
 Result<std::unique_ptr<Executor>> make_in_process_pp_executor(const ModelConfig& config,

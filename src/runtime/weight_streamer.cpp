@@ -18,6 +18,17 @@ namespace {
 
 constexpr size_t kDirectAlign = 4096;
 
+}  // namespace
+
+// One rank's share of a partitioned fetch: ceil(bytes / n) rounded up to 256 bytes (aligned
+// parts for the copies and the all-gather; the last part may be shorter, or empty).
+size_t part_bytes(size_t bytes, int n) {
+  const size_t k = static_cast<size_t>(std::max(1, n));
+  return ((bytes + k - 1) / k + 255) / 256 * 256;
+}
+
+namespace {
+
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
@@ -25,10 +36,23 @@ struct FreeDeleter {
 }  // namespace
 
 Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
-    std::shared_ptr<StreamedWeights> weights, DeviceRuntime& runtime, bool prefetch) {
+    std::shared_ptr<StreamedWeights> weights, DeviceRuntime& runtime, bool prefetch,
+    Communicator* fetch_group) {
   std::unique_ptr<WeightStreamer> s(new WeightStreamer());
   s->w_ = std::move(weights);
   s->prefetch_ = prefetch;
+  if (fetch_group != nullptr && fetch_group->size() > 1) {
+    s->group_ = fetch_group;
+    const size_t n = static_cast<size_t>(fetch_group->size());
+    for (const StreamedLayer& l : s->w_->layers) {
+      if (n * part_bytes(l.bytes, fetch_group->size()) > s->w_->slot_bytes) {
+        return errorf(StatusCode::kInternal,
+                      "partitioned fetch: {} parts of layer {} ({} bytes) overflow the {}-byte "
+                      "slots (ResidencyOptions::fetch_parts not set?)",
+                      n, l.layer, l.bytes, s->w_->slot_bytes);
+      }
+    }
+  }
   s->K_ = static_cast<int64_t>(s->w_->layers.size());
   s->S_ = static_cast<int>(s->w_->slots.size());
   if (s->K_ == 0 || s->S_ == 0) {
@@ -67,6 +91,7 @@ StreamStats WeightStreamer::stats() const {
   s.disk_bytes = disk_bytes_;
   s.direct_io = direct_;
   s.bytes_per_pass = static_cast<int64_t>(w_->bytes_per_pass());
+  s.fetch_parts = group_ != nullptr ? group_->size() : 1;
   s.slot_bytes = static_cast<int64_t>(w_->slot_bytes * w_->slots.size());
   return s;
 }
@@ -119,8 +144,17 @@ Status WeightStreamer::issue(int64_t item) {
   if (item != issued_) return Status(StatusCode::kInternal, "weight streaming: items out of order");
   const StreamedLayer& l = w_->layers[static_cast<size_t>(item % K_)];
   void* dst = w_->slots[static_cast<size_t>(l.slot)];
+  // This rank's part of the blob: all of it, or [begin, end) under partitioned fetch.
+  size_t begin = 0, end = l.bytes, part = 0;
+  if (group_ != nullptr) {
+    part = part_bytes(l.bytes, group_->size());
+    begin = std::min(l.bytes, part * static_cast<size_t>(group_->rank()));
+    end = std::min(l.bytes, begin + part);
+  }
+  auto* dst8 = static_cast<uint8_t*>(dst);
   if (w_->tier == LayerTier::kHost) {
-    STRATA_RETURN_IF_ERROR(copier_->copy(l.slot, dst, l.host.data(), l.bytes, -1));
+    STRATA_RETURN_IF_ERROR(copier_->copy(
+        l.slot, dst8 + begin, static_cast<const uint8_t*>(l.host.data()) + begin, end - begin, -1));
   } else {
     const int b = static_cast<int>(item % kStaging);
     const auto t0 = std::chrono::steady_clock::now();
@@ -132,17 +166,24 @@ Status WeightStreamer::issue(int64_t item) {
     stats_.disk_wait_s +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     STRATA_RETURN_IF_ERROR(
-        copier_->copy(l.slot, dst, staging_[static_cast<size_t>(b)].data(), l.bytes, b));
+        copier_->copy(l.slot, dst8 + begin,
+                      static_cast<const uint8_t*>(staging_[static_cast<size_t>(b)].data()) + begin,
+                      end - begin, b));
     {
       std::lock_guard<std::mutex> lock(mu_);
       released_ = item + 1;
     }
     cv_.notify_all();
   }
+  if (group_ != nullptr) {
+    // The peers' parts, in place; the slot is ready once the all-gather is done.
+    STRATA_RETURN_IF_ERROR(copier_->gather(l.slot, dst, part, *group_));
+    stats_.gathered_bytes += static_cast<int64_t>(l.bytes - (end - begin));
+  }
   slot_owner_[static_cast<size_t>(l.slot)] = item;
   ++issued_;
   ++stats_.layers;
-  stats_.bytes += static_cast<int64_t>(l.bytes);
+  stats_.bytes += static_cast<int64_t>(end - begin);
   return ok_status();
 }
 

@@ -7,6 +7,16 @@
 // on the CPU a copy thread plays the copy stream, so CI runs the same bookkeeping with copies
 // that overlap the compute.
 //
+// Partitioned fetch (ZeRO-Inference Sec. VI; data-parallel replicas that run the same layer
+// sequence): with a fetch group of N ranks, rank r copies only bytes [r P, min(S, (r + 1) P))
+// of each S-byte blob from host memory into the same offset of its slot (P = ceil(S / N)
+// rounded up to 256 bytes; the slots are padded to N P), and an in-place all-gather over the
+// group on the copy stream (after the copy, before the slot is marked ready) brings the peers'
+// parts. Every host link carries 1/N of the layer; the all-gather rides the GPUs' peer links.
+// The item sequence is the same on every rank, so the gathers pair up; a replica with no work
+// in a step still runs the streamer's hooks (Executor::stream_pass). On the disk tier every
+// rank still reads and packs the whole layer (the host-to-device copy is partitioned).
+//
 // Disk tier: reader threads (two reads in flight) read each item's ranges of the checkpoint file
 // with O_DIRECT into aligned buffers, pack the blob into one of three pinned staging buffers (the
 // host conversions of the upload), and the copy to the slot takes it from there; a staging buffer
@@ -22,6 +32,7 @@
 
 #include "memory/streamed_weights.h"
 #include "model/model.h"
+#include "parallel/comm.h"
 #include "runtime/device_runtime.h"
 
 namespace strata {
@@ -29,7 +40,9 @@ namespace strata {
 struct StreamStats {
   int64_t passes = 0;
   int64_t layers = 0;          // layer copies issued
-  int64_t bytes = 0;           // bytes copied into slots
+  int64_t bytes = 0;           // bytes copied into slots from host memory by this rank
+  int64_t gathered_bytes = 0;  // partitioned fetch: bytes of the slots the peers' parts filled
+  int fetch_parts = 1;         // ranks sharing each layer's fetch (1: the whole layer here)
   double disk_wait_s = 0.0;    // the forward pass waiting for the disk readers
   int64_t disk_bytes = 0;      // bytes read from the checkpoint files
   bool direct_io = false;      // the reads used O_DIRECT
@@ -37,10 +50,14 @@ struct StreamStats {
   int64_t slot_bytes = 0;      // all slots together (device memory)
 };
 
+// A rank's part of a partitioned fetch of `bytes` over n ranks (256-byte aligned).
+size_t part_bytes(size_t bytes, int n);
+
 class WeightStreamer final : public LayerWeightHook {
  public:
   static Result<std::unique_ptr<WeightStreamer>> create(std::shared_ptr<StreamedWeights> weights,
-                                                        DeviceRuntime& runtime, bool prefetch);
+                                                        DeviceRuntime& runtime, bool prefetch,
+                                                        Communicator* fetch_group = nullptr);
   ~WeightStreamer() override;
 
   Status begin_pass(int64_t first_layer, int64_t last_layer) override;
@@ -61,6 +78,7 @@ class WeightStreamer final : public LayerWeightHook {
 
   std::shared_ptr<StreamedWeights> w_;
   std::unique_ptr<WeightCopier> copier_;
+  Communicator* group_ = nullptr;  // partitioned fetch (null: whole layers)
   bool prefetch_ = true;
   int64_t K_ = 0;  // streamed layers
   int S_ = 0;      // slots

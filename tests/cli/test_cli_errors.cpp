@@ -109,6 +109,17 @@ TEST(Cli, PlanFlagErrors) {
       "drop --tp / --pp");
 }
 
+// --dp: data-parallel replicas run on GPUs (the CPU replicas are the library's, for tests), not
+// combined with the other parallelisms yet.
+TEST(Cli, DataParallelFlagErrors) {
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --dp 2"),
+                     "--data-parallel-size > 1 needs --device cuda");
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --dp 0"),
+                     "--data-parallel-size 0 must be >= 1");
+  expect_clean_error(run_strata("bench --model-config llama3-8b --device cuda --dp 2 --tp 2 -b 1"),
+                     "--data-parallel-size with --tp, --pp, --ep or mpirun is not built yet");
+}
+
 TEST(Cli, MissingModelDirectory) {
   expect_clean_error(run_strata("run -m /nonexistent/model -p hi"), "/nonexistent/model");
 }

@@ -1,0 +1,259 @@
+// Data-parallel replicas with partitioned weight fetch on the GPU (issue 13 item 4): the CPU test
+// (tests/model/test_partitioned_fetch.cpp) with the replicas on GPUs 0..N-1 when there are that
+// many (the layer parts' all-gather through NCCL), else all on GPU 0 (the in-process one-shot
+// kernels on the replicas' copy streams). Streamed replicas must give bit-identical logits to
+// the same replicas with every layer resident, and one runner's logits within bf16 tolerance
+// and its greedy ids; each replica copies only its part of every layer.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "../model/fixture_util.h"
+#include "backends/cuda/cuda_device.h"
+#include "core/mapped_file.h"
+#include "io/checkpoint.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/presets.h"
+#include "model/residency.h"
+#include "parallel/comm.h"
+#include "runtime/executor.h"
+#include "runtime/weight_streamer.h"
+
+namespace strata {
+namespace {
+
+// Replicas that share one GPU need kernels loaded eagerly (tp_executor.cpp says why).
+[[maybe_unused]] const bool kEagerLoading = [] {
+  return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0;
+}();
+
+#define REQUIRE_GPU() \
+  if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "needs a CUDA device"
+
+constexpr int64_t kMaxLen = 128, kBlock = 16, kSeqs = 4;
+
+Result<ModelConfig> fixture_config(const std::string& dir) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
+  return parse_hf_config(text, dir + "/config.json");
+}
+
+RunnerOptions options(const ResidencyOptions& res) {
+  RunnerOptions o;
+  o.device = Device::cuda(0);
+  o.act_dtype = DType::kBF16;
+  o.cuda_graphs = false;  // streaming runs eagerly; the references too
+  o.max_model_len = kMaxLen;
+  o.num_kv_blocks = kSeqs * kMaxLen / kBlock;
+  o.block_size = kBlock;
+  o.max_num_tokens = 128;
+  o.max_num_seqs = 8;
+  o.residency = res;
+  return o;
+}
+
+struct Exec {
+  std::unique_ptr<Communicator> comm;  // a single runner's group
+  std::unique_ptr<Executor> exec;
+};
+
+// dp == 0: one plain runner; else dp replicas.
+Result<Exec> make(const std::string& dir, int dp, const ResidencyOptions& res,
+                  bool partitioned = true) {
+  STRATA_ASSIGN_OR_RETURN(ModelConfig config, fixture_config(dir));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
+  Exec e;
+  if (dp == 0) {
+    STRATA_ASSIGN_OR_RETURN(auto model, Model::load(config, ParallelConfig{}, ckpt));
+    e.comm = make_single_rank_communicator();
+    STRATA_ASSIGN_OR_RETURN(
+        e.exec, make_runner(config, ParallelConfig{}, std::move(model), *e.comm, options(res)));
+    return e;
+  }
+  auto load = [&](const ParallelConfig& par) { return Model::load(config, par, ckpt); };
+  STRATA_ASSIGN_OR_RETURN(e.exec,
+                          make_in_process_dp_executor(config, load, dp, options(res), partitioned));
+  return e;
+}
+
+struct Outputs {
+  std::vector<float> logits;  // the prefill's every position, then each logits step's rows
+  std::vector<int32_t> ids;   // each argmax step's ids
+};
+
+// `prompts` prefilled together in one pass (logits of every position), then decode steps of all
+// of them on fixed tokens, alternately logits and greedy ids (device argmax). Sequence k owns
+// blocks [k * per, (k + 1) * per).
+Result<Outputs> run(Executor& e, const std::vector<std::vector<int32_t>>& prompts, int steps) {
+  const int64_t V = e.config().vocab;
+  const int64_t per = kMaxLen / kBlock, n = static_cast<int64_t>(prompts.size());
+  std::vector<int32_t> tables;
+  for (int64_t k = 0; k < n; ++k) {
+    for (int64_t j = 0; j < per; ++j) tables.push_back(static_cast<int32_t>(k * per + j));
+  }
+  Outputs out;
+  std::vector<int32_t> tokens, seq, pos, rows;
+  std::vector<int64_t> len(static_cast<size_t>(n), 0);
+  for (int64_t k = 0; k < n; ++k) {
+    for (int32_t t : prompts[static_cast<size_t>(k)]) {
+      rows.push_back(static_cast<int32_t>(tokens.size()));
+      tokens.push_back(t);
+      seq.push_back(static_cast<int32_t>(k));
+      pos.push_back(static_cast<int32_t>(len[static_cast<size_t>(k)]++));
+    }
+  }
+  auto batch = [&] {
+    ForwardBatch b;
+    b.tokens = tokens;
+    b.token_seq = seq;
+    b.token_pos = pos;
+    b.block_tables = tables.data();
+    b.max_blocks_per_seq = per;
+    b.n_seqs = n;
+    b.logit_rows = rows;
+    return b;
+  };
+  std::vector<float> l(rows.size() * static_cast<size_t>(V));
+  STRATA_RETURN_IF_ERROR(e.forward(batch(), l.data()));
+  out.logits = l;
+  for (int s = 0; s < steps; ++s) {
+    tokens.clear();
+    seq.clear();
+    pos.clear();
+    rows.clear();
+    for (int64_t k = 0; k < n; ++k) {
+      rows.push_back(static_cast<int32_t>(tokens.size()));
+      tokens.push_back(static_cast<int32_t>((7 * s + 3 * k + 1) % V));
+      seq.push_back(static_cast<int32_t>(k));
+      pos.push_back(static_cast<int32_t>(len[static_cast<size_t>(k)]++));
+    }
+    if (s % 2 == 0) {
+      l.assign(static_cast<size_t>(n * V), 0.0f);
+      STRATA_RETURN_IF_ERROR(e.forward(batch(), l.data()));
+      out.logits.insert(out.logits.end(), l.begin(), l.end());
+    } else {
+      std::vector<int32_t> ids(static_cast<size_t>(n), -1);
+      STRATA_RETURN_IF_ERROR(e.forward_argmax(batch(), ids.data()));
+      out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+    }
+  }
+  return out;
+}
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<std::vector<int32_t>> prompts_of(const testing::Reference& ref, int n) {
+  std::vector<std::vector<int32_t>> p;
+  for (int k = 0; k < n; ++k) {
+    std::vector<int32_t> ids = ref.inputs[static_cast<size_t>(k) % ref.inputs.size()];
+    if (k >= static_cast<int>(ref.inputs.size())) ids.resize(std::max<size_t>(1, ids.size() - 2));
+    p.push_back(ids);
+  }
+  return p;
+}
+
+// Every replica saw the same layer items; each byte of each item was copied from host memory by
+// exactly one replica (its part; the rest came with the all-gather).
+void expect_partitioned(const std::vector<StreamStats>& st, int dp, const std::string& what) {
+  ASSERT_EQ(st.size(), static_cast<size_t>(dp)) << what;
+  int64_t copied = 0;
+  const int64_t whole = st[0].bytes + st[0].gathered_bytes;
+  for (const StreamStats& s : st) {
+    EXPECT_EQ(s.fetch_parts, dp) << what;
+    EXPECT_EQ(s.layers, st[0].layers) << what << ": replicas streamed different layer sequences";
+    EXPECT_EQ(s.bytes + s.gathered_bytes, whole) << what;
+    // About 1/dp of every layer (parts are rounded up to 256 bytes).
+    EXPECT_LE(s.bytes, whole / dp + s.layers * 256) << what;
+    EXPECT_GT(s.bytes, 0) << what;
+    copied += s.bytes;
+  }
+  EXPECT_EQ(copied, whole) << what << ": the replicas' parts do not add up to the layers";
+  EXPECT_GT(st[0].layers, 0) << what;
+}
+
+TEST(PartitionedFetchCuda, FixturesEqualResident) {
+  REQUIRE_GPU();
+  for (const char* name : {"llama", "llama_bf16", "gpt2", "qwen2"}) {
+    const std::string dir = testing::fixture_model(name);
+    auto ref = testing::load_reference(dir);
+    ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+    auto one = make(dir, 0, ResidencyOptions{});
+    ASSERT_TRUE(one.ok()) << one.status().to_string();
+    constexpr int kSteps = 4;
+    for (int dp : {2, 3}) {
+      const auto prompts = prompts_of(*ref, 3);
+      auto want = run(*one->exec, prompts, kSteps);
+      ASSERT_TRUE(want.ok()) << want.status().to_string();
+      auto plain = make(dir, dp, ResidencyOptions{});
+      ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+      auto same_split = run(*plain->exec, prompts, kSteps);
+      ASSERT_TRUE(same_split.ok()) << same_split.status().to_string();
+      for (bool prefetch : {true, false}) {
+        ResidencyOptions o;
+        o.offload = WeightOffload::kCpu;
+        o.prefetch = prefetch;
+        auto s = make(dir, dp, o);
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        auto got = run(*s->exec, prompts, kSteps);
+        ASSERT_TRUE(got.ok()) << got.status().to_string();
+        const std::string what = std::string(name) + " dp " + std::to_string(dp) + ", prefetch " +
+                                 std::to_string(prefetch) + " on " + s->exec->device_name();
+        EXPECT_TRUE(bit_equal(got->logits, same_split->logits))
+            << what << ": streamed replicas differ from resident replicas (max err "
+            << testing::relative_error(got->logits, same_split->logits) << ")";
+        EXPECT_EQ(got->ids, same_split->ids) << what;
+        EXPECT_LT(testing::relative_error(got->logits, want->logits), 2e-2) << what;
+        EXPECT_EQ(got->ids, want->ids) << what << ": greedy ids differ from one runner";
+        expect_partitioned(s->exec->replica_stream_stats(), dp, what);
+      }
+    }
+  }
+}
+
+// llama3.2-1b's shapes (random weights, the same seed on every replica): 12 of 16 layers
+// streamed through two slots over many passes, two replicas each fetching half of every layer.
+TEST(PartitionedFetchCuda, ManyLayersEqualResidentReplicas) {
+  REQUIRE_GPU();
+  auto c = model_config_preset("llama3.2-1b");
+  ASSERT_TRUE(c.ok());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int k = 0; k < 3; ++k) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 20 + 5 * k; ++i) ids.push_back((i * 7919 + k * 104729) % 128000);
+    prompts.push_back(ids);
+  }
+  std::vector<float> want;
+  std::vector<int32_t> want_ids;
+  for (int mode = 0; mode < 3; ++mode) {  // resident, streamed partitioned, streamed whole
+    ResidencyOptions o;
+    if (mode > 0) {
+      o.gpu_weight_budget = device_nonlayer_bytes(*c, ParallelConfig{}, DType::kBF16) +
+                            6 * device_layer_bytes(*c, ParallelConfig{}, DType::kBF16);
+    }
+    RunnerOptions ro = options(o);
+    ro.seed = 3;
+    auto e = make_in_process_dp_executor(*c, nullptr, 2, ro, /*partitioned=*/mode != 2);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    auto out = run(**e, prompts, 6);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    if (mode == 0) {
+      want = out->logits;
+      want_ids = out->ids;
+      continue;
+    }
+    ASSERT_NE((*e)->residency_plan(), nullptr);
+    EXPECT_EQ((*e)->residency_plan()->n_streamed, 12);
+    EXPECT_TRUE(bit_equal(out->logits, want))
+        << "mode " << mode << ", max err " << testing::relative_error(out->logits, want);
+    EXPECT_EQ(out->ids, want_ids);
+    if (mode == 1) expect_partitioned((*e)->replica_stream_stats(), 2, "llama3.2-1b");
+  }
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,343 @@
+// Data-parallel replicas with partitioned weight fetch (ZeRO-Inference Sec. VI, issue 13 item 4)
+// on the CPU: N replicas as threads (make_in_process_dp_executor), each streaming the device
+// layout's bf16 twins through its slots, where every replica copies only its 1/N part of each
+// layer from the one shared host copy and the in-process all-gather completes the slot. A batch
+// of sequences split among the replicas must give the logits and greedy ids of one replica with
+// every layer resident (bf16 tolerance: the replicas run smaller batches), and bit-identical
+// ones to the same replicas without streaming (the same splits: a part landing at the wrong
+// offset, a gather pairing the wrong layers, or a slot overwritten early would show). The
+// counters say each replica copied its part only. Replicas without a sequence in a step (DP=3
+// over two sequences) still take part in every layer's all-gather.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+#include "core/mapped_file.h"
+#include "fixture_util.h"
+#include "io/checkpoint.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/residency.h"
+#include "parallel/comm.h"
+#include "runtime/executor.h"
+#include "runtime/weight_streamer.h"
+
+namespace strata {
+namespace {
+
+constexpr int64_t kMaxLen = 128, kBlock = 16, kSeqs = 4;
+
+Result<ModelConfig> fixture_config(const std::string& dir) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
+  return parse_hf_config(text, dir + "/config.json");
+}
+
+RunnerOptions options(const ResidencyOptions& res) {
+  RunnerOptions o;
+  o.act_dtype = DType::kBF16;  // the device layout's CPU twins (what streaming moves)
+  o.max_model_len = kMaxLen;
+  o.num_kv_blocks = kSeqs * kMaxLen / kBlock;
+  o.block_size = kBlock;
+  o.max_num_tokens = 128;
+  o.max_num_seqs = 8;
+  o.residency = res;
+  return o;
+}
+
+struct Exec {
+  std::unique_ptr<Communicator> comm;  // a single runner's group
+  std::unique_ptr<Executor> exec;
+};
+
+// dp == 0: one plain runner; else dp replicas.
+Result<Exec> make(const std::string& dir, int dp, const ResidencyOptions& res,
+                  bool partitioned = true) {
+  STRATA_ASSIGN_OR_RETURN(ModelConfig config, fixture_config(dir));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
+  Exec e;
+  if (dp == 0) {
+    STRATA_ASSIGN_OR_RETURN(auto model, Model::load(config, ParallelConfig{}, ckpt));
+    e.comm = make_single_rank_communicator();
+    STRATA_ASSIGN_OR_RETURN(
+        e.exec, make_runner(config, ParallelConfig{}, std::move(model), *e.comm, options(res)));
+    return e;
+  }
+  auto load = [&](const ParallelConfig& par) { return Model::load(config, par, ckpt); };
+  STRATA_ASSIGN_OR_RETURN(e.exec,
+                          make_in_process_dp_executor(config, load, dp, options(res), partitioned));
+  return e;
+}
+
+struct Outputs {
+  std::vector<float> logits;  // the prefill's every position, then each logits step's rows
+  std::vector<int32_t> ids;   // each argmax step's ids
+};
+
+// `prompts` prefilled together in one pass (logits of every position), then decode steps of all
+// of them on fixed tokens, alternately logits and greedy ids (device argmax). Sequence k owns
+// blocks [k * per, (k + 1) * per).
+// `after_prefill` (optional) may move sequences' blocks (swaps) and edit their tables.
+Result<Outputs> run(Executor& e, const std::vector<std::vector<int32_t>>& prompts, int steps,
+                    const std::function<Status(std::vector<int32_t>&)>& after_prefill = nullptr) {
+  const int64_t V = e.config().vocab;
+  const int64_t per = kMaxLen / kBlock, n = static_cast<int64_t>(prompts.size());
+  std::vector<int32_t> tables;
+  for (int64_t k = 0; k < n; ++k) {
+    for (int64_t j = 0; j < per; ++j) tables.push_back(static_cast<int32_t>(k * per + j));
+  }
+  Outputs out;
+  std::vector<int32_t> tokens, seq, pos, rows;
+  std::vector<int64_t> len(static_cast<size_t>(n), 0);
+  for (int64_t k = 0; k < n; ++k) {
+    for (int32_t t : prompts[static_cast<size_t>(k)]) {
+      rows.push_back(static_cast<int32_t>(tokens.size()));
+      tokens.push_back(t);
+      seq.push_back(static_cast<int32_t>(k));
+      pos.push_back(static_cast<int32_t>(len[static_cast<size_t>(k)]++));
+    }
+  }
+  auto batch = [&] {
+    ForwardBatch b;
+    b.tokens = tokens;
+    b.token_seq = seq;
+    b.token_pos = pos;
+    b.block_tables = tables.data();
+    b.max_blocks_per_seq = per;
+    b.n_seqs = n;
+    b.logit_rows = rows;
+    return b;
+  };
+  std::vector<float> l(rows.size() * static_cast<size_t>(V));
+  STRATA_RETURN_IF_ERROR(e.forward(batch(), l.data()));
+  out.logits = l;
+  if (after_prefill) STRATA_RETURN_IF_ERROR(after_prefill(tables));
+  for (int s = 0; s < steps; ++s) {
+    tokens.clear();
+    seq.clear();
+    pos.clear();
+    rows.clear();
+    for (int64_t k = 0; k < n; ++k) {
+      rows.push_back(static_cast<int32_t>(tokens.size()));
+      tokens.push_back(static_cast<int32_t>((7 * s + 3 * k + 1) % V));
+      seq.push_back(static_cast<int32_t>(k));
+      pos.push_back(static_cast<int32_t>(len[static_cast<size_t>(k)]++));
+    }
+    if (s % 2 == 0) {
+      l.assign(static_cast<size_t>(n * V), 0.0f);
+      STRATA_RETURN_IF_ERROR(e.forward(batch(), l.data()));
+      out.logits.insert(out.logits.end(), l.begin(), l.end());
+    } else {
+      std::vector<int32_t> ids(static_cast<size_t>(n), -1);
+      STRATA_RETURN_IF_ERROR(e.forward_argmax(batch(), ids.data()));
+      out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+    }
+  }
+  return out;
+}
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<std::vector<int32_t>> prompts_of(const testing::Reference& ref, int n) {
+  std::vector<std::vector<int32_t>> p;
+  for (int k = 0; k < n; ++k) {
+    std::vector<int32_t> ids = ref.inputs[static_cast<size_t>(k) % ref.inputs.size()];
+    if (k >= static_cast<int>(ref.inputs.size())) ids.resize(std::max<size_t>(1, ids.size() - 2));
+    p.push_back(ids);
+  }
+  return p;
+}
+
+// Every replica saw the same layer items; each byte of each item was copied from host memory by
+// exactly one replica (its part; the rest came with the all-gather).
+void expect_partitioned(const std::vector<StreamStats>& st, int dp, const std::string& what) {
+  ASSERT_EQ(st.size(), static_cast<size_t>(dp)) << what;
+  int64_t copied = 0;
+  const int64_t whole = st[0].bytes + st[0].gathered_bytes;
+  for (const StreamStats& s : st) {
+    EXPECT_EQ(s.fetch_parts, dp) << what;
+    EXPECT_EQ(s.layers, st[0].layers) << what << ": replicas streamed different layer sequences";
+    EXPECT_EQ(s.bytes + s.gathered_bytes, whole) << what;
+    // About 1/dp of every layer (parts are rounded up to 256 bytes).
+    EXPECT_LE(s.bytes, whole / dp + s.layers * 256) << what;
+    EXPECT_GT(s.bytes, 0) << what;
+    copied += s.bytes;
+  }
+  EXPECT_EQ(copied, whole) << what << ": the replicas' parts do not add up to the layers";
+  EXPECT_GT(st[0].layers, 0) << what;
+}
+
+class PartitionedFetch : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PartitionedFetch, ReplicasEqualOneResidentRunner) {
+  const std::string dir = testing::fixture_model(GetParam());
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " not present";
+  auto ref = testing::load_reference(dir);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  auto one = make(dir, 0, ResidencyOptions{});
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  constexpr int kSteps = 4;
+  for (int dp : {2, 3}) {
+    for (int n_seqs : {2, 3}) {
+      const auto prompts = prompts_of(*ref, n_seqs);
+      auto want = run(*one->exec, prompts, kSteps);
+      ASSERT_TRUE(want.ok()) << want.status().to_string();
+      // The same replicas with every layer resident: the same splits, so bit-identical.
+      auto plain = make(dir, dp, ResidencyOptions{});
+      ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+      auto same_split = run(*plain->exec, prompts, kSteps);
+      ASSERT_TRUE(same_split.ok()) << same_split.status().to_string();
+      for (bool prefetch : {true, false}) {
+        ResidencyOptions o;
+        o.offload = WeightOffload::kCpu;
+        o.prefetch = prefetch;
+        auto s = make(dir, dp, o);
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        EXPECT_EQ(s->exec->data_parallel_size(), dp);
+        auto got = run(*s->exec, prompts, kSteps);
+        ASSERT_TRUE(got.ok()) << got.status().to_string();
+        const std::string what = std::string(GetParam()) + " dp " + std::to_string(dp) + ", " +
+                                 std::to_string(n_seqs) + " sequences, prefetch " +
+                                 std::to_string(prefetch);
+        EXPECT_TRUE(bit_equal(got->logits, same_split->logits))
+            << what << ": streamed replicas differ from resident replicas (max err "
+            << testing::relative_error(got->logits, same_split->logits) << ")";
+        EXPECT_EQ(got->ids, same_split->ids) << what;
+        EXPECT_LT(testing::relative_error(got->logits, want->logits), 2e-2)
+            << what << ": replicas differ from one runner";
+        EXPECT_EQ(got->ids, want->ids) << what << ": greedy ids differ from one runner";
+        expect_partitioned(s->exec->replica_stream_stats(), dp, what);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PartitionedFetch,
+                         ::testing::Values("llama", "llama_bf16", "gpt2", "qwen2", "gemma3"));
+
+// Resident layers before streamed ones, three slots, and the fetch off (every replica copies
+// whole layers: no all-gather).
+TEST(PartitionedFetchMixed, ResidentLayersSlotsAndFetchOff) {
+  const std::string dir = testing::fixture_model("llama");
+  auto ref = testing::load_reference(dir);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  const auto prompts = prompts_of(*ref, 3);
+  auto plain = make(dir, 2, ResidencyOptions{});
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  auto want = run(*plain->exec, prompts, 3);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  for (bool partitioned : {true, false}) {
+    ResidencyOptions o;
+    o.offload = WeightOffload::kCpu;
+    o.gpu_weight_budget = int64_t{1} << 40;
+    o.max_resident_layers = 1;
+    o.n_slots = 3;
+    auto s = make(dir, 2, o, partitioned);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    ASSERT_EQ(s->exec->residency_plan()->n_resident, 1);
+    auto got = run(*s->exec, prompts, 3);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_TRUE(bit_equal(got->logits, want->logits)) << "partitioned " << partitioned;
+    EXPECT_EQ(got->ids, want->ids);
+    const auto st = s->exec->replica_stream_stats();
+    ASSERT_EQ(st.size(), 2u);
+    if (partitioned) {
+      expect_partitioned(st, 2, "llama, 1 resident, 3 slots");
+    } else {
+      for (const StreamStats& r : st) {
+        EXPECT_EQ(r.fetch_parts, 1);
+        EXPECT_EQ(r.gathered_bytes, 0);
+        EXPECT_EQ(r.bytes, st[0].bytes);
+      }
+    }
+  }
+}
+
+// Disk tier: every replica reads the layers from the checkpoint and copies its part.
+TEST(PartitionedFetchDisk, ReplicasEqualResidentReplicas) {
+  for (const char* name : {"llama", "llama_bf16"}) {
+    const std::string dir = testing::fixture_model(name);
+    auto ref = testing::load_reference(dir);
+    ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+    const auto prompts = prompts_of(*ref, 3);
+    auto plain = make(dir, 2, ResidencyOptions{});
+    ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+    auto want = run(*plain->exec, prompts, 2);
+    ASSERT_TRUE(want.ok()) << want.status().to_string();
+    ResidencyOptions o;
+    o.offload = WeightOffload::kDisk;
+    auto s = make(dir, 2, o);
+    ASSERT_TRUE(s.ok()) << name << ": " << s.status().to_string();
+    auto got = run(*s->exec, prompts, 2);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_TRUE(bit_equal(got->logits, want->logits))
+        << name << " (max err " << testing::relative_error(got->logits, want->logits) << ")";
+    EXPECT_EQ(got->ids, want->ids);
+    expect_partitioned(s->exec->replica_stream_stats(), 2, std::string(name) + " disk");
+  }
+}
+
+// Preemption by swapping: a sequence's blocks copied to host slots and back under other block
+// ids. It must stay on the replica that holds its KV (its first block's replica travels with
+// the host slot); given another replica, its decode steps would attend to nothing.
+TEST(PartitionedFetchSwap, SwappedSequenceKeepsItsReplica) {
+  const std::string dir = testing::fixture_model("llama");
+  auto ref = testing::load_reference(dir);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  const auto prompts = prompts_of(*ref, 3);
+  auto swap_first = [&](Executor& e) {
+    return [&e, &prompts](std::vector<int32_t>& tables) -> Status {
+      // Sequence 0's blocks to the host and back at blocks 24.. (sequence 3's, unused).
+      const int64_t per = kMaxLen / kBlock;
+      const int64_t used = (static_cast<int64_t>(prompts[0].size()) + kBlock - 1) / kBlock;
+      std::vector<std::vector<uint8_t>> host(static_cast<size_t>(used),
+                                             std::vector<uint8_t>(e.block_bytes()));
+      for (int64_t j = 0; j < used; ++j) {
+        STRATA_RETURN_IF_ERROR(e.copy_block_to_host(tables[static_cast<size_t>(j)],
+                                                    host[static_cast<size_t>(j)].data()));
+      }
+      for (int64_t j = 0; j < used; ++j) {
+        tables[static_cast<size_t>(j)] = static_cast<int32_t>(3 * per + j);
+        STRATA_RETURN_IF_ERROR(e.copy_block_from_host(tables[static_cast<size_t>(j)],
+                                                      host[static_cast<size_t>(j)].data()));
+      }
+      return ok_status();
+    };
+  };
+  auto one = make(dir, 0, ResidencyOptions{});
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto want = run(*one->exec, prompts, 4, swap_first(*one->exec));
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  ResidencyOptions o;
+  o.offload = WeightOffload::kCpu;
+  auto s = make(dir, 2, o);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  auto got = run(*s->exec, prompts, 4, swap_first(*s->exec));
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_LT(testing::relative_error(got->logits, want->logits), 2e-2);
+  EXPECT_EQ(got->ids, want->ids);
+}
+
+// The parts: 256-byte aligned, covering the blob once, the last one shorter (or empty).
+TEST(PartitionedFetchParts, UnevenSizes) {
+  for (size_t bytes :
+       {size_t{1}, size_t{255}, size_t{256}, size_t{1000}, size_t{4096}, size_t{100003}}) {
+    for (int n : {1, 2, 3, 4, 7}) {
+      const size_t part = part_bytes(bytes, n);
+      EXPECT_EQ(part % 256, 0u);
+      EXPECT_GE(part * static_cast<size_t>(n), bytes) << bytes << " over " << n;
+      EXPECT_LT(part * static_cast<size_t>(n - 1), bytes + 256 * static_cast<size_t>(n))
+          << bytes << " over " << n;
+      // The slots are padded to a multiple of n x 256 bytes: every part fits.
+      const size_t q = static_cast<size_t>(n) * 256, slot = (bytes + q - 1) / q * q;
+      EXPECT_LE(part * static_cast<size_t>(n), slot) << bytes << " over " << n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata
