@@ -149,8 +149,14 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   if (o.profile || !r->runtime_->supports_graphs()) o.cuda_graphs = false;
   // Pipeline stages hand hidden states over through host memory between steps: eager for now.
   if (par.pp_size > 1) o.cuda_graphs = false;
-  // The expert-parallel all-to-alls read their counts on the host (model/moe.cpp): eager.
-  if (par.ep_size > 1) o.cuda_graphs = false;
+  // Expert parallelism: the fixed-capacity exchange (model/moe_ep.h) runs decode steps of up to
+  // moe_ep_fixed_tokens tokens without host synchronization, so they may be captured when it
+  // covers every graph-sized step (at most max_num_seqs tokens) and the group takes device
+  // memory; the variable-split exchange reads its counts on the host (model/moe.cpp): eager.
+  if (o.moe_ep_fixed_tokens < 0) o.moe_ep_fixed_tokens = o.max_num_seqs;
+  if (par.ep_size > 1 && (o.moe_ep_fixed_tokens < o.max_num_seqs || !expert->supports(o.device))) {
+    o.cuda_graphs = false;
+  }
   if (o.moe_route_trace != nullptr) o.cuda_graphs = false;
   DeviceRuntime& rt = *r->runtime_;
   if (device_layout) {
@@ -208,6 +214,7 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
   wl.max_tokens = T;
   wl.max_logit_rows = R;
   wl.act = o.act_dtype;
+  if (m.parallel().ep_size > 1) wl.ep_fixed_tokens = std::min(o.moe_ep_fixed_tokens, T);
   wl.attn_workspace_bytes =
       rt.attention_workspace_bytes(std::max(S, T), m.n_heads_local(), c.head_dim, o.max_model_len);
   {
