@@ -654,9 +654,15 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     }
     if (ep > 1) {
       // The world stays the control group; the tensor-parallel group gets the device
-      // collectives, the expert-parallel group's go through host memory (model/moe.cpp).
+      // collectives. The expert-parallel group gets NCCL when every rank has its own GPU: the
+      // fixed-capacity exchange's all-to-alls (grouped send/recv) run in the decode steps' CUDA
+      // graphs and prefill's variable splits on the device; ranks sharing a GPU keep host
+      // memory for it (eager steps, model/moe.cpp).
       STRATA_ASSIGN_OR_RETURN(ExpertGroups g, split_expert_groups(*out.comm, par));
       STRATA_ASSIGN_OR_RETURN(g.tp, make_device_communicator(std::move(g.tp), config, ro, false));
+      if (ro.device.is_cuda() && !shared_gpu) {
+        STRATA_ASSIGN_OR_RETURN(g.ep, make_nccl_communicator(std::move(g.ep), ro.device.index));
+      }
       STRATA_ASSIGN_OR_RETURN(
           out.exec, make_expert_parallel_runner(config, par, std::move(host), std::move(g), ro));
     } else if (!shared_gpu || par.tp_size == 1) {

@@ -89,16 +89,6 @@ inline std::string ep_round_trip(ops::Context& ctx, Communicator& group, const E
   Tensor x = tensor(act, mc, H), ids = tensor(DType::kI32, mc, k);
   Tensor offsets = tensor(DType::kI32, 1, E + 1), x_perm = tensor(act, rows, H);
   Tensor perm = tensor(DType::kI32, 1, std::max<int64_t>(rows, 1));
-  Status st = ok_status();
-  if (mc > 0) {
-    st = ops::upload(ctx, act == DType::kF32 ? static_cast<const void*>(xf.data()) : xb.data(), x);
-    if (st.ok()) st = ops::upload(ctx, R.ids[static_cast<size_t>(me)].data(), ids);
-    if (st.ok()) st = ops::moe_offsets(ctx, ids, E, offsets);
-    Tensor pv = Tensor::make(perm.data, DType::kI32, {1, rows}, dev);
-    if (st.ok()) st = ops::moe_permute(ctx, x, ids, offsets, x_perm, pv);
-    if (st.ok()) st = ops::synchronize(ctx);
-  }
-  if (!st.ok()) return fail(st.to_string());
   EpExchange ex;
   ex.ep = ep;
   ex.experts_per_rank = El;
@@ -110,6 +100,20 @@ inline std::string ep_round_trip(ops::Context& ctx, Communicator& group, const E
   ex.recv_y = tensor(DType::kF32, ep * C, H);
   const int64_t n_index = ep_index_entries(ep, El, C, R.per * k);
   carve_ep_index(ex, static_cast<int32_t*>(alloc(n_index * 4)), R.per * k, dev);
+  Tensor y_perm = tensor(DType::kF32, rows, H);
+  // Every buffer exists before the first collective (on one GPU, a rank in cudaMalloc can wait
+  // for a peer's one-shot kernel, which waits for this rank).
+  Status st = group.barrier();
+  if (st.ok() && mc > 0) {
+    st = ops::upload(ctx, act == DType::kF32 ? static_cast<const void*>(xf.data()) : xb.data(), x);
+    if (st.ok()) st = ops::upload(ctx, R.ids[static_cast<size_t>(me)].data(), ids);
+    if (st.ok()) st = ops::moe_offsets(ctx, ids, E, offsets);
+    Tensor pv = Tensor::make(perm.data, DType::kI32, {1, rows}, dev);
+    if (st.ok()) st = ops::moe_permute(ctx, x, ids, offsets, x_perm, pv);
+    if (st.ok()) st = ops::synchronize(ctx);
+  }
+  if (st.ok()) st = group.barrier();  // every rank's chunk is ready
+  if (!st.ok()) return fail(st.to_string());
   st = ep_dispatch(ctx, group, x_perm, offsets, ex);
   if (st.ok()) st = ops::synchronize(ctx);
   if (!st.ok()) return fail("dispatch: " + st.to_string());
@@ -161,7 +165,8 @@ inline std::string ep_round_trip(ops::Context& ctx, Communicator& group, const E
     y[static_cast<size_t>(g)] = 2.0f * value(g) + static_cast<float>(me + 1);
   }
   st = ops::upload(ctx, y.data(), ex.y);
-  Tensor y_perm = tensor(DType::kF32, rows, H);
+  if (st.ok()) st = ops::synchronize(ctx);
+  if (st.ok()) st = group.barrier();
   if (st.ok()) st = ep_combine(ctx, group, ex, y_perm);
   if (st.ok()) st = ops::synchronize(ctx);
   if (!st.ok()) return fail("combine: " + st.to_string());
