@@ -10,6 +10,7 @@
 // its rows came back in its permuted order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
