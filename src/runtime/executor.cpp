@@ -547,6 +547,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     ro.max_num_seqs = std::max<int64_t>(64, std::max<int64_t>(cfg.max_num_seqs, eo.cpu_seqs));
     ro.max_logit_rows = ro.max_num_tokens;
     ro.cuda_graphs = false;
+    ro.moe_ep_fixed_tokens = env_config().moe_ep_fixed_tokens;
     if (out.comm->size() > 1) {
       // mpirun: every rank sizes the pool alike; rank 0's count makes it certain (the driver's
       // block ids address every rank's pool).
@@ -592,6 +593,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   ro.gpu_memory_utilization = cfg.gpu_memory_utilization;
   ro.cuda_graphs = cfg.cuda_graphs;
   const EnvConfig& env = env_config();
+  ro.moe_ep_fixed_tokens = env.moe_ep_fixed_tokens;
   const bool mpi = env.launcher_size > 1;
   if (cfg.parallel.tp < 1) {
     return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
