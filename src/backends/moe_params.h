@@ -104,7 +104,7 @@ struct MoeExpertsParams {
   DType w_dtype = DType::kBF16;          // kBF16, kI8 or kFP8E4M3 (both matrices)
   uint16_t* act = nullptr;               // bf16 [n_rows, ffn] contiguous
   float* y_perm = nullptr;               // f32 [n_rows, hidden] contiguous
-  int64_t n_rows = 0;                    // n_tokens k: offsets[n_experts] (device side)
+  int64_t n_rows = 0;                    // rows of x_perm: >= offsets[n_experts] (device side)
   int64_t max_rows_per_expert = 0;       // host bound on any group: n_tokens (top-k is distinct)
   int64_t n_experts = 0;
   int64_t hidden = 0;
@@ -121,6 +121,56 @@ struct SigmoidGateAddParams {
   int64_t out_stride = 0;
   int64_t n_tokens = 0;
   int64_t hidden = 0;
+};
+
+// ---- The fixed-capacity expert-parallel exchange (model/moe_ep.h) -------------------------------
+// ep ranks with El experts each (E = ep El); every rank sends every rank a block of C rows (the
+// capacity: a chunk's worst case), so the exchange is a fixed-size all-to-all whose counts ride
+// along in device memory. A chunk's permuted rows (grouped by expert, offsets [E + 1]) go out
+// as the send buffer [ep, C, H]: block d holds the rows of rank d's experts in order, then
+// padding. The plan (one kernel):
+//   counts[d El + e]  = offsets[d El + e + 1] - offsets[d El + e]    (all 0 without offsets)
+//   send_map[d C + i] = offsets[d El] + i for i < rows of block d, else -1
+//   back_map[r]       = d C + r - offsets[d El] for permuted row r of rank d's experts
+// A block of more than C rows keeps its first C (the CPU twin reports kOutOfRange; the caller
+// sizes C so that it cannot happen).
+struct MoeEpSendPlanParams {
+  const int32_t* offsets = nullptr;  // [ep El + 1], or null: the chunk has no rows
+  int64_t ep = 0;
+  int64_t experts_per_rank = 0;  // El
+  int64_t capacity = 0;          // C
+  int64_t n_rows = 0;            // the chunk's permuted rows (offsets[ep El]); 0 without offsets
+  int32_t* counts = nullptr;     // [ep El]
+  int32_t* send_map = nullptr;   // [ep C]
+  int32_t* back_map = nullptr;   // [n_rows]
+};
+
+// The receiving side: counts [ep, El] came from the sources (rank s's block of C rows holds its
+// rows for local expert 0, then 1, ...). The rows are regrouped by local expert, sources in rank
+// order within an expert (the order of the variable-split path):
+//   offsets[e]     = sum over e' < e and every source of counts[s El + e']     (offsets [El + 1])
+//   group_map[g]   = the received row (s C + i) of grouped row g; -1 for g >= offsets[El]
+//   ungroup_map[s C + i] = the grouped row of received row i of source s; -1 for padding
+// A source block claiming more than C rows is cut to C (kOutOfRange on the twin).
+struct MoeEpRecvPlanParams {
+  const int32_t* counts = nullptr;  // [ep El]
+  int64_t ep = 0;
+  int64_t experts_per_rank = 0;    // El
+  int64_t capacity = 0;            // C
+  int32_t* offsets = nullptr;      // [El + 1]
+  int32_t* group_map = nullptr;    // [ep C]
+  int32_t* ungroup_map = nullptr;  // [ep C]
+};
+
+// dst[i, :] = src[map[i], :] for map[i] in [0, src_rows), else zeros: rows of row_bytes bytes
+// (any dtype: the copy is exact), both contiguous.
+struct GatherRowsParams {
+  const void* src = nullptr;
+  int64_t src_rows = 0;
+  const int32_t* map = nullptr;  // [n_rows]
+  void* dst = nullptr;
+  int64_t n_rows = 0;
+  int64_t row_bytes = 0;
 };
 
 }  // namespace strata

@@ -59,6 +59,9 @@ EnvConfig read_env() {
     c.oneshot_max_bytes = std::max(0, get_int({"STRATA_ONESHOT_MAX_BYTES"}, 0));
   }
   c.tp_one_gpu = flag("STRATA_TP_ONE_GPU");
+  if (get("STRATA_MOE_EP_FIXED_TOKENS") != nullptr) {
+    c.moe_ep_fixed_tokens = std::max(0, get_int({"STRATA_MOE_EP_FIXED_TOKENS"}, 0));
+  }
   if (get("STRATA_COLLECTIVE_TIMEOUT") != nullptr) {
     c.collective_timeout_s = std::max(1, get_int({"STRATA_COLLECTIVE_TIMEOUT"}, 300));
   }

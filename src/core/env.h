@@ -31,6 +31,10 @@ struct EnvConfig {
   // kernels when ranks can read each other's memory; larger ones NCCL (-1: the default).
   long long oneshot_max_bytes = -1;
   bool tp_one_gpu = false;  // STRATA_TP_ONE_GPU=1: in-process ranks share one GPU (testing)
+  // STRATA_MOE_EP_FIXED_TOKENS=N: expert-parallel steps of at most N tokens take the
+  // fixed-capacity exchange (model/moe_ep.h; 0: none, the variable splits and eager steps, for
+  // A/B runs); -1: max_num_seqs (every decode step, graph-captured).
+  long long moe_ep_fixed_tokens = -1;
   // STRATA_COLLECTIVE_TIMEOUT=S: a forward pass of in-process ranks / stages (or a wait for a
   // peer) that takes longer than S seconds aborts the communicators and fails with an error
   // naming the ranks still running, instead of hanging (default 300).

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/status.h"
+#include "model/moe_ep.h"
 #include "model/program.h"
 #include "parallel/comm.h"
 
@@ -281,6 +282,17 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
       s.push_back({&Workspace::moe_recv_offsets, DType::kI32, {E + 1}});
       s.push_back({&Workspace::moe_chunks, DType::kF32, {Tp, H}});
       s.push_back({&Workspace::moe_gathered, DType::kF32, {Tp, H}});
+      if (l.ep_fixed_tokens > 0) {
+        const int64_t El = E / ep, P = (std::min(l.ep_fixed_tokens, T) + W - 1) / W;
+        const int64_t C = P * std::min(K, El), rows = ep * C;
+        s.push_back({&Workspace::moe_ep_x, l.act, {rows, H}});
+        s.push_back({&Workspace::moe_ep_recv_x, l.act, {rows, H}});
+        s.push_back({&Workspace::moe_ep_y, DType::kF32, {rows, H}});
+        s.push_back({&Workspace::moe_ep_recv_y, DType::kF32, {rows, H}});
+        s.push_back({&Workspace::moe_ep_act, l.act, {rows, Fe}});
+        s.push_back({&Workspace::moe_ep_ff, l.act, {l.act == DType::kBF16 ? 1 : rows, 2 * Fe}});
+        s.push_back({&Workspace::moe_ep_index, DType::kI32, {ep_index_entries(ep, El, C, P * K)}});
+      }
     }
   }
   if (tp > 1) {

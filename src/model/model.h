@@ -103,6 +103,16 @@ struct Workspace {
   Tensor moe_recv_offsets;  // i32 [E + 1]: per local expert row ranges
   Tensor moe_chunks;        // f32 [ceil(T / W) W, hidden]: the expert-parallel group's chunks
   Tensor moe_gathered;      // f32 [ceil(T / W) W, hidden]: every rank's chunk of the output
+  // The fixed-capacity exchange (model/moe_ep.h) of steps of at most Tf tokens
+  // (WorkspaceLimits::ep_fixed_tokens): P = ceil(Tf / W) tokens per chunk, C = P min(K, E / ep)
+  // rows to each of the ep ranks.
+  Tensor moe_ep_x;       // act [ep C, hidden]: the packed rows, then the grouped ones
+  Tensor moe_ep_recv_x;  // act [ep C, hidden]: the rows received
+  Tensor moe_ep_y;       // f32 [ep C, hidden]: the experts' outputs, then the rows back
+  Tensor moe_ep_recv_y;  // f32 [ep C, hidden]: the outputs in arrival order
+  Tensor moe_ep_act;     // act [ep C, Fe]
+  Tensor moe_ep_ff;      // act [ep C, 2 Fe]: the f32 reference's gate/up scratch (else a stub)
+  Tensor moe_ep_index;   // i32: counts and maps (ep_index_entries)
 };
 
 struct WorkspaceLimits {
@@ -110,6 +120,9 @@ struct WorkspaceLimits {
   int64_t max_logit_rows = 0;  // R
   DType act = DType::kF32;
   size_t attn_workspace_bytes = 0;
+  // Expert parallelism: steps of at most this many tokens take the fixed-capacity exchange
+  // (model/moe_ep.h; 0: none, every step the variable-split one).
+  int64_t ep_fixed_tokens = 0;
 };
 
 // What the last layer range computes after the layers (the pipeline's last stage).

@@ -29,14 +29,21 @@
 //                 all-gathered in the EP group, then in the TP group.
 // Routing is computed from the same inputs on every rank (the router over all n tokens), so
 // every rank makes the one-rank decisions.
-// NOTE: the expert-parallel path reads the per-expert counts on the host (a synchronization
-// per sparse layer): the executor runs it eagerly, without CUDA graphs.
+// Expert parallelism has two exchanges. Steps of at most WorkspaceLimits::ep_fixed_tokens
+// tokens (decode) take the fixed-capacity one (model/moe_ep.h): fixed-size all-to-alls whose
+// counts travel in device memory, nothing read on the host, so the executor captures them in
+// CUDA graphs. Larger steps (prefill) take the variable-split one: the per-expert counts are
+// read on the host (a synchronization per sparse layer) and the rows sent as all_to_all_v.
+// Both group the received rows the same way, so they compute the same outputs.
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "model/moe_ep.h"
 #include "model/program.h"
 #include "parallel/comm.h"
+#include "parallel/inproc_comm.h"
 
 namespace strata {
 
@@ -47,9 +54,20 @@ Tensor view(const Tensor& slot, int64_t rows, int64_t cols) {
   return Tensor::make(slot.data, slot.dtype, {rows, cols}, slot.device);
 }
 
+// Whether the expert-parallel group's device collectives take messages of `bytes` on the
+// tensors directly: host memory; NCCL; an in-process group registered for device collectives
+// (the one-shot kernels) when the message fits its staging buffer.
+bool group_takes(const ops::Context& ctx, Communicator& comm, int64_t bytes) {
+  if (ctx.device.is_cpu() || comm.size() == 1) return true;
+  if (!comm.supports(ctx.device)) return false;
+  if (std::string(comm.name()) != "in-process") return true;
+  return bytes <= in_process_device_max_bytes(comm);
+}
+
 // The expert-parallel group's collectives: on the tensors directly where the communicator takes
 // the device's memory (host memory; NCCL), else staged through host memory (the in-process
-// group of ranks sharing one GPU, whose all-to-all is host-only).
+// group of ranks sharing one GPU has no device all_to_all_v; its all-gathers above the one-shot
+// staging buffer).
 Status group_all_to_all_v(ops::Context& ctx, Communicator& comm, const Tensor& send,
                           const int64_t* send_rows, Tensor& recv, const int64_t* recv_rows) {
   if (comm.supports(ctx.device) &&
@@ -86,8 +104,7 @@ Status group_all_to_all_v(ops::Context& ctx, Communicator& comm, const Tensor& s
 }
 
 Status group_all_gather(ops::Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv) {
-  if (comm.supports(ctx.device) &&
-      (ctx.device.is_cpu() || comm.size() == 1 || std::string(comm.name()) != "in-process")) {
+  if (group_takes(ctx, comm, dtype_bytes(send.dtype, send.numel()))) {
     return ops::all_gather(ctx, comm, send, recv);
   }
   const int64_t bytes = dtype_bytes(send.dtype, send.numel());
@@ -132,29 +149,33 @@ Status experts_local(const Model& m, ForwardArgs& a, const LayerWeights& L, cons
   return ops::add(a.ctx, x, y, x);
 }
 
-// The routed experts with expert parallelism (see the top of the file): x[0, n) += the
-// combined expert outputs, computed by the expert-parallel group. h, ids, w: every token's
-// normed input and routing, identical on every rank.
-Status experts_parallel(const Model& m, ForwardArgs& a, const LayerWeights& L, const Tensor& h,
-                        const Tensor& ids, const Tensor& w, Tensor& x) {
+// The capacity of the fixed-capacity exchange for chunks of `per` tokens: a token's k experts
+// are distinct, so a chunk sends one rank at most per min(k, El) rows.
+int64_t fixed_capacity(const Model& m, int64_t per) {
+  return per * std::min<int64_t>(m.config().n_experts_used, m.n_experts_local());
+}
+
+// Whether this step takes the fixed-capacity exchange: the workspace has its buffers for chunks
+// of `per` tokens, and the group's device collectives take its messages (an in-process group
+// on a GPU: registered, and the f32 rows back fit its staging buffer).
+bool fixed_exchange(const Model& m, ForwardArgs& a, int64_t per) {
+  const int ep = m.parallel().ep_size;
+  const int64_t rows = int64_t{ep} * fixed_capacity(m, per), H = m.config().hidden;
+  if (!a.ws.moe_ep_x.defined() || a.ws.moe_ep_x.rows() < rows) return false;
+  return group_takes(a.ctx, *a.expert_comm, dtype_bytes(DType::kF32, rows * H));
+}
+
+Status chunk_experts_variable(const Model& m, ForwardArgs& a, const LayerWeights& L,
+                              const Tensor& h, const Tensor& ids, const Tensor& w, int64_t t0,
+                              int64_t t1, Tensor& mine) {
   const ModelConfig& c = m.config();
   const ParallelConfig& par = m.parallel();
-  if (a.expert_comm == nullptr || a.expert_comm->size() != par.ep_size ||
-      a.expert_comm->rank() != par.ep_rank) {
-    return errorf(StatusCode::kInvalidArgument,
-                  "expert-parallel rank {} of {} runs without its expert-parallel group",
-                  par.ep_rank, par.ep_size);
-  }
   Communicator& group = *a.expert_comm;
-  const int ep = par.ep_size, tp = par.tp_size;
-  const int64_t n = a.step.n_tokens, H = c.hidden, E = c.n_experts, k = c.n_experts_used;
-  const int64_t El = m.n_experts_local(), W = par.world_size();
-  // PCC: this rank's chunk of the tokens.
-  const int64_t per = (n + W - 1) / W, chunk = int64_t{par.tp_rank} * ep + par.ep_rank;
-  const int64_t t0 = std::min(n, chunk * per), t1 = std::min(n, t0 + per), mc = t1 - t0;
+  const int ep = par.ep_size;
+  const int64_t H = c.hidden, E = c.n_experts, k = c.n_experts_used, mc = t1 - t0;
+  const int64_t El = m.n_experts_local();
   Workspace& ws = a.ws;
   ops::Context& ctx = a.ctx;
-
   // Group the chunk's (token, slot) rows by expert, hence by the rank that owns the expert.
   ops::section(ctx, "moe_dispatch");
   std::vector<int32_t> off(static_cast<size_t>(E + 1), 0);
@@ -222,10 +243,92 @@ Status experts_parallel(const Model& m, ForwardArgs& a, const LayerWeights& L, c
   Tensor y_back = view(ws.moe_y, mc * k, H);
   STRATA_RETURN_IF_ERROR(
       group_all_to_all_v(ctx, group, recv_y, recv_rows.data(), y_back, send_rows.data()));
-  Tensor mine = view(ws.y, per, H);
   if (mc > 0) {
     Tensor out = mine.slice_rows(0, mc);
     STRATA_RETURN_IF_ERROR(ops::moe_combine(ctx, y_back, perm, w_c, out, false));
+  }
+  return ok_status();
+}
+
+// The fixed-capacity exchange (model/moe_ep.h): the same rows, grouped the same way, through
+// fixed-size device all-to-alls (nothing read on the host: graph-capturable).
+Status chunk_experts_fixed(const Model& m, ForwardArgs& a, const LayerWeights& L, const Tensor& h,
+                           const Tensor& ids, const Tensor& w, int64_t t0, int64_t t1, int64_t per,
+                           Tensor& mine) {
+  const ModelConfig& c = m.config();
+  const ParallelConfig& par = m.parallel();
+  const int ep = par.ep_size;
+  const int64_t H = c.hidden, E = c.n_experts, k = c.n_experts_used, mc = t1 - t0;
+  const int64_t El = m.n_experts_local(), C = fixed_capacity(m, per);
+  Workspace& ws = a.ws;
+  ops::Context& ctx = a.ctx;
+  EpExchange ex;
+  ex.ep = ep;
+  ex.experts_per_rank = El;
+  ex.capacity = C;
+  ex.send_x = view(ws.moe_ep_x, ep * C, H);
+  ex.recv_x = view(ws.moe_ep_recv_x, ep * C, H);
+  ex.offsets = view(ws.moe_recv_offsets, 1, El + 1);
+  ex.y = view(ws.moe_ep_y, ep * C, H);
+  ex.recv_y = view(ws.moe_ep_recv_y, ep * C, H);
+  carve_ep_index(ex, static_cast<int32_t*>(ws.moe_ep_index.data), per * k, ctx.device);
+
+  ops::section(ctx, "moe_dispatch");
+  Tensor offsets = view(ws.moe_offsets, 1, E + 1);
+  Tensor h_perm = view(ws.moe_x, mc * k, H), perm = view(ws.moe_perm, 1, mc * k);
+  Tensor ids_c = ids.slice_rows(t0, t1), w_c = w.slice_rows(t0, t1);
+  if (mc > 0) {
+    STRATA_RETURN_IF_ERROR(ops::moe_offsets(ctx, ids_c, E, offsets));
+    Tensor h_c = h.slice_rows(t0, t1);
+    STRATA_RETURN_IF_ERROR(ops::moe_permute(ctx, h_c, ids_c, offsets, h_perm, perm));
+  }
+  STRATA_RETURN_IF_ERROR(ep_dispatch(ctx, *a.expert_comm, h_perm, offsets, ex));
+
+  ops::section(ctx, "experts");
+  const int64_t Fe = L.expert_gate_up[0].rows() / 2;
+  Tensor ff = ws.moe_ep_ff.dtype == DType::kF32 ? view(ws.moe_ep_ff, ep * C, 2 * Fe) : Tensor{};
+  Tensor act = view(ws.moe_ep_act, ep * C, Fe);
+  // A local expert gets at most one row per token of the group's chunks.
+  const ops::MoeExperts experts{L.expert_gate_up.data(), L.expert_down.data(), El, ep * per};
+  STRATA_RETURN_IF_ERROR(
+      ops::moe_experts(ctx, ex.grouped(), ex.offsets, experts, c.activation, ff, act, ex.y));
+
+  ops::section(ctx, "moe_combine");
+  Tensor y_perm = view(ws.moe_y, mc * k, H);
+  STRATA_RETURN_IF_ERROR(ep_combine(ctx, *a.expert_comm, ex, y_perm));
+  if (mc > 0) {
+    Tensor out = mine.slice_rows(0, mc);
+    STRATA_RETURN_IF_ERROR(ops::moe_combine(ctx, y_perm, perm, w_c, out, false));
+  }
+  return ok_status();
+}
+
+// The routed experts with expert parallelism (see the top of the file): x[0, n) += the
+// combined expert outputs, computed by the expert-parallel group. h, ids, w: every token's
+// normed input and routing, identical on every rank.
+Status experts_parallel(const Model& m, ForwardArgs& a, const LayerWeights& L, const Tensor& h,
+                        const Tensor& ids, const Tensor& w, Tensor& x) {
+  const ModelConfig& c = m.config();
+  const ParallelConfig& par = m.parallel();
+  if (a.expert_comm == nullptr || a.expert_comm->size() != par.ep_size ||
+      a.expert_comm->rank() != par.ep_rank) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "expert-parallel rank {} of {} runs without its expert-parallel group",
+                  par.ep_rank, par.ep_size);
+  }
+  Communicator& group = *a.expert_comm;
+  const int ep = par.ep_size, tp = par.tp_size;
+  const int64_t n = a.step.n_tokens, H = c.hidden, W = par.world_size();
+  // PCC: this rank's chunk of the tokens.
+  const int64_t per = (n + W - 1) / W, chunk = int64_t{par.tp_rank} * ep + par.ep_rank;
+  const int64_t t0 = std::min(n, chunk * per), t1 = std::min(n, t0 + per);
+  Workspace& ws = a.ws;
+  ops::Context& ctx = a.ctx;
+  Tensor mine = view(ws.y, per, H);
+  if (fixed_exchange(m, a, per)) {
+    STRATA_RETURN_IF_ERROR(chunk_experts_fixed(m, a, L, h, ids, w, t0, t1, per, mine));
+  } else {
+    STRATA_RETURN_IF_ERROR(chunk_experts_variable(m, a, L, h, ids, w, t0, t1, mine));
   }
   // Every rank's chunk (padded to `per` rows), in chunk order: the EP group's, then the TP group's.
   Tensor chunks = view(ws.moe_chunks, ep * per, H);

@@ -945,6 +945,26 @@ Status all_to_all_v(Context& ctx, Communicator& comm, const Tensor& send, const 
       .with_context(kOp);
 }
 
+Status all_to_all(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv) {
+  constexpr const char* kOp = "all_to_all";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&send, &recv}));
+  const int n = comm.size();
+  if (send.dtype != recv.dtype || send.ndim != 2 || recv.ndim != 2 || send.rows() != recv.rows() ||
+      send.cols() != recv.cols() || !send.is_contiguous() || !recv.is_contiguous() ||
+      send.rows() % n != 0) {
+    return invalid(kOp,
+                   "send and recv must be contiguous 2-D tensors of one dtype and shape, "
+                   "rows a multiple of the ranks");
+  }
+  if (n == 1) return copy(ctx, send, recv);
+  if (!comm.supports(ctx.device)) {
+    return errorf(StatusCode::kUnimplemented, "{}: the {} communicator takes no {} buffers", kOp,
+                  comm.name(), ctx.device.to_string());
+  }
+  return comm.all_to_all(send.data, send.numel() / n, send.dtype, recv.data, comm_stream(ctx))
+      .with_context(kOp);
+}
+
 }  // namespace strata::ops
 
 // ---- mixture of experts ---------------------------------------------------------------------
@@ -1065,7 +1085,7 @@ Status moe_experts_bf16(Context& ctx, const Tensor& x_perm, const Tensor& offset
   }
   // CPU twin, experts stored apart: each non-empty group as a one-expert launch.
   const int32_t* off = p.offsets;
-  if (off[0] != 0 || off[E] != n_rows) {
+  if (off[0] != 0 || off[E] > n_rows) {
     return invalid(kOp, fmt::format("offsets cover {} rows, x_perm has {}", off[E], n_rows));
   }
   for (int64_t e = 0; e < E; ++e) {
@@ -1205,7 +1225,7 @@ Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
   // NOTE: the f32 reference reads the group sizes on the host and runs each non-empty group as
   // its own GEMMs; the device layout's kernels read them on the device (no host sync in a graph).
   const int32_t* off = static_cast<const int32_t*>(offsets.data);
-  if (off[0] != 0 || off[E] != xm.rows) {
+  if (off[0] != 0 || off[E] > xm.rows) {
     return invalid(kOp, fmt::format("offsets cover {} rows, x_perm has {}", off[E], xm.rows));
   }
   for (int64_t e = 0; e < E; ++e) {
@@ -1281,6 +1301,100 @@ Status sigmoid_gate_add(Context& ctx, const Tensor& y, const Tensor& gate, Tenso
   if (ctx.device.is_cpu()) return cpu::sigmoid_gate_add(p);
 #if STRATA_HAS_CUDA
   return cuda::sigmoid_gate_add(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+namespace {
+
+Status want_i32(const Tensor& t, const char* op, const char* name, int64_t min_numel) {
+  if (!t.defined() || t.dtype != DType::kI32 || !t.is_contiguous() || t.numel() < min_numel) {
+    return invalid(
+        op, fmt::format("{} must be contiguous i32 of at least {} entries", name, min_numel));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status moe_ep_send_plan(Context& ctx, const Tensor& offsets, int64_t ep, int64_t capacity,
+                        int64_t n_rows, Tensor& counts, Tensor& send_map, Tensor& back_map) {
+  constexpr const char* kOp = "moe_ep_send_plan";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&offsets, &counts, &send_map, &back_map}));
+  if (ep < 1 || capacity < 0 || n_rows < 0 || counts.numel() % ep != 0 || counts.numel() < ep) {
+    return invalid(kOp, "counts must hold ep x El entries");
+  }
+  const int64_t El = counts.numel() / ep;
+  STRATA_RETURN_IF_ERROR(want_i32(counts, kOp, "counts", ep * El));
+  STRATA_RETURN_IF_ERROR(want_i32(send_map, kOp, "send_map", ep * capacity));
+  if (n_rows > 0) {
+    STRATA_RETURN_IF_ERROR(want_i32(offsets, kOp, "offsets", ep * El + 1));
+    STRATA_RETURN_IF_ERROR(want_i32(back_map, kOp, "back_map", n_rows));
+  }
+  MoeEpSendPlanParams p;
+  p.offsets = n_rows > 0 ? static_cast<const int32_t*>(offsets.data) : nullptr;
+  p.ep = ep;
+  p.experts_per_rank = El;
+  p.capacity = capacity;
+  p.n_rows = n_rows;
+  p.counts = static_cast<int32_t*>(counts.data);
+  p.send_map = static_cast<int32_t*>(send_map.data);
+  p.back_map = n_rows > 0 ? static_cast<int32_t*>(back_map.data) : nullptr;
+  if (ctx.device.is_cpu()) return cpu::moe_ep_send_plan(p);
+#if STRATA_HAS_CUDA
+  return cuda::moe_ep_send_plan(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status moe_ep_recv_plan(Context& ctx, const Tensor& counts, int64_t ep, int64_t capacity,
+                        Tensor& offsets, Tensor& group_map, Tensor& ungroup_map) {
+  constexpr const char* kOp = "moe_ep_recv_plan";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&counts, &offsets, &group_map, &ungroup_map}));
+  if (ep < 1 || capacity < 0 || counts.numel() % ep != 0 || counts.numel() < ep) {
+    return invalid(kOp, "counts must hold ep x El entries");
+  }
+  const int64_t El = counts.numel() / ep;
+  STRATA_RETURN_IF_ERROR(want_i32(counts, kOp, "counts", ep * El));
+  STRATA_RETURN_IF_ERROR(want_i32(offsets, kOp, "offsets", El + 1));
+  STRATA_RETURN_IF_ERROR(want_i32(group_map, kOp, "group_map", ep * capacity));
+  STRATA_RETURN_IF_ERROR(want_i32(ungroup_map, kOp, "ungroup_map", ep * capacity));
+  MoeEpRecvPlanParams p;
+  p.counts = static_cast<const int32_t*>(counts.data);
+  p.ep = ep;
+  p.experts_per_rank = El;
+  p.capacity = capacity;
+  p.offsets = static_cast<int32_t*>(offsets.data);
+  p.group_map = static_cast<int32_t*>(group_map.data);
+  p.ungroup_map = static_cast<int32_t*>(ungroup_map.data);
+  if (ctx.device.is_cpu()) return cpu::moe_ep_recv_plan(p);
+#if STRATA_HAS_CUDA
+  return cuda::moe_ep_recv_plan(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status gather_rows(Context& ctx, const Tensor& src, const Tensor& map, Tensor& dst) {
+  constexpr const char* kOp = "gather_rows";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&src, &map, &dst}));
+  if (src.dtype != dst.dtype || src.ndim != 2 || dst.ndim != 2 || src.cols() != dst.cols() ||
+      !src.is_contiguous() || !dst.is_contiguous()) {
+    return invalid(kOp, "src and dst must be contiguous 2-D tensors of one dtype and width");
+  }
+  STRATA_RETURN_IF_ERROR(want_i32(map, kOp, "map", dst.rows()));
+  GatherRowsParams p;
+  p.src = src.data;
+  p.src_rows = src.rows();
+  p.map = static_cast<const int32_t*>(map.data);
+  p.dst = dst.data;
+  p.n_rows = dst.rows();
+  p.row_bytes = dtype_bytes(dst.dtype, dst.cols());
+  if (ctx.device.is_cpu()) return cpu::gather_rows(p);
+#if STRATA_HAS_CUDA
+  return cuda::gather_rows(*ctx.cuda, p);
 #else
   return no_cuda(kOp);
 #endif

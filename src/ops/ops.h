@@ -235,11 +235,11 @@ struct MoeExperts {
   int64_t max_rows_per_expert = 0;
 };
 // The grouped expert MLP over variable group sizes: rows [offsets[e], offsets[e + 1]) of x_perm
-// through expert e (empty groups are skipped). act [n k, F] in the activation dtype; y_perm
-// [n k, H] f32. f32 (the reference): scratch [n k, 2 F] f32 holds the gate/up GEMM output, and
-// the group sizes are read on the host. bf16 (the device layout: backends/moe_params.h,
-// MoeExpertsParams): SiLU-gated experts stacked per layer, scratch unused, the group sizes read
-// on the device (graph-capturable, no host sync).
+// through expert e (empty groups are skipped; rows past offsets[E] are left alone). act [n k, F] in
+// the activation dtype; y_perm [n k, H] f32. f32 (the reference): scratch [n k, 2 F] f32 holds the
+// gate/up GEMM output, and the group sizes are read on the host. bf16 (the device layout:
+// backends/moe_params.h, MoeExpertsParams): SiLU-gated experts stacked per layer, scratch unused,
+// the group sizes read on the device (graph-capturable, no host sync).
 Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
                    const MoeExperts& experts, Activation act_fn, Tensor& scratch, Tensor& act,
                    Tensor& y_perm);
@@ -247,6 +247,19 @@ Status moe_combine(Context& ctx, const Tensor& y_perm, const Tensor& perm, const
                    Tensor& out, bool accumulate);
 // out[t, :] += sigmoid(gate[t, 0]) * y[t, :]: y, out f32 [n, H]; gate f32 [n, 1].
 Status sigmoid_gate_add(Context& ctx, const Tensor& y, const Tensor& gate, Tensor& out);
+
+// The fixed-capacity expert-parallel exchange (model/moe_ep.h; the index semantics in
+// backends/moe_params.h): i32 tensors on the ops' device, read there (graph-capturable).
+//   moe_ep_send_plan  from a chunk's offsets [1, ep El + 1] (undefined: no rows) and its n_rows
+//                     permuted rows: counts [1, ep El], send_map [1, ep C], back_map [1, >= n_rows]
+//   moe_ep_recv_plan  from the received counts [1, ep El]: offsets [1, El + 1] of the rows
+//                     grouped by local expert, group_map and ungroup_map [1, ep C]
+//   gather_rows       dst[i, :] = src[map[i], :], zeros where map[i] < 0 (2-D, one dtype)
+Status moe_ep_send_plan(Context& ctx, const Tensor& offsets, int64_t ep, int64_t capacity,
+                        int64_t n_rows, Tensor& counts, Tensor& send_map, Tensor& back_map);
+Status moe_ep_recv_plan(Context& ctx, const Tensor& counts, int64_t ep, int64_t capacity,
+                        Tensor& offsets, Tensor& group_map, Tensor& ungroup_map);
+Status gather_rows(Context& ctx, const Tensor& src, const Tensor& map, Tensor& dst);
 
 // ---- memory ---------------------------------------------------------------------------------
 // Copies between the host and a contiguous tensor on the ops' device, ordered on its stream
@@ -279,6 +292,11 @@ Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& 
 // allowed; every rank's recv_rows[r] must equal rank r's send_rows[this rank]). Any dtype.
 Status all_to_all_v(Context& ctx, Communicator& comm, const Tensor& send, const int64_t* send_rows,
                     Tensor& recv, const int64_t* recv_rows);
+// Fixed splits: block r of send (rows / size() rows) goes to rank r, block r of recv comes
+// from rank r (contiguous 2-D tensors of one dtype and shape; rows a multiple of size()). On a
+// device through the communicator's device all-to-all (NCCL, the one-shot kernels): no host
+// synchronization, graph-capturable.
+Status all_to_all(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv);
 // The end of a row-parallel layer and the next norm: y = all_reduce(y) (+ bias); x += y;
 // h = norm(x). y, x f32 [n, hidden]. One kernel where the communicator fuses it (the one-shot
 // all-reduce with RMSNorm into bf16, contiguous rows); otherwise all_reduce, add_bias and

@@ -19,6 +19,8 @@ Status inproc_device_all_reduce(InProcessGroup& g, int rank, void* data, int64_t
                                 void* stream);
 Status inproc_device_all_gather(InProcessGroup& g, int rank, const void* send, int64_t count,
                                 DType dt, void* recv, void* stream);
+Status inproc_device_all_to_all(InProcessGroup& g, int rank, const void* send, int64_t count,
+                                DType dt, void* recv, void* stream);
 Status inproc_device_all_reduce_add_norm(InProcessGroup& g, int rank, const AllReduceAddNorm& a,
                                          void* stream);
 void destroy_in_process_device(InProcessDeviceState* s);
@@ -170,7 +172,13 @@ class InProcessCommunicator final : public Communicator {
   Status all_to_all(const void* send, int64_t count, DType dt, void* recv,
                     const CommStream& s) override {
     STRATA_RETURN_IF_ERROR(check_count("all-to-all", count, {send, recv}));
-    if (!s.device.is_cpu()) return no_device("all-to-all");
+    if (!s.device.is_cpu()) {
+#if STRATA_HAS_CUDA
+      return inproc_device_all_to_all(*g_, rank_, send, count, dt, recv, s.cuda_stream);
+#else
+      return no_device("all-to-all");
+#endif
+    }
     const int64_t bytes = dtype_bytes(dt, count);
     g_->in[static_cast<size_t>(rank_)] = send;
     STRATA_RETURN_IF_ERROR(g_->barrier(rank_));
@@ -302,8 +310,8 @@ class InProcessCommunicator final : public Communicator {
  private:
   Status no_device(const char* op) const {
     return errorf(StatusCode::kUnimplemented,
-                  "in-process {} on device memory is not available (all-reduce and all-gather "
-                  "are, after init_in_process_device)",
+                  "in-process {} on device memory is not available (all-reduce, all-gather and "
+                  "all-to-all are, after init_in_process_device)",
                   op);
   }
   Status check_peer(int peer) const {
@@ -336,6 +344,9 @@ InProcessGroup* in_process_group(Communicator& c) {
 #if !STRATA_HAS_CUDA
 Status init_in_process_device(Communicator&, int, int64_t) {
   return Status(StatusCode::kUnimplemented, "device collectives need a CUDA build");
+}
+int64_t in_process_device_max_bytes(Communicator&) {
+  return 0;
 }
 #endif
 

@@ -1,9 +1,9 @@
 // The in-process communicator's shared state (parallel/inproc_comm.cpp): n ranks are n threads of
 // one process. Host collectives publish each rank's pointers, meet at a barrier, read the peers'
-// buffers directly and meet again before anyone may overwrite them. Device collectives (CUDA)
-// go through the one-shot kernels (backends/cuda/kernels/oneshot.cu): every rank registers a
-// staging buffer and a flag array once (init_in_process_device), and each collective is one
-// kernel per rank that copies its input to its staging buffer, raises its flags, waits for its
+// buffers directly and meet again before anyone may overwrite them. Device collectives (CUDA:
+// all-reduce, all-gather, all-to-all) go through the one-shot kernels
+// (backends/cuda/kernels/oneshot.cu): every rank registers a staging buffer and a flag array
+// once (init_in_process_device), and each collective is one kernel per rank that copies its input to its staging buffer, raises its flags, waits for its
 // peers' flags and reads their staging buffers — no host synchronization, so it can be captured
 // in a CUDA graph.
 #pragma once
@@ -60,6 +60,10 @@ struct InProcessGroup {
 // the same max_bytes). kUnimplemented without CUDA; kInvalidArgument for a communicator that is
 // not in-process.
 Status init_in_process_device(Communicator& c, int device_index, int64_t max_bytes);
+
+// The largest device message of one collective after init_in_process_device (half the staging
+// buffer: an all-to-all's whole send buffer must fit it); 0 before it, or for other kinds.
+int64_t in_process_device_max_bytes(Communicator& c);
 
 // The group behind an in-process communicator, or null for other kinds.
 InProcessGroup* in_process_group(Communicator& c);

@@ -171,6 +171,22 @@ Status inproc_device_all_reduce(InProcessGroup& g, int rank, void* data, int64_t
   return device_collective(g, rank, data, data, count, dt, stream, /*gather=*/false);
 }
 
+Status inproc_device_all_to_all(InProcessGroup& g, int rank, const void* send, int64_t count,
+                                DType dt, void* recv, void* stream) {
+  const OneShotRank v = view(g, rank);
+  if (!v.ready()) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "in-process device collective before init_in_process_device");
+  }
+  return oneshot_all_to_all(v, send, recv, count, dt, stream);
+}
+
+int64_t in_process_device_max_bytes(Communicator& c) {
+  InProcessGroup* g = in_process_group(c);
+  if (g == nullptr || g->device == nullptr) return 0;
+  return g->device->staging_bytes / 2;
+}
+
 Status inproc_device_all_gather(InProcessGroup& g, int rank, const void* send, int64_t count,
                                 DType dt, void* recv, void* stream) {
   return device_collective(g, rank, send, recv, count, dt, stream, /*gather=*/true);

@@ -57,6 +57,23 @@ Status oneshot_collective(const OneShotRank& v, const void* in, void* out, int64
   return ok_status();
 }
 
+Status oneshot_all_to_all(const OneShotRank& v, const void* send, void* recv, int64_t count,
+                          DType dt, void* stream) {
+  const int64_t bytes = dtype_bytes(dt, count);
+  if (bytes * v.n_ranks > v.staging_bytes / 2 || bytes % 4 != 0) {
+    return errorf(StatusCode::kUnimplemented,
+                  "one-shot device all-to-all of {} bytes per rank over {} ranks: above half the "
+                  "{}-byte staging buffer, or not whole 4-byte words",
+                  bytes, v.n_ranks, v.staging_bytes);
+  }
+  cuda::LaunchCtx ctx;
+  ctx.stream = static_cast<cudaStream_t>(stream);
+  cuda::OneShotParams p = params(v, dt);
+  p.in = send;
+  p.out = recv;
+  return cuda::oneshot_all_to_all(ctx, p, bytes);
+}
+
 Status oneshot_collective_add_norm(const OneShotRank& v, const AllReduceAddNorm& a, void* stream) {
   // Decode-sized batches only: one block per row keeps prefill's many rows on a few blocks,
   // slower than the all-reduce kernel and a separate norm (the caller composes those).
@@ -252,8 +269,10 @@ class IpcOneShotCommunicator final : public Communicator {
   }
   Status all_to_all(const void* send, int64_t count, DType dt, void* recv,
                     const CommStream& s) override {
-    if (!s.device.is_cpu()) return device_unsupported("all-to-all");
-    return host_->all_to_all(send, count, dt, recv, s);
+    STRATA_RETURN_IF_ERROR(check_count("all-to-all", count, {send, recv}));
+    if (s.device.is_cpu()) return host_->all_to_all(send, count, dt, recv, s);
+    STRATA_RETURN_IF_ERROR(fits("all-to-all", dtype_bytes(dt, count) * size()));
+    return oneshot_all_to_all(v_, send, recv, count, dt, s.cuda_stream);
   }
   Status all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
                       void* recv, const int64_t* recv_counts, const int64_t* recv_offsets, DType dt,

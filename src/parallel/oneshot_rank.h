@@ -25,6 +25,10 @@ struct OneShotRank {
 // all-reduces than half the staging buffer go in pieces; a larger all-gather is kUnimplemented.
 Status oneshot_collective(const OneShotRank& v, const void* in, void* out, int64_t count, DType dt,
                           void* stream, bool gather);
+// recv block q (count elements) = rank q's send block rank(); the whole send (n_ranks blocks)
+// must fit half the staging buffer (kUnimplemented above it; the bytes per rank a multiple of 4).
+Status oneshot_all_to_all(const OneShotRank& v, const void* send, void* recv, int64_t count,
+                          DType dt, void* stream);
 // The fused all-reduce + bias + residual add + RMSNorm (decode-sized: at most 32 rows).
 Status oneshot_collective_add_norm(const OneShotRank& v, const AllReduceAddNorm& a, void* stream);
 // kDeadlineExceeded when a one-shot kernel of this rank gave up waiting for a peer.

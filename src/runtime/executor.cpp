@@ -241,8 +241,14 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   if (o.profile || !r->runtime_->supports_graphs()) o.cuda_graphs = false;
   // Pipeline stages hand hidden states over through host memory between steps: eager for now.
   if (par.pp_size > 1) o.cuda_graphs = false;
-  // The expert-parallel all-to-alls read their counts on the host (model/moe.cpp): eager.
-  if (par.ep_size > 1) o.cuda_graphs = false;
+  // Expert parallelism: the fixed-capacity exchange (model/moe_ep.h) runs decode steps of up to
+  // moe_ep_fixed_tokens tokens without host synchronization, so they may be captured when it
+  // covers every graph-sized step (at most max_num_seqs tokens) and the group takes device
+  // memory; the variable-split exchange reads its counts on the host (model/moe.cpp): eager.
+  if (o.moe_ep_fixed_tokens < 0) o.moe_ep_fixed_tokens = o.max_num_seqs;
+  if (par.ep_size > 1 && (o.moe_ep_fixed_tokens < o.max_num_seqs || !expert->supports(o.device))) {
+    o.cuda_graphs = false;
+  }
   if (o.moe_route_trace != nullptr) o.cuda_graphs = false;
   DeviceRuntime& rt = *r->runtime_;
   if (device_layout) {
@@ -303,6 +309,7 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
   wl.max_tokens = T;
   wl.max_logit_rows = R;
   wl.act = o.act_dtype;
+  if (m.parallel().ep_size > 1) wl.ep_fixed_tokens = std::min(o.moe_ep_fixed_tokens, T);
   wl.attn_workspace_bytes =
       rt.attention_workspace_bytes(std::max(S, T), m.n_heads_local(), c.head_dim, o.max_model_len);
   {
@@ -642,6 +649,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     ro.max_num_seqs = std::max<int64_t>(64, std::max<int64_t>(cfg.max_num_seqs, eo.cpu_seqs));
     ro.max_logit_rows = ro.max_num_tokens;
     ro.cuda_graphs = false;
+    ro.moe_ep_fixed_tokens = env_config().moe_ep_fixed_tokens;
     if (out.comm->size() > 1) {
       // mpirun: every rank sizes the pool alike; rank 0's count makes it certain (the driver's
       // block ids address every rank's pool).
@@ -687,6 +695,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   ro.gpu_memory_utilization = cfg.gpu_memory_utilization;
   ro.cuda_graphs = cfg.cuda_graphs;
   const EnvConfig& env = env_config();
+  ro.moe_ep_fixed_tokens = env.moe_ep_fixed_tokens;
   const bool mpi = env.launcher_size > 1;
   if (cfg.parallel.tp < 1) {
     return errorf(StatusCode::kInvalidArgument, "--tensor-parallel-size must be >= 1");
@@ -777,9 +786,15 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       }
       if (ep > 1) {
         // The world stays the control group; the tensor-parallel group gets the device
-        // collectives, the expert-parallel group's go through host memory (model/moe.cpp).
+        // collectives. The expert-parallel group gets NCCL when every rank has its own GPU: the
+        // fixed-capacity exchange's all-to-alls (grouped send/recv) run in the decode steps'
+        // CUDA graphs and prefill's variable splits on the device; ranks sharing a GPU keep host
+        // memory for it (eager steps, model/moe.cpp).
         STRATA_ASSIGN_OR_RETURN(ExpertGroups g, split_expert_groups(*out.comm, par));
         STRATA_ASSIGN_OR_RETURN(g.tp, make_device_communicator(std::move(g.tp), config, ro, false));
+        if (ro.device.is_cuda() && !shared_gpu) {
+          STRATA_ASSIGN_OR_RETURN(g.ep, make_nccl_communicator(std::move(g.ep), ro.device.index));
+        }
         STRATA_ASSIGN_OR_RETURN(
             out.exec, make_expert_parallel_runner(config, par, std::move(host), std::move(g), ro));
       } else if (!shared_gpu || par.tp_size == 1) {

@@ -162,6 +162,11 @@ struct RunnerOptions {
   // Tests: each forward pass appends every sparse layer's routing here (ForwardArgs,
   // moe_route_trace; turns CUDA graphs off). Must outlive the runner.
   std::vector<int32_t>* moe_route_trace = nullptr;
+  // Expert parallelism: steps of at most this many tokens take the fixed-capacity exchange
+  // (model/moe_ep.h: no host synchronization, so decode steps run in CUDA graphs); larger ones
+  // the variable-split one. -1: max_num_seqs (every graph-sized decode step); 0: never (every
+  // step eager, variable splits).
+  int64_t moe_ep_fixed_tokens = -1;
 };
 
 // Message sizes of tensor-parallel ranks' device collectives: the largest one a forward pass

@@ -722,9 +722,10 @@ namespace {
 
 // tp x ep ranks as threads (make_in_process_tp_executor with ep > 1): world rank w = ep_rank tp
 // + tp_rank; each rank's tensor-parallel group (the ranks of its ep_rank) and expert-parallel
-// group (the ranks of its tp_rank) are in-process communicators of their own. On a GPU the
-// tensor-parallel groups get the one-shot device collectives; the expert-parallel groups' few
-// collectives go through host memory (model/moe.cpp), so every rank may share one GPU.
+// group (the ranks of its tp_rank) are in-process communicators of their own. On a GPU both get
+// the one-shot device collectives (the expert-parallel groups' sized for the fixed-capacity
+// exchange of decode steps; prefill's variable splits go through host memory, model/moe.cpp),
+// so every rank may share one GPU and decode steps run in CUDA graphs.
 Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
@@ -772,6 +773,33 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
       if (!st[static_cast<size_t>(w)].ok()) {
         return st[static_cast<size_t>(w)].with_context("rank " + std::to_string(w) +
                                                        " tensor-parallel collectives");
+      }
+    }
+  }
+  // The expert-parallel groups' device collectives (the one-shot kernels) for the fixed-capacity
+  // exchange of decode-sized steps (model/moe_ep.h): its f32 rows back, the largest message, are
+  // ep blocks of C = P min(k, E / ep) rows for chunks of P = ceil(Tf / W) tokens. Larger steps'
+  // collectives go through host memory (model/moe.cpp), so these runs can be graph-captured.
+  const int64_t fixed_tokens =
+      std::min(options.moe_ep_fixed_tokens < 0 ? options.max_num_seqs : options.moe_ep_fixed_tokens,
+               options.max_num_tokens);
+  if (cuda && fixed_tokens > 0 && config.n_experts > 0) {
+    const int64_t P = (fixed_tokens + W - 1) / W;
+    const int64_t C = P * std::min<int64_t>(config.n_experts_used, config.n_experts / ep);
+    const int64_t largest = std::max<int64_t>(ep * C, P) * config.hidden * 4;
+    std::vector<Status> st(static_cast<size_t>(W));
+    std::vector<std::thread> threads;
+    for (int w = 0; w < W; ++w) {
+      threads.emplace_back([&, w] {
+        st[static_cast<size_t>(w)] = init_in_process_device(*ep_comms[static_cast<size_t>(w)],
+                                                            rank_device(w).index, largest);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int w = 0; w < W; ++w) {
+      if (!st[static_cast<size_t>(w)].ok()) {
+        return st[static_cast<size_t>(w)].with_context("rank " + std::to_string(w) +
+                                                       " expert-parallel collectives");
       }
     }
   }

@@ -2,9 +2,9 @@
 // threads sharing the GPU, each its own stream): EP = 2 and TP = 2 x EP = 2 (PCC) against one
 // rank on the GPU (Mixtral's 6 experts, 3 per rank; Qwen2-MoE's 44 features are not a
 // multiple of 8, which the CUDA expert kernels need), the CUDA twin of
-// tests/model/test_ep_inproc.cpp. Expert parallelism runs eagerly (the all-to-alls read their
-// counts on the host); the expert-parallel group's collectives go through host memory, the
-// tensor-parallel group's through the one-shot kernels.
+// tests/model/test_ep_inproc.cpp. The route trace keeps these runs eager: decode steps take the
+// fixed-capacity exchange (one-shot all-to-alls), prefill the variable splits through host
+// memory. The graph-replayed decode is tests/cuda/test_ep_fixed_cuda.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -33,6 +33,10 @@ Status moe_permute(const MoePermuteParams& p);
 Status moe_experts(const MoeExpertsParams& p);  // the device layout's grouped MLP (bf16)
 Status moe_combine(const MoeCombineParams& p);
 Status sigmoid_gate_add(const SigmoidGateAddParams& p);
+// moe_ep.cpp: the fixed-capacity expert-parallel exchange's index plans and row gather.
+Status moe_ep_send_plan(const MoeEpSendPlanParams& p);
+Status moe_ep_recv_plan(const MoeEpRecvPlanParams& p);
+Status gather_rows(const GatherRowsParams& p);
 
 // Twins of the GPU executor kernels: plain loops with the same rounding points as the CUDA
 // kernels (bf16 in, f32 accumulate, bf16/f32 out).

@@ -87,6 +87,12 @@ Status sigmoid_gate_add(const LaunchCtx& ctx, const SigmoidGateAddParams& p);
 // kernels/moe_experts.cu (+ moe_sbi*.cu, moe_gemm.cu): the grouped SiLU-gated expert MLP over
 // stacked bf16 / int8 / fp8 experts; hidden and ffn multiples of 8 (bf16) or 16 (8-bit).
 Status moe_experts(const LaunchCtx& ctx, const MoeExpertsParams& p);
+// kernels/moe_ep.cu: the fixed-capacity expert-parallel exchange's index plans (the send plan
+// a grid-stride pass; the receive plan one block, El x ep small enough for 48 KiB of shared
+// memory) and the row gather (a block per row).
+Status moe_ep_send_plan(const LaunchCtx& ctx, const MoeEpSendPlanParams& p);
+Status moe_ep_recv_plan(const LaunchCtx& ctx, const MoeEpRecvPlanParams& p);
+Status gather_rows(const LaunchCtx& ctx, const GatherRowsParams& p);
 
 // memcpy.cpp: async copies on ctx.stream (host memory must stay valid until the stream reaches
 // them: pinned host memory makes the copy asynchronous, pageable memory is staged by the driver)
@@ -116,6 +122,11 @@ struct OneShotParams {
   DType dtype = DType::kF32;  // kF32 or kBF16 (summed in f32, rank order)
 };
 Status oneshot(const LaunchCtx& ctx, const OneShotParams& p, bool gather);
+// The all-to-all of `bytes` bytes per rank (a multiple of 4; any dtype: the copy is exact):
+// p.in holds n_ranks blocks of `bytes`, block r for rank r; p.out block q comes from rank q.
+// Same epochs and flags; every rank's whole input must fit half its staging buffer. CPU twin:
+// the in-process communicator's host all_to_all.
+Status oneshot_all_to_all(const LaunchCtx& ctx, const OneShotParams& p, int64_t bytes);
 // The all-reduce of a row-parallel layer's f32 partial sums fused with what follows it
 // (TensorRT-LLM's and FlashInfer's all-reduce + residual + RMSNorm fusion): per row r,
 //   y = sum over ranks of y[r, :] (rank order, f32)  (+ bias)

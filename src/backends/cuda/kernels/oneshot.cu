@@ -1,10 +1,10 @@
-// One-shot all-reduce and all-gather among ranks that can read each other's device memory (the
-// threads of one process on one GPU, or GPUs with peer access over NVLink): the small-message
-// collectives of decode steps, done inside one kernel per rank with no host synchronization, so
-// they can be captured in CUDA graphs (TensorRT-LLM and FlashInfer call this shape "one-shot").
-// CPU twin of the arithmetic: strata::reduce_sum_host (src/parallel/reduce.cpp): ranks are summed
-// in order 0..n-1 in f32 and rounded once, so every rank's result is bit-identical and equals
-// the twin's.
+// One-shot all-reduce, all-gather and all-to-all among ranks that can read each other's device
+// memory (the threads of one process on one GPU, or GPUs with peer access over NVLink): the
+// small-message collectives of decode steps, done inside one kernel per rank with no host
+// synchronization, so they can be captured in CUDA graphs (TensorRT-LLM and FlashInfer call this
+// shape "one-shot"). CPU twin of the arithmetic: strata::reduce_sum_host (src/parallel/reduce.cpp):
+// ranks are summed in order 0..n-1 in f32 and rounded once, so every rank's result is bit-identical
+// and equals the twin's.
 //
 // Each rank owns a staging buffer (two halves, alternating by epoch parity) and a flag array
 // flags[src][block] that its peers write. A call with epoch e on rank r, block b of B:
@@ -43,6 +43,42 @@ constexpr int64_t kSpinLimit = int64_t{20} * 1000 * 1000 * 1000;  // clock cycle
 
 __device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
   return *reinterpret_cast<const volatile uint32_t*>(p);
+}
+
+// Steps 2 and 3 of the protocol for block b (after the block staged its chunk and synchronized):
+// raise my flag for b at every peer, wait for every peer's flag for b, then order the reads.
+__device__ __forceinline__ void arrive_and_wait(const OneShotParams& p, int b, uint32_t epoch) {
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int q = 0; q < p.n_ranks; ++q) {
+      *reinterpret_cast<volatile uint32_t*>(p.flags[q] + p.rank * kOneShotMaxBlocks + b) = epoch;
+    }
+  }
+  if (threadIdx.x < p.n_ranks) {
+    const uint32_t* f = p.flags[p.rank] + threadIdx.x * kOneShotMaxBlocks + b;
+    const int64_t t0 = clock64();
+    while (static_cast<int32_t>(load_volatile(f) - epoch) < 0) {
+      if (clock64() - t0 > kSpinLimit) {
+        atomicExch(p.error, 1u);
+        break;
+      }
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();
+  __threadfence();
+}
+
+// Step 5: the last of the nb blocks to finish publishes the epoch.
+__device__ __forceinline__ void publish_epoch(const OneShotParams& p, int nb, uint32_t epoch) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(p.done, 1u) == static_cast<uint32_t>(nb - 1)) {
+      *p.done = 0;
+      *p.epoch = epoch;
+    }
+  }
 }
 
 template <class T>
@@ -90,27 +126,8 @@ __global__ void __launch_bounds__(kThreads) oneshot_kernel(const OneShotParams p
   const Load* in = static_cast<const Load*>(p.in);
   for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) mine[i] = in[i];
   __syncthreads();
-  // 2. raise my flag for this block at every peer
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    for (int q = 0; q < p.n_ranks; ++q) {
-      *reinterpret_cast<volatile uint32_t*>(p.flags[q] + p.rank * kOneShotMaxBlocks + b) = epoch;
-    }
-  }
-  // 3. wait for every peer's flag for this block
-  if (threadIdx.x < p.n_ranks) {
-    const uint32_t* f = p.flags[p.rank] + threadIdx.x * kOneShotMaxBlocks + b;
-    const int64_t t0 = clock64();
-    while (static_cast<int32_t>(load_volatile(f) - epoch) < 0) {
-      if (clock64() - t0 > kSpinLimit) {
-        atomicExch(p.error, 1u);
-        break;
-      }
-      __nanosleep(64);
-    }
-  }
-  __syncthreads();
-  __threadfence();
+  // 2. raise my flag for this block at every peer; 3. wait for every peer's flag for it
+  arrive_and_wait(p, b, epoch);
   // 4. read every peer's chunk (L1 bypassed: the same addresses held other data last epoch)
   Load* out = static_cast<Load*>(p.out);
   if constexpr (kGather) {
@@ -140,14 +157,39 @@ __global__ void __launch_bounds__(kThreads) oneshot_kernel(const OneShotParams p
     }
   }
   // 5. the last block publishes the epoch
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(p.done, 1u) == static_cast<uint32_t>(nb - 1)) {
-      *p.done = 0;
-      *p.epoch = epoch;
-    }
+  publish_epoch(p, nb, epoch);
+}
+
+// The all-to-all: p.count 4-byte words (kVec: 16-byte vectors of them) per destination; the
+// input is n_ranks blocks of count words. Block b stages its part of every destination's
+// block, and after the flags reads its part of block `rank` from every peer:
+// out[q count + i] = peer q's in[rank count + i]. The message in staging is n_ranks blocks.
+template <bool kVec>
+__global__ void __launch_bounds__(kThreads) oneshot_all_to_all_kernel(const OneShotParams p) {
+  using Load = std::conditional_t<kVec, uint4, uint32_t>;
+  constexpr int64_t kV = kVec ? 4 : 1;
+  const int b = static_cast<int>(blockIdx.x);
+  const int nb = static_cast<int>(gridDim.x);
+  const uint32_t epoch = *p.epoch + 1;
+  const int64_t off = static_cast<int64_t>(epoch & 1u) * (p.staging_bytes / 2);
+  const int64_t n = p.count / kV;  // loads per destination
+  const int64_t per = (n + nb - 1) / nb;
+  const int64_t i0 = std::min<int64_t>(per * b, n);
+  const int64_t i1 = std::min<int64_t>(i0 + per, n);
+  Load* mine = reinterpret_cast<Load*>(static_cast<char*>(p.staging[p.rank]) + off);
+  const Load* in = static_cast<const Load*>(p.in);
+  for (int q = 0; q < p.n_ranks; ++q) {
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) mine[q * n + i] = in[q * n + i];
   }
+  __syncthreads();
+  arrive_and_wait(p, b, epoch);
+  Load* out = static_cast<Load*>(p.out);
+  for (int q = 0; q < p.n_ranks; ++q) {
+    const Load* src =
+        reinterpret_cast<const Load*>(static_cast<const char*>(p.staging[q]) + off) + p.rank * n;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) out[q * n + i] = __ldcg(src + i);
+  }
+  publish_epoch(p, nb, epoch);
 }
 
 template <class T>
@@ -202,25 +244,7 @@ __global__ void __launch_bounds__(kNormThreads)
     }
   }
   __syncthreads();
-  if (tid == 0) {
-    __threadfence_system();
-    for (int q = 0; q < p.n_ranks; ++q) {
-      *reinterpret_cast<volatile uint32_t*>(p.flags[q] + p.rank * kOneShotMaxBlocks + b) = epoch;
-    }
-  }
-  if (tid < p.n_ranks) {
-    const uint32_t* fl = p.flags[p.rank] + tid * kOneShotMaxBlocks + b;
-    const int64_t t0 = clock64();
-    while (static_cast<int32_t>(load_volatile(fl) - epoch) < 0) {
-      if (clock64() - t0 > kSpinLimit) {
-        atomicExch(p.error, 1u);
-        break;
-      }
-      __nanosleep(64);
-    }
-  }
-  __syncthreads();
-  __threadfence();
+  arrive_and_wait(p, b, epoch);
   const W* w = static_cast<const W*>(f.weight);
   for (int64_t r = b; r < f.rows; r += nb) {
     float* x = f.x + r * cols;
@@ -280,14 +304,7 @@ __global__ void __launch_bounds__(kNormThreads)
       }
     }
   }
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    if (atomicAdd(p.done, 1u) == static_cast<uint32_t>(nb - 1)) {
-      *p.done = 0;
-      *p.epoch = epoch;
-    }
-  }
+  publish_epoch(p, nb, epoch);
 }
 
 template <class W>
@@ -321,6 +338,8 @@ Status oneshot_preload() {
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<float, true, true>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<uint16_t, false, true>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<uint16_t, true, true>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_all_to_all_kernel<false>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_all_to_all_kernel<true>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<float, false>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<float, true>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__half, false>));
@@ -360,6 +379,38 @@ Status oneshot(const LaunchCtx& ctx, const OneShotParams& p, bool gather) {
     launch_oneshot<uint16_t>(ctx, p, gather, vec, grid);
   }
   return kernel_launch_status("oneshot_kernel");
+}
+
+Status oneshot_all_to_all(const LaunchCtx& ctx, const OneShotParams& p, int64_t bytes) {
+  if (p.n_ranks < 1 || p.n_ranks > kOneShotMaxRanks || p.rank < 0 || p.rank >= p.n_ranks ||
+      bytes < 0 || p.staging == nullptr || p.flags == nullptr || p.epoch == nullptr ||
+      p.done == nullptr || p.error == nullptr) {
+    return invalid_argument("oneshot_all_to_all", "bad rank, size or registration");
+  }
+  if (bytes % 4 != 0) {
+    return invalid_argument("oneshot_all_to_all", "bytes per rank must be a multiple of 4");
+  }
+  const int64_t total = bytes * p.n_ranks;
+  if (total > p.staging_bytes / 2) {
+    return invalid_argument("oneshot_all_to_all", "message of " + std::to_string(total) +
+                                                      " bytes exceeds half the staging buffer");
+  }
+  if (bytes == 0) return ok_status();
+  if (p.in == nullptr || p.out == nullptr) {
+    return invalid_argument("oneshot_all_to_all", "null in or out");
+  }
+  OneShotParams q = p;
+  auto aligned = [](const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15u) == 0; };
+  const bool vec =
+      bytes % 16 == 0 && aligned(p.in) && aligned(p.out) && (p.staging_bytes / 2) % 16 == 0;
+  q.count = bytes / 4;
+  const dim3 grid(static_cast<unsigned>(oneshot_blocks(total)));
+  if (vec) {
+    oneshot_all_to_all_kernel<true><<<grid, kThreads, 0, ctx.stream>>>(q);
+  } else {
+    oneshot_all_to_all_kernel<false><<<grid, kThreads, 0, ctx.stream>>>(q);
+  }
+  return kernel_launch_status("oneshot_all_to_all_kernel");
 }
 
 }  // namespace strata::cuda

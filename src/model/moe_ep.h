@@ -1,0 +1,61 @@
+// The fixed-capacity expert-parallel exchange: the dispatch and combine of a sparse layer's
+// rows among the ep ranks of an expert-parallel group (model/moe.cpp) as fixed-size
+// all-to-alls, so that nothing is read on the host and a decode step can run in a CUDA graph.
+//
+// Every rank sends every rank a block of C rows (the capacity: a chunk of at most P tokens
+// sends at most P min(k, El) rows to one rank, a token choosing distinct experts), and the
+// per-expert counts ride along in a second, small all-to-all of device memory:
+//   dispatch  send plan (counts, send_map, back_map from the chunk's expert offsets), the
+//             chunk's permuted rows packed into send [ep, C, H] (gather_rows), the counts and
+//             rows all-to-all'd, the receive plan (offsets of the rows grouped by local expert,
+//             group_map, ungroup_map), the received rows grouped by local expert (gather_rows):
+//             the grouped rows and offsets are what ops::moe_experts takes (it reads the
+//             offsets on the device and skips the rows past offsets[El]).
+//   combine   the expert outputs back to arrival order (gather_rows, ungroup_map), all-to-all'd
+//             to their senders, and unpacked into the chunk's permuted order (back_map), ready
+//             for ops::moe_combine.
+// Row order within an expert is the variable-split path's (sources in rank order, then each
+// source's order), so the expert GEMMs see the same rows and the results match it.
+// The transport is the group's device all-to-all: the one-shot kernel for in-process ranks
+// (peers' staging buffers read directly), NCCL's grouped send/recv for NCCL groups; host
+// memory on the CPU (the CPU twin).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/ops.h"
+#include "parallel/comm.h"
+
+namespace strata {
+
+// Views of one exchange's buffers (sized by the caller for ep, El, C, H and the chunk's rows).
+struct EpExchange {
+  int64_t ep = 0, experts_per_rank = 0, capacity = 0;
+  Tensor send_x;       // act [ep C, H]: the packed rows; after the dispatch, the grouped rows
+  Tensor recv_x;       // act [ep C, H]: the rows received, source-major
+  Tensor offsets;      // i32 [1, El + 1]: the grouped rows of each local expert
+  Tensor y;            // f32 [ep C, H]: the experts' outputs (grouped), then the rows back
+  Tensor recv_y;       // f32 [ep C, H]: the outputs in arrival order
+  Tensor send_counts;  // i32 [1, ep El]
+  Tensor recv_counts;  // i32 [1, ep El]
+  Tensor send_map, group_map, ungroup_map;  // i32 [1, ep C]
+  Tensor back_map;                          // i32 [1, >= the chunk's rows]
+  // The grouped rows [ep C, H] (the first offsets[El] valid; the rest zeros).
+  Tensor grouped() const { return send_x; }
+};
+
+// The i32 entries EpExchange's index views take (carve_ep_index lays them out).
+int64_t ep_index_entries(int64_t ep, int64_t experts_per_rank, int64_t capacity, int64_t max_rows);
+// Sets ex's index views from one i32 buffer of ep_index_entries() entries on `device`.
+void carve_ep_index(EpExchange& ex, int32_t* base, int64_t max_rows, Device device);
+
+// x_perm [n_rows, H] (act) grouped by expert with offsets [1, ep El + 1]; n_rows 0 (an empty
+// chunk) sends nothing and leaves offsets unread. Afterwards ex.grouped() and ex.offsets hold
+// this rank's rows for its experts. Every rank of `group` calls it with the same capacity.
+Status ep_dispatch(ops::Context& ctx, Communicator& group, const Tensor& x_perm,
+                   const Tensor& offsets, EpExchange& ex);
+// ex.y [ep C, H] f32 (the outputs of the grouped rows) back to their senders: y_perm [n_rows,
+// H] f32 in x_perm's order (n_rows as at the dispatch).
+Status ep_combine(ops::Context& ctx, Communicator& group, EpExchange& ex, Tensor& y_perm);
+
+}  // namespace strata

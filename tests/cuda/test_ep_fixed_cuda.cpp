@@ -1,0 +1,345 @@
+// The fixed-capacity expert-parallel exchange (model/moe_ep.h) on ONE GPU, ranks as threads of
+// the in-process communicator: its kernels against their CPU twins (the index plans and the row
+// gather, bit-exact), the one-shot device all-to-all against the host all-to-all (eager and
+// replayed from a CUDA graph), the exchange round trip for EP = 2, 3, 4 (uneven routing, an empty
+// chunk, the capacity exactly reached), and whole models with expert parallelism whose decode
+// steps replay CUDA graphs, against one rank and against the eager variable-split exchange.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../model/ep_fixed_util.h"
+#include "../model/fixture_util.h"
+#include "../model/moe_parallel_util.h"
+#include "backends/cpu/cpu_kernels.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_kernels.h"
+#include "parallel/inproc_comm.h"
+
+namespace strata {
+namespace {
+
+// Ranks that share one GPU need kernels loaded eagerly (runtime/tp_executor.cpp says why).
+[[maybe_unused]] const bool kEagerLoading = [] {
+  return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0;
+}();
+
+bool have_gpu() {
+  return cuda::cuda_device_count() > 0;
+}
+
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device"
+
+std::string on_ranks(int n, const std::function<std::string(int)>& f) {
+  std::vector<std::string> err(static_cast<size_t>(n));
+  std::vector<std::thread> t;
+  for (int r = 0; r < n; ++r) t.emplace_back([&, r] { err[static_cast<size_t>(r)] = f(r); });
+  for (auto& x : t) x.join();
+  for (const std::string& e : err) {
+    if (!e.empty()) return e;
+  }
+  return "";
+}
+
+// Device memory freed at scope exit.
+struct DeviceMem {
+  std::vector<void*> ptrs;
+  void* alloc(int64_t bytes) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 16))) != cudaSuccess) {
+      return nullptr;
+    }
+    cudaMemset(p, 0, static_cast<size_t>(std::max<int64_t>(bytes, 16)));
+    ptrs.push_back(p);
+    return p;
+  }
+  ~DeviceMem() {
+    cudaDeviceSynchronize();
+    for (void* p : ptrs) cudaFree(p);
+  }
+};
+
+template <class T>
+T* upload(DeviceMem& m, const std::vector<T>& v) {
+  void* p = m.alloc(static_cast<int64_t>(v.size() * sizeof(T)));
+  cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return static_cast<T*>(p);
+}
+
+template <class T>
+std::vector<T> download(const T* p, size_t n) {
+  std::vector<T> v(n);
+  cudaDeviceSynchronize();
+  cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return v;
+}
+
+TEST(EpFixedCuda, PlansAndGatherMatchTwins) {
+  REQUIRE_GPU();
+  auto dev = cuda::CudaDevice::create(0);
+  ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+  const cuda::LaunchCtx& ctx = (*dev)->launch_ctx();
+  std::mt19937 rng(5);
+  for (int ep : {1, 2, 3, 4, 8}) {
+    for (int64_t El : {1, 3, 16, 128}) {
+      for (int64_t C : {0, 1, 5, 64}) {
+        SCOPED_TRACE(std::to_string(ep) + " ranks x " + std::to_string(El) + " experts, C " +
+                     std::to_string(C));
+        DeviceMem m;
+        // Send plan: random counts per expert, each rank's block within C (0 for the last).
+        std::vector<int32_t> off(static_cast<size_t>(ep * El + 1), 0);
+        for (int d = 0; d < ep; ++d) {
+          int64_t left = d == ep - 1 ? 0 : C;
+          for (int64_t e = 0; e < El; ++e) {
+            const int64_t c = left > 0 ? static_cast<int64_t>(rng() % (left + 1)) : 0;
+            left -= c;
+            const size_t i = static_cast<size_t>(d * El + e);
+            off[i + 1] = off[i] + static_cast<int32_t>(c);
+          }
+        }
+        const int64_t n_rows = off.back();
+        MoeEpSendPlanParams sp;
+        sp.ep = ep;
+        sp.experts_per_rank = El;
+        sp.capacity = C;
+        sp.n_rows = n_rows;
+        std::vector<int32_t> counts(static_cast<size_t>(ep * El)),
+            smap(static_cast<size_t>(ep * C)),
+            bmap(static_cast<size_t>(std::max<int64_t>(n_rows, 1)));
+        sp.offsets = off.data();
+        sp.counts = counts.data();
+        sp.send_map = smap.data();
+        sp.back_map = bmap.data();
+        ASSERT_TRUE(cpu::moe_ep_send_plan(sp).ok());
+        MoeEpSendPlanParams dp = sp;
+        dp.offsets = upload(m, off);
+        dp.counts = static_cast<int32_t*>(m.alloc(ep * El * 4));
+        dp.send_map = static_cast<int32_t*>(m.alloc(ep * C * 4));
+        dp.back_map = static_cast<int32_t*>(m.alloc(std::max<int64_t>(n_rows, 1) * 4));
+        ASSERT_TRUE(cuda::moe_ep_send_plan(ctx, dp).ok());
+        EXPECT_EQ(download(dp.counts, counts.size()), counts);
+        EXPECT_EQ(download(dp.send_map, smap.size()), smap);
+        EXPECT_EQ(download(dp.back_map, static_cast<size_t>(n_rows)),
+                  std::vector<int32_t>(bmap.begin(), bmap.begin() + n_rows));
+        // Receive plan: the counts as if every source had sent these (its block within C).
+        MoeEpRecvPlanParams rp;
+        rp.ep = ep;
+        rp.experts_per_rank = El;
+        rp.capacity = C;
+        std::vector<int32_t> roff(static_cast<size_t>(El + 1)), gmap(smap.size()),
+            umap(smap.size());
+        rp.counts = counts.data();
+        rp.offsets = roff.data();
+        rp.group_map = gmap.data();
+        rp.ungroup_map = umap.data();
+        ASSERT_TRUE(cpu::moe_ep_recv_plan(rp).ok());
+        MoeEpRecvPlanParams drp = rp;
+        drp.counts = upload(m, counts);
+        drp.offsets = static_cast<int32_t*>(m.alloc((El + 1) * 4));
+        drp.group_map = static_cast<int32_t*>(m.alloc(ep * C * 4));
+        drp.ungroup_map = static_cast<int32_t*>(m.alloc(ep * C * 4));
+        ASSERT_TRUE(cuda::moe_ep_recv_plan(ctx, drp).ok());
+        EXPECT_EQ(download(drp.offsets, roff.size()), roff);
+        EXPECT_EQ(download(drp.group_map, gmap.size()), gmap);
+        EXPECT_EQ(download(drp.ungroup_map, umap.size()), umap);
+      }
+    }
+  }
+  // The row gather: 16-byte, 4-byte and 1-byte rows, maps with -1 and out-of-range entries.
+  for (int64_t row_bytes : {int64_t{7168 * 2}, int64_t{28}, int64_t{5}}) {
+    DeviceMem m;
+    const int64_t src_rows = 9, n_rows = 13;
+    std::vector<uint8_t> src(static_cast<size_t>(src_rows * row_bytes));
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    std::vector<int32_t> map(static_cast<size_t>(n_rows));
+    for (auto& v : map) v = static_cast<int32_t>(rng() % (src_rows + 3)) - 1;
+    GatherRowsParams p;
+    p.src_rows = src_rows;
+    p.n_rows = n_rows;
+    p.row_bytes = row_bytes;
+    std::vector<uint8_t> want(static_cast<size_t>(n_rows * row_bytes), 0xAB);
+    p.src = src.data();
+    p.map = map.data();
+    p.dst = want.data();
+    ASSERT_TRUE(cpu::gather_rows(p).ok());
+    GatherRowsParams d = p;
+    d.src = upload(m, src);
+    d.map = upload(m, map);
+    d.dst = m.alloc(n_rows * row_bytes);
+    ASSERT_TRUE(cuda::gather_rows(ctx, d).ok());
+    EXPECT_EQ(download(static_cast<uint8_t*>(d.dst), want.size()), want) << row_bytes;
+  }
+}
+
+// The one-shot all-to-all against the host all-to-all of the same communicator kind, f32 and
+// bf16, sizes that take the 16-byte and the 4-byte kernels; eager, then captured and replayed.
+TEST(EpFixedCuda, OneShotAllToAllMatchesHostTwin) {
+  REQUIRE_GPU();
+  for (int n : {2, 3, 4}) {
+    for (int64_t count : {int64_t{6}, int64_t{1}, int64_t{4096 * 8}}) {
+      SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(count) + " f32 per rank");
+      auto dcomms = make_in_process_communicators(n);
+      auto hcomms = make_in_process_communicators(n);
+      const std::string err = on_ranks(n, [&](int r) -> std::string {
+        auto dev = cuda::CudaDevice::create(0);
+        if (!dev.ok()) return dev.status().to_string();
+        Communicator& dc = *dcomms[static_cast<size_t>(r)];
+        Communicator& hc = *hcomms[static_cast<size_t>(r)];
+        Status st = init_in_process_device(dc, 0, n * count * 4);
+        if (!st.ok()) return st.to_string();
+        std::vector<float> in(static_cast<size_t>(n * count)), want(in.size());
+        for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(r * 1000003 + i);
+        st = hc.all_to_all(in.data(), count, DType::kF32, want.data(), CommStream::host());
+        if (!st.ok()) return st.to_string();
+        cudaStream_t stream = (*dev)->launch_ctx().stream;
+        DeviceMem m;
+        float* src = upload(m, in);
+        auto* out = static_cast<float*>(m.alloc(n * count * 4));
+        cudaMemsetAsync(out, 0, static_cast<size_t>(n * count * 4), stream);
+        cudaStreamSynchronize(stream);
+        st = dc.barrier();
+        CommStream s;
+        s.device = Device::cuda(0);
+        s.cuda_stream = stream;
+        // Round 0 eager; round 1 captured and replayed twice.
+        for (int round = 0; round < 2 && st.ok(); ++round) {
+          cudaMemsetAsync(out, 0, static_cast<size_t>(n * count * 4), stream);
+          if (round == 0) {
+            st = dc.all_to_all(src, count, DType::kF32, out, s);
+          } else {
+            cudaGraph_t g = nullptr;
+            cudaGraphExec_t exec = nullptr;
+            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+            st = dc.all_to_all(src, count, DType::kF32, out, s);
+            cudaStreamEndCapture(stream, &g);
+            if (g != nullptr) {
+              cudaGraphInstantiate(&exec, g, 0);
+              cudaGraphDestroy(g);
+            }
+            if (st.ok() && exec != nullptr) {
+              cudaGraphLaunch(exec, stream);
+              cudaGraphLaunch(exec, stream);
+            }
+            cudaStreamSynchronize(stream);
+            if (exec != nullptr) cudaGraphExecDestroy(exec);
+          }
+          cudaStreamSynchronize(stream);
+          if (st.ok() && download(out, want.size()) != want) {
+            st = Status(StatusCode::kInternal, "round " + std::to_string(round) + " differs");
+          }
+        }
+        const Status met = dc.barrier();
+        if (st.ok()) st = dc.health();
+        return st.ok() ? (met.ok() ? "" : met.to_string()) : st.to_string();
+      });
+      EXPECT_EQ(err, "");
+    }
+  }
+}
+
+TEST(EpFixedCuda, ExchangeRoundTrip) {
+  REQUIRE_GPU();
+  for (int ep : {2, 3, 4}) {
+    for (const char* kind : {"uneven", "full", "empty"}) {
+      for (DType act : {DType::kF32, DType::kBF16}) {
+        SCOPED_TRACE(std::to_string(ep) + " ranks, " + kind + ", " + std::string(dtype_name(act)));
+        const testing::EpRouting R = testing::make_routing(ep, kind, 7u + ep);
+        auto comms = make_in_process_communicators(ep);
+        const int64_t bytes = ep * R.capacity() * R.hidden * 4;
+        const std::string err = on_ranks(ep, [&](int r) -> std::string {
+          auto dev = cuda::CudaDevice::create(0);
+          if (!dev.ok()) return dev.status().to_string();
+          Communicator& c = *comms[static_cast<size_t>(r)];
+          Status st = init_in_process_device(c, 0, bytes);
+          if (!st.ok()) return st.to_string();
+          DeviceMem m;
+          ops::Context ctx{Device::cuda(0), &(*dev)->launch_ctx()};
+          // Work on the stream before its first collective (tests/cuda/test_tp_cuda.cpp says why).
+          void* warm = m.alloc(16);
+          cudaMemsetAsync(warm, 0, 16, (*dev)->launch_ctx().stream);
+          std::string e =
+              testing::ep_round_trip(ctx, c, R, act, [&](int64_t b) { return m.alloc(b); });
+          const Status met = c.barrier();
+          if (e.empty() && !met.ok()) e = met.to_string();
+          return e;
+        });
+        EXPECT_EQ(err, "");
+      }
+    }
+  }
+}
+
+Result<testing::MoeRun> ep_run(const std::string& dir, int tp, int ep, int64_t fixed_tokens,
+                               int64_t* replays) {
+  STRATA_ASSIGN_OR_RETURN(ModelConfig config, testing::moe_config(dir));
+  STRATA_ASSIGN_OR_RETURN(testing::Reference ref, testing::load_reference(dir));
+  RunnerOptions o;
+  o.device = Device::cuda(0);
+  o.act_dtype = DType::kBF16;
+  o.max_model_len = 128;
+  o.num_kv_blocks = 16;
+  o.max_num_tokens = 64;
+  o.max_num_seqs = 4;
+  o.cuda_graphs = true;
+  o.moe_ep_fixed_tokens = fixed_tokens;
+  STRATA_ASSIGN_OR_RETURN(
+      auto exec, make_in_process_tp_executor(config, testing::moe_loader(dir, config), tp, o, ep));
+  STRATA_ASSIGN_OR_RETURN(testing::MoeRun run, testing::moe_run(*exec, ref.inputs.back(), 8));
+  *replays = exec->graph_replays();
+  return run;
+}
+
+struct Case {
+  const char* fixture;
+  int tp, ep;
+};
+
+class EpFixedGraphCuda : public ::testing::TestWithParam<Case> {};
+
+// Decode steps on the fixed-capacity exchange replay CUDA graphs (the exchange's one-shot
+// all-to-alls inside them); against one rank (graphs) and the eager variable-split exchange.
+TEST_P(EpFixedGraphCuda, DecodeReplaysGraphs) {
+  REQUIRE_GPU();
+  const Case& c = GetParam();
+  const std::string dir = testing::moe_fixture(c.fixture);
+  int64_t r1 = 0, rv = 0, rf = 0;
+  auto one = ep_run(dir, 1, 1, -1, &r1);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto variable = ep_run(dir, c.tp, c.ep, 0, &rv);
+  ASSERT_TRUE(variable.ok()) << variable.status().to_string();
+  auto fixed = ep_run(dir, c.tp, c.ep, -1, &rf);
+  ASSERT_TRUE(fixed.ok()) << fixed.status().to_string();
+  const double e1 = testing::relative_error(fixed->logits, one->logits);
+  const double ev = testing::relative_error(fixed->logits, variable->logits);
+  std::printf(
+      "[ info ] %s TP=%d EP=%d on one GPU: fixed-capacity with graphs %.2e of max|logit| from "
+      "one rank, %.2e from the eager variable splits; %lld graph replays (eager: %lld)\n",
+      c.fixture, c.tp, c.ep, e1, ev, static_cast<long long>(rf), static_cast<long long>(rv));
+  EXPECT_EQ(rv, 0) << "the variable-split exchange runs eagerly";
+  EXPECT_GE(rf, 6) << "decode steps should replay graphs";
+  EXPECT_LE(e1, c.tp == 1 ? 1e-2 : 2e-2);
+  EXPECT_LE(ev, c.tp == 1 ? 1e-2 : 2e-2);
+  EXPECT_EQ(fixed->greedy, variable->greedy);
+  EXPECT_EQ(fixed->greedy, one->greedy);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, EpFixedGraphCuda,
+                         ::testing::Values(Case{"mixtral", 1, 2}, Case{"mixtral_bf16", 1, 2},
+                                           Case{"mixtral", 2, 2}, Case{"mixtral_bf16", 2, 2}),
+                         [](const auto& info) {
+                           return std::string(info.param.fixture) + "_tp" +
+                                  std::to_string(info.param.tp) + "_ep" +
+                                  std::to_string(info.param.ep);
+                         });
+
+}  // namespace
+}  // namespace strata
