@@ -10,10 +10,11 @@ tests/fuzz/corpus/gguf/) with the `gguf` Python package (gguf-py, the format's r
                     the reference values gguf.quants.dequantize gives for those tensors, raw
                     little-endian f32, row-major outermost-first.
   llama_q4_k_m.gguf a tiny llama (hidden 256, 4 heads of 64 / 2 KV heads, ffn 256, 2 layers,
-                    vocab 256, no tokenizer) whose linear weights mix the GPU block formats the
+                    vocab 256) whose linear weights mix the GPU block formats the
                     way llama.cpp's Q4_K_M does and beyond: layer 0 Q/K/gate/up/output-proj
                     Q4_K, V and down Q6_K; layer 1 Q/K/V Q8_0, output-proj Q5_K, gate/up Q4_0,
-                    down Q4_K; token_embd Q4_K, output Q6_K; norms f32. For the GPU's
+                    down Q4_K; token_embd Q4_K, output Q6_K; norms f32; a byte-level
+                    tokenizer (256 byte tokens, no merges). For the GPU's
                     block-format tests (tests/cuda/test_cuda_gguf.cpp, tests/model/
                     test_gguf_device.cpp): every in-feature count is a multiple of 256.
 The metadata values are repeated in tests/io/test_gguf.cpp: change both together.
@@ -145,6 +146,19 @@ def write_llama_q4_k_m(rng):
     w.add_layer_norm_rms_eps(1e-5)
     w.add_uint32("tokenizer.ggml.bos_token_id", 1)
     w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    # A byte-level BPE vocabulary without merges: token b is byte b (GPT-2's byte-to-unicode
+    # spelling), so the engine can generate from token ids and print what it made.
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) +
+                 list(range(0xAE, 0xFF + 1)))
+    spelling, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            spelling[b] = chr(b)
+        else:
+            spelling[b] = chr(256 + extra)
+            extra += 1
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_array("tokenizer.ggml.tokens", [spelling[b] for b in range(VOCAB)])
 
     def k_blocks(qt, rows, cols):
         block, size = gguf.GGML_QUANT_SIZES[qt]

@@ -222,6 +222,9 @@ class Uploader {
                     "multiple of 256)",
                     what, dtype_name(wdt == DType::kBF16 ? host->parts[0].w.dtype : wdt), cols);
     }
+    if (host != nullptr && host->rows() != rows) {
+      return errorf(StatusCode::kInternal, "{} has {} rows, expected {}", what, host->rows(), rows);
+    }
     ops::LinearWeight out;
     std::vector<uint8_t> dev;
     int64_t r0 = 0;
@@ -248,12 +251,15 @@ class Uploader {
       for (int64_t s0 = 0; s0 < n; s0 += slab) {
         const int64_t sn = std::min(slab, n - s0);
         dev.resize(static_cast<size_t>(sn * row_bytes));
-        for (int64_t r = 0; r < sn; ++r) {
-          uint8_t* d = dev.data() + r * row_bytes;
-          if (host == nullptr) {
-            cpu::gguf_fill_random_row(dt, seed, s0 + r, kRandomScale, cols, d);
-            continue;
+        if (host == nullptr) {
+#pragma omp parallel for schedule(static)
+          for (int64_t r = 0; r < sn; ++r) {
+            cpu::gguf_fill_random_row(dt, seed, s0 + r, kRandomScale, cols,
+                                      dev.data() + r * row_bytes);
           }
+        }
+        for (int64_t r = 0; r < sn && host != nullptr; ++r) {
+          uint8_t* d = dev.data() + r * row_bytes;
           while (part_row >= host->parts[static_cast<size_t>(part)].w.dim(0)) {
             ++part;
             part_row = 0;
@@ -297,7 +303,9 @@ class Uploader {
                                                  int64_t E, int64_t rows, int64_t cols,
                                                  int64_t host_rows, int64_t host_cols, bool gated,
                                                  const char* what) {
-    const DType wdt = layout_.weight_dtype;
+    // GGUF block formats (random weights) cover the dense linears; experts stay bf16.
+    const DType wdt =
+        dtype_info(layout_.weight_dtype).is_quantized ? DType::kBF16 : layout_.weight_dtype;
     const int64_t align = wdt == DType::kBF16 ? 8 : 16;
     if (ctx_.device.is_cuda() && cols % align != 0) {
       return errorf(StatusCode::kUnimplemented,

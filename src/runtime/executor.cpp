@@ -472,16 +472,12 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   }
   // A shape preset has no files to read: it implies dummy weights.
   const bool dummy = cfg.load_format == LoadFormat::kDummy || !cfg.model_config.empty();
-  DType wdt = DType::kBF16;
-  switch (cfg.quantization) {
-    case Quantization::kNone:
-      break;
-    case Quantization::kInt8:
-      wdt = DType::kI8;
-      break;
-    case Quantization::kFp8:
-      wdt = DType::kFP8E4M3;
-      break;
+  const DType wdt = quantization_dtype(cfg.quantization);
+  if (dtype_info(wdt).is_quantized && !dummy) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--quantization {} builds random weights (with --model-config or --load-format "
+                  "dummy); a GGUF checkpoint keeps its own block formats without --quantization",
+                  dtype_name(wdt));
   }
   if (!cuda && (wdt != DType::kBF16 || dummy)) {
     return Status(StatusCode::kInvalidArgument,

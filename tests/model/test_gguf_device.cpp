@@ -17,6 +17,7 @@
 #include "runtime/executor.h"
 #include "runtime/model_loader.h"
 #include "runtime/sequence.h"
+#include "strata/engine.h"
 
 namespace strata {
 namespace {
@@ -126,6 +127,28 @@ TEST(GgufDevice, TwinsMatchTheCpuReference) {
       "[ info ] gguf twins vs CPU reference: worst %.2e of max|logit|, greedy ids equal "
       "at all %d of %d positions with a clear top token\n",
       worst, decided, positions);
+}
+
+// The CPU engine runs the file without a tokenizer from token ids (what the CUDA test's greedy
+// check scores against).
+TEST(GgufDevice, CpuEngineGeneratesFromIds) {
+  if (!std::filesystem::exists(fixture())) GTEST_SKIP() << fixture() << " not present";
+  EngineConfig cfg;
+  cfg.model = fixture();
+  cfg.show_progress = false;
+  auto e = Engine::create(cfg);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  GenerateRequest req;
+  req.prompt_tokens = {1, 17, 99, 200, 5};
+  req.max_tokens = 6;
+  req.sampling.temperature = 0.0f;
+  req.ignore_eos = true;
+  auto out = (*e)->generate(req, nullptr);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(out->tokens.size(), 6u);
+  auto logits = (*e)->score(req.prompt_tokens);
+  ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+  EXPECT_EQ(logits->size(), 5u * 256u);
 }
 
 }  // namespace
