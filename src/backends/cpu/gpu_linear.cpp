@@ -7,7 +7,9 @@
 // the dot product accumulates in f32 (in k order here; the GPU sums in another order, which is
 // the only difference); then * w_scale[m], + bias[m], silu(gate) * up, + out (accumulate), and
 // one rounding to bf16 for bf16 out. gpu_linear_a8w8 twins the A8W8 path (int8 weights above
-// the crossover): x rounded per token to int8, exact int32 dot products, then the scales.
+// the crossover): x rounded per token to int8, exact int32 dot products, then the scales. GGUF
+// block formats (cuda::gguf_linear) are read as the GPU's bf16 weights (gguf_row_to_bf16): the
+// decode kernel and the dequantize-then-GEMM path multiply exactly those.
 #include <algorithm>
 #include <array>
 #include <cmath>
