@@ -4,6 +4,7 @@
 #   1. correctness: the op table's GGUF cases (decode kernel up to 16 tokens, dequantized tiles +
 #      cuBLASLt above, gated; CUDA vs the CPU twins), the model-level GGUF tests (the mixed-format
 #      llama fixture on CUDA vs the CPU twins and the CPU engine, greedy decoding through graphs),
+#      the kernels against the twin (dequantizer bit-exact, gguf_linear incl. misaligned rows),
 #      and the host emulation of the kernels' lane plumbing;
 #   2. speed: bench_gpu_linear for the GGUF formats against bf16 / int8 on the Llama-3-8B shapes
 #      (weight GB/s against the read ceiling), then `strata bench` on Llama-3-8B with random
@@ -29,7 +30,7 @@ step() {  # step NAME LIMIT CMD...
 for f in q8_0 q4_0 q4_k q5_k q6_k; do
   step "backend_ops_$f" 300 "$BUILD/tests/test_backend_ops" --require-cuda --filter " $f"
 done
-step model_tests 300 "$BUILD/tests/test_cuda" --gtest_filter='CudaGguf.*'
+step model_tests 300 "$BUILD/tests/test_cuda" --gtest_filter='CudaGguf.*:GgufKernelsCuda.*'
 if [ -x "$BUILD/tests/test_ops" ]; then
   step fragments 120 "$BUILD/tests/test_ops" --gtest_filter='GgufFragments.*'
 fi
