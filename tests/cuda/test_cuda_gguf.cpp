@@ -133,6 +133,8 @@ TEST(CudaGguf, GreedyDecodeFollowsCpu) {
   gc.show_progress = false;
   auto gpu = Engine::create(gc);
   ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  // Every linear kept its block format (weight_format lists them in DType order).
+  EXPECT_EQ((*gpu)->info().weight_format, "gguf:q8_0+q4_0+q4_k+q5_k+q6_k");
   EngineConfig cc;
   cc.model = fixture();
   cc.show_progress = false;
