@@ -167,6 +167,11 @@ Result<double> graph_seconds(cudaStream_t stream, Communicator& barrier,
                              const std::function<Status()>& fn, int reps) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  // One eager call first: NCCL sets up a collective's connections on its first call, which must
+  // not happen inside a capture.
+  STRATA_RETURN_IF_ERROR(fn());
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  STRATA_RETURN_IF_ERROR(barrier.barrier());
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   Status st = fn();
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
