@@ -25,9 +25,6 @@ struct EnvConfig {
   // STRATA_NO_I8_GEMM=1: int8 weights above the SBI crossover run SBI-GeMM in 64-token slices
   // (bf16 activations) instead of the int8 x int8 cuBLASLt GEMM with int8 activations (A/B).
   bool no_i8_gemm = false;
-  // STRATA_GGUF_DEQUANT=1: GGUF block-quantized linear weights are dequantized to bf16 on the
-  // host for the device layout (the old path, for A/B) instead of kept in their block format.
-  bool gguf_dequant = false;
   // Tensor parallelism on GPUs.
   std::string nccl_library;  // STRATA_NCCL_LIBRARY: path of libnccl.so.2 (default: the loader's)
   // STRATA_ONESHOT_MAX_BYTES: device all-reduces / all-gathers up to this size take the one-shot
