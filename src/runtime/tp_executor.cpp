@@ -817,7 +817,11 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
     }
     RunnerOptions ro = o;
     ro.device = rank_device(w);
-    if (w > 0) ro.moe_route_trace = nullptr;  // rank 0's routing only (one vector)
+    // Rank 0's routing only (one vector). The trace keeps rank 0 eager; the others must run
+    // eagerly too, or their first graph-sized steps (run, then captured, then replayed) would
+    // make other collective calls than rank 0's and wait for it forever.
+    if (o.moe_route_trace != nullptr) ro.cuda_graphs = false;
+    if (w > 0) ro.moe_route_trace = nullptr;
     if (shared_gpu && o.num_kv_blocks <= 0) {
       ro.gpu_memory_utilization = o.gpu_memory_utilization * (w + 1) / W;
     }
@@ -922,7 +926,9 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     }
     RunnerOptions ro = o;
     ro.device = where.device(o, w0 + r);
-    if (r > 0 || w0 > 0) ro.moe_route_trace = nullptr;  // rank 0's routing only (one vector)
+    // Rank 0's routing only; every rank eager with it (see make_in_process_ep_executor).
+    if (o.moe_route_trace != nullptr) ro.cuda_graphs = false;
+    if (r > 0 || w0 > 0) ro.moe_route_trace = nullptr;
     if (where.shared_gpu && o.num_kv_blocks <= 0) {
       // Ranks on one GPU share it: each takes its share of --gpu-memory-utilization.
       ro.gpu_memory_utilization = util * (w0 + r + 1) / where.world;
@@ -1009,6 +1015,7 @@ Result<std::unique_ptr<Executor>> make_in_process_dp_executor(const ModelConfig&
     }
     RunnerOptions ro = o;
     ro.device = where.device(o, r);
+    if (o.moe_route_trace != nullptr) ro.cuda_graphs = false;  // every replica alike
     if (r > 0) ro.moe_route_trace = nullptr;  // replica 0's routing only (one vector)
     if (where.shared_gpu && o.num_kv_blocks <= 0) {
       ro.gpu_memory_utilization = o.gpu_memory_utilization * (r + 1) / dp;
