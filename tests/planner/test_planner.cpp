@@ -290,12 +290,17 @@ struct Prediction {
   bool higher_is_better = false;
 };
 
-std::vector<Prediction> predict_h100(const json& data) {
-  const HardwareProfile hw = value(load_hardware_profile(data["profile"]));
+// Predictions for a validation set's configurations on `hw`; a configuration's layout is its
+// "tp" / "pp" / "ep" fields (one device when absent).
+std::vector<Prediction> predict(const json& data, const HardwareProfile& hw) {
   std::vector<Prediction> out;
   for (const json& c : data["configurations"]) {
     const ModelShape s = value(model_shape_preset(c["model"]));
     const WeightFormat f = value(parse_weight_format(c["weights"]));
+    Layout l;
+    l.tp = c.value("tp", int64_t{1});
+    l.pp = c.value("pp", int64_t{1});
+    l.ep = c.value("ep", int64_t{1});
     Prediction p;
     p.id = c["id"];
     p.measured = c["measured"];
@@ -303,7 +308,7 @@ std::vector<Prediction> predict_h100(const json& data) {
     if (kind == "offline_output_tok_s") {
       OfflineWorkload w{
           c["prompts"], c["prompt"], c["gen"], c["batch"], c["max_batched_tokens"], f};
-      p.predicted = value(offline_output_tokens_per_s(s, hw, Layout{}, w));
+      p.predicted = value(offline_output_tokens_per_s(s, hw, l, w));
       p.higher_is_better = true;
     } else {
       PhaseWorkload w;
@@ -312,12 +317,16 @@ std::vector<Prediction> predict_h100(const json& data) {
       w.prompt = c["prompt"];
       w.gen = c["gen"];
       w.weights = f;
-      const Estimate e = value(estimate(s, hw, Layout{}, w));
+      const Estimate e = value(estimate(s, hw, l, w));
       p.predicted = 1e3 * (w.phase == Phase::kPrefill ? e.seconds : e.step_seconds);
     }
     out.push_back(p);
   }
   return out;
+}
+
+std::vector<Prediction> predict_h100(const json& data) {
+  return predict(data, value(load_hardware_profile(data["profile"])));
 }
 
 TEST(H100Validation, PredictionErrorAgainstMeasurements) {
@@ -341,35 +350,10 @@ TEST(H100Validation, PredictionErrorAgainstMeasurements) {
 
 // ---- strata on two H200s: tensor, pipeline and expert layouts ------------------------------
 
-std::vector<Prediction> predict_layouts(const json& data, const HardwareProfile& hw) {
-  std::vector<Prediction> out;
-  for (const json& c : data["configurations"]) {
-    const ModelShape s = value(model_shape_preset(c["model"]));
-    Layout l;
-    l.tp = c["tp"];
-    l.pp = c["pp"];
-    l.ep = c["ep"];
-    PhaseWorkload w;
-    const std::string kind = c["kind"];
-    w.phase = kind == "prefill_ms" ? Phase::kPrefill : Phase::kDecode;
-    w.batch = c["batch"];
-    w.prompt = c["prompt"];
-    w.gen = c["gen"];
-    w.weights = value(parse_weight_format(c["weights"]));
-    const Estimate e = value(estimate(s, hw, l, w));
-    Prediction p;
-    p.id = c["id"];
-    p.measured = c["measured"];
-    p.predicted = 1e3 * (w.phase == Phase::kPrefill ? e.seconds : e.step_seconds);
-    out.push_back(p);
-  }
-  return out;
-}
-
 TEST(H200TwoGpuValidation, PredictionErrorAgainstMeasurements) {
   const json data = read_json("h200x2_measured.json");
   const HardwareProfile hw = value(load_hardware_profile(data["profile"]));
-  const auto preds = predict_layouts(data, hw);
+  const auto preds = predict(data, hw);
   ASSERT_EQ(preds.size(), data["count"].get<size_t>());
   ASSERT_GE(preds.size(), 20u);
   double sum = 0, worst = 0;
