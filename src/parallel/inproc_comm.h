@@ -3,9 +3,9 @@
 // buffers directly and meet again before anyone may overwrite them. Device collectives (CUDA:
 // all-reduce, all-gather, all-to-all) go through the one-shot kernels
 // (backends/cuda/kernels/oneshot.cu): every rank registers a staging buffer and a flag array
-// once (init_in_process_device), and each collective is one kernel per rank that copies its input to its staging buffer, raises its flags, waits for its
-// peers' flags and reads their staging buffers — no host synchronization, so it can be captured
-// in a CUDA graph.
+// once (init_in_process_device), and each collective is one kernel per rank that copies its input
+// to its staging buffer, raises its flags, waits for its peers' flags and reads their staging
+// buffers — no host synchronization, so it can be captured in a CUDA graph.
 #pragma once
 
 #include <chrono>
