@@ -30,6 +30,7 @@
 #include "runtime/device_runtime.h"
 #include "runtime/executor.h"
 #include "runtime/pipeline_schedule.h"
+#include "runtime/stage_gate.h"
 
 namespace strata {
 
@@ -307,7 +308,8 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
                       std::vector<std::unique_ptr<Executor>> stages, int64_t min_tokens)
       : InProcessGroupExecutor(std::move(comms), std::move(stages), "pipeline stages"),
         min_tokens_(min_tokens),
-        busy_(ranks_.size(), 0.0) {}
+        busy_(ranks_.size(), 0.0),
+        gate_(static_cast<int>(ranks_.size())) {}
 
   Status forward(const ForwardBatch& b, float* logits) override { return run(b, logits, nullptr); }
   Status forward_argmax(const ForwardBatch& b, int32_t* ids) override {
@@ -431,23 +433,53 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
     const int64_t V = config().vocab;
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<double> busy(static_cast<size_t>(P), 0.0);
+    // Micro-batches each stage has finished; a stage starts micro-batch k once the one before it
+    // has finished k (its inputs are then ready: see StageGate).
+    std::vector<int64_t> finished(static_cast<size_t>(P), 0);
+    bool failed = false;
+    std::mutex fmu;
+    std::condition_variable fcv;
     Status st = pool_.run([&](int s) -> Status {
       Executor& e = *ranks_[static_cast<size_t>(s)];
-      const double wait0 = e.wait_seconds();
-      const auto s0 = std::chrono::steady_clock::now();
-      for (const Micro& mb : micro) {
-        if (s < P - 1) {
-          STRATA_RETURN_IF_ERROR(e.forward(mb.b, nullptr));
-        } else if (logits != nullptr) {
-          STRATA_RETURN_IF_ERROR(e.forward(mb.b, logits + mb.out_offset * V));
-        } else {
-          STRATA_RETURN_IF_ERROR(e.forward_argmax(mb.b, ids + mb.out_offset));
+      double busy_s = 0.0;
+      Status r = ok_status();
+      for (size_t k = 0; k < micro.size() && r.ok(); ++k) {
+        const Micro& mb = micro[k];
+        if (s > 0) {
+          std::unique_lock<std::mutex> lock(fmu);
+          fcv.wait(lock, [&] {
+            return failed || finished[static_cast<size_t>(s - 1)] > static_cast<int64_t>(k);
+          });
+          if (failed) break;
         }
+        const int mode = s < P - 1 ? 0 : (logits != nullptr ? 1 : 2);
+        const StageGate::Key key{static_cast<int64_t>(mb.b.tokens.size()),
+                                 static_cast<int64_t>(mb.rows.size()), mode};
+        const bool alone = gate_.enter(s, key);
+        const double wait0 = e.wait_seconds();
+        const auto s0 = std::chrono::steady_clock::now();
+        if (mode == 0) {
+          r = e.forward(mb.b, nullptr);
+        } else if (mode == 1) {
+          r = e.forward(mb.b, logits + mb.out_offset * V);
+        } else {
+          r = e.forward_argmax(mb.b, ids + mb.out_offset);
+        }
+        busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() -
+                  (e.wait_seconds() - wait0);
+        gate_.leave(s, key, alone, r.ok());
+        {
+          std::lock_guard<std::mutex> lock(fmu);
+          if (r.ok()) {
+            ++finished[static_cast<size_t>(s)];
+          } else {
+            failed = true;
+          }
+        }
+        fcv.notify_all();
       }
-      busy[static_cast<size_t>(s)] =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() -
-          (e.wait_seconds() - wait0);
-      return ok_status();
+      busy[static_cast<size_t>(s)] = busy_s;
+      return r;
     });
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -464,6 +496,7 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
     ForwardBatch b;
     float* logits = nullptr;
     int32_t* ids = nullptr;
+    int stages_done = 0;  // stages that have finished this pass
     bool done = false;
     Status status;
   };
@@ -503,21 +536,29 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
         job = jobs_[static_cast<size_t>(next - first_job_)];
       }
       ++next;
-      const double wait0 = e.wait_seconds();
-      const auto t0 = std::chrono::steady_clock::now();
       Status st = ok_status();
       {
-        std::lock_guard<std::mutex> lock(amu_);
-        st = job->status;  // an earlier stage failed: skip (the aborted group wakes the rest)
+        // Inputs ready first (the stage before has finished this pass: see StageGate); an
+        // earlier stage failed: skip (the aborted group wakes the rest).
+        std::unique_lock<std::mutex> lock(amu_);
+        done_cv_.wait(lock, [&] { return !job->status.ok() || job->stages_done >= s; });
+        st = job->status;
       }
+      const int mode = s < P - 1 ? 0 : (job->ids != nullptr ? 2 : 1);
+      const StageGate::Key key{static_cast<int64_t>(job->b.tokens.size()),
+                               static_cast<int64_t>(job->b.logit_rows.size()), mode};
+      const bool alone = st.ok() && gate_.enter(s, key);
+      const double wait0 = e.wait_seconds();
+      const auto t0 = std::chrono::steady_clock::now();
       if (st.ok()) {
-        if (s < P - 1) {
+        if (mode == 0) {
           st = e.forward(job->b, nullptr);
-        } else if (job->ids != nullptr) {
+        } else if (mode == 2) {
           st = e.forward_argmax(job->b, job->ids);
         } else {
           st = e.forward(job->b, job->logits);
         }
+        gate_.leave(s, key, alone, st.ok());
       }
       const auto t1 = std::chrono::steady_clock::now();
       bool abort = false;
@@ -529,6 +570,7 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
           job->status = st;
           abort = true;
         }
+        job->stages_done = s + 1;
         if (s == P - 1) {
           job->done = true;
           wall_ = std::chrono::duration<double>(t1 - first_start_).count();
@@ -546,6 +588,7 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
 
   int64_t min_tokens_;
   std::vector<double> busy_;  // per stage: seconds computing (not waiting for its input)
+  StageGate gate_;            // new shapes run alone (see stage_gate.h)
   double wall_ = 0.0;
   // Pipelined passes (submit / wait).
   mutable std::mutex amu_;
