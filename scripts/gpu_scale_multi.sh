@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Issue 18 on the GPUs the machine has (4 or 8), the parts not in gpu_tp_scaling.sh; one stage
+# per device call if need be (STAGES, default "moe plan pptp fetch"):
+#   moe   expert parallelism: the all-to-all dispatch + combine at 1..128 tokens per GPU over all
+#         GPUs (fixed-capacity one-shot vs NCCL, hidden 7,168, top-8, 256 experts), then the
+#         Mixtral-8x7B and Qwen3-30B-A3B shapes (bf16, random weights, KV 256) decode at batch
+#         1 / 8 / 64 with EP = N, TP = N and TP = 2 x EP = N/2
+#   plan  plan --calibrate over all GPUs, then the planner's ranking for the measured cases
+#   pptp  Llama-3-70B shape, offline throughput through the serving engine (512 in / 128 out,
+#         up to 128 sequences running): TP = N, TP = 2 x PP = N/2, PP = N, with the bubble
+#   fetch partitioned weight fetch across all GPUs (scripts/gpu_partitioned_fetch.sh, DP = N)
+#   diag  (not in the default set) TP = 2 x PP = 2 and TP = 2 x EP = 2, which stopped on four GPUs:
+#         each with and without CUDA graphs and other switches, under a short collective deadline;
+#         a process still alive after DIAG_WAIT s gets its host stacks dumped by cuda-gdb
+# Ranks are threads of one strata process, one GPU each. Results in $OUT/<stage>/.
+#   BUILD=<dir with strata, tests/, bench/> scripts/gpu_scale_multi.sh
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-$PWD/gpu_out}
+BUILD=${BUILD:-build-gpu}
+STAGES=${STAGES:-moe plan pptp fetch}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+if [ -d .gpu_carry/lib ]; then export LD_LIBRARY_PATH="$PWD/.gpu_carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+if [ -z "${STRATA_NCCL_LIBRARY:-}" ]; then
+  lib=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib', 'libnccl.so.2'))" 2>/dev/null)
+  [ -n "$lib" ] && [ -f "$lib" ] && export STRATA_NCCL_LIBRARY="$lib"
+fi
+N=$(nvidia-smi -L | wc -l)
+H=$((N / 2))
+t0=$(date +%s)
+rc=0
+step() {  # step DIR NAME LIMIT CMD...
+  local dir=$1 name=$2 lim=$3; shift 3
+  mkdir -p "$OUT/$dir"
+  echo "== [$(($(date +%s) - t0))s] $dir/$name"
+  timeout "$lim" "$@" > "$OUT/$dir/$name.txt" 2>&1 || { echo "rc=$?"; rc=1; }
+  grep -E "^\| (decode|prefill)|per_s|tok/s|bubble|error|^ +[0-9]+ +[0-9]+ " "$OUT/$dir/$name.txt" | head -n 14
+}
+mkdir -p "$OUT"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nvidia-smi topo -m; } \
+  > "$OUT/machine.txt" 2>&1
+
+if has moe; then
+  for t in oneshot nccl; do
+    step moe "a2a_$t" 120 "$BUILD/bench/bench_moe_all_to_all" --device cuda --ranks "$N" \
+      --transport "$t" --iters 50
+  done
+  for m in mixtral-8x7b qwen3-30b-a3b; do
+    for cfg in "ep$N:--ep $N" "tp$N:--tp $N" "tp2_ep$H:--tp 2 --ep $H"; do
+      name=${cfg%%:*}; args=${cfg#*:}
+      # shellcheck disable=SC2086
+      step moe "${m}_$name" 150 "$BUILD/strata" bench --device cuda --model-config "$m" $args \
+        --batch 1,8,64 --ctx 256 -r 5 --json "$OUT/moe/${m}_$name.json"
+    done
+  done
+fi
+
+if has plan; then
+  step plan calibrate 200 "$BUILD/strata" plan --calibrate "$OUT/plan/h200x${N}_calibrated.json"
+  prof="$OUT/plan/h200x${N}_calibrated.json"
+  [ -f "$prof" ] || prof=h200
+  for w in "mixtral-8x7b:prompt=256,gen=64,batch=8" "qwen3-30b-a3b:prompt=256,gen=64,batch=8" \
+           "llama3-70b:prompt=512,gen=128,batch=128"; do
+    m=${w%%:*}; wl=${w#*:}
+    step plan "plan_$m" 60 "$BUILD/strata" plan --model-config "$m" --gpus "$N" --profile "$prof" \
+      --workload "$wl" --top 0
+    "$BUILD/strata" plan --model-config "$m" --gpus "$N" --profile "$prof" --workload "$wl" \
+      --top 0 --json > "$OUT/plan/plan_$m.json" 2>/dev/null
+  done
+fi
+
+if has pptp; then
+  W="--num-prompts ${PROMPTS:-256} --input-len 512 --output-len 128 --max-num-seqs 128"
+  for cfg in "tp$N:--tp $N" "tp2_pp$H:--tp 2 --pp $H" "pp$N:--pp $N"; do
+    name=${cfg%%:*}; args=${cfg#*:}
+    # shellcheck disable=SC2086
+    step pptp "70b_$name" 200 "$BUILD/strata" bench-throughput --device cuda --load-format dummy \
+      --model-config llama3-70b $args $W --json "$OUT/pptp/70b_$name.json"
+  done
+fi
+
+if has fetch; then
+  mkdir -p "$OUT/fetch"
+  echo "== [$(($(date +%s) - t0))s] partitioned fetch, DP = $N"
+  OUT="$OUT/fetch" DP=$N BATCH=${FETCH_BATCH:-16} STAGES="h2d bench" BUILD=$BUILD \
+    scripts/gpu_partitioned_fetch.sh || rc=1
+fi
+diag() {  # diag NAME CMD...: runs CMD; alive after DIAG_WAIT s: host stacks, then killed
+  local name=$1; shift
+  mkdir -p "$OUT/diag"
+  echo "== [$(($(date +%s) - t0))s] diag/$name"
+  "$@" > "$OUT/diag/$name.txt" 2>&1 &
+  local pid=$! waited=0
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "${DIAG_WAIT:-45}" ]; do sleep 1; waited=$((waited + 1)); done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "still running after $waited s: host stacks"
+    timeout 90 cuda-gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 25" \
+      > "$OUT/diag/${name}_stacks.txt" 2>&1
+    kill -9 "$pid" 2>/dev/null
+    rc=1
+  fi
+  wait "$pid" 2>/dev/null
+  grep -E "^\| (decode|prefill)|error" "$OUT/diag/$name.txt" | head -n 8
+}
+if has diag; then
+  export STRATA_COLLECTIVE_TIMEOUT=15
+  PP8="--device cuda --model-config llama3-8b --tp 2 --pp $H --batch 1,8 --ctx 256 -r 2"
+  # shellcheck disable=SC2086
+  diag tp2_pp_graphs "$BUILD/strata" bench $PP8
+  # shellcheck disable=SC2086
+  diag tp2_pp_eager "$BUILD/strata" bench $PP8 --no-cuda-graphs
+  # shellcheck disable=SC2086
+  diag tp2_pp_nofuse env STRATA_NO_FUSED_ALLREDUCE=1 "$BUILD/strata" bench $PP8
+  EP="--device cuda --model-config mixtral-8x7b --tp 2 --ep $H --batch 8 --ctx 256 -r 2"
+  # shellcheck disable=SC2086
+  diag tp2_ep_graphs "$BUILD/strata" bench $EP
+  # shellcheck disable=SC2086
+  diag tp2_ep_eager "$BUILD/strata" bench $EP --no-cuda-graphs
+  # shellcheck disable=SC2086
+  diag tp2_ep_variable env STRATA_MOE_EP_FIXED_TOKENS=0 "$BUILD/strata" bench $EP
+  # shellcheck disable=SC2086
+  diag tp2_ep_nofuse env STRATA_NO_FUSED_ALLREDUCE=1 "$BUILD/strata" bench $EP
+fi
+if has diag2; then  # the two runs that stopped in the moe and pptp stages, as they were run
+  DIAG_WAIT=100 diag mixtral_tp2_ep_b1_8_64 "$BUILD/strata" bench --device cuda --model-config mixtral-8x7b \
+    --tp 2 --ep "$H" --batch 1,8,64 --ctx 256 -r 5
+  DIAG_WAIT=150 diag 70b_tp2_pp_tput "$BUILD/strata" bench-throughput --device cuda --load-format dummy \
+    --model-config llama3-70b --tp 2 --pp "$H" --num-prompts 256 --input-len 512 --output-len 128 \
+    --max-num-seqs 128
+fi
+if has diag3; then  # is it lazy kernel loading (cuLibraryLoadData waits for every GPU to idle)?
+  TP8="--device cuda --load-format dummy --model-config llama3-8b --tp 2 --pp $H --num-prompts 256"
+  TP8="$TP8 --input-len 512 --output-len 128 --max-num-seqs 128"
+  # shellcheck disable=SC2086
+  DIAG_WAIT=60 diag 8b_tp2_pp_tput "$BUILD/strata" bench-throughput $TP8
+  # shellcheck disable=SC2086
+  DIAG_WAIT=60 diag 8b_tp2_pp_tput_eager env CUDA_MODULE_LOADING=EAGER "$BUILD/strata" bench-throughput $TP8
+  DIAG_WAIT=70 diag mixtral_tp2_ep_eager_loading env CUDA_MODULE_LOADING=EAGER "$BUILD/strata" bench \
+    --device cuda --model-config mixtral-8x7b --tp 2 --ep "$H" --batch 1,8,64 --ctx 256 -r 5
+fi
+echo "== [$(($(date +%s) - t0))s] done rc=$rc"
+exit $rc
