@@ -364,10 +364,12 @@ TEST(H200TwoGpuValidation, PredictionErrorAgainstMeasurements) {
   ASSERT_GE(preds.size(), 20u);
   const auto [mean, worst] = print_errors(preds);
   // Issue 14's goal is a mean error of at most 10%. With the profile calibrated on two H200s
-  // (2026-11-26) the mean is 13.4% and the worst 30.9% (prefill: the calibrated GEMM curve
-  // reaches 850 TFLOP/s at 2,048 tokens, the measured prefills were taken on other H200
-  // machines at ~600); these bounds guard that state until the set is re-measured in one job.
-  EXPECT_LE(mean, 0.15);
+  // (2026-11-26) and each GEMM's fixed part split out of the curve (cost_model.cpp) the mean is
+  // 9.6% and the worst 29.4% (prefill: the calibrated GEMM curve, measured on constant operands,
+  // reaches 850 TFLOP/s at 2,048 tokens where the engine's prefills on random weights reached
+  // ~620; plan --calibrate now fills them with random values, not yet re-run). The worst bound
+  // guards that state until the profile is re-calibrated.
+  EXPECT_LE(mean, 0.10);
   EXPECT_LE(worst, 0.35);
 }
 
