@@ -60,6 +60,11 @@ double gemm_fixed_seconds(const HardwareProfile& hw, WeightFormat f,
   return std::max(0.0, (t - stream) / kCurveGemms);
 }
 
+double gemm_fixed_seconds(const HardwareProfile& hw, WeightFormat f) {
+  auto it = hw.gemm_curve.find(f);
+  return it == hw.gemm_curve.end() ? 0.0 : gemm_fixed_seconds(hw, f, it->second);
+}
+
 // `gemms`: how many GEMMs the `weights` are (each pays the fixed part of the curve).
 Timed gemm_time(const HardwareProfile& hw, WeightFormat f, double tokens, double weights,
                 double gemms = 1) {
@@ -284,12 +289,15 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
     const double touched_dev = touched_total / as_d(e);
     const double per_expert = touched_total > 0 ? routed * k / touched_total : 0.0;
     expert_local_weights = s.ffn_weights_per_expert() / as_d(n);
+    // The engine runs a layer's experts as two grouped GEMMs (gate/up, down): two fixed parts
+    // per layer, not per expert.
     for (double i = 0; i < touched_dev; i += 1.0) {
       const double frac = std::min(1.0, touched_dev - i);
       const Timed t =
-          gemm_time(hw, w.weights, std::max(1.0, per_expert), expert_local_weights, 2.0);
+          gemm_time(hw, w.weights, std::max(1.0, per_expert), expert_local_weights, 0.0);
       (t.memory_bound ? c.memory : c.compute) += frac * t.seconds;
     }
+    if (touched_dev > 0) c.memory += 2.0 * gemm_fixed_seconds(hw, w.weights);
     if (e > 1) c.comm += 2.0 * comm.all_to_all(T * k * E * kActBytes / as_d(n), e);
     c.comm += 2.0 * comm.gather(T * E * kActBytes, n);
   }
