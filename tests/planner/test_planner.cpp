@@ -373,6 +373,39 @@ TEST(H200TwoGpuValidation, PredictionErrorAgainstMeasurements) {
   EXPECT_LE(worst, 0.35);
 }
 
+// ---- strata on four H200s: TP = 1 / 2 / 4 dense, MoE TP / EP / TP x EP, pipeline throughput ---
+
+TEST(H200FourGpuValidation, PredictionErrorAgainstMeasurements) {
+  const json data = read_json("h200x4_measured.json");
+  const HardwareProfile hw =
+      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  const auto preds = predict(data, hw);
+  ASSERT_EQ(preds.size(), data["count"].get<size_t>());
+  ASSERT_GE(preds.size(), 20u);
+  std::vector<Prediction> dense, moe;
+  for (const Prediction& p : preds) {
+    const bool is_moe = p.id.rfind("mixtral", 0) == 0 || p.id.rfind("qwen3", 0) == 0;
+    (is_moe ? moe : dense).push_back(p);
+  }
+  std::printf("dense (Llama-3-70B shape):\n");
+  const auto [dense_mean, dense_worst] = print_errors(dense);
+  std::printf("mixture of experts:\n");
+  const auto [moe_mean, moe_worst] = print_errors(moe);
+  // The profile is the one plan --calibrate wrote in the same 4-GPU job. Far from issue 14's
+  // 10% goal: decode of bf16 at batch 1 is within 4%, but prefill (and so offline throughput)
+  // is predicted ~31% fast (the calibration's constant-filled GEMM operands, see
+  // cost_model.cpp's note and calibrate_cuda.cpp), int8 at batch 64 runs the engine's slow path
+  // (SBI-GeMM in 64-token slices, issue 15) that the curve does not know, and the MoE layouts
+  // are predicted 10-59% fast: the model prices the experts at the GEMM curve's rate and the
+  // exchanges by the ring model, while the engine's MoE kernels and TP x EP / EP exchanges are
+  // slower (issue 12's goals are not met either). Dense / MoE today: mean 23.5% / 38.6%, worst
+  // 67.8% / 59.3%; these bounds guard that state.
+  EXPECT_LE(dense_mean, 0.25);
+  EXPECT_LE(dense_worst, 0.70);
+  EXPECT_LE(moe_mean, 0.40);
+  EXPECT_LE(moe_worst, 0.62);
+}
+
 TEST(H100Validation, RankingPicksTheMeasuredBest) {
   // A scenario is a workload measured under several weight formats; the planner's fastest
   // prediction must be within 5% of the measured best.
