@@ -298,7 +298,17 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
       (t.memory_bound ? c.memory : c.compute) += frac * t.seconds;
     }
     if (touched_dev > 0) c.memory += 2.0 * gemm_fixed_seconds(hw, w.weights);
-    if (e > 1) c.comm += 2.0 * comm.all_to_all(T * k * E * kActBytes / as_d(n), e);
+    if (e > 1 && w.phase == Phase::kDecode && hw.moe_exchange_Bps > 0) {
+      // The engine's decode steps take the fixed-capacity exchange (model/moe_ep.h): each of
+      // the n e ranks sends its chunk of P = ceil(T / n) tokens to every ep rank in blocks of
+      // C = P min(k, X / e) rows, bf16 out and f32 back, whatever the routing.
+      const double P = std::ceil(T / as_d(n));
+      const double C = P * std::min(k, X / as_d(e));
+      const double bytes = as_d(e) * C * E * (kActBytes + 4.0);
+      c.comm += hw.moe_exchange_fixed_s + bytes / hw.moe_exchange_Bps;
+    } else if (e > 1) {
+      c.comm += 2.0 * comm.all_to_all(T * k * E * kActBytes / as_d(n), e);
+    }
     c.comm += 2.0 * comm.gather(T * E * kActBytes, n);
   }
 

@@ -150,6 +150,18 @@ Result<HardwareProfile> parse_hardware_profile(const std::string& json_text,
                     "{}: field 'layer_overhead_us' must be a number >= 0", source);
     p.layer_overhead_s = v.get<double>() * 1e-6;
   }
+  if (j.contains("moe_exchange")) {
+    const json& m = j.at("moe_exchange");
+    if (!m.is_object() || !m.contains("fixed_us") || !m.contains("GBps") ||
+        !m.at("fixed_us").is_number() || !m.at("GBps").is_number() ||
+        m.at("fixed_us").get<double>() < 0.0 || m.at("GBps").get<double>() <= 0.0) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: field 'moe_exchange' must be {{\"fixed_us\": >= 0, \"GBps\": > 0}}",
+                    source);
+    }
+    p.moe_exchange_fixed_s = m.at("fixed_us").get<double>() * 1e-6;
+    p.moe_exchange_Bps = m.at("GBps").get<double>() * 1e9;
+  }
   if (j.contains("gemm_tflops")) {
     for (const auto& [key, curve] : j.at("gemm_tflops").items()) {
       auto f = parse_weight_format(key);
