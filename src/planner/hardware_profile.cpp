@@ -72,6 +72,12 @@ double HardwareProfile::peak_bf16() const {
   return it == peak_flops.end() ? 0.0 : it->second;
 }
 
+namespace {
+
+Result<HardwareProfile> parse_profile_object(const json& j, const std::string& source);
+
+}  // namespace
+
 Result<HardwareProfile> parse_hardware_profile(const std::string& json_text,
                                                const std::string& source) {
   json j;
@@ -80,6 +86,20 @@ Result<HardwareProfile> parse_hardware_profile(const std::string& json_text,
   } catch (const json::exception& e) {
     return errorf(StatusCode::kInvalidArgument, "{}: not valid JSON ({})", source, e.what());
   }
+  // A field of the wrong JSON type that a check below does not catch (e.g. a number where a
+  // string goes) throws from the JSON library: a clear error, not an abort (found by
+  // tests/fuzz/fuzz_hw_profile.cpp).
+  try {
+    return parse_profile_object(j, source);
+  } catch (const json::exception& e) {
+    return errorf(StatusCode::kInvalidArgument, "{}: a field has the wrong type ({})", source,
+                  e.what());
+  }
+}
+
+namespace {
+
+Result<HardwareProfile> parse_profile_object(const json& j, const std::string& source) {
   if (!j.is_object())
     return errorf(StatusCode::kInvalidArgument, "{}: a profile is a JSON object", source);
   HardwareProfile p;
@@ -187,6 +207,8 @@ Result<HardwareProfile> parse_hardware_profile(const std::string& json_text,
   }
   return p;
 }
+
+}  // namespace
 
 std::vector<std::string> shipped_profile_names() {
   std::vector<std::string> names;

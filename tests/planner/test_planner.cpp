@@ -267,6 +267,19 @@ TEST(CostModel, BadInputIsAnError) {
       "p.json");
   ASSERT_FALSE(missing_bw.ok());
   EXPECT_NE(missing_bw.status().message().find("bandwidth_GBps"), std::string::npos);
+  // A field of the wrong JSON type is an error naming the file, not an exception (the fuzzer's
+  // first find), and a bad moe_exchange names the field.
+  const std::string base = R"({"memory_GB": 80, "peak_tflops": {"bf16": 100}, "hbm_read_GBps":
+      1000, "host_to_device_GBps": 10, "interconnect": {"topology": )";
+  auto wrong_type = parse_hardware_profile(base + "5}}", "t.json");
+  ASSERT_FALSE(wrong_type.ok());
+  EXPECT_NE(wrong_type.status().message().find("t.json"), std::string::npos);
+  EXPECT_EQ(wrong_type.status().message().find('\n'), std::string::npos);
+  auto bad_moe = parse_hardware_profile(
+      base + R"("switch", "bandwidth_GBps": 100, "latency_us": 2}, "moe_exchange": {"GBps": 0}})",
+      "m.json");
+  ASSERT_FALSE(bad_moe.ok());
+  EXPECT_NE(bad_moe.status().message().find("moe_exchange"), std::string::npos);
   EXPECT_FALSE(model_shape_preset("no-such-model").ok());
   const HardwareProfile a100 = value(load_hardware_profile("a100"));
   EXPECT_FALSE(
