@@ -50,6 +50,9 @@ struct ParallelSizes {
   std::vector<int64_t> pp_layers;
   // The smallest micro-batch (tokens) a pipeline cuts a forward pass into (--pp-micro-batch).
   int64_t pp_micro_batch = 256;
+  // The FFN's layout over the tensor-parallel group (--ffn-layout 1d | weight-gathered; seed 003
+  // Sec. 3.2).
+  std::string ffn_layout = "1d";
   int world() const { return tp * pp * ep * dp; }
 };
 

@@ -45,6 +45,34 @@ Result<Tensor> fetch(const TensorSource& src, const std::string& name,
 
 }  // namespace
 
+Status Model::check_ffn_layout(const std::string& where) const {
+  const ModelConfig& c = config_;
+  const ParallelConfig& par = par_;
+  if (par.ffn_layout == FfnLayout::k1D) return ok_status();
+  const char* name = ffn_layout_name(par.ffn_layout);
+  if (c.family != ArchFamily::kLlama) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: --ffn-layout {} is built for the Llama family (Llama, Mistral, Qwen2) "
+                  "only, not {} yet",
+                  where, name, c.architecture);
+  }
+  if (c.is_moe()) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: --ffn-layout {} with mixture-of-experts layers is not built yet", where,
+                  name);
+  }
+  if (par.pp_size > 1 || par.ep_size > 1) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: --ffn-layout {} with pipeline or expert parallelism is not built yet", where,
+                  name);
+  }
+  if (c.mlp_bias) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: --ffn-layout weight-gathered with MLP biases is not built yet", where);
+  }
+  return ok_status();
+}
+
 Status Model::init_shapes() {
   const ModelConfig& c = config_;
   const ParallelConfig& par = par_;
@@ -54,6 +82,7 @@ Status Model::init_shapes() {
     return errorf(StatusCode::kInvalidArgument, "invalid tensor-parallel rank {} of {}",
                   par.tp_rank, tp);
   }
+  STRATA_RETURN_IF_ERROR(check_ffn_layout(where));
   if (c.n_heads % tp != 0) {
     return errorf(StatusCode::kInvalidArgument,
                   "{}: {} attention heads cannot be split over tensor-parallel size {}", where,
@@ -382,6 +411,20 @@ Status Model::load_weights() {
     }
   }
 
+  if (par_.ffn_layout != FfnLayout::k1D) {
+    for (const LayerWeights& L : w_.layers) {
+      for (const ops::LinearWeight* lw : {&L.gate_up, &L.down}) {
+        for (int i = 0; i < lw->n_parts; ++i) {
+          const DType dt = lw->parts[static_cast<size_t>(i)].w.dtype;
+          if (!dtype_info(dt).is_quantized) continue;
+          return errorf(StatusCode::kUnimplemented,
+                        "{}: --ffn-layout {} with {} (GGUF-quantized) FFN weights is not built "
+                        "yet (use --ffn-layout 1d)",
+                        src.describe(), ffn_layout_name(par_.ffn_layout), dtype_info(dt).name);
+        }
+      }
+    }
+  }
   count_weight_bytes();
   return ok_status();
 }

@@ -908,6 +908,23 @@ Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& 
       .with_context(kOp);
 }
 
+Status reduce_scatter(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv) {
+  constexpr const char* kOp = "reduce_scatter";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&send, &recv}));
+  if (send.dtype != recv.dtype) return invalid(kOp, "send and recv dtypes differ");
+  if (!send.is_contiguous() || !recv.is_contiguous() ||
+      send.numel() != recv.numel() * comm.size()) {
+    return invalid(kOp, "send must hold size() contiguous blocks of recv's size");
+  }
+  if (comm.size() == 1) return copy(ctx, send, recv);
+  if (!comm.supports(ctx.device)) {
+    return errorf(StatusCode::kUnimplemented, "{}: the {} communicator takes no {} buffers", kOp,
+                  comm.name(), ctx.device.to_string());
+  }
+  return comm.reduce_scatter(send.data, recv.numel(), send.dtype, recv.data, comm_stream(ctx))
+      .with_context(kOp);
+}
+
 Status all_to_all_v(Context& ctx, Communicator& comm, const Tensor& send, const int64_t* send_rows,
                     Tensor& recv, const int64_t* recv_rows) {
   constexpr const char* kOp = "all_to_all_v";

@@ -286,6 +286,9 @@ Status quantize_rows(Context& ctx, const Tensor& w_bf16, Tensor& q, Tensor& scal
 Status all_reduce(Context& ctx, Communicator& comm, Tensor& x);
 // recv [size * n, cols] rank-major = every rank's send [n, cols] (f32).
 Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv);
+// recv [n, cols] = block rank() of the sum over the ranks of send [size * n, cols] (contiguous,
+// one dtype; block r = rows [r n, (r + 1) n)).
+Status reduce_scatter(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv);
 // Rows of a contiguous 2-D tensor to every rank with variable splits (the mixture-of-experts
 // dispatch and combine): send_rows[r] rows of send, in rank order, go to rank r; recv_rows[r]
 // rows from rank r land in recv, in rank order (host arrays of comm.size() entries, zeros

@@ -3,12 +3,45 @@
 // it holds) and its pipeline stage (a contiguous layer range). The sharding rules
 // themselves live in the model loader, which asks this struct which slice of each dimension and
 // which layers its rank owns.
+//
+// The FFN's partitioning over the tensor-parallel group (seed 003, "Efficiently Scaling
+// Transformer Inference", Sec. 3.2) is a field here too, because it decides what the loader
+// slices:
+//   1d              Megatron (1D weight-stationary): gate/up rows and down columns split over
+//                   the group, one all-reduce of the output. Every layout below keeps attention
+//                   head-sharded as 1D does.
+//   weight-gathered stored as 1d; in the layer each rank runs the FFN for its slice of the
+//                   tokens with the layer's whole FFN weights all-gathered just in time.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <string_view>
 
 namespace strata {
+
+enum class FfnLayout { k1D, kWeightGathered };
+
+// "1d", "weight-gathered" (the --ffn-layout spellings).
+inline const char* ffn_layout_name(FfnLayout l) {
+  switch (l) {
+    case FfnLayout::k1D:
+      return "1d";
+    case FfnLayout::kWeightGathered:
+      return "weight-gathered";
+  }
+  return "?";
+}
+// False for an unknown spelling.
+inline bool parse_ffn_layout(std::string_view s, FfnLayout* out) {
+  for (FfnLayout l : {FfnLayout::k1D, FfnLayout::kWeightGathered}) {
+    if (s == ffn_layout_name(l)) {
+      *out = l;
+      return true;
+    }
+  }
+  return false;
+}
 
 struct ShardRange {
   int64_t begin = 0;
@@ -33,6 +66,8 @@ struct ParallelConfig {
   // the tensor-parallel group (expert slicing).
   int ep_size = 1;
   int ep_rank = 0;
+  // The FFN's layout over the tensor-parallel group (see the top of this file).
+  FfnLayout ffn_layout = FfnLayout::k1D;
 
   int world_size() const { return tp_size * ep_size; }
   int world_rank() const { return ep_rank * tp_size + tp_rank; }

@@ -213,6 +213,20 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
     return Status(StatusCode::kUnimplemented,
                   "expert parallelism with pipeline stages is not built yet");
   }
+  if (par.ffn_layout != FfnLayout::k1D) {
+    const char* name = ffn_layout_name(par.ffn_layout);
+    if (options.device.is_cuda() || options.act_dtype != DType::kF32) {
+      return errorf(StatusCode::kUnimplemented,
+                    "--ffn-layout {} runs on the CPU reference (f32 activations) only; the device "
+                    "layout (CUDA, bf16) is not built for it yet",
+                    name);
+    }
+    if (comm.size() != par.tp_size || comm.rank() != par.tp_rank) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "--ffn-layout {}: tensor-parallel rank {} of {} needs its group", name,
+                    par.tp_rank, par.tp_size);
+    }
+  }
   std::unique_ptr<ModelRunner> r(new ModelRunner(comm, pipeline, expert));
   r->opt_ = options;
   RunnerOptions& o = r->opt_;
@@ -513,6 +527,14 @@ Result<std::unique_ptr<Communicator>> make_device_communicator(std::unique_ptr<C
   return make_nccl_communicator(std::move(*ipc), ro.device.index, oneshot_max);
 }
 
+Result<std::unique_ptr<Executor>> make_layout_runner(const ModelConfig& config,
+                                                     const ParallelConfig& par,
+                                                     std::unique_ptr<Model> host,
+                                                     Communicator& comm,
+                                                     const RunnerOptions& options) {
+  return make_runner(config, par, std::move(host), comm, options);
+}
+
 namespace {
 
 // A rank's tensor-parallel group (the world ranks of its ep_rank, ordered by tp_rank) and
@@ -573,6 +595,16 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
                   "--expert-parallel-size with --pipeline-parallel-size > 1 is not built yet");
   }
   if (pp < 1) return errorf(StatusCode::kInvalidArgument, "--pipeline-parallel-size must be >= 1");
+  if (cfg.parallel.ffn_layout != "1d") {
+    ParallelConfig probe;
+    STRATA_RETURN_IF_ERROR(apply_ffn_layout(cfg.parallel, &probe));
+    if (probe.ffn_layout != FfnLayout::k1D && (cuda || pp > 1 || ep > 1 || dp > 1)) {
+      return errorf(StatusCode::kUnimplemented,
+                    "--ffn-layout {} is built for the CPU with --tensor-parallel-size only (not "
+                    "with --device cuda, --pp, --ep or --dp yet)",
+                    cfg.parallel.ffn_layout);
+    }
+  }
   if (cfg.parallel.pp_micro_batch < 1) {
     return errorf(StatusCode::kInvalidArgument, "--pp-micro-batch must be >= 1");
   }
@@ -676,8 +708,8 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
           make_expert_parallel_runner(config, par, std::move(loaded.model), std::move(g), ro));
     } else {
       const ParallelConfig par = loaded.model->parallel();
-      STRATA_ASSIGN_OR_RETURN(out.exec,
-                              make_runner(config, par, std::move(loaded.model), *out.comm, ro));
+      STRATA_ASSIGN_OR_RETURN(
+          out.exec, make_layout_runner(config, par, std::move(loaded.model), *out.comm, ro));
     }
     out.info.kv_cache_blocks = n_blocks;
     out.info.kv_block_size = eo.block_size;

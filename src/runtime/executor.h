@@ -167,6 +167,8 @@ struct RunnerOptions {
   // the variable-split one. -1: max_num_seqs (every graph-sized decode step); 0: never (every
   // step eager, variable splits).
   int64_t moe_ep_fixed_tokens = -1;
+  // The in-process executors: the FFN layout their ranks' ParallelConfig gets (--ffn-layout).
+  FfnLayout ffn_layout = FfnLayout::k1D;
 };
 
 // Message sizes of tensor-parallel ranks' device collectives: the largest one a forward pass
@@ -189,6 +191,12 @@ Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const P
                                               const RunnerOptions& options,
                                               Communicator* pipeline = nullptr,
                                               Communicator* expert = nullptr);
+// make_runner for a tensor-parallel rank of any FFN layout (ParallelConfig::ffn_layout).
+Result<std::unique_ptr<Executor>> make_layout_runner(const ModelConfig& config,
+                                                     const ParallelConfig& par,
+                                                     std::unique_ptr<Model> host,
+                                                     Communicator& comm,
+                                                     const RunnerOptions& options);
 
 // Tensor parallelism inside one process: `tp` ranks as threads, each a ModelRunner over its
 // Megatron shard (load(par) returns the host model sharded for rank par.tp_rank; null `load`

@@ -916,6 +916,7 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     ParallelConfig par = stage;
     par.tp_size = tp;
     par.tp_rank = r;
+    par.ffn_layout = o.ffn_layout;
     std::unique_ptr<Model> host;
     if (load) {
       Result<std::unique_ptr<Model>> m = load(par);
