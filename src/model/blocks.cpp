@@ -316,6 +316,8 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
     s.push_back({&Workspace::ffn_w_out, wdt, {H, F}});
     s.push_back({&Workspace::ffn_w_send, wdt, {H, F / N}});
     s.push_back({&Workspace::ffn_w_recv, wdt, {N * H, F / N}});
+  } else if (ffn_layout == FfnLayout::k2D) {
+    s.push_back({&Workspace::ffn_tokens, DType::kF32, {T, H}});  // the X group's hidden slices
   }
   if (tp > 1) {
     s.push_back({&Workspace::logits_local, DType::kF32, {R, chunk}});

@@ -1,8 +1,24 @@
 // The FFN layouts of seed 003 ("Efficiently Scaling Transformer Inference", Sec. 3.2) besides
 // 1D (Megatron), as blocks of a layer program. N = the tensor-parallel size, n = the step's
-// tokens, E = hidden, F = intermediate size. Attention stays head-sharded (1D); the
+// tokens, E = hidden, F = intermediate size. Attention stays head-sharded (1D) in both; the
 // residual stream x is replicated on every rank between layers, as the rest of the program
 // expects, so each layout ends with x whole again.
+//
+// 2D weight-stationary (ffn_2d). The group is an X x Y grid; rank (i, j) holds W_in[F_j, E_i]
+// (gate and up) and W_out[E_i, F_j]. With h = ffn_norm(x) replicated:
+//   gu_j  = all_reduce_X(h[:, E_i] W_in[F_j, E_i]^T)    partial sums over the hidden split
+//   a_j   = act(gu_j) (+ biases first)                  [n, F / Y], the same on the X group
+//   y_i   = all_reduce_Y(a_j W_out[E_i, F_j]^T) (+ b_i) [n, E / X], partial over the ffn split
+//   x    += all_gather_X(y_i)                           [n, E], columns laid out by i
+// The seed's sequence (Figure 2b) keeps x sharded E_xyz: all-gather over YZ before W_in,
+// reduce-scatter over X of the partial sums, activation on F / (XY), all-gather over X, then
+// reduce-scatter over YZ of the output. all_reduce_X is that reduce-scatter + all-gather (the
+// activation then runs on F / Y instead of F / (XY) columns: more arithmetic, the same bytes);
+// all_reduce_Y + all_gather_X is the output's reduce-scatter over Y plus the all-gather the
+// seed does before the next layer's W_in, extended to the X group so x is replicated for the
+// head-sharded attention. Elements each rank sends (ring algorithms, gated MLP): 2 (X - 1) / X
+// of [n, 2 F / Y], 2 (Y - 1) / Y of [n, E / X] and (X - 1) / X of [n, E]; 1D: 2 (N - 1) / N of
+// [n, E].
 //
 // Weight-gathered (weight_gathered_ffn). The weights stay stored as the 1D shards; the tokens
 // are split instead: rank r runs the FFN for tokens [r P, r P + P), P = ceil(n / N) (the last
@@ -16,7 +32,7 @@
 // The padding rows hold stale values: every op between the reduce-scatter and the final
 // all-gather is row-wise, so they never reach a real token, and the gather drops them.
 //
-// The CPU reference (f32 activations, the weights as stored, not GGUF blocks) of the Llama
+// Both: the CPU reference (f32 activations, the weights as stored, not GGUF blocks) of the Llama
 // family; the runner refuses the device layout (runtime/executor.cpp).
 #include <algorithm>
 
@@ -83,6 +99,62 @@ Status gather_col_shards(ForwardArgs& a, const ops::LinearWeight& w, ops::Linear
 }
 
 }  // namespace
+
+Status ffn_2d(const Model& m, ForwardArgs& a, int64_t layer) {
+  const ModelConfig& c = m.config();
+  const ParallelConfig& par = m.parallel();
+  const LayerWeights& L = m.weights().layers[static_cast<size_t>(layer)];
+  if (a.ffn_x_comm == nullptr || a.ffn_y_comm == nullptr) {
+    return Status(StatusCode::kFailedPrecondition, "2D FFN layout without its X and Y groups");
+  }
+  Communicator& xg = *a.ffn_x_comm;
+  Communicator& yg = *a.ffn_y_comm;
+  const int64_t n = a.step.n_tokens;
+  const int X = par.grid_x();
+  const ShardRange hs = par.grid_hidden_shard(c.hidden);
+  const int64_t Ex = hs.size();
+  const DType act_dt = a.ws.act.dtype;
+  ops::section(a.ctx, "gate_up");
+  Tensor h = rows(a.ws.h, n).slice_cols(hs.begin, hs.end);
+  Tensor gu = view(a.ws.ff, act_dt, {n, L.gate_up.rows()});
+  ops::LinearArgs partial;
+  partial.bias = false;
+  STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, h, L.gate_up, gu, partial));
+  ops::section(a.ctx, "all_reduce_x");
+  STRATA_RETURN_IF_ERROR(ops::all_reduce(a.ctx, xg, gu));
+  ops::section(a.ctx, "act");
+  int64_t c0 = 0;
+  for (int i = 0; i < L.gate_up.n_parts; ++i) {
+    const ops::LinearWeight::Part& p = L.gate_up.parts[static_cast<size_t>(i)];
+    const int64_t c1 = c0 + p.w.rows();
+    if (p.bias.defined()) {
+      Tensor cols = gu.slice_cols(c0, c1);
+      STRATA_RETURN_IF_ERROR(ops::add_bias(a.ctx, cols, p.bias));
+    }
+    c0 = c1;
+  }
+  const int64_t F = c.gated_mlp ? L.gate_up.rows() / 2 : L.gate_up.rows();
+  Tensor act = view(a.ws.act, act_dt, {n, F});
+  STRATA_RETURN_IF_ERROR(ops::activation(a.ctx, gu, c.activation, c.gated_mlp, act));
+  ops::section(a.ctx, "down");
+  Tensor y = view(a.ws.y, DType::kF32, {n, Ex});
+  STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, act, L.down, y, partial));
+  ops::section(a.ctx, "all_reduce_y");
+  STRATA_RETURN_IF_ERROR(ops::all_reduce(a.ctx, yg, y));
+  if (L.down.parts[0].bias.defined()) {
+    STRATA_RETURN_IF_ERROR(ops::add_bias(a.ctx, y, L.down.parts[0].bias));
+  }
+  ops::section(a.ctx, "all_gather_x");
+  Tensor g = view(a.ws.ffn_tokens, DType::kF32, {X * n, Ex});
+  STRATA_RETURN_IF_ERROR(ops::all_gather(a.ctx, xg, y, g));
+  ops::section(a.ctx, "residual_add");
+  Tensor x = rows(a.ws.x, n);
+  for (int i = 0; i < X; ++i) {
+    Tensor xi = x.slice_cols(i * Ex, (i + 1) * Ex);
+    STRATA_RETURN_IF_ERROR(ops::add(a.ctx, xi, g.slice_rows(i * n, (i + 1) * n), xi));
+  }
+  return ok_status();
+}
 
 Status weight_gathered_ffn(const Model& m, ForwardArgs& a, int64_t layer) {
   const ModelConfig& c = m.config();

@@ -9,7 +9,7 @@
 //   h = rms_norm(x)                            with TP: fused into the all-reduce (one kernel)
 //   g = silu(h Wg^T) * (h Wu^T)                one GEMM with the activation in its epilogue
 //   x += all_reduce(g Wd^T)                    with TP: + the next layer's input norm
-// The weight-gathered FFN layout: model/ffn_layouts.cpp.
+// The MLP in the 2D weight-stationary and weight-gathered layouts: model/ffn_layouts.cpp.
 #include "model/program.h"
 
 namespace strata {
@@ -33,6 +33,7 @@ Status llama_layer(const Model& m, ForwardArgs& a, int64_t layer) {
   ops::section(a.ctx, "o_proj");
   STRATA_RETURN_IF_ERROR(
       blocks::residual_linear_norm(m, a, blocks::rows(a.ws.attn, n), L.o, L.ffn_norm, "ffn_norm"));
+  if (ffn_layout == FfnLayout::k2D) return blocks::ffn_2d(m, a, layer);
   STRATA_RETURN_IF_ERROR(blocks::mlp_in(m, a, layer));
   ops::section(a.ctx, "down");
   const int64_t last = a.last_layer < 0 ? c.n_layers : a.last_layer;

@@ -689,6 +689,36 @@ Status argmax(Context& ctx, const Tensor& x, Tensor& ids) {
 #endif
 }
 
+Status activation(Context& ctx, const Tensor& gu, Activation act, bool gated, Tensor& out) {
+  constexpr const char* kOp = "activation";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&gu, &out}));
+  STRATA_ASSIGN_OR_RETURN(Mat gm, mat(gu, kOp, "gu"));
+  STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
+  if (gm.rows != om.rows || gm.cols != (gated ? 2 : 1) * om.cols) {
+    return invalid(kOp, fmt::format("gu {} does not fit out {} ({})", gu.shape_string(),
+                                    out.shape_string(), gated ? "gated" : "plain"));
+  }
+  if (!ctx.device.is_cpu() || gu.dtype != DType::kF32 || out.dtype != DType::kF32) {
+    return errorf(StatusCode::kUnimplemented, "{}: only f32 on the CPU is built (not {} on {} yet)",
+                  kOp, dtype_name(gu.dtype), ctx.device.to_string());
+  }
+  if (!gated) {
+    STRATA_RETURN_IF_ERROR(copy(ctx, gu, out));
+    return cpu::act({f32(out), om.stride, om.rows, om.cols, act});
+  }
+  GatedActParams p;
+  p.gate = f32(gu);
+  p.gate_stride = gm.stride;
+  p.up = f32(gu) + om.cols;
+  p.up_stride = gm.stride;
+  p.out = f32(out);
+  p.out_stride = om.stride;
+  p.n_tokens = om.rows;
+  p.ffn_dim = om.cols;
+  p.act = act;
+  return cpu::gated_act(p);
+}
+
 Status copy(Context& ctx, const Tensor& src, Tensor& dst) {
   constexpr const char* kOp = "copy";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&src, &dst}));

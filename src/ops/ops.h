@@ -192,6 +192,12 @@ struct AttentionArgs {
 Status attention(Context& ctx, const Tensor& q, const StepArgs& step, const KvLayer& cache,
                  const AttentionArgs& args, Tensor& out);
 
+// The MLP's activation alone, for layouts that reduce the gate/up GEMM's partial sums before
+// activating them (the 2D weight-stationary FFN, model/ffn_layouts.cpp): gated, gu [n, 2F] =
+// [gate | up] and out [n, F] = act(gate) * up; plain, gu and out [n, F], out = act(gu). f32 on the
+// CPU only for now (kUnimplemented elsewhere).
+Status activation(Context& ctx, const Tensor& gu, Activation act, bool gated, Tensor& out);
+
 // Element-wise, f32 [n, cols] with row strides.
 Status add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out);  // out may alias a or b
 Status add_bias(Context& ctx, Tensor& x, const Tensor& bias);             // x[r, :] += bias

@@ -248,9 +248,14 @@ Status check_engine_config(const EngineConfig& cfg) {
 
 Status apply_ffn_layout(const ParallelSizes& sizes, ParallelConfig* par) {
   if (!parse_ffn_layout(sizes.ffn_layout, &par->ffn_layout)) {
-    return errorf(StatusCode::kInvalidArgument, "--ffn-layout '{}': expected 1d or weight-gathered",
-                  sizes.ffn_layout);
+    return errorf(StatusCode::kInvalidArgument,
+                  "--ffn-layout '{}': expected 1d, 2d or weight-gathered", sizes.ffn_layout);
   }
+  if (sizes.ffn_2d_x < 0 || (sizes.ffn_2d_x > 0 && par->ffn_layout != FfnLayout::k2D)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--ffn-2d-x {} goes with --ffn-layout 2d (and must be >= 2)", sizes.ffn_2d_x);
+  }
+  par->ws2d_x = sizes.ffn_2d_x;
   return ok_status();
 }
 

@@ -910,6 +910,33 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
       }
     }
   }
+  // The 2d FFN layout's X and Y groups, split on every rank at once (the communicator's
+  // collectives block until all ranks arrive); the executor owns them with the rest.
+  std::vector<FfnGroups> groups(static_cast<size_t>(tp));
+  if (o.ffn_layout == FfnLayout::k2D) {
+    std::vector<Status> st(static_cast<size_t>(tp));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tp; ++r) {
+      threads.emplace_back([&, r] {
+        ParallelConfig par = stage;
+        par.tp_size = tp;
+        par.tp_rank = r;
+        par.ffn_layout = o.ffn_layout;
+        par.ws2d_x = o.ws2d_x;
+        const auto i = static_cast<size_t>(r);
+        // No grid: every rank's load below fails alike, naming the flags.
+        if (par.grid_x() < 2 || tp % par.grid_x() != 0) return;
+        Result<FfnGroups> g = split_ffn_groups(*comms[i], par);
+        if (g.ok()) {
+          groups[i] = std::move(*g);
+        } else {
+          st[i] = g.status();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const Status& s : st) STRATA_RETURN_IF_ERROR(s);
+  }
   std::vector<std::unique_ptr<Executor>> ranks;
   const double util = o.gpu_memory_utilization;
   for (int r = 0; r < tp; ++r) {
@@ -917,6 +944,7 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     par.tp_size = tp;
     par.tp_rank = r;
     par.ffn_layout = o.ffn_layout;
+    par.ws2d_x = o.ws2d_x;
     std::unique_ptr<Model> host;
     if (load) {
       Result<std::unique_ptr<Model>> m = load(par);
@@ -927,6 +955,8 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     }
     RunnerOptions ro = o;
     ro.device = where.device(o, w0 + r);
+    ro.ffn_x_group = groups[static_cast<size_t>(r)].x.get();
+    ro.ffn_y_group = groups[static_cast<size_t>(r)].y.get();
     // Rank 0's routing only; every rank eager with it (see make_in_process_ep_executor).
     if (o.moe_route_trace != nullptr) ro.cuda_graphs = false;
     if (r > 0 || w0 > 0) ro.moe_route_trace = nullptr;
@@ -941,6 +971,10 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
       return e.status().with_context(where_s + "tensor-parallel rank " + std::to_string(r));
     if (o.num_kv_blocks <= 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;
     ranks.push_back(std::move(*e));
+  }
+  for (FfnGroups& g : groups) {
+    if (g.x) comms.push_back(std::move(g.x));
+    if (g.y) comms.push_back(std::move(g.y));
   }
   return std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks),
                                                std::move(also_abort));

@@ -1,9 +1,10 @@
 // The FFN layouts of seed 003 (Sec. 3.2) with ranks as threads of one process
-// (make_in_process_tp_executor, RunnerOptions::ffn_layout): weight-gathered at TP = 2, 3 and 4
-// (token slices of unequal, empty and padded sizes) against TP = 1 on the llama fixtures, f32
-// reference, within 1e-5 of max |logit| over a chunked prefill and greedy decode steps, with the
-// same greedy tokens. And what is not built yet fails with one line naming the flag: the device
-// layout (bf16 twins), families other than Llama.
+// (make_in_process_tp_executor, RunnerOptions::ffn_layout): 2d weight-stationary and
+// weight-gathered at TP = 4 (and weight-gathered at 2 and 3: token slices of unequal, empty and
+// padded sizes) against TP = 1 on the llama fixtures, f32 reference, within 1e-5 of max |logit|
+// over a chunked prefill and greedy decode steps, with the same greedy tokens. And what is not
+// built yet fails with one line naming the flag: the device layout (bf16 twins), families other
+// than Llama, a world size without a 2D grid.
 #include <gtest/gtest.h>
 
 #include "../parallel/ffn_layout_util.h"
@@ -15,7 +16,7 @@ namespace strata {
 namespace {
 
 Result<std::unique_ptr<Executor>> make(const std::string& dir, int tp, FfnLayout layout,
-                                       DType act = DType::kF32) {
+                                       DType act = DType::kF32, int x = 0) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
@@ -23,6 +24,7 @@ Result<std::unique_ptr<Executor>> make(const std::string& dir, int tp, FfnLayout
   RunnerOptions o = testing::layout_runner_options();
   o.act_dtype = act;
   o.ffn_layout = layout;
+  o.ws2d_x = x;
   auto load = [config, src](const ParallelConfig& par) { return Model::load(config, par, src); };
   return make_in_process_tp_executor(config, load, tp, o);
 }
@@ -54,8 +56,10 @@ TEST_P(FfnLayoutInProcess, MatchesOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutInProcess,
-                         ::testing::Values(Case{"llama", 4, FfnLayout::kWeightGathered},
+                         ::testing::Values(Case{"llama", 4, FfnLayout::k2D},
+                                           Case{"llama", 4, FfnLayout::kWeightGathered},
                                            Case{"llama", 2, FfnLayout::kWeightGathered},
+                                           Case{"llama_bf16", 4, FfnLayout::k2D},
                                            Case{"llama_bf16", 4, FfnLayout::kWeightGathered},
                                            Case{"qwen2", 3, FfnLayout::kWeightGathered},
                                            Case{"mistral", 2, FfnLayout::kWeightGathered}),
@@ -76,6 +80,8 @@ void expect_error(const Result<std::unique_ptr<Executor>>& e, const std::string&
 
 TEST(FfnLayoutInProcessErrors, NotBuiltYet) {
   const std::string llama = testing::fixture_model("llama");
+  expect_error(make(llama, 2, FfnLayout::k2D), "--ffn-layout 2d");
+  expect_error(make(llama, 4, FfnLayout::k2D, DType::kF32, 3), "--ffn-2d-x 3");
   expect_error(make(llama, 4, FfnLayout::kWeightGathered, DType::kBF16),
                "runs on the CPU reference (f32 activations) only");
   expect_error(make(testing::fixture_model("gpt2"), 2, FfnLayout::kWeightGathered),
