@@ -980,6 +980,14 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
                                                std::move(also_abort));
 }
 
+// The FFN layouts other than 1d run in tensor-parallel groups of their own (make_tp_group);
+// the executors that would drop RunnerOptions::ffn_layout refuse it instead.
+Status only_1d_ffn(const RunnerOptions& o, const char* what) {
+  if (o.ffn_layout == FfnLayout::k1D) return ok_status();
+  return errorf(StatusCode::kUnimplemented, "--ffn-layout {} with {} is not built yet",
+                ffn_layout_name(o.ffn_layout), what);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Executor>> make_in_process_tp_executor(const ModelConfig& config,
@@ -988,7 +996,10 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(const ModelConfig&
                                                               int ep) {
   if (tp < 1) return errorf(StatusCode::kInvalidArgument, "tensor-parallel size {}", tp);
   if (ep < 1) return errorf(StatusCode::kInvalidArgument, "expert-parallel size {}", ep);
-  if (ep > 1) return make_in_process_ep_executor(config, load, tp, ep, options);
+  if (ep > 1) {
+    STRATA_RETURN_IF_ERROR(only_1d_ffn(options, "expert parallelism"));
+    return make_in_process_ep_executor(config, load, tp, ep, options);
+  }
   const Placement where = place(options, tp, env_config().tp_one_gpu);
   if (where.shared_gpu && tp > 1 && cuda_lazy_module_loading()) {
     return lazy_loading_error("tensor", "--tp");
@@ -1004,6 +1015,7 @@ Result<std::unique_ptr<Executor>> make_in_process_dp_executor(const ModelConfig&
                                                               const RunnerOptions& options,
                                                               bool partitioned) {
   if (dp < 1) return errorf(StatusCode::kInvalidArgument, "data-parallel size {}", dp);
+  STRATA_RETURN_IF_ERROR(only_1d_ffn(options, "data-parallel replicas"));
   const Placement where = place(options, dp, env_config().tp_one_gpu);
   const bool fetch = partitioned && dp > 1 && options.residency.requested();
   if (fetch && where.shared_gpu && cuda_lazy_module_loading()) {
@@ -1101,6 +1113,7 @@ Result<std::unique_ptr<Executor>> make_in_process_pp_executor(const ModelConfig&
                                                               const std::vector<int64_t>& bounds,
                                                               const RunnerOptions& options,
                                                               int tp) {
+  STRATA_RETURN_IF_ERROR(only_1d_ffn(options, "pipeline stages"));
   const int pp = static_cast<int>(bounds.size()) - 1;
   if (pp < 1 || bounds.front() != 0 || bounds.back() != config.n_layers) {
     return errorf(StatusCode::kInvalidArgument, "pipeline bounds for {} stages of {} layers", pp,

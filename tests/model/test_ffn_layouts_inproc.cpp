@@ -86,6 +86,17 @@ TEST(FfnLayoutInProcessErrors, NotBuiltYet) {
                "runs on the CPU reference (f32 activations) only");
   expect_error(make(testing::fixture_model("gpt2"), 2, FfnLayout::kWeightGathered),
                "built for the Llama family");
+  // The executors that do not run the layouts refuse them rather than drop them.
+  auto text = read_text_file(llama + "/config.json");
+  ASSERT_TRUE(text.ok());
+  auto config = parse_hf_config(*text, llama + "/config.json");
+  ASSERT_TRUE(config.ok());
+  RunnerOptions o = testing::layout_runner_options();
+  o.ffn_layout = FfnLayout::k2D;
+  expect_error(make_in_process_pp_executor(*config, nullptr, {0, 1, 3}, o, 2),
+               "--ffn-layout 2d with pipeline stages is not built yet");
+  expect_error(make_in_process_dp_executor(*config, nullptr, 2, o),
+               "--ffn-layout 2d with data-parallel replicas is not built yet");
 }
 
 }  // namespace
