@@ -254,7 +254,7 @@ struct CopyRowsParams {
 enum class QuantIsa { kBest, kScalar, kAvx2, kAvx512, kAvx512Vnni };
 
 // How quant_linear runs prefill (n_tokens >= 16) when f32_activations is set: kAuto takes the
-// int8-activation GEMM where it is the default (CPUs with AVX512-VNNI; STRATA_CPU_PREFILL=f32
+// int8-activation GEMM where it is the default (AVX2 and AVX512-VNNI; STRATA_CPU_PREFILL=f32
 // or int8 overrides that), kF32 the f32 GEMM over dequantized panels (exact up to f32
 // summation order), kInt8 the int8 GEMM (activations rounded to int8 blocks of 32 first).
 enum class QuantPrefill { kAuto, kF32, kInt8 };

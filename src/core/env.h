@@ -19,7 +19,8 @@ struct EnvConfig {
   std::string cpu_isa;
   // STRATA_CPU_PREFILL=f32|int8: how CPU prefill (16 tokens or more) meets block-quantized
   // weights: f32 activations through the f32 GEMM, or int8 activations through the int8 GEMM
-  // (empty: int8 on CPUs with AVX512-VNNI, else f32; docs/performance.md).
+  // (empty: int8 where the CPU runs the AVX2 or AVX512-VNNI kernels, f32 on AVX-512 without
+  // VNNI and scalar; docs/performance.md).
   std::string cpu_prefill;
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
   bool cuda_profile = false;  // STRATA_CUDA_PROFILE=1: event-timed sections, eager launches

@@ -361,6 +361,7 @@ TEST_P(QuantSimd, F32ActivationMatchesScalar) {
             p.out_stride = out_stride;
             p.weight_row_blocks = pad_blocks != 0 ? row_blocks : 0;
             p.f32_activations = true;
+            p.prefill = QuantPrefill::kF32;  // 16 tokens and more: the f32 GEMM, not the int8 one
             p.force_scalar = true;
             p.out = want.data();
             ASSERT_TRUE(quant_linear(p).ok());
