@@ -94,6 +94,29 @@ inline std::vector<uint8_t> random_quant_rows(DType dt, int64_t rows, int64_t ro
 
 // The SIMD variants of the block-quant kernels; each test below runs once per variant and
 // skips (saying why) the ones this CPU cannot run.
+// quant_linear over w (m rows of row_blocks blocks of dt) and x ([n, x_stride], k features),
+// with bias, int8 activations and the scalar kernels; callers set out, isa and the switches
+// they test.
+inline QuantLinearParams linear_params(DType dt, const std::vector<uint8_t>& w,
+                                       const std::vector<float>& bias, const std::vector<float>& x,
+                                       int64_t n, int64_t k, int64_t m, int64_t x_stride,
+                                       int64_t out_stride, int64_t row_blocks) {
+  QuantLinearParams p;
+  p.x = x.data();
+  p.weight = w.data();
+  p.weight_dtype = dt;
+  p.bias = bias.data();
+  p.n_tokens = n;
+  p.in_features = k;
+  p.out_features = m;
+  p.x_stride = x_stride;
+  p.out_stride = out_stride;
+  p.weight_row_blocks = row_blocks;
+  p.f32_activations = false;
+  p.isa = QuantIsa::kScalar;
+  return p;
+}
+
 inline const QuantIsa kSimdIsas[] = {QuantIsa::kAvx2, QuantIsa::kAvx512, QuantIsa::kAvx512Vnni};
 inline std::string isa_test_name(const ::testing::TestParamInfo<QuantIsa>& info) {
   std::string s = quant_isa_name(info.param);

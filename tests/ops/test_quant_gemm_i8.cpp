@@ -172,19 +172,8 @@ TEST_P(QuantGemmI8Simd, PrefillMatchesScalarTiles) {
       const std::vector<float> x = random_rows(n, x_stride, static_cast<uint32_t>(5 + n));
       std::vector<float> want(static_cast<size_t>(n * out_stride), -7.0f), got(want.size(), -7.0f),
           got2(want.size(), -7.0f);
-      QuantLinearParams p;
-      p.x = x.data();
-      p.weight = w.data();
-      p.weight_dtype = tc.dtype;
-      p.bias = bias.data();
-      p.n_tokens = n;
-      p.in_features = k;
-      p.out_features = m;
-      p.x_stride = x_stride;
-      p.out_stride = out_stride;
-      p.weight_row_blocks = row_blocks;
-      p.f32_activations = false;
-      p.isa = QuantIsa::kScalar;
+      QuantLinearParams p =
+          linear_params(tc.dtype, w, bias, x, n, k, m, x_stride, out_stride, row_blocks);
       p.out = want.data();
       ASSERT_TRUE(quant_linear(p).ok());
       p.isa = GetParam();
