@@ -75,14 +75,14 @@ fi
 
 if has recheck; then
   # shellcheck disable=SC2086
-  step recheck "70b_tp2_pp$H" 240 "$BUILD/strata" bench-throughput --device cuda --load-format dummy \
+  step recheck "70b_tp2_pp$H" 150 "$BUILD/strata" bench-throughput --device cuda --load-format dummy \
     --model-config llama3-70b --tp 2 --pp "$H" --num-prompts 256 --input-len 512 --output-len 128 \
     --max-num-seqs 128 --json "$OUT/recheck/70b_tp2_pp$H.json"
   for m in mixtral-8x7b qwen3-30b-a3b; do
     for cfg in "tp2_ep$H:--tp 2 --ep $H" "ep$N:--ep $N"; do
       name=${cfg%%:*}; args=${cfg#*:}
       # shellcheck disable=SC2086
-      step recheck "${m}_$name" 200 "$BUILD/strata" bench --device cuda --model-config "$m" $args \
+      step recheck "${m}_$name" 105 "$BUILD/strata" bench --device cuda --model-config "$m" $args \
         --batch 1,8,64 --ctx 256 -r 5 --json "$OUT/recheck/${m}_$name.json"
     done
   done
