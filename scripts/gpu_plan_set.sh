@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The planner's one-GPU validation set (issue 14 item 5) in one device call: `strata plan
+# --calibrate` on this GPU, then the engine measured on the configurations the cost model is
+# checked against (tests/planner/data/<gpu>_measured.json is written from these files by hand):
+#   decode   Llama-3-8B shape, random weights: bf16 batch 1/16/64/256 at KV 256, batch 1/16 at
+#            KV 2,048 and 8,192; int8 and fp8 batch 1/16/64 at KV 256
+#   prefill  bf16 1x128, 1x512, 1x2048, 1x8192, 8x2048; int8 and fp8 1x2048
+#   stream   Llama-34B shape with an 8 GiB weight budget (layers streamed from pinned host
+#            memory), decode batch 16 and 64 at KV 512, prefill 4x512
+# Ranks, stages and replicas on one GPU share it, which the cost model does not price: the
+# multi-GPU configurations come from the lent multi-GPU machines (scripts/gpu_scale_multi.sh).
+#   BUILD=<dir with strata> OUT=<dir> scripts/gpu_plan_set.sh
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-$PWD/gpu_out}/planset
+BUILD=${BUILD:-build-gpu}
+mkdir -p "$OUT"
+if [ -d .gpu_carry/lib ]; then export LD_LIBRARY_PATH="$PWD/.gpu_carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+t0=$(date +%s)
+rc=0
+step() {  # step NAME LIMIT CMD...
+  local name=$1 lim=$2; shift 2
+  echo "== [$(($(date +%s) - t0))s] $name"
+  timeout "$lim" "$@" > "$OUT/$name.txt" 2>&1 || { echo "rc=$?"; rc=1; }
+  grep -E "^\| (decode|prefill)|error|streamed" "$OUT/$name.txt" | head -n 12
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/machine.txt" 2>&1
+step calibrate 150 "$BUILD/strata" plan --calibrate "$OUT/calibrated.json"
+M8="--device cuda --load-format dummy --model-config llama3-8b"
+step bf16_ctx256 120 "$BUILD/strata" bench $M8 --batch 1,16,64,256 --ctx 256 \
+  --prefill 1x128,1x512,1x2048,1x8192,8x2048 -r 5 --json "$OUT/bf16_ctx256.json"
+for c in 2048 8192; do
+  step "bf16_ctx$c" 90 "$BUILD/strata" bench $M8 --batch 1,16 --ctx "$c" -r 5 \
+    --json "$OUT/bf16_ctx$c.json"
+done
+for q in int8 fp8; do
+  step "$q" 120 "$BUILD/strata" bench $M8 --quantization "$q" --batch 1,16,64 --ctx 256 \
+    --prefill 1x2048 -r 5 --json "$OUT/$q.json"
+done
+step stream34b 200 "$BUILD/strata" bench --device cuda --load-format dummy --model-config llama-34b \
+  --gpu-weight-budget 8 --batch 16,64 --ctx 512 --decode-steps 2 --prefill 4x512 -r 2 \
+  --json "$OUT/stream34b.json"
+echo "== [$(($(date +%s) - t0))s] done rc=$rc"
+exit $rc
