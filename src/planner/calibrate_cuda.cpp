@@ -82,6 +82,18 @@ class DeviceBuffers {
   std::vector<void*> device_, host_;
 };
 
+// n random bf16 values, uniform in (-scale, scale), as weights and activations are. The probes
+// filled their operands with one constant byte before, and that may flatter the tensor cores
+// (less switching, less power, higher clocks): the H200 curve calibrated that way read 851 TFLOP/s
+// at 2,048 tokens, while the engine's prefill on random weights implies about 620 (its 1 x 2,048
+// pass took 51.3 ms where the curve predicts 38.7; tests/planner/data/h200x2_measured.json).
+Result<void*> random_bf16(const LaunchCtx& ctx, DeviceBuffers& mem, int64_t n, uint64_t seed,
+                          float scale) {
+  STRATA_ASSIGN_OR_RETURN(void* p, mem.device(static_cast<size_t>(n) * 2, 0));
+  STRATA_RETURN_IF_ERROR(cuda::fill_random_bf16(ctx, static_cast<uint16_t*>(p), n, seed, scale));
+  return p;
+}
+
 // Median seconds of `reps` runs of fn(i) after `warmup` runs.
 template <class Fn>
 Result<double> median_seconds(const LaunchCtx& ctx, int warmup, int reps, Fn&& fn) {
@@ -125,15 +137,24 @@ Result<double> gemm_curve_point(const LaunchCtx& ctx, DeviceBuffers& mem, DType 
     // Enough copies that the weights stream from HBM (4x the L2 cache).
     const int copies = static_cast<int>(std::max<size_t>(2, 4 * ctx.l2_bytes / w_size + 1));
     std::vector<void*> w(static_cast<size_t>(copies));
-    for (auto& p : w) {
-      auto b = mem.device(w_size, 0x3c);
-      if (!b.ok()) return b.status();
-      p = *b;
-    }
     auto scale = mem.device(static_cast<size_t>(s.out) * sizeof(float), 0x3c);
-    auto x = mem.device(static_cast<size_t>(tokens * s.in) * 2, 0x3c);
-    auto out = mem.device(static_cast<size_t>(tokens * s.out) * 4, 0);
     if (!scale.ok()) return scale.status();
+    // Random weights (8-bit ones quantized from random bf16 rows, as at load), random inputs.
+    void* src = nullptr;
+    for (size_t c = 0; c < w.size(); ++c) {
+      if (w_dtype == DType::kBF16) {
+        STRATA_ASSIGN_OR_RETURN(w[c], random_bf16(ctx, mem, s.out * s.in, 17 + c, 0.02f));
+        continue;
+      }
+      if (src == nullptr) {
+        STRATA_ASSIGN_OR_RETURN(src, random_bf16(ctx, mem, s.out * s.in, 17, 0.02f));
+      }
+      STRATA_ASSIGN_OR_RETURN(w[c], mem.device(w_size, 0));
+      STRATA_RETURN_IF_ERROR(cuda::quantize_rows(ctx, static_cast<const uint16_t*>(src), s.out,
+                                                 s.in, w_dtype, w[c], static_cast<float*>(*scale)));
+    }
+    auto x = random_bf16(ctx, mem, tokens * s.in, 5, 1.0f);
+    auto out = mem.device(static_cast<size_t>(tokens * s.out) * 4, 0);
     if (!x.ok()) return x.status();
     if (!out.ok()) return out.status();
     auto t = median_seconds(ctx, 3, 10, [&](int i) {
@@ -383,8 +404,8 @@ Result<std::string> calibrate_profile(const std::string& name) {
   {
     DeviceBuffers mem;
     const int64_t n = 8192;
-    auto w = mem.device(static_cast<size_t>(n * n) * 2, 0x3c);
-    auto x = mem.device(static_cast<size_t>(n * n) * 2, 0x3c);
+    auto w = random_bf16(ctx, mem, n * n, 3, 0.02f);
+    auto x = random_bf16(ctx, mem, n * n, 4, 1.0f);
     auto out = mem.device(static_cast<size_t>(n * n) * 4, 0);
     if (!w.ok()) return w.status();
     if (!x.ok()) return x.status();
@@ -424,10 +445,10 @@ Result<std::string> calibrate_profile(const std::string& name) {
   {
     DeviceBuffers mem;
     const int64_t L = 2048, H = 32, Hkv = 8, D = 128, block = 16, blocks = L / block;
-    auto q = mem.device(static_cast<size_t>(L * H * D) * 2, 0x3c);
+    auto q = random_bf16(ctx, mem, L * H * D, 6, 1.0f);
     auto o = mem.device(static_cast<size_t>(L * H * D) * 2, 0);
-    auto k = mem.device(static_cast<size_t>(blocks * block * Hkv * D) * 2, 0x3c);
-    auto v = mem.device(static_cast<size_t>(blocks * block * Hkv * D) * 2, 0x3c);
+    auto k = random_bf16(ctx, mem, blocks * block * Hkv * D, 7, 1.0f);
+    auto v = random_bf16(ctx, mem, blocks * block * Hkv * D, 8, 1.0f);
     auto meta = mem.device(static_cast<size_t>(blocks + 3) * sizeof(int32_t), 0);
     if (!q.ok()) return q.status();
     if (!o.ok()) return o.status();

@@ -42,7 +42,32 @@ struct Timed {
   bool memory_bound = false;
 };
 
-Timed gemm_time(const HardwareProfile& hw, WeightFormat f, double tokens, double weights) {
+// The GEMM curves are measured on one Llama-3-8B layer's four GEMMs (plan --calibrate's probe,
+// and the shipped H100 curve): q/k/v 6144 x 4096, o 4096 x 4096, gate/up 28672 x 4096, down
+// 4096 x 14336.
+constexpr double kCurveWeights = 6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336;
+constexpr double kCurveGemms = 4;
+
+// Seconds the curve's first point spends per GEMM beyond streaming its weights at the measured
+// HBM read rate: the ramp-up and tail of each launch (~8 us on an H100, docs/performance.md),
+// which a curve of one shape folds into its rate. Split out, a layer of larger GEMMs (70B:
+// twice the 8B's weights per GEMM) is not charged it twice over.
+double gemm_fixed_seconds(const HardwareProfile& hw, WeightFormat f,
+                          const std::vector<std::pair<double, double>>& pts) {
+  if (pts.empty() || hw.hbm_read_Bps <= 0) return 0.0;
+  const double t = 2.0 * pts.front().first * kCurveWeights / pts.front().second;
+  const double stream = kCurveWeights * weight_format_bytes(f) / hw.hbm_read_Bps;
+  return std::max(0.0, (t - stream) / kCurveGemms);
+}
+
+double gemm_fixed_seconds(const HardwareProfile& hw, WeightFormat f) {
+  auto it = hw.gemm_curve.find(f);
+  return it == hw.gemm_curve.end() ? 0.0 : gemm_fixed_seconds(hw, f, it->second);
+}
+
+// `gemms`: how many GEMMs the `weights` are (each pays the fixed part of the curve).
+Timed gemm_time(const HardwareProfile& hw, WeightFormat f, double tokens, double weights,
+                double gemms = 1) {
   Timed t;
   if (tokens <= 0.0 || weights <= 0.0) return t;
   const double flops = 2.0 * tokens * weights;
@@ -75,7 +100,11 @@ Timed gemm_time(const HardwareProfile& hw, WeightFormat f, double tokens, double
       break;
     }
   }
-  t.seconds = flops / rate;
+  // The curve's time for its reference layer at `tokens`, less its GEMMs' fixed parts, scaled
+  // to these weights; then these GEMMs' fixed parts.
+  const double fixed = gemm_fixed_seconds(hw, f, pts);
+  const double ref = 2.0 * tokens * kCurveWeights / rate;
+  t.seconds = std::max(0.0, ref - kCurveGemms * fixed) * weights / kCurveWeights + gemms * fixed;
   return t;
 }
 
@@ -176,8 +205,10 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
     if (!s.is_moe()) blocks.push_back({ffn_in, ffn});
   }
 
+  // The blocks' projections: an in and an out GEMM each.
+  const double gemms = 2.0 * as_d(blocks.size());
   auto add_gemm = [&](double tokens, double weights) {
-    const Timed t = gemm_time(hw, w.weights, tokens, weights);
+    const Timed t = gemm_time(hw, w.weights, tokens, weights, gemms);
     (t.memory_bound ? c.memory : c.compute) += t.seconds;
     return t.seconds;
   };
@@ -258,12 +289,26 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
     const double touched_dev = touched_total / as_d(e);
     const double per_expert = touched_total > 0 ? routed * k / touched_total : 0.0;
     expert_local_weights = s.ffn_weights_per_expert() / as_d(n);
+    // The engine runs a layer's experts as two grouped GEMMs (gate/up, down): two fixed parts
+    // per layer, not per expert.
     for (double i = 0; i < touched_dev; i += 1.0) {
       const double frac = std::min(1.0, touched_dev - i);
-      const Timed t = gemm_time(hw, w.weights, std::max(1.0, per_expert), expert_local_weights);
+      const Timed t =
+          gemm_time(hw, w.weights, std::max(1.0, per_expert), expert_local_weights, 0.0);
       (t.memory_bound ? c.memory : c.compute) += frac * t.seconds;
     }
-    if (e > 1) c.comm += 2.0 * comm.all_to_all(T * k * E * kActBytes / as_d(n), e);
+    if (touched_dev > 0) c.memory += 2.0 * gemm_fixed_seconds(hw, w.weights);
+    if (e > 1 && w.phase == Phase::kDecode && hw.moe_exchange_Bps > 0) {
+      // The engine's decode steps take the fixed-capacity exchange (model/moe_ep.h): each of
+      // the n e ranks sends its chunk of P = ceil(T / n) tokens to every ep rank in blocks of
+      // C = P min(k, X / e) rows, bf16 out and f32 back, whatever the routing.
+      const double P = std::ceil(T / as_d(n));
+      const double C = P * std::min(k, X / as_d(e));
+      const double bytes = as_d(e) * C * E * (kActBytes + 4.0);
+      c.comm += hw.moe_exchange_fixed_s + bytes / hw.moe_exchange_Bps;
+    } else if (e > 1) {
+      c.comm += 2.0 * comm.all_to_all(T * k * E * kActBytes / as_d(n), e);
+    }
     c.comm += 2.0 * comm.gather(T * E * kActBytes, n);
   }
 

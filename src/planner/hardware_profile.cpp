@@ -72,6 +72,12 @@ double HardwareProfile::peak_bf16() const {
   return it == peak_flops.end() ? 0.0 : it->second;
 }
 
+namespace {
+
+Result<HardwareProfile> parse_profile_object(const json& j, const std::string& source);
+
+}  // namespace
+
 Result<HardwareProfile> parse_hardware_profile(const std::string& json_text,
                                                const std::string& source) {
   json j;
@@ -80,6 +86,20 @@ Result<HardwareProfile> parse_hardware_profile(const std::string& json_text,
   } catch (const json::exception& e) {
     return errorf(StatusCode::kInvalidArgument, "{}: not valid JSON ({})", source, e.what());
   }
+  // A field of the wrong JSON type that a check below does not catch (e.g. a number where a
+  // string goes) throws from the JSON library: a clear error, not an abort (found by
+  // tests/fuzz/fuzz_hw_profile.cpp).
+  try {
+    return parse_profile_object(j, source);
+  } catch (const json::exception& e) {
+    return errorf(StatusCode::kInvalidArgument, "{}: a field has the wrong type ({})", source,
+                  e.what());
+  }
+}
+
+namespace {
+
+Result<HardwareProfile> parse_profile_object(const json& j, const std::string& source) {
   if (!j.is_object())
     return errorf(StatusCode::kInvalidArgument, "{}: a profile is a JSON object", source);
   HardwareProfile p;
@@ -150,6 +170,18 @@ Result<HardwareProfile> parse_hardware_profile(const std::string& json_text,
                     "{}: field 'layer_overhead_us' must be a number >= 0", source);
     p.layer_overhead_s = v.get<double>() * 1e-6;
   }
+  if (j.contains("moe_exchange")) {
+    const json& m = j.at("moe_exchange");
+    if (!m.is_object() || !m.contains("fixed_us") || !m.contains("GBps") ||
+        !m.at("fixed_us").is_number() || !m.at("GBps").is_number() ||
+        m.at("fixed_us").get<double>() < 0.0 || m.at("GBps").get<double>() <= 0.0) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: field 'moe_exchange' must be {{\"fixed_us\": >= 0, \"GBps\": > 0}}",
+                    source);
+    }
+    p.moe_exchange_fixed_s = m.at("fixed_us").get<double>() * 1e-6;
+    p.moe_exchange_Bps = m.at("GBps").get<double>() * 1e9;
+  }
   if (j.contains("gemm_tflops")) {
     for (const auto& [key, curve] : j.at("gemm_tflops").items()) {
       auto f = parse_weight_format(key);
@@ -175,6 +207,8 @@ Result<HardwareProfile> parse_hardware_profile(const std::string& json_text,
   }
   return p;
 }
+
+}  // namespace
 
 std::vector<std::string> shipped_profile_names() {
   std::vector<std::string> names;

@@ -86,6 +86,10 @@ struct HardwareProfile {
   double host_link_efficiency = 1;
   double attention_flops = 0;  // attention FLOP/s; 0 = peak bf16 x compute_efficiency
   double layer_overhead_s = 0;
+  // The engine's fixed-capacity expert exchange (a decode step's dispatch + combine): a fixed
+  // part and the rate of its bytes (ep x C rows of hidden bf16 out, f32 back). 0: the ring model.
+  double moe_exchange_fixed_s = 0;
+  double moe_exchange_Bps = 0;
   // Measured GEMM throughput (FLOP/s) against tokens per GEMM, by weight format; interpolated
   // log-log between points and flat past the last one. Empty: the roofline is used.
   std::map<WeightFormat, std::vector<std::pair<double, double>>> gemm_curve;

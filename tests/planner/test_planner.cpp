@@ -267,6 +267,19 @@ TEST(CostModel, BadInputIsAnError) {
       "p.json");
   ASSERT_FALSE(missing_bw.ok());
   EXPECT_NE(missing_bw.status().message().find("bandwidth_GBps"), std::string::npos);
+  // A field of the wrong JSON type is an error naming the file, not an exception (the fuzzer's
+  // first find), and a bad moe_exchange names the field.
+  const std::string base = R"({"memory_GB": 80, "peak_tflops": {"bf16": 100}, "hbm_read_GBps":
+      1000, "host_to_device_GBps": 10, "interconnect": {"topology": )";
+  auto wrong_type = parse_hardware_profile(base + "5}}", "t.json");
+  ASSERT_FALSE(wrong_type.ok());
+  EXPECT_NE(wrong_type.status().message().find("t.json"), std::string::npos);
+  EXPECT_EQ(wrong_type.status().message().find('\n'), std::string::npos);
+  auto bad_moe = parse_hardware_profile(
+      base + R"("switch", "bandwidth_GBps": 100, "latency_us": 2}, "moe_exchange": {"GBps": 0}})",
+      "m.json");
+  ASSERT_FALSE(bad_moe.ok());
+  EXPECT_NE(bad_moe.status().message().find("moe_exchange"), std::string::npos);
   EXPECT_FALSE(model_shape_preset("no-such-model").ok());
   const HardwareProfile a100 = value(load_hardware_profile("a100"));
   EXPECT_FALSE(
@@ -364,11 +377,75 @@ TEST(H200TwoGpuValidation, PredictionErrorAgainstMeasurements) {
   ASSERT_GE(preds.size(), 20u);
   const auto [mean, worst] = print_errors(preds);
   // Issue 14's goal is a mean error of at most 10%. With the profile calibrated on two H200s
-  // (2026-11-26) the mean is 13.4% and the worst 30.9% (prefill: the calibrated GEMM curve
-  // reaches 850 TFLOP/s at 2,048 tokens, the measured prefills were taken on other H200
-  // machines at ~600); these bounds guard that state until the set is re-measured in one job.
-  EXPECT_LE(mean, 0.15);
+  // (2026-11-26) and each GEMM's fixed part split out of the curve (cost_model.cpp) the mean is
+  // 9.6% and the worst 29.4% (prefill: the calibrated GEMM curve, measured on constant operands,
+  // reaches 850 TFLOP/s at 2,048 tokens where the engine's prefills on random weights reached
+  // ~620; plan --calibrate now fills them with random values, not yet re-run). The worst bound
+  // guards that state until the profile is re-calibrated.
+  EXPECT_LE(mean, 0.10);
   EXPECT_LE(worst, 0.35);
+}
+
+// ---- strata on four H200s: TP = 1 / 2 / 4 dense, MoE TP / EP / TP x EP, pipeline throughput ---
+
+TEST(H200FourGpuValidation, PredictionErrorAgainstMeasurements) {
+  const json data = read_json("h200x4_measured.json");
+  const HardwareProfile hw =
+      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  const auto preds = predict(data, hw);
+  ASSERT_EQ(preds.size(), data["count"].get<size_t>());
+  ASSERT_GE(preds.size(), 20u);
+  std::vector<Prediction> dense, moe;
+  for (const Prediction& p : preds) {
+    const bool is_moe = p.id.rfind("mixtral", 0) == 0 || p.id.rfind("qwen3", 0) == 0;
+    (is_moe ? moe : dense).push_back(p);
+  }
+  std::printf("dense (Llama-3-70B shape):\n");
+  const auto [dense_mean, dense_worst] = print_errors(dense);
+  std::printf("mixture of experts:\n");
+  const auto [moe_mean, moe_worst] = print_errors(moe);
+  // The profile is the one plan --calibrate wrote in the same 4-GPU job. Far from issue 14's
+  // 10% goal: decode of bf16 at batch 1 is within 4%, but prefill (and so offline throughput)
+  // is predicted ~31% fast (the calibration's constant-filled GEMM operands, see
+  // cost_model.cpp's note and calibrate_cuda.cpp), int8 at batch 64 runs the engine's slow path
+  // (SBI-GeMM in 64-token slices, issue 15) that the curve does not know, and the MoE layouts
+  // are predicted 2-59% fast: the experts are priced at the GEMM curve's rate while the engine's
+  // MoE kernels at these sizes are slower (issue 12's goals are not met either), and TP x EP's
+  // extra all-gathers are not modelled; the EP exchange uses the measured fixed-capacity cost
+  // (the profile's moe_exchange). Dense / MoE today: mean 23.5% / 26.3%, worst 67.8% / 59.3%;
+  // these bounds guard that state.
+  EXPECT_LE(dense_mean, 0.25);
+  EXPECT_LE(dense_worst, 0.70);
+  EXPECT_LE(moe_mean, 0.30);
+  EXPECT_LE(moe_worst, 0.62);
+}
+
+// Among the MoE layouts measured at the same model and batch (TP = 4, EP = 4, TP = 2 x EP = 2),
+// the planner's fastest is the measured fastest (within 5%).
+TEST(H200FourGpuValidation, MoeRankingPicksTheMeasuredBest) {
+  const json data = read_json("h200x4_measured.json");
+  const HardwareProfile hw =
+      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  std::map<std::string, std::vector<Prediction>> scenarios;
+  for (const Prediction& p : predict(data, hw)) {
+    if (p.id.rfind("mixtral", 0) != 0 && p.id.rfind("qwen3", 0) != 0) continue;
+    scenarios[p.id.substr(0, p.id.rfind('-'))].push_back(p);
+  }
+  int checked = 0;
+  for (const auto& [name, ps] : scenarios) {
+    if (ps.size() < 2) continue;
+    auto by_pred = std::min_element(ps.begin(), ps.end(), [](const auto& a, const auto& b) {
+      return a.predicted < b.predicted;
+    });
+    auto by_meas = std::min_element(
+        ps.begin(), ps.end(), [](const auto& a, const auto& b) { return a.measured < b.measured; });
+    const double gap = by_pred->measured / by_meas->measured - 1.0;
+    std::printf("scenario %-22s pick %-26s best %-26s gap %.1f%%\n", name.c_str(),
+                by_pred->id.c_str(), by_meas->id.c_str(), 100 * gap);
+    EXPECT_LE(gap, 0.05) << name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
 }
 
 TEST(H100Validation, RankingPicksTheMeasuredBest) {
