@@ -167,6 +167,9 @@ struct RunnerOptions {
   // the variable-split one. -1: max_num_seqs (every graph-sized decode step); 0: never (every
   // step eager, variable splits).
   int64_t moe_ep_fixed_tokens = -1;
+  // CUDA: called before the first run of each cuBLASLt GEMM shape (cuda::LaunchCtx::
+  // first_use_barrier); set by make_in_process_ep_executor on GPUs of their own.
+  std::function<bool()> plan_barrier;
 };
 
 // Message sizes of tensor-parallel ranks' device collectives: the largest one a forward pass

@@ -893,6 +893,16 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
   if (cuda && ep > 1) {
     STRATA_RETURN_IF_ERROR(with_nccl(ep_comms, ep_oneshot_max, "expert-parallel NCCL"));
   }
+  // On GPUs of their own, every rank meets the others before it first runs a cuBLASLt GEMM shape
+  // (cuda::LaunchCtx::first_use_barrier): the tensor-parallel groups are not in step between the
+  // expert exchanges, so without it one group's GPUs can sit in the exchange waiting for a rank
+  // whose host thread waits for cuBLASLt's lock while another rank loads a kernel library (which
+  // waits for every GPU to go idle); TP x EP decode stopped at a new batch size on 4 x H200
+  // (bench/results/2026-11-26-h200x4-s4/diag). The ranks run the same GEMM shapes in the same
+  // order (every rank routes every token), so they meet at the same shapes.
+  std::vector<std::unique_ptr<Communicator>> first_use =
+      cuda && !shared_gpu && W > 1 ? make_in_process_communicators(W)
+                                   : std::vector<std::unique_ptr<Communicator>>{};
   std::vector<std::unique_ptr<Executor>> ranks;
   RunnerOptions o = options;
   for (int w = 0; w < W; ++w) {
@@ -907,6 +917,10 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
     }
     RunnerOptions ro = o;
     ro.device = rank_device(w);
+    if (!first_use.empty()) {
+      Communicator* c = first_use[static_cast<size_t>(w)].get();
+      ro.plan_barrier = [c] { return c->barrier().ok(); };
+    }
     // Rank 0's routing only (one vector). The trace keeps rank 0 eager; the others must run
     // eagerly too, or their first graph-sized steps (run, then captured, then replayed) would
     // make other collective calls than rank 0's and wait for it forever.
@@ -929,6 +943,7 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
   std::vector<std::unique_ptr<Communicator>> comms;
   for (auto& c : tp_comms) comms.push_back(std::move(c));
   for (auto& c : ep_comms) comms.push_back(std::move(c));
+  for (auto& c : first_use) comms.push_back(std::move(c));
   return std::unique_ptr<Executor>(
       std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks)));
 }
