@@ -9,6 +9,9 @@
 #   pptp  Llama-3-70B shape, offline throughput through the serving engine (512 in / 128 out,
 #         up to 128 sequences running): TP = N, TP = 2 x PP = N/2, PP = N, with the bubble
 #   fetch partitioned weight fetch across all GPUs (scripts/gpu_partitioned_fetch.sh, DP = N)
+#   recheck (not in the default set) the runs that stopped on 4 x H200 (2026-11-26), after their
+#         fixes: TP = 2 x PP = N/2 throughput (StageGate), TP = 2 x EP = N/2 and EP = N decode at
+#         batch 1 / 8 / 64 (branch epnccl: NCCL expert groups, the first-use barrier)
 #   diag  (not in the default set) TP = 2 x PP = 2 and TP = 2 x EP = 2, which stopped on four GPUs:
 #         each with and without CUDA graphs and other switches, under a short collective deadline;
 #         a process still alive after DIAG_WAIT s gets its host stacks dumped by cuda-gdb
@@ -67,6 +70,21 @@ if has plan; then
       --workload "$wl" --top 0
     "$BUILD/strata" plan --model-config "$m" --gpus "$N" --profile "$prof" --workload "$wl" \
       --top 0 --json > "$OUT/plan/plan_$m.json" 2>/dev/null
+  done
+fi
+
+if has recheck; then
+  # shellcheck disable=SC2086
+  step recheck "70b_tp2_pp$H" 240 "$BUILD/strata" bench-throughput --device cuda --load-format dummy \
+    --model-config llama3-70b --tp 2 --pp "$H" --num-prompts 256 --input-len 512 --output-len 128 \
+    --max-num-seqs 128 --json "$OUT/recheck/70b_tp2_pp$H.json"
+  for m in mixtral-8x7b qwen3-30b-a3b; do
+    for cfg in "tp2_ep$H:--tp 2 --ep $H" "ep$N:--ep $N"; do
+      name=${cfg%%:*}; args=${cfg#*:}
+      # shellcheck disable=SC2086
+      step recheck "${m}_$name" 200 "$BUILD/strata" bench --device cuda --model-config "$m" $args \
+        --batch 1,8,64 --ctx 256 -r 5 --json "$OUT/recheck/${m}_$name.json"
+    done
   done
 fi
 

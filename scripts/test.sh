@@ -46,7 +46,7 @@ stamp "sanitizer + fuzz build (clang, address,undefined)"
 # instead of twice. -O1 -g1: line numbers in reports at a fraction of -O2 -g's compile time.
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
-  -DSTRATA_CUDA=OFF -DSTRATA_MPI=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_FUZZ=ON \
+  -DSTRATA_CUDA=OFF -DSTRATA_MPI=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_MODEL_TESTS=OFF -DSTRATA_FUZZ=ON \
   -DSTRATA_SANITIZE=address,undefined >/dev/null
 cmake --build build-asan -j "$JOBS"
 stamp "tests: cpu under ASan + UBSan"

@@ -220,6 +220,15 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                   "= stage * T + tensor-parallel rank. Without mpirun: threads of this process "
                   "(--device cuda: rank r on GPU index+r, all on one GPU when there are fewer); "
                   "on the CPU, mpirun -np T*N runs one process per rank");
+  sub->add_option("--ffn-layout", e.parallel.ffn_layout,
+                  "CPU, --tp N under mpirun: how the FFN is partitioned (seed 003 Sec. 3.2): 1d "
+                  "(Megatron, default), 2d (weight-stationary over an X x Y grid of the ranks: "
+                  "hidden split X, ffn split Y) or weight-gathered (each rank runs the FFN for "
+                  "1/N of the tokens with the layer's FFN weights all-gathered). Llama family, "
+                  "f32/f16/bf16 checkpoints; attention stays head-sharded");
+  sub->add_option("--ffn-2d-x", e.parallel.ffn_2d_x,
+                  "--ffn-layout 2d: ranks along the hidden dimension, X (Y = N / X; default: "
+                  "the largest divisor of N up to sqrt(N), e.g. 2 for 4 and 8 ranks)");
   sub->add_option("--plan", e.plan,
                   "CUDA: choose --tp / --pp with the cost model of `strata plan`: auto (plan "
                   "for the GPUs visible from --device, or the mpirun world, with the shipped "

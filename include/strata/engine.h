@@ -50,6 +50,10 @@ struct ParallelSizes {
   std::vector<int64_t> pp_layers;
   // The smallest micro-batch (tokens) a pipeline cuts a forward pass into (--pp-micro-batch).
   int64_t pp_micro_batch = 256;
+  // The FFN's layout over the tensor-parallel group (--ffn-layout 1d | 2d | weight-gathered; seed
+  // 003 Sec. 3.2) and the 2d grid's hidden split X (--ffn-2d-x; 0: the default for --tp).
+  std::string ffn_layout = "1d";
+  int ffn_2d_x = 0;
   int world() const { return tp * pp * ep * dp; }
 };
 

@@ -9,10 +9,12 @@
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/quant_impl.h"
@@ -50,11 +52,13 @@ static inline int emu_reduce_add_epi32(simde__m512i a) {
 #define STRATA_Q512_VNNI 0
 #define STRATA_Q512_NS emu512
 #include "backends/cpu/quant_avx512_kernels.inc"
+#include "backends/cpu/quant_gemm_i8_avx512.inc"
 #undef STRATA_Q512_VNNI
 #undef STRATA_Q512_NS
 #define STRATA_Q512_VNNI 1
 #define STRATA_Q512_NS emu512_vnni
 #include "backends/cpu/quant_avx512_kernels.inc"
+#include "backends/cpu/quant_gemm_i8_avx512.inc"
 
 using namespace strata;
 using namespace strata::cpu;
@@ -73,19 +77,91 @@ struct Kernels {
   void (*quantize)(const float*, int64_t, int8_t*, float*, float*);
   RowDotI16Fn (*row_dot_i16)(DType);
   RowsI16Fn (*rows4_i16)(DType);
+  GemmI8MicroFn (*gemm_i8_micro)(int);
 };
 
 bool near(double got, double want, double tol) {
   return std::fabs(got - want) <= tol;
 }
 
+// The int8 GEMM micro-kernel over a packed panel of the first 13 weight rows (the rest of the
+// 16-row panel zero) and 8 tokens (x holds 4 rows of n; tokens 4..7 reuse them negated) against
+// the scalar tile kernels, then with unit scales against the scalar micro-kernel bit for bit.
+// Returns the number of checks.
+int check_gemm(const char* name, DType dt, GemmI8MicroFn micro, const uint8_t* w, int64_t row_bytes,
+               int64_t n, const std::vector<float>& x, std::mt19937& rng, int* fails) {
+  constexpr int64_t kNr = 13;
+  const int64_t nb = n / 32;
+  std::vector<float> x8(static_cast<size_t>(kGemmTokens * n));
+  for (size_t i = 0; i < x8.size(); ++i) {
+    x8[i] = i < x.size() ? x[i] : -x[i - x.size()];
+  }
+  std::vector<int8_t> qs(x8.size());
+  std::vector<float> d(static_cast<size_t>(kGemmTokens * nb)), s(d.size());
+  for (int64_t t = 0; t < kGemmTokens; ++t) {
+    quantize_row_q8_scalar(x8.data() + t * n, n, qs.data() + t * n, d.data() + t * nb,
+                           s.data() + t * nb);
+  }
+  std::vector<uint8_t> q(static_cast<size_t>(kGemmRows * n));
+  std::vector<float> dw(static_cast<size_t>(kGemmRows * nb)), cw(dw.size());
+  gemm_i8_pack(dt, w, row_bytes, kNr, 0, n, q.data(), dw.data(), cw.data());
+  float c[kGemmTokens * kGemmRows];
+  micro(nb, q.data(), dw.data(), cw.data(), qs.data(), n, d.data(), s.data(), nb, c);
+  int checks = 0;
+  const TileDotFn ref = tile_dot_scalar(dt);
+  std::vector<float> row(static_cast<size_t>(n));
+  for (int64_t r = 0; r < kGemmRows; ++r) {
+    if (r < kNr) (void)dequantize_row(dt, w + r * row_bytes, row.data(), n);
+    for (int64_t t = 0; t < kGemmTokens; ++t) {
+      const float got = c[t * kGemmRows + r];
+      float want = 0.0f;
+      double mag = 0;
+      if (r < kNr) {
+        const Q8Act a{qs.data() + t * n, d.data() + t * nb, s.data() + t * nb};
+        ref(w + r * row_bytes, row_bytes, 1, n, a, 1, &want);
+        for (int64_t e = 0; e < n; ++e) {
+          mag += std::fabs(row[static_cast<size_t>(e)] * d[t * nb + e / 32] *
+                           qs[static_cast<size_t>(t * n + e)]);
+        }
+      }
+      ++checks;
+      if (!near(got, want, 1e-5 * mag + 1e-30)) {
+        std::printf("%s int8 gemm %s n %lld row %lld token %lld: %g, scalar %g\n", name,
+                    std::string(dtype_name(dt)).c_str(), static_cast<long long>(n),
+                    static_cast<long long>(r), static_cast<long long>(t), got, want);
+        ++*fails;
+      }
+    }
+  }
+  // Unit scales: the outputs are the integer sums, random u up to max_u and q_a up to +-127.
+  const int max_u = gemm_i8_max_u(dt);
+  for (auto& v : q) v = static_cast<uint8_t>(rng() % (max_u + 1));
+  for (auto& v : qs) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+  std::fill(dw.begin(), dw.end(), 1.0f);
+  std::fill(cw.begin(), cw.end(), 0.0f);
+  std::fill(d.begin(), d.end(), 1.0f);
+  std::fill(s.begin(), s.end(), 0.0f);
+  float c2[kGemmTokens * kGemmRows];
+  micro(nb, q.data(), dw.data(), cw.data(), qs.data(), n, d.data(), s.data(), nb, c);
+  gemm_i8_micro_scalar()(nb, q.data(), dw.data(), cw.data(), qs.data(), n, d.data(), s.data(), nb,
+                         c2);
+  ++checks;
+  if (std::memcmp(c, c2, sizeof(c)) != 0) {
+    std::printf("%s int8 gemm %s n %lld: integer sums differ from scalar\n", name,
+                std::string(dtype_name(dt)).c_str(), static_cast<long long>(n));
+    ++*fails;
+  }
+  return checks;
+}
+
 }  // namespace
 
 int main() {
   const Kernels copies[] = {
-      {"avx512", emu512::tile_dot, emu512::quantize_row_q8, emu512::row_dot_i16, emu512::rows4_i16},
+      {"avx512", emu512::tile_dot, emu512::quantize_row_q8, emu512::row_dot_i16, emu512::rows4_i16,
+       emu512::gemm_i8_micro},
       {"avx512-vnni", emu512_vnni::tile_dot, emu512_vnni::quantize_row_q8, emu512_vnni::row_dot_i16,
-       emu512_vnni::rows4_i16}};
+       emu512_vnni::rows4_i16, emu512_vnni::gemm_i8_micro}};
   const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
                          DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
   std::mt19937 rng(1);
@@ -157,6 +233,14 @@ int main() {
               }
             }
           }
+        }
+        if (GemmI8MicroFn micro = kc.gemm_i8_micro(gemm_i8_max_u(dt))) {
+          checks += check_gemm(kc.name, dt, micro, w.data(), row_bytes, n, x, rng, &fails);
+        } else if (gemm_i8_max_u(dt) > 0 &&
+                   (std::strcmp(kc.name, "avx512") != 0 || dt != DType::kQ8_0)) {
+          std::printf("%s has no int8 GEMM micro-kernel for %.*s\n", kc.name,
+                      static_cast<int>(info.name.size()), info.name.data());
+          ++fails;
         }
         if (info.block_size != 32) continue;
         std::vector<int16_t> q16(x.size());

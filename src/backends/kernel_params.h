@@ -253,6 +253,12 @@ struct CopyRowsParams {
 // F/BW/DQ/VL; kAvx512Vnni adds AVX512-VNNI (vpdpbusd for the int8 products).
 enum class QuantIsa { kBest, kScalar, kAvx2, kAvx512, kAvx512Vnni };
 
+// How quant_linear runs prefill (n_tokens >= 16) when f32_activations is set: kAuto takes the
+// int8-activation GEMM where it is the default (AVX2 and AVX512-VNNI; STRATA_CPU_PREFILL=f32
+// or int8 overrides that), kF32 the f32 GEMM over dequantized panels (exact up to f32
+// summation order), kInt8 the int8 GEMM (activations rounded to int8 blocks of 32 first).
+enum class QuantPrefill { kAuto, kF32, kInt8 };
+
 // out[t, r] = sum_i x[t, i] * W[r, i] (+ bias[r]) for a block-quantized weight W
 // (strata::cpu::quant_linear). Weight rows are `weight_row_blocks` blocks apart (0: contiguous
 // rows of in_features / block_size blocks), so a column slice of a larger matrix works too.
@@ -284,6 +290,9 @@ struct QuantLinearParams {
   // moves by at most max|x_blk| / 65534 (256x less than int8), at about the int8 kernels'
   // speed. false: those kernels too keep x in f32.
   bool int16_decode = true;
+  // Prefill (n_tokens >= 16) with f32_activations: see QuantPrefill. Weight types without an
+  // int8 GEMM (Q6_K; Q8_0 without VNNI) keep the f32 GEMM.
+  QuantPrefill prefill = QuantPrefill::kAuto;
 };
 
 // ---- GPU executor kernels (bf16 activations into GEMMs, bf16 paged KV cache) ----------------

@@ -47,6 +47,7 @@ EnvConfig read_env() {
     return v != nullptr && v[0] == '1';
   };
   if (const char* v = get("STRATA_CPU_ISA")) c.cpu_isa = v;
+  if (const char* v = get("STRATA_CPU_PREFILL")) c.cpu_prefill = v;
   c.cuda_profile = flag("STRATA_CUDA_PROFILE");
   c.no_autotune = flag("STRATA_NO_AUTOTUNE");
   c.no_pdl = flag("STRATA_NO_PDL");

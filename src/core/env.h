@@ -17,6 +17,11 @@ struct EnvConfig {
   // STRATA_CPU_ISA=scalar|avx2|avx512|avx512-vnni: the best CPU kernel variant to use at most
   // (A/B runs of the SIMD variants on one machine); empty: the best the CPU supports.
   std::string cpu_isa;
+  // STRATA_CPU_PREFILL=f32|int8: how CPU linear layers of 16 tokens or more (prefill, decode
+  // steps of 16+ sequences) meet block-quantized weights: f32 activations through the f32 GEMM,
+  // or int8 activations through the int8 GEMM (empty: int8 where the CPU runs the AVX2 or
+  // AVX512-VNNI kernels, f32 on AVX-512 without VNNI and scalar; docs/performance.md).
+  std::string cpu_prefill;
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
   bool cuda_profile = false;  // STRATA_CUDA_PROFILE=1: event-timed sections, eager launches
   bool no_autotune = false;   // STRATA_NO_AUTOTUNE=1: cuBLASLt keeps its heuristic's first pick

@@ -236,6 +236,14 @@ struct Slot {
   std::vector<int64_t> shape;
 };
 
+// The dtype the FFN weights are stored in (the weight-gathered layout's scratch holds them).
+DType ffn_weight_dtype(const Model& m) {
+  for (const LayerWeights& L : m.weights().layers) {
+    if (L.gate_up.defined()) return L.gate_up.parts[0].w.dtype;
+  }
+  return DType::kF32;
+}
+
 std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
   const ModelConfig& c = m.config();
   const int64_t T = std::max<int64_t>(1, l.max_tokens), R = std::max<int64_t>(1, l.max_logit_rows);
@@ -294,6 +302,22 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
         s.push_back({&Workspace::moe_ep_index, DType::kI32, {ep_index_entries(ep, El, C, P * K)}});
       }
     }
+  }
+  const FfnLayout ffn_layout = m.parallel().ffn_layout;
+  if (ffn_layout == FfnLayout::kWeightGathered) {
+    // Weight-gathered FFN (model/ffn_layouts.cpp): P tokens per rank, the layer's whole FFN.
+    const int64_t N = tp, P = (T + N - 1) / N, F = c.ffn_dim;
+    const DType wdt = ffn_weight_dtype(m);
+    s.push_back({&Workspace::ffn_tokens, DType::kF32, {N * P, H}});
+    s.push_back({&Workspace::ffn_x, DType::kF32, {P, H}});
+    s.push_back({&Workspace::ffn_ff, l.act, {P, 2 * F}});
+    s.push_back({&Workspace::ffn_act, l.act, {P, F}});
+    s.push_back({&Workspace::ffn_w_in, wdt, {2 * F, H}});
+    s.push_back({&Workspace::ffn_w_out, wdt, {H, F}});
+    s.push_back({&Workspace::ffn_w_send, wdt, {H, F / N}});
+    s.push_back({&Workspace::ffn_w_recv, wdt, {N * H, F / N}});
+  } else if (ffn_layout == FfnLayout::k2D) {
+    s.push_back({&Workspace::ffn_tokens, DType::kF32, {T, H}});  // the X group's hidden slices
   }
   if (tp > 1) {
     s.push_back({&Workspace::logits_local, DType::kF32, {R, chunk}});

@@ -9,6 +9,7 @@
 //   h = rms_norm(x)                            with TP: fused into the all-reduce (one kernel)
 //   g = silu(h Wg^T) * (h Wu^T)                one GEMM with the activation in its epilogue
 //   x += all_reduce(g Wd^T)                    with TP: + the next layer's input norm
+// The MLP in the 2D weight-stationary and weight-gathered layouts: model/ffn_layouts.cpp.
 #include "model/program.h"
 
 namespace strata {
@@ -27,9 +28,12 @@ Status llama_layer(const Model& m, ForwardArgs& a, int64_t layer) {
     STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, blocks::norm_args(c), h));
   }
   STRATA_RETURN_IF_ERROR(blocks::self_attention(m, a, layer, sliding));
+  const FfnLayout ffn_layout = m.parallel().ffn_layout;
+  if (ffn_layout == FfnLayout::kWeightGathered) return blocks::weight_gathered_ffn(m, a, layer);
   ops::section(a.ctx, "o_proj");
   STRATA_RETURN_IF_ERROR(
       blocks::residual_linear_norm(m, a, blocks::rows(a.ws.attn, n), L.o, L.ffn_norm, "ffn_norm"));
+  if (ffn_layout == FfnLayout::k2D) return blocks::ffn_2d(m, a, layer);
   STRATA_RETURN_IF_ERROR(blocks::mlp_in(m, a, layer));
   ops::section(a.ctx, "down");
   const int64_t last = a.last_layer < 0 ? c.n_layers : a.last_layer;

@@ -45,6 +45,57 @@ Result<Tensor> fetch(const TensorSource& src, const std::string& name,
 
 }  // namespace
 
+Status Model::check_ffn_layout(const std::string& where) const {
+  const ModelConfig& c = config_;
+  const ParallelConfig& par = par_;
+  if (par.ffn_layout == FfnLayout::k1D) return ok_status();
+  const char* name = ffn_layout_name(par.ffn_layout);
+  if (c.family != ArchFamily::kLlama) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: --ffn-layout {} is built for the Llama family (Llama, Mistral, Qwen2) "
+                  "only, not {} yet",
+                  where, name, c.architecture);
+  }
+  if (c.is_moe()) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: --ffn-layout {} with mixture-of-experts layers is not built yet", where,
+                  name);
+  }
+  if (par.pp_size > 1 || par.ep_size > 1) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: --ffn-layout {} with pipeline or expert parallelism is not built yet", where,
+                  name);
+  }
+  if (par.ffn_layout == FfnLayout::kWeightGathered) {
+    if (c.mlp_bias) {
+      return errorf(StatusCode::kUnimplemented,
+                    "{}: --ffn-layout weight-gathered with MLP biases is not built yet", where);
+    }
+    return ok_status();
+  }
+  const int n = par.tp_size, x = par.grid_x();
+  if (x < 2 || n % x != 0 || n / x < 2) {
+    if (par.ws2d_x > 0) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "--ffn-layout 2d: --ffn-2d-x {} does not split tensor-parallel size {} into "
+                    "X x Y with X, Y >= 2",
+                    par.ws2d_x, n);
+    }
+    return errorf(StatusCode::kInvalidArgument,
+                  "--ffn-layout 2d needs a tensor-parallel size that factors as X x Y with X, Y "
+                  ">= 2 (4, 6, 8, ...), not {}",
+                  n);
+  }
+  const int y = n / x;
+  if (c.hidden % x != 0 || c.ffn_dim % y != 0) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: --ffn-layout 2d grid {} x {}: hidden size {} must be a multiple of X = {} "
+                  "and intermediate size {} of Y = {}",
+                  where, x, y, c.hidden, x, c.ffn_dim, y);
+  }
+  return ok_status();
+}
+
 Status Model::init_shapes() {
   const ModelConfig& c = config_;
   const ParallelConfig& par = par_;
@@ -54,6 +105,7 @@ Status Model::init_shapes() {
     return errorf(StatusCode::kInvalidArgument, "invalid tensor-parallel rank {} of {}",
                   par.tp_rank, tp);
   }
+  STRATA_RETURN_IF_ERROR(check_ffn_layout(where));
   if (c.n_heads % tp != 0) {
     return errorf(StatusCode::kInvalidArgument,
                   "{}: {} attention heads cannot be split over tensor-parallel size {}", where,
@@ -64,7 +116,7 @@ Status Model::init_shapes() {
                   "{}: {} KV heads cannot be split or replicated over tensor-parallel size {}",
                   where, c.n_heads_kv, tp);
   }
-  if (c.ffn_dim % tp != 0) {
+  if (c.ffn_dim % tp != 0 && par.ffn_layout != FfnLayout::k2D) {
     return errorf(StatusCode::kInvalidArgument,
                   "{}: intermediate size {} cannot be split over tensor-parallel size {}", where,
                   c.ffn_dim, tp);
@@ -97,7 +149,7 @@ Status Model::init_shapes() {
   }
   n_heads_local_ = c.n_heads / tp;
   n_kv_local_ = c.n_heads_kv >= tp ? c.n_heads_kv / tp : 1;
-  ffn_local_ = c.ffn_dim / tp;
+  ffn_local_ = par.ffn_layout == FfnLayout::k2D ? c.ffn_dim / par.grid_y() : c.ffn_dim / tp;
   vocab_range_ = par.padded_shard(c.vocab);
   return ok_status();
 }
@@ -254,6 +306,23 @@ Status Model::load_weights() {
           STRATA_ASSIGN_OR_RETURN(gb, fetch(src, p + "mlp.gate_proj.bias", {c.ffn_dim}));
           STRATA_ASSIGN_OR_RETURN(ub, fetch(src, p + "mlp.up_proj.bias", {c.ffn_dim}));
           STRATA_ASSIGN_OR_RETURN(db, fetch(src, p + "mlp.down_proj.bias", {H}));
+        }
+        if (par_.ffn_layout == FfnLayout::k2D) {
+          // Rank (i, j) of the X x Y grid: W_in[ffn slice j, hidden slice i], W_out[hidden
+          // slice i, ffn slice j] (strided views); the down bias's hidden slice i, added once
+          // after the reduction over Y (model/ffn_layouts.cpp).
+          const ShardRange hs = par_.grid_hidden_shard(H), fs = par_.grid_ffn_shard(c.ffn_dim);
+          if (c.mlp_bias) {
+            gb = gb.slice_rows(fs.begin, fs.end);
+            ub = ub.slice_rows(fs.begin, fs.end);
+            db = db.slice_rows(hs.begin, hs.end);
+          }
+          L.gate_up.add(g.slice_rows(fs.begin, fs.end).slice_cols(hs.begin, hs.end), gb);
+          L.gate_up.add(u.slice_rows(fs.begin, fs.end).slice_cols(hs.begin, hs.end), ub);
+          L.down.add(d.slice_rows(hs.begin, hs.end).slice_cols(fs.begin, fs.end), db);
+          continue;
+        }
+        if (c.mlp_bias) {
           gb = gb.slice_rows(ffn.begin, ffn.end);
           ub = ub.slice_rows(ffn.begin, ffn.end);
         }
@@ -382,6 +451,20 @@ Status Model::load_weights() {
     }
   }
 
+  if (par_.ffn_layout != FfnLayout::k1D) {
+    for (const LayerWeights& L : w_.layers) {
+      for (const ops::LinearWeight* lw : {&L.gate_up, &L.down}) {
+        for (int i = 0; i < lw->n_parts; ++i) {
+          const DType dt = lw->parts[static_cast<size_t>(i)].w.dtype;
+          if (!dtype_info(dt).is_quantized) continue;
+          return errorf(StatusCode::kUnimplemented,
+                        "{}: --ffn-layout {} with {} (GGUF-quantized) FFN weights is not built "
+                        "yet (use --ffn-layout 1d)",
+                        src.describe(), ffn_layout_name(par_.ffn_layout), dtype_info(dt).name);
+        }
+      }
+    }
+  }
   count_weight_bytes();
   return ok_status();
 }

@@ -113,6 +113,17 @@ struct Workspace {
   Tensor moe_ep_act;     // act [ep C, Fe]
   Tensor moe_ep_ff;      // act [ep C, 2 Fe]: the f32 reference's gate/up scratch (else a stub)
   Tensor moe_ep_index;   // i32: counts and maps (ep_index_entries)
+  // FFN layouts other than 1d (model/ffn_layouts.cpp; N tensor-parallel ranks, P = ceil(T / N)
+  // tokens per rank, F = intermediate size, wdt = the FFN weights' dtype as stored):
+  Tensor ffn_tokens;  // f32 [max(N P, T), hidden]: weight-gathered: o_proj's padded partial sums,
+                      // then every rank's token slice gathered; 2d: the X group's hidden slices
+  Tensor ffn_x;       // f32 [P, hidden]: weight-gathered: this rank's token slice of the residual
+  Tensor ffn_ff;      // act [P, 2 F]: weight-gathered: the gate/up GEMM's output (scratch)
+  Tensor ffn_act;     // act [P, F]
+  Tensor ffn_w_in;    // wdt [2 F, hidden]: the layer's gathered gate/up weights
+  Tensor ffn_w_out;   // wdt [hidden, F]: the layer's gathered down weight
+  Tensor ffn_w_send;  // wdt [hidden, F / N]: this rank's down columns, contiguous
+  Tensor ffn_w_recv;  // wdt [N hidden, F / N]: every rank's
 };
 
 struct WorkspaceLimits {
@@ -161,6 +172,10 @@ struct ForwardArgs {
   // The expert-parallel group (ranks of this tensor-parallel rank; rank = ParallelConfig::ep_rank)
   // when ep_size > 1: the mixture-of-experts layers' all-to-alls.
   Communicator* expert_comm = nullptr;
+  // The 2d FFN layout's groups (ParallelConfig::grid_*): X, the ranks of this rank's grid column
+  // (same j, ordered by i), and Y, those of its row (same i, ordered by j). Null otherwise.
+  Communicator* ffn_x_comm = nullptr;
+  Communicator* ffn_y_comm = nullptr;
   // Tests: every sparse layer appends its routing (top-k expert ids, [n_tokens, k]) here, read
   // back on the host (a synchronization: never inside a CUDA graph). Null: nothing recorded.
   std::vector<int32_t>* moe_route_trace = nullptr;
@@ -235,6 +250,8 @@ class Model {
   Status load_weights();
   Status load_moe_layer(int64_t layer, LayerWeights& L);
   Status init_shapes();
+  // The FFN layout's constraints on the model and the world (ParallelConfig::ffn_layout).
+  Status check_ffn_layout(const std::string& where) const;
   void count_weight_bytes();
 
   ModelConfig config_;

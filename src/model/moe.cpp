@@ -165,6 +165,26 @@ bool fixed_exchange(const Model& m, ForwardArgs& a, int64_t per) {
   return group_takes(a.ctx, *a.expert_comm, dtype_bytes(DType::kF32, rows * H));
 }
 
+// The chunk [t0, t1)'s (token, slot) rows grouped by expert, for both exchanges: offsets
+// [1, E + 1] over them, h_perm [mc k, H] the rows in that order, perm their places, w the
+// chunk's routing weights. An empty chunk (mc = 0) leaves offsets unwritten.
+struct ChunkRows {
+  Tensor offsets, h_perm, perm, w;
+};
+Status group_chunk(const Model& m, ForwardArgs& a, const Tensor& h, const Tensor& ids,
+                   const Tensor& w, int64_t t0, int64_t t1, ChunkRows& out) {
+  const ModelConfig& c = m.config();
+  const int64_t H = c.hidden, E = c.n_experts, k = c.n_experts_used, mc = t1 - t0;
+  out.offsets = view(a.ws.moe_offsets, 1, E + 1);
+  out.h_perm = view(a.ws.moe_x, mc * k, H);
+  out.perm = view(a.ws.moe_perm, 1, mc * k);
+  out.w = w.slice_rows(t0, t1);
+  if (mc == 0) return ok_status();
+  const Tensor ids_c = ids.slice_rows(t0, t1);
+  STRATA_RETURN_IF_ERROR(ops::moe_offsets(a.ctx, ids_c, E, out.offsets));
+  return ops::moe_permute(a.ctx, h.slice_rows(t0, t1), ids_c, out.offsets, out.h_perm, out.perm);
+}
+
 Status chunk_experts_variable(const Model& m, ForwardArgs& a, const LayerWeights& L,
                               const Tensor& h, const Tensor& ids, const Tensor& w, int64_t t0,
                               int64_t t1, Tensor& mine) {
@@ -179,14 +199,10 @@ Status chunk_experts_variable(const Model& m, ForwardArgs& a, const LayerWeights
   // Group the chunk's (token, slot) rows by expert, hence by the rank that owns the expert.
   ops::section(ctx, "moe_dispatch");
   std::vector<int32_t> off(static_cast<size_t>(E + 1), 0);
-  Tensor offsets = view(ws.moe_offsets, 1, E + 1);
-  Tensor h_perm = view(ws.moe_x, mc * k, H), perm = view(ws.moe_perm, 1, mc * k);
-  Tensor ids_c = ids.slice_rows(t0, t1), w_c = w.slice_rows(t0, t1);
+  ChunkRows rows;
+  STRATA_RETURN_IF_ERROR(group_chunk(m, a, h, ids, w, t0, t1, rows));
   if (mc > 0) {
-    STRATA_RETURN_IF_ERROR(ops::moe_offsets(ctx, ids_c, E, offsets));
-    Tensor h_c = h.slice_rows(t0, t1);
-    STRATA_RETURN_IF_ERROR(ops::moe_permute(ctx, h_c, ids_c, offsets, h_perm, perm));
-    STRATA_RETURN_IF_ERROR(ops::download(ctx, offsets, off.data()));
+    STRATA_RETURN_IF_ERROR(ops::download(ctx, rows.offsets, off.data()));
     STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
   }
   // The counts first: rank r gets how many of this chunk's rows go to each of its experts.
@@ -212,7 +228,7 @@ Status chunk_experts_variable(const Model& m, ForwardArgs& a, const LayerWeights
   const auto R = static_cast<int64_t>(recv_expert.size());
   Tensor recv_x = view(ws.moe_recv_x, R, H);
   STRATA_RETURN_IF_ERROR(
-      group_all_to_all_v(ctx, group, h_perm, send_rows.data(), recv_x, recv_rows.data()));
+      group_all_to_all_v(ctx, group, rows.h_perm, send_rows.data(), recv_x, recv_rows.data()));
 
   // This rank's experts over the rows it received, grouped by expert, then back in arrival order.
   ops::section(ctx, "experts");
@@ -245,7 +261,7 @@ Status chunk_experts_variable(const Model& m, ForwardArgs& a, const LayerWeights
       group_all_to_all_v(ctx, group, recv_y, recv_rows.data(), y_back, send_rows.data()));
   if (mc > 0) {
     Tensor out = mine.slice_rows(0, mc);
-    STRATA_RETURN_IF_ERROR(ops::moe_combine(ctx, y_back, perm, w_c, out, false));
+    STRATA_RETURN_IF_ERROR(ops::moe_combine(ctx, y_back, rows.perm, rows.w, out, false));
   }
   return ok_status();
 }
@@ -258,7 +274,7 @@ Status chunk_experts_fixed(const Model& m, ForwardArgs& a, const LayerWeights& L
   const ModelConfig& c = m.config();
   const ParallelConfig& par = m.parallel();
   const int ep = par.ep_size;
-  const int64_t H = c.hidden, E = c.n_experts, k = c.n_experts_used, mc = t1 - t0;
+  const int64_t H = c.hidden, k = c.n_experts_used, mc = t1 - t0;
   const int64_t El = m.n_experts_local(), C = fixed_capacity(m, per);
   Workspace& ws = a.ws;
   ops::Context& ctx = a.ctx;
@@ -274,15 +290,9 @@ Status chunk_experts_fixed(const Model& m, ForwardArgs& a, const LayerWeights& L
   carve_ep_index(ex, static_cast<int32_t*>(ws.moe_ep_index.data), per * k, ctx.device);
 
   ops::section(ctx, "moe_dispatch");
-  Tensor offsets = view(ws.moe_offsets, 1, E + 1);
-  Tensor h_perm = view(ws.moe_x, mc * k, H), perm = view(ws.moe_perm, 1, mc * k);
-  Tensor ids_c = ids.slice_rows(t0, t1), w_c = w.slice_rows(t0, t1);
-  if (mc > 0) {
-    STRATA_RETURN_IF_ERROR(ops::moe_offsets(ctx, ids_c, E, offsets));
-    Tensor h_c = h.slice_rows(t0, t1);
-    STRATA_RETURN_IF_ERROR(ops::moe_permute(ctx, h_c, ids_c, offsets, h_perm, perm));
-  }
-  STRATA_RETURN_IF_ERROR(ep_dispatch(ctx, *a.expert_comm, h_perm, offsets, ex));
+  ChunkRows rows;
+  STRATA_RETURN_IF_ERROR(group_chunk(m, a, h, ids, w, t0, t1, rows));
+  STRATA_RETURN_IF_ERROR(ep_dispatch(ctx, *a.expert_comm, rows.h_perm, rows.offsets, ex));
 
   ops::section(ctx, "experts");
   const int64_t Fe = L.expert_gate_up[0].rows() / 2;
@@ -298,7 +308,7 @@ Status chunk_experts_fixed(const Model& m, ForwardArgs& a, const LayerWeights& L
   STRATA_RETURN_IF_ERROR(ep_combine(ctx, *a.expert_comm, ex, y_perm));
   if (mc > 0) {
     Tensor out = mine.slice_rows(0, mc);
-    STRATA_RETURN_IF_ERROR(ops::moe_combine(ctx, y_perm, perm, w_c, out, false));
+    STRATA_RETURN_IF_ERROR(ops::moe_combine(ctx, y_perm, rows.perm, rows.w, out, false));
   }
   return ok_status();
 }

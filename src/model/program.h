@@ -59,5 +59,13 @@ Status residual_linear_norm(const Model& m, ForwardArgs& a, const Tensor& in,
                             const ops::LinearWeight& w, const ops::NormWeight& next,
                             const char* norm_section);
 
+// The FFN layouts other than 1d (model/ffn_layouts.cpp; ParallelConfig::ffn_layout).
+// x += FFN(h) with the 2D weight-stationary layout: h = the FFN's input norm, replicated.
+Status ffn_2d(const Model& m, ForwardArgs& a, int64_t layer);
+// From the attention output (ws.attn, head-sharded) to the end of the layer with the
+// weight-gathered FFN: o_proj, the residual add and the FFN's input norm on this rank's token
+// slice, the FFN with the layer's weights all-gathered, and x replicated again.
+Status weight_gathered_ffn(const Model& m, ForwardArgs& a, int64_t layer);
+
 }  // namespace blocks
 }  // namespace strata

@@ -689,6 +689,36 @@ Status argmax(Context& ctx, const Tensor& x, Tensor& ids) {
 #endif
 }
 
+Status activation(Context& ctx, const Tensor& gu, Activation act, bool gated, Tensor& out) {
+  constexpr const char* kOp = "activation";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&gu, &out}));
+  STRATA_ASSIGN_OR_RETURN(Mat gm, mat(gu, kOp, "gu"));
+  STRATA_ASSIGN_OR_RETURN(Mat om, mat(out, kOp, "out"));
+  if (gm.rows != om.rows || gm.cols != (gated ? 2 : 1) * om.cols) {
+    return invalid(kOp, fmt::format("gu {} does not fit out {} ({})", gu.shape_string(),
+                                    out.shape_string(), gated ? "gated" : "plain"));
+  }
+  if (!ctx.device.is_cpu() || gu.dtype != DType::kF32 || out.dtype != DType::kF32) {
+    return errorf(StatusCode::kUnimplemented, "{}: only f32 on the CPU is built (not {} on {} yet)",
+                  kOp, dtype_name(gu.dtype), ctx.device.to_string());
+  }
+  if (!gated) {
+    STRATA_RETURN_IF_ERROR(copy(ctx, gu, out));
+    return cpu::act({f32(out), om.stride, om.rows, om.cols, act});
+  }
+  GatedActParams p;
+  p.gate = f32(gu);
+  p.gate_stride = gm.stride;
+  p.up = f32(gu) + om.cols;
+  p.up_stride = gm.stride;
+  p.out = f32(out);
+  p.out_stride = om.stride;
+  p.n_tokens = om.rows;
+  p.ffn_dim = om.cols;
+  p.act = act;
+  return cpu::gated_act(p);
+}
+
 Status copy(Context& ctx, const Tensor& src, Tensor& dst) {
   constexpr const char* kOp = "copy";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&src, &dst}));
@@ -905,6 +935,23 @@ Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& 
                   comm.name(), ctx.device.to_string());
   }
   return comm.all_gather(send.data, send.numel(), send.dtype, recv.data, comm_stream(ctx))
+      .with_context(kOp);
+}
+
+Status reduce_scatter(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv) {
+  constexpr const char* kOp = "reduce_scatter";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&send, &recv}));
+  if (send.dtype != recv.dtype) return invalid(kOp, "send and recv dtypes differ");
+  if (!send.is_contiguous() || !recv.is_contiguous() ||
+      send.numel() != recv.numel() * comm.size()) {
+    return invalid(kOp, "send must hold size() contiguous blocks of recv's size");
+  }
+  if (comm.size() == 1) return copy(ctx, send, recv);
+  if (!comm.supports(ctx.device)) {
+    return errorf(StatusCode::kUnimplemented, "{}: the {} communicator takes no {} buffers", kOp,
+                  comm.name(), ctx.device.to_string());
+  }
+  return comm.reduce_scatter(send.data, recv.numel(), send.dtype, recv.data, comm_stream(ctx))
       .with_context(kOp);
 }
 

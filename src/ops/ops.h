@@ -192,6 +192,12 @@ struct AttentionArgs {
 Status attention(Context& ctx, const Tensor& q, const StepArgs& step, const KvLayer& cache,
                  const AttentionArgs& args, Tensor& out);
 
+// The MLP's activation alone, for layouts that reduce the gate/up GEMM's partial sums before
+// activating them (the 2D weight-stationary FFN, model/ffn_layouts.cpp): gated, gu [n, 2F] =
+// [gate | up] and out [n, F] = act(gate) * up; plain, gu and out [n, F], out = act(gu). f32 on the
+// CPU only for now (kUnimplemented elsewhere).
+Status activation(Context& ctx, const Tensor& gu, Activation act, bool gated, Tensor& out);
+
 // Element-wise, f32 [n, cols] with row strides.
 Status add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out);  // out may alias a or b
 Status add_bias(Context& ctx, Tensor& x, const Tensor& bias);             // x[r, :] += bias
@@ -286,6 +292,9 @@ Status quantize_rows(Context& ctx, const Tensor& w_bf16, Tensor& q, Tensor& scal
 Status all_reduce(Context& ctx, Communicator& comm, Tensor& x);
 // recv [size * n, cols] rank-major = every rank's send [n, cols] (f32).
 Status all_gather(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv);
+// recv [n, cols] = block rank() of the sum over the ranks of send [size * n, cols] (contiguous,
+// one dtype; block r = rows [r n, (r + 1) n)).
+Status reduce_scatter(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv);
 // Rows of a contiguous 2-D tensor to every rank with variable splits (the mixture-of-experts
 // dispatch and combine): send_rows[r] rows of send, in rank order, go to rank r; recv_rows[r]
 // rows from rank r land in recv, in rank order (host arrays of comm.size() entries, zeros

@@ -3,12 +3,61 @@
 // it holds) and its pipeline stage (a contiguous layer range). The sharding rules
 // themselves live in the model loader, which asks this struct which slice of each dimension and
 // which layers its rank owns.
+//
+// The FFN's partitioning over the tensor-parallel group (seed 003, "Efficiently Scaling
+// Transformer Inference", Sec. 3.2) is a field here too, because it decides what the loader
+// slices:
+//   1d              Megatron (1D weight-stationary): gate/up rows and down columns split over
+//                   the group, one all-reduce of the output. Every layout below keeps attention
+//                   head-sharded as 1D does.
+//   2d              2D weight-stationary: the group is an X x Y grid, rank (i, j) = tp_rank
+//                   j X + i holds W_in[ffn slice j, hidden slice i] and W_out[hidden slice i, ffn
+//                   slice j]; collectives within the X group (same j) and the Y group (same i).
+//   weight-gathered stored as 1d; in the layer each rank runs the FFN for its slice of the
+//                   tokens with the layer's whole FFN weights all-gathered just in time.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <string_view>
 
 namespace strata {
+
+enum class FfnLayout { k1D, k2D, kWeightGathered };
+
+// "1d", "2d", "weight-gathered" (the --ffn-layout spellings).
+inline const char* ffn_layout_name(FfnLayout l) {
+  switch (l) {
+    case FfnLayout::k1D:
+      return "1d";
+    case FfnLayout::k2D:
+      return "2d";
+    case FfnLayout::kWeightGathered:
+      return "weight-gathered";
+  }
+  return "?";
+}
+// False for an unknown spelling.
+inline bool parse_ffn_layout(std::string_view s, FfnLayout* out) {
+  for (FfnLayout l : {FfnLayout::k1D, FfnLayout::k2D, FfnLayout::kWeightGathered}) {
+    if (s == ffn_layout_name(l)) {
+      *out = l;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The 2D grid's X (the hidden split) for n ranks when none is asked for: the largest divisor of
+// n in (1, sqrt(n)] (4 = 2 x 2, 8 = 2 x 4, 16 = 4 x 4); 0 when n has none (a prime, or 1). The
+// seed's optimum X = sqrt(n) / 2 (for F = 4 E) would give X = 1 below 16 ranks, which is 1D.
+inline int default_grid_x(int n) {
+  int best = 0;
+  for (int x = 2; x * x <= n; ++x) {
+    if (n % x == 0) best = x;
+  }
+  return best;
+}
 
 struct ShardRange {
   int64_t begin = 0;
@@ -33,6 +82,25 @@ struct ParallelConfig {
   // the tensor-parallel group (expert slicing).
   int ep_size = 1;
   int ep_rank = 0;
+  // The FFN's layout over the tensor-parallel group (see the top of this file), and for 2d the
+  // grid's X (hidden split; Y = tp_size / X is the ffn split). ws2d_x 0: default_grid_x.
+  FfnLayout ffn_layout = FfnLayout::k1D;
+  int ws2d_x = 0;
+
+  // The 2D grid: X, Y and this rank's (i, j), i fastest.
+  int grid_x() const { return ws2d_x > 0 ? ws2d_x : default_grid_x(tp_size); }
+  int grid_y() const { return grid_x() > 0 ? tp_size / grid_x() : 0; }
+  int grid_i() const { return tp_rank % std::max(1, grid_x()); }
+  int grid_j() const { return tp_rank / std::max(1, grid_x()); }
+  // This rank's slice of the FFN's weights in the 2D layout: hidden (i of X), ffn (j of Y).
+  ShardRange grid_hidden_shard(int64_t hidden) const {
+    const int64_t per = hidden / grid_x();
+    return {per * grid_i(), per * (grid_i() + 1)};
+  }
+  ShardRange grid_ffn_shard(int64_t ffn) const {
+    const int64_t per = ffn / grid_y();
+    return {per * grid_j(), per * (grid_j() + 1)};
+  }
 
   int world_size() const { return tp_size * ep_size; }
   int world_rank() const { return ep_rank * tp_size + tp_rank; }

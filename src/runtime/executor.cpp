@@ -213,6 +213,30 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
     return Status(StatusCode::kUnimplemented,
                   "expert parallelism with pipeline stages is not built yet");
   }
+  if (par.ffn_layout != FfnLayout::k1D) {
+    const char* name = ffn_layout_name(par.ffn_layout);
+    if (options.device.is_cuda() || options.act_dtype != DType::kF32) {
+      return errorf(StatusCode::kUnimplemented,
+                    "--ffn-layout {} runs on the CPU reference (f32 activations) only; the device "
+                    "layout (CUDA, bf16) is not built for it yet",
+                    name);
+    }
+    if (comm.size() != par.tp_size || comm.rank() != par.tp_rank) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "--ffn-layout {}: tensor-parallel rank {} of {} needs its group", name,
+                    par.tp_rank, par.tp_size);
+    }
+    const Communicator* xg = options.ffn_x_group;
+    const Communicator* yg = options.ffn_y_group;
+    if (par.ffn_layout == FfnLayout::k2D &&
+        (xg == nullptr || yg == nullptr || xg->size() != par.grid_x() ||
+         xg->rank() != par.grid_i() || yg->size() != par.grid_y() || yg->rank() != par.grid_j())) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "--ffn-layout 2d: tensor-parallel rank {} needs its X and Y groups "
+                    "(split_ffn_groups)",
+                    par.tp_rank);
+    }
+  }
   std::unique_ptr<ModelRunner> r(new ModelRunner(comm, pipeline, expert));
   r->opt_ = options;
   RunnerOptions& o = r->opt_;
@@ -421,6 +445,8 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
       ctx, step_.args, ws_, kv_->layers(), comm_, par.first_layer, par.last_layer, step_.head};
   args.weights = streamer_.get();
   args.expert_comm = expert_;
+  args.ffn_x_comm = opt_.ffn_x_group;
+  args.ffn_y_comm = opt_.ffn_y_group;
   args.moe_route_trace = opt_.moe_route_trace;
   rt.begin_step(step_.args.max_q_len == 1);
   STRATA_RETURN_IF_ERROR(
@@ -514,6 +540,41 @@ Result<std::unique_ptr<Communicator>> make_device_communicator(std::unique_ptr<C
   return make_nccl_communicator(std::move(*ipc), ro.device.index, oneshot_max);
 }
 
+Result<FfnGroups> split_ffn_groups(Communicator& tp, const ParallelConfig& par) {
+  FfnGroups g;
+  if (par.ffn_layout != FfnLayout::k2D) return g;
+  STRATA_ASSIGN_OR_RETURN(g.x, tp.split(par.grid_j(), par.grid_i()));
+  STRATA_ASSIGN_OR_RETURN(g.y, tp.split(par.grid_i(), par.grid_j()));
+  return g;
+}
+
+Result<std::unique_ptr<Executor>> make_layout_runner(const ModelConfig& config,
+                                                     const ParallelConfig& par,
+                                                     std::unique_ptr<Model> host,
+                                                     Communicator& comm,
+                                                     const RunnerOptions& options) {
+  if (par.ffn_layout != FfnLayout::k2D) {
+    return make_runner(config, par, std::move(host), comm, options);
+  }
+  if (par.grid_x() < 1 || par.tp_size % par.grid_x() != 0) {
+    // Every rank fails alike before splitting (the loader names the flags).
+    return errorf(StatusCode::kInvalidArgument,
+                  "--ffn-layout 2d cannot split tensor-parallel size {} into a grid", par.tp_size);
+  }
+  STRATA_ASSIGN_OR_RETURN(FfnGroups g, split_ffn_groups(comm, par));
+  RunnerOptions o = options;
+  o.ffn_x_group = g.x.get();
+  o.ffn_y_group = g.y.get();
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelRunner> r,
+      ModelRunner::create(config, par, std::move(host), comm, nullptr, nullptr, o));
+  std::vector<std::unique_ptr<Communicator>> owned;
+  owned.push_back(std::move(g.x));
+  owned.push_back(std::move(g.y));
+  r->adopt(std::move(owned));
+  return std::unique_ptr<Executor>(std::move(r));
+}
+
 namespace {
 
 // A rank's tensor-parallel group (the world ranks of its ep_rank, ordered by tp_rank) and
@@ -574,6 +635,16 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
                   "--expert-parallel-size with --pipeline-parallel-size > 1 is not built yet");
   }
   if (pp < 1) return errorf(StatusCode::kInvalidArgument, "--pipeline-parallel-size must be >= 1");
+  if (cfg.parallel.ffn_layout != "1d" || cfg.parallel.ffn_2d_x != 0) {
+    ParallelConfig probe;
+    STRATA_RETURN_IF_ERROR(apply_ffn_layout(cfg.parallel, &probe));
+    if (probe.ffn_layout != FfnLayout::k1D && (cuda || pp > 1 || ep > 1 || dp > 1)) {
+      return errorf(StatusCode::kUnimplemented,
+                    "--ffn-layout {} is built for the CPU with --tensor-parallel-size only (not "
+                    "with --device cuda, --pp, --ep or --dp yet)",
+                    cfg.parallel.ffn_layout);
+    }
+  }
   if (cfg.parallel.pp_micro_batch < 1) {
     return errorf(StatusCode::kInvalidArgument, "--pp-micro-batch must be >= 1");
   }
@@ -677,8 +748,8 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
           make_expert_parallel_runner(config, par, std::move(loaded.model), std::move(g), ro));
     } else {
       const ParallelConfig par = loaded.model->parallel();
-      STRATA_ASSIGN_OR_RETURN(out.exec,
-                              make_runner(config, par, std::move(loaded.model), *out.comm, ro));
+      STRATA_ASSIGN_OR_RETURN(
+          out.exec, make_layout_runner(config, par, std::move(loaded.model), *out.comm, ro));
     }
     out.info.kv_cache_blocks = n_blocks;
     out.info.kv_block_size = eo.block_size;

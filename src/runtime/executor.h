@@ -170,7 +170,23 @@ struct RunnerOptions {
   // CUDA: called before the first run of each cuBLASLt GEMM shape (cuda::LaunchCtx::
   // first_use_barrier); set by make_in_process_ep_executor on GPUs of their own.
   std::function<bool()> plan_barrier;
+  // The 2d FFN layout (ParallelConfig::ffn_layout): the rank's X and Y groups (split_ffn_groups;
+  // must outlive the runner). The in-process executors split them themselves, and give their
+  // ranks' ParallelConfig ffn_layout and ws2d_x (--ffn-layout, --ffn-2d-x).
+  Communicator* ffn_x_group = nullptr;
+  Communicator* ffn_y_group = nullptr;
+  FfnLayout ffn_layout = FfnLayout::k1D;
+  int ws2d_x = 0;
 };
+
+// The 2d FFN layout's groups of one tensor-parallel rank (ParallelConfig::grid_*), split from its
+// tensor-parallel group `tp`: X, the ranks of its grid column (same j, ordered by i), and Y, those
+// of its row (same i, ordered by j). Every rank of tp must call it at once. Both null for the
+// other layouts.
+struct FfnGroups {
+  std::unique_ptr<Communicator> x, y;
+};
+Result<FfnGroups> split_ffn_groups(Communicator& tp, const ParallelConfig& par);
 
 // Message sizes of tensor-parallel ranks' device collectives: the largest one a forward pass
 // sends (a step's f32 hidden states, or a shard's logit rows), and the size up to which the
@@ -192,6 +208,13 @@ Result<std::unique_ptr<Executor>> make_runner(const ModelConfig& config, const P
                                               const RunnerOptions& options,
                                               Communicator* pipeline = nullptr,
                                               Communicator* expert = nullptr);
+// make_runner for a tensor-parallel rank of any FFN layout: it splits the 2d layout's groups
+// from `comm` (every rank of comm must call it at once) and owns them.
+Result<std::unique_ptr<Executor>> make_layout_runner(const ModelConfig& config,
+                                                     const ParallelConfig& par,
+                                                     std::unique_ptr<Model> host,
+                                                     Communicator& comm,
+                                                     const RunnerOptions& options);
 
 // Tensor parallelism inside one process: `tp` ranks as threads, each a ModelRunner over its
 // Megatron shard (load(par) returns the host model sharded for rank par.tp_rank; null `load`

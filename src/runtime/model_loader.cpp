@@ -246,6 +246,19 @@ Status check_engine_config(const EngineConfig& cfg) {
   return ok_status();
 }
 
+Status apply_ffn_layout(const ParallelSizes& sizes, ParallelConfig* par) {
+  if (!parse_ffn_layout(sizes.ffn_layout, &par->ffn_layout)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--ffn-layout '{}': expected 1d, 2d or weight-gathered", sizes.ffn_layout);
+  }
+  if (sizes.ffn_2d_x < 0 || (sizes.ffn_2d_x > 0 && par->ffn_layout != FfnLayout::k2D)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--ffn-2d-x {} goes with --ffn-layout 2d (and must be >= 2)", sizes.ffn_2d_x);
+  }
+  par->ws2d_x = sizes.ffn_2d_x;
+  return ok_status();
+}
+
 Result<LoadedModel> load_model(const EngineConfig& cfg) {
   STRATA_RETURN_IF_ERROR(check_engine_config(cfg));
   if (cfg.num_threads > 0) omp_set_num_threads(cfg.num_threads);
@@ -307,6 +320,7 @@ Result<LoadedModel> load_model(const EngineConfig& cfg) {
   par.tp_rank = out.comm->rank() % cfg.parallel.tp;
   par.ep_size = cfg.parallel.ep;
   par.ep_rank = out.comm->rank() / cfg.parallel.tp;
+  STRATA_RETURN_IF_ERROR(apply_ffn_layout(cfg.parallel, &par));
   if (cfg.parallel.pp <= 1) {
     STRATA_ASSIGN_OR_RETURN(out.model, Model::load(config, par, files.weights));
   }

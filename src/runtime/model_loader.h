@@ -44,5 +44,7 @@ struct ModelFiles {
 Result<ModelFiles> open_model(const std::string& model, bool with_weights);
 ModelInfo make_model_info(const std::string& path, const ModelConfig& config);
 Result<LoadedModel> load_model(const EngineConfig& config);
+// --ffn-layout / --ffn-2d-x (sizes) into par, with one-line errors naming the flags.
+Status apply_ffn_layout(const ParallelSizes& sizes, ParallelConfig* par);
 
 }  // namespace strata

@@ -1015,12 +1015,41 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
       }
     }
   }
+  // The 2d FFN layout's X and Y groups, split on every rank at once (the communicator's
+  // collectives block until all ranks arrive); the executor owns them with the rest.
+  std::vector<FfnGroups> groups(static_cast<size_t>(tp));
+  if (o.ffn_layout == FfnLayout::k2D) {
+    std::vector<Status> st(static_cast<size_t>(tp));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tp; ++r) {
+      threads.emplace_back([&, r] {
+        ParallelConfig par = stage;
+        par.tp_size = tp;
+        par.tp_rank = r;
+        par.ffn_layout = o.ffn_layout;
+        par.ws2d_x = o.ws2d_x;
+        const auto i = static_cast<size_t>(r);
+        // No grid: every rank's load below fails alike, naming the flags.
+        if (par.grid_x() < 2 || tp % par.grid_x() != 0) return;
+        Result<FfnGroups> g = split_ffn_groups(*comms[i], par);
+        if (g.ok()) {
+          groups[i] = std::move(*g);
+        } else {
+          st[i] = g.status();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const Status& s : st) STRATA_RETURN_IF_ERROR(s);
+  }
   std::vector<std::unique_ptr<Executor>> ranks;
   const double util = o.gpu_memory_utilization;
   for (int r = 0; r < tp; ++r) {
     ParallelConfig par = stage;
     par.tp_size = tp;
     par.tp_rank = r;
+    par.ffn_layout = o.ffn_layout;
+    par.ws2d_x = o.ws2d_x;
     std::unique_ptr<Model> host;
     if (load) {
       Result<std::unique_ptr<Model>> m = load(par);
@@ -1031,6 +1060,8 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     }
     RunnerOptions ro = o;
     ro.device = where.device(o, w0 + r);
+    ro.ffn_x_group = groups[static_cast<size_t>(r)].x.get();
+    ro.ffn_y_group = groups[static_cast<size_t>(r)].y.get();
     // Rank 0's routing only; every rank eager with it (see make_in_process_ep_executor).
     if (o.moe_route_trace != nullptr) ro.cuda_graphs = false;
     if (r > 0 || w0 > 0) ro.moe_route_trace = nullptr;
@@ -1046,8 +1077,20 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     if (o.num_kv_blocks <= 0) o.num_kv_blocks = (*e)->cache().config().n_blocks;
     ranks.push_back(std::move(*e));
   }
+  for (FfnGroups& g : groups) {
+    if (g.x) comms.push_back(std::move(g.x));
+    if (g.y) comms.push_back(std::move(g.y));
+  }
   return std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks),
                                                std::move(also_abort));
+}
+
+// The FFN layouts other than 1d run in tensor-parallel groups of their own (make_tp_group);
+// the executors that would drop RunnerOptions::ffn_layout refuse it instead.
+Status only_1d_ffn(const RunnerOptions& o, const char* what) {
+  if (o.ffn_layout == FfnLayout::k1D) return ok_status();
+  return errorf(StatusCode::kUnimplemented, "--ffn-layout {} with {} is not built yet",
+                ffn_layout_name(o.ffn_layout), what);
 }
 
 }  // namespace
@@ -1058,7 +1101,10 @@ Result<std::unique_ptr<Executor>> make_in_process_tp_executor(const ModelConfig&
                                                               int ep) {
   if (tp < 1) return errorf(StatusCode::kInvalidArgument, "tensor-parallel size {}", tp);
   if (ep < 1) return errorf(StatusCode::kInvalidArgument, "expert-parallel size {}", ep);
-  if (ep > 1) return make_in_process_ep_executor(config, load, tp, ep, options);
+  if (ep > 1) {
+    STRATA_RETURN_IF_ERROR(only_1d_ffn(options, "expert parallelism"));
+    return make_in_process_ep_executor(config, load, tp, ep, options);
+  }
   const Placement where = place(options, tp, env_config().tp_one_gpu);
   if (where.shared_gpu && tp > 1 && cuda_lazy_module_loading()) {
     return lazy_loading_error("tensor", "--tp");
@@ -1074,6 +1120,7 @@ Result<std::unique_ptr<Executor>> make_in_process_dp_executor(const ModelConfig&
                                                               const RunnerOptions& options,
                                                               bool partitioned) {
   if (dp < 1) return errorf(StatusCode::kInvalidArgument, "data-parallel size {}", dp);
+  STRATA_RETURN_IF_ERROR(only_1d_ffn(options, "data-parallel replicas"));
   const Placement where = place(options, dp, env_config().tp_one_gpu);
   const bool fetch = partitioned && dp > 1 && options.residency.requested();
   if (fetch && where.shared_gpu && cuda_lazy_module_loading()) {
@@ -1171,6 +1218,7 @@ Result<std::unique_ptr<Executor>> make_in_process_pp_executor(const ModelConfig&
                                                               const std::vector<int64_t>& bounds,
                                                               const RunnerOptions& options,
                                                               int tp) {
+  STRATA_RETURN_IF_ERROR(only_1d_ffn(options, "pipeline stages"));
   const int pp = static_cast<int>(bounds.size()) - 1;
   if (pp < 1 || bounds.front() != 0 || bounds.back() != config.n_layers) {
     return errorf(StatusCode::kInvalidArgument, "pipeline bounds for {} stages of {} layers", pp,

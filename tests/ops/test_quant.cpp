@@ -27,19 +27,14 @@
 #include "backends/cpu/quant_impl.h"
 #include "core/half.h"
 #include "io/gguf.h"
+#include "quant_test_util.h"
 
 namespace strata::cpu {
 namespace {
 
-const std::string kDir = std::string(STRATA_FIXTURE_DIR) + "/gguf/";
+using namespace quant_test;  // NOLINT(google-build-using-namespace)
 
-struct TypeCase {
-  const char* name;
-  DType dtype;
-};
-const TypeCase kQuantTypes[] = {
-    {"q8_0", DType::kQ8_0}, {"q4_0", DType::kQ4_0}, {"q4_1", DType::kQ4_1}, {"q5_0", DType::kQ5_0},
-    {"q5_1", DType::kQ5_1}, {"q4_k", DType::kQ4_K}, {"q5_k", DType::kQ5_K}, {"q6_k", DType::kQ6_K}};
+const std::string kDir = std::string(STRATA_FIXTURE_DIR) + "/gguf/";
 
 std::vector<float> read_f32(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -68,34 +63,6 @@ class QuantFixture : public ::testing::Test {
   static GgufFile* file_;
 };
 GgufFile* QuantFixture::file_ = nullptr;
-
-std::vector<float> random_rows(int64_t n, int64_t k, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n * k));
-  for (float& v : x) v = nd(rng);
-  // A spike and an all-zero block to exercise extreme scales.
-  if (k >= 64) {
-    x[3] = 25.0f;
-    for (int i = 32; i < 64; ++i) x[static_cast<size_t>(i)] = 0.0f;
-  }
-  return x;
-}
-
-struct Q8Row {
-  std::vector<int8_t> qs;
-  std::vector<float> d;
-  std::vector<float> s;
-  Q8Act act() const { return {qs.data(), d.data(), s.data()}; }
-};
-Q8Row quantize(const float* x, int64_t k, QuantIsa isa) {
-  Q8Row q;
-  q.qs.resize(static_cast<size_t>(k));
-  q.d.resize(static_cast<size_t>(k / 32));
-  q.s.resize(static_cast<size_t>(k / 32));
-  quantize_row_q8(x, k, q.qs.data(), q.d.data(), q.s.data(), isa);
-  return q;
-}
 
 struct Refs {
   double q8 = 0;     // sum w_i * d_a q_i in double
@@ -163,21 +130,6 @@ TEST(Quant, DequantizeRejectsPartialBlocksAndPlainInts) {
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("48 values of q4_0"), std::string::npos) << st.message();
   EXPECT_FALSE(dequantize_row(DType::kI32, buf.data(), out.data(), 4).ok());
-}
-
-// The SIMD variants of the block-quant kernels; each test below runs once per variant and
-// skips (saying why) the ones this CPU cannot run.
-const QuantIsa kSimdIsas[] = {QuantIsa::kAvx2, QuantIsa::kAvx512, QuantIsa::kAvx512Vnni};
-std::string isa_test_name(const ::testing::TestParamInfo<QuantIsa>& info) {
-  std::string s = quant_isa_name(info.param);
-  std::replace(s.begin(), s.end(), '-', '_');
-  return s;
-}
-// Why this CPU cannot run `isa`'s kernels; empty when it can.
-std::string cannot_run(QuantIsa isa) {
-  if (quant_isa_supported(isa)) return "";
-  return std::string("this CPU cannot run the ") + quant_isa_name(isa) +
-         " kernels (best here: " + quant_isa_name(quant_best_isa()) + ")";
 }
 
 class QuantSimd : public ::testing::TestWithParam<QuantIsa> {};
@@ -355,44 +307,6 @@ TEST_F(QuantFixture, LinearOnColumnSliceWithRowStride) {
   }
 }
 
-// Random rows of block-quantized weights: random bytes, with the f16 scales set to sane values
-// (d in [0.002, 0.05]; Q4_1/Q5_1 m = -d * [0, 2^bits - 1] so blocks straddle 0, as a quantizer's
-// min would; K-quant dmin in [0.001, 0.02]) so every value stays finite.
-std::vector<uint8_t> random_quant_rows(DType dt, int64_t rows, int64_t row_blocks, uint32_t seed) {
-  const DTypeInfo& info = dtype_info(dt);
-  std::vector<uint8_t> w(static_cast<size_t>(rows * row_blocks * info.block_bytes));
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
-  for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
-  auto put_f16 = [](uint8_t* p, float v) {
-    const uint16_t h = f32_to_f16(v);
-    std::memcpy(p, &h, 2);
-  };
-  for (int64_t j = 0; j < rows * row_blocks; ++j) {
-    uint8_t* b = w.data() + j * info.block_bytes;
-    const float d = 0.002f + 0.048f * ud(rng);
-    switch (dt) {
-      case DType::kQ6_K:
-        put_f16(b + 208, d);
-        break;
-      case DType::kQ4_K:
-      case DType::kQ5_K:
-        put_f16(b, d);
-        put_f16(b + 2, 0.001f + 0.019f * ud(rng));
-        break;
-      case DType::kQ4_1:
-      case DType::kQ5_1:
-        put_f16(b, d);
-        put_f16(b + 2, -d * ud(rng) * (dt == DType::kQ4_1 ? 15.0f : 31.0f));
-        break;
-      default:
-        put_f16(b, d);
-        break;
-    }
-  }
-  return w;
-}
-
 // Each SIMD variant's f32-activation kernels (the fused decode kernels for n_tokens < 16, with
 // int16 activations the AVX-512 ones where the variant has them; the dequantizing GEMM above)
 // against the scalar f32 path (force_scalar: dequantize_row + scalar dot) for every
@@ -447,6 +361,7 @@ TEST_P(QuantSimd, F32ActivationMatchesScalar) {
             p.out_stride = out_stride;
             p.weight_row_blocks = pad_blocks != 0 ? row_blocks : 0;
             p.f32_activations = true;
+            p.prefill = QuantPrefill::kF32;  // 16 tokens and more: the f32 GEMM, not the int8 one
             p.force_scalar = true;
             p.out = want.data();
             ASSERT_TRUE(quant_linear(p).ok());
@@ -544,19 +459,8 @@ TEST_P(QuantSimd, Int8KernelsMatchScalar) {
               random_rows(n, x_stride, static_cast<uint32_t>(77 + n + k + m));
           std::vector<float> got(static_cast<size_t>(n * out_stride), -7.0f);
           std::vector<float> want(got.size(), -7.0f);
-          QuantLinearParams p;
-          p.x = x.data();
-          p.weight = w.data();
-          p.weight_dtype = tc.dtype;
-          p.bias = bias.data();
-          p.n_tokens = n;
-          p.in_features = k;
-          p.out_features = m;
-          p.x_stride = x_stride;
-          p.out_stride = out_stride;
-          p.weight_row_blocks = row_blocks;
-          p.f32_activations = false;
-          p.isa = QuantIsa::kScalar;
+          QuantLinearParams p =
+              linear_params(tc.dtype, w, bias, x, n, k, m, x_stride, out_stride, row_blocks);
           p.out = want.data();
           ASSERT_TRUE(quant_linear(p).ok());
           p.isa = GetParam();

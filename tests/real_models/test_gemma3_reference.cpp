@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/quant.h"
 #include "core/env.h"
 #include "strata/engine.h"
 
@@ -28,6 +29,8 @@ TEST(Gemma3, MatchesTransformers) {
   if (::stat(gemma_path().c_str(), &st) != 0) GTEST_SKIP() << "no Gemma-3 GGUF at " << gemma_path();
   std::ifstream in(std::string(STRATA_FIXTURE_DIR) + "/gemma3/reference.json");
   const json ref = json::parse(in);
+  // f32-level comparison: prefill keeps f32 activations on every CPU (see SmolLM2's tests).
+  cpu::set_quant_prefill(QuantPrefill::kF32);
   EngineConfig cfg;
   cfg.model = gemma_path();
   cfg.max_model_len = 256;

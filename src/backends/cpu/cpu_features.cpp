@@ -97,6 +97,8 @@ std::string cpu_kernel_path() {
   s += cpu::cpu_has_avx512_vnni() ? "avx512_vnni; " : "no avx512_vnni; ";
   s += "block-quant ";
   s += cpu::quant_isa_name(cpu::quant_best_isa());
+  s += "; prefill ";
+  s += cpu::quant_prefill_path();
   s += ")";
   return s;
 }

@@ -503,6 +503,14 @@ Status quant_linear(const QuantLinearParams& p) {
   if (p.x == nullptr || p.weight == nullptr || p.out == nullptr) {
     return errorf(StatusCode::kInvalidArgument, "quant_linear: null x, weight or out");
   }
+  // Prefill and larger batches with int8 activations: the tiled int8 GEMM (quant_gemm_i8.cpp)
+  // where this ISA has one for the type; the scalar variant keeps the tile kernels below (the
+  // reference).
+  constexpr int64_t kGemmMinTokens = 16;
+  if (p.n_tokens >= kGemmMinTokens && quant_detail::resolve_quant_isa(isa) != QuantIsa::kScalar &&
+      quant_prefill_int8(p, isa) && quant_detail::gemm_i8_micro(p.weight_dtype, isa) != nullptr) {
+    return quant_gemm_i8(p, x_stride, out_stride, row_blocks * info.block_bytes, isa);
+  }
   if (p.f32_activations) {
     return quant_linear_f32(p, x_stride, out_stride, row_blocks * info.block_bytes);
   }

@@ -78,4 +78,20 @@ Status quant_linear(const QuantLinearParams& p);
 Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t out_stride,
                         int64_t row_bytes);
 
+// The int8-activation GEMM (quant_gemm_i8.cpp): prefill and batches of >= 16 tokens with int8
+// activations (quant_linear runs it when quant_prefill_int8 says so), after quant_linear's
+// checks. kFailedPrecondition where the type has none on `isa` (gemm_i8_micro is nullptr).
+Status quant_gemm_i8(const QuantLinearParams& p, int64_t x_stride, int64_t out_stride,
+                     int64_t row_bytes, QuantIsa isa);
+// Whether quant_linear's prefill of p takes int8 activations (p.f32_activations false,
+// p.prefill, STRATA_CPU_PREFILL, else the CPU's default), the type permitting.
+bool quant_prefill_int8(const QuantLinearParams& p, QuantIsa isa);
+// Sets the process-wide prefill choice that QuantPrefill::kAuto calls follow (before
+// STRATA_CPU_PREFILL and the CPU's default); kAuto removes it. For tests that compare whole
+// models against f32 references, and A/B runs in one process.
+void set_quant_prefill(QuantPrefill mode);
+// The path prefill takes by default on this CPU, for the `cpu kernels` line: "int8 avx512-vnni",
+// "f32 avx2", ...
+const char* quant_prefill_path();
+
 }  // namespace strata::cpu

@@ -81,6 +81,39 @@ using RowsI16Fn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t n, const
 // y[0, n) = the n values (whole blocks) of a row starting at w, bit-identical to dequantize_row.
 using DequantFn = void (*)(const uint8_t* w, float* y, int64_t n);
 
+// ---- The int8-activation GEMM (quant_gemm_i8.cpp; prefill and batches of >= 16 tokens) -------
+// Weights are packed per panel of kGemmRows rows and k-block into unsigned bytes u with a
+// per-32-group scale dw and offset cw (w = dw * u + cw for every block type it takes: Q4_0
+// u = q, cw = -8 dw; Q4_1 cw = m; Q5_0 / Q5_1 likewise with the fifth bit; Q8_0 u = q + 128,
+// cw = -128 dw; Q4_K / Q5_K sub-block j: dw = d sc_j, cw = -dmin m_j). A group's product with
+// a token's int8 activation block (Q8Act) is dw d_a sum(u q_a) + cw s_a, as in the tile kernels.
+// Panel layout, kc values (a multiple of 32) by kGemmRows rows:
+//   q [kc / 4][kGemmRows][4]  u8: quad i of row r (values 4i..4i+3) at (i * kGemmRows + r) * 4
+//   dw, cw [kc / 32][kGemmRows] f32
+// so one 64-byte load holds one quad of all 16 rows (16 i32 lanes of vpdpbusd, or two
+// 8-lane halves in AVX2) and a token's 4 activation bytes are broadcast against it.
+constexpr int64_t kGemmRows = 16;
+constexpr int64_t kGemmTokens = 8;  // tokens per micro-kernel call (zero-padded at the end)
+
+// c[t * kGemmRows + r] = sum over the ng groups of (dw d_a isum + cw s_a) for t < kGemmTokens,
+// r < kGemmRows, where isum = sum(u q_a) of the group; token t's activation bytes start at
+// aq + t * a_stride and its d / s at ad / as + t * ad_stride (all at the k-block's start).
+using GemmI8MicroFn = void (*)(int64_t ng, const uint8_t* wq, const float* wd, const float* wc,
+                               const int8_t* aq, int64_t a_stride, const float* ad, const float* as,
+                               int64_t ad_stride, float* c);
+
+// The largest u the packer writes for dt (15, 31, 255), 0 when dt cannot be packed (Q6_K: its
+// 16-value scales; the plain types).
+int gemm_i8_max_u(DType dt);
+// Packs rows [r0, r0 + nr) (nr <= kGemmRows; the rest zero) of values [k0, k0 + kc) into q, dw,
+// cw (the layout above); row r starts at w + r * row_bytes. Portable: every ISA's GEMM runs the
+// same packer.
+void gemm_i8_pack(DType dt, const uint8_t* w, int64_t row_bytes, int64_t nr, int64_t k0, int64_t kc,
+                  uint8_t* q, float* dw, float* cw);
+GemmI8MicroFn gemm_i8_micro_scalar();
+// The micro-kernel for dt on `isa` (resolved on this CPU): nullptr where dt has none there.
+GemmI8MicroFn gemm_i8_micro(DType dt, QuantIsa isa);
+
 TileDotFn tile_dot_scalar(DType dt);
 void quantize_row_q8_scalar(const float* x, int64_t n, int8_t* qs, float* d, float* s);
 
@@ -95,6 +128,9 @@ DequantFn dequant_avx2(DType dt);
 RowDotI16Fn row_dot_i16_avx2(DType dt);
 RowsI16Fn rows4_i16_avx2(DType dt);
 void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s);
+// The int8 GEMM micro-kernel with vpmaddubsw (u <= max_u: 15 or 31; nullptr above, where the
+// u8 x i8 pair sums would saturate).
+GemmI8MicroFn gemm_i8_micro_avx2(int max_u);
 
 // The AVX-512 kernels (quant_avx512.cpp), one namespace per copy: avx512 (F/BW/DQ/VL) and
 // avx512_vnni (the same plus vpdpbusd for the u8 x i8 products). The int8-activation tiles
@@ -112,6 +148,14 @@ TileDotFn tile_dot(DType dt);
 void quantize_row_q8(const float* x, int64_t n, int8_t* qs, float* d, float* s);
 RowDotI16Fn row_dot_i16(DType dt);
 RowsI16Fn rows4_i16(DType dt);
+}  // namespace avx512_vnni
+// The int8 GEMM micro-kernel in 512-bit registers (quant_gemm_i8_avx512.cpp): VNNI takes every
+// u (vpdpbusd adds into i32 without saturating); without VNNI, u <= 31 (nullptr above).
+namespace avx512 {
+GemmI8MicroFn gemm_i8_micro(int max_u);
+}  // namespace avx512
+namespace avx512_vnni {
+GemmI8MicroFn gemm_i8_micro(int max_u);
 }  // namespace avx512_vnni
 #endif
 

@@ -12,10 +12,10 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/env.h"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/gpu_linear_internal.h"
+#include "core/env.h"
 
 namespace strata::cuda {
 

@@ -1,0 +1,178 @@
+// The FFN layouts of seed 003 (Sec. 3.2) on the CPU under mpirun, one process per rank: with
+// --ffn-layout 2d (X x Y = this run's world size, the default grid and, at 8 ranks, X = 4 too)
+// and weight-gathered, the logits of a prompt (prefill in chunks of 5 tokens: step sizes not a
+// multiple of the ranks) and of greedy decode steps (one token per step: ranks without tokens)
+// must equal one rank's, computed in the same process, within 1e-5 of max |logit|, with the same
+// greedy tokens. Models: the llama fixture (f32) and its bf16 twin where the world size divides
+// its 4 heads, and the fixture's weights read as 8 heads (wide llama) for every world size.
+// Registered with 2 and 4 ranks (mpi_tp2, mpi_tp4) and with 8 (mpi_layouts8: these tests only).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include "../model/fixture_util.h"
+#include "ffn_layout_util.h"
+#include "io/checkpoint.h"
+#include "model/model.h"
+#include "parallel/comm.h"
+
+namespace strata {
+
+extern Communicator* g_comm;
+
+namespace {
+
+struct Layout {
+  FfnLayout ffn;
+  int x;  // 2d: the grid's X (0: the default)
+};
+
+std::string layout_name(const Layout& l) {
+  std::string s = ffn_layout_name(l.ffn);
+  if (l.x > 0) s += " X=" + std::to_string(l.x);
+  return s;
+}
+
+Result<testing::LayoutRun> run(const std::string& dir, const ParallelConfig& par,
+                               Communicator& comm) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
+  STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
+  STRATA_ASSIGN_OR_RETURN(auto model, Model::load(config, par, ckpt));
+  // The shards the layout asks for: 2d holds W_in[F / Y, E / X], the others [F / N, E].
+  const ops::LinearWeight& w_in = model->weights().layers[0].gate_up;
+  const bool grid = par.ffn_layout == FfnLayout::k2D;
+  EXPECT_EQ(w_in.cols(), grid ? config.hidden / par.grid_x() : config.hidden);
+  EXPECT_EQ(w_in.rows(), 2 * config.ffn_dim / (grid ? par.grid_y() : par.tp_size));
+  STRATA_ASSIGN_OR_RETURN(auto exec, make_layout_runner(config, par, std::move(model), comm,
+                                                        testing::layout_runner_options()));
+  return testing::run_layout(*exec, testing::layout_prompt(), 4);
+}
+
+// The wide llama in a folder every rank names alike (rank 0 writes it).
+std::string wide_llama() {
+  std::string name = (std::filesystem::temp_directory_path() /
+                      ("strata_wide_llama_" + std::to_string(static_cast<long>(::getpid()))))
+                         .string();
+  name.resize(512, '\0');
+  EXPECT_TRUE(g_comm->broadcast(name.data(), static_cast<int64_t>(name.size()), 0).ok());
+  const std::string dir = name.c_str();
+  if (g_comm->rank() == 0) {
+    Status s = testing::write_wide_llama(testing::fixture_model("llama"), dir);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+  }
+  EXPECT_TRUE(g_comm->barrier().ok());
+  return dir;
+}
+
+void expect_layouts_match_one_rank(const std::string& dir, const std::string& what) {
+  const int n = g_comm->size();
+  auto single = make_single_rank_communicator();
+  auto one = run(dir, ParallelConfig{}, *single);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  std::vector<Layout> layouts = {{FfnLayout::kWeightGathered, 0}};
+  if (default_grid_x(n) > 0) layouts.push_back({FfnLayout::k2D, 0});
+  if (n == 8) layouts.push_back({FfnLayout::k2D, 4});
+  for (const Layout& l : layouts) {
+    ParallelConfig par;
+    par.tp_size = n;
+    par.tp_rank = g_comm->rank();
+    par.ffn_layout = l.ffn;
+    par.ws2d_x = l.x;
+    auto many = run(dir, par, *g_comm);
+    ASSERT_TRUE(many.ok()) << many.status().to_string();
+    const double err = testing::relative_error(many->logits, one->logits);
+    if (g_comm->rank() == 0) {
+      std::printf("[ info ] %s --ffn-layout %s, %d ranks: %.2e of max|logit| from one rank\n",
+                  what.c_str(), layout_name(l).c_str(), n, err);
+    }
+    EXPECT_LE(err, 1e-5) << what << " " << layout_name(l) << " rank " << par.tp_rank;
+    EXPECT_EQ(many->ids, one->ids) << what << " " << layout_name(l) << " rank " << par.tp_rank;
+  }
+}
+
+TEST(FfnLayoutMpi, LlamaMatchesOneRank) {
+  if (4 % g_comm->size() != 0) GTEST_SKIP() << "4 heads over " << g_comm->size() << " ranks";
+  expect_layouts_match_one_rank(testing::fixture_model("llama"), "llama");
+}
+
+TEST(FfnLayoutMpi, LlamaBf16MatchesOneRank) {
+  if (4 % g_comm->size() != 0) GTEST_SKIP() << "4 heads over " << g_comm->size() << " ranks";
+  expect_layouts_match_one_rank(testing::fixture_model("llama_bf16"), "llama_bf16");
+}
+
+TEST(FfnLayoutMpi, WideLlamaMatchesOneRank) {
+  const std::string dir = wide_llama();
+  expect_layouts_match_one_rank(dir, "wide llama (8 heads)");
+  EXPECT_TRUE(g_comm->barrier().ok());
+  if (g_comm->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// The 2d grid's groups: X = the ranks of one grid column j (ordered by i), Y = those of one row
+// i (ordered by j); a sum within each names its members.
+TEST(FfnLayoutMpi, GridGroups) {
+  const int n = g_comm->size();
+  if (default_grid_x(n) == 0) GTEST_SKIP() << n << " ranks have no 2D grid";
+  for (int x : {default_grid_x(n), n / default_grid_x(n)}) {
+    ParallelConfig par;
+    par.tp_size = n;
+    par.tp_rank = g_comm->rank();
+    par.ffn_layout = FfnLayout::k2D;
+    par.ws2d_x = x;
+    auto g = split_ffn_groups(*g_comm, par);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    EXPECT_EQ(g->x->size(), x);
+    EXPECT_EQ(g->x->rank(), par.grid_i());
+    EXPECT_EQ(g->y->size(), n / x);
+    EXPECT_EQ(g->y->rank(), par.grid_j());
+    // Sum of 2^rank over each group: the set of world ranks in it.
+    float xs = static_cast<float>(1 << par.tp_rank), ys = xs;
+    ASSERT_TRUE(g->x->all_reduce_sum(&xs, 1).ok());
+    ASSERT_TRUE(g->y->all_reduce_sum(&ys, 1).ok());
+    float want_x = 0, want_y = 0;
+    for (int i = 0; i < x; ++i) want_x += static_cast<float>(1 << (par.grid_j() * x + i));
+    for (int j = 0; j < n / x; ++j) want_y += static_cast<float>(1 << (j * x + par.grid_i()));
+    EXPECT_EQ(xs, want_x);
+    EXPECT_EQ(ys, want_y);
+  }
+}
+
+// Unsupported combinations fail on every rank alike, before any collective, naming the flag.
+TEST(FfnLayoutMpi, Errors) {
+  const int n = g_comm->size();
+  const std::string dir = testing::fixture_model("gpt2");
+  auto text = read_text_file(dir + "/config.json");
+  ASSERT_TRUE(text.ok());
+  auto config = parse_hf_config(*text, dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  auto ckpt = Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  ParallelConfig par;
+  par.tp_size = n;
+  par.tp_rank = g_comm->rank();
+  par.ffn_layout = FfnLayout::kWeightGathered;
+  auto m = Model::load(*config, par, std::shared_ptr<TensorSource>(std::move(*ckpt)));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("--ffn-layout weight-gathered is built for the Llama family"),
+            std::string::npos)
+      << m.status().to_string();
+  if (default_grid_x(n) == 0) {
+    const std::string llama = testing::fixture_model("llama");
+    auto lt = read_text_file(llama + "/config.json");
+    ASSERT_TRUE(lt.ok());
+    auto lc = parse_hf_config(*lt, llama + "/config.json");
+    ASSERT_TRUE(lc.ok());
+    auto lk = Checkpoint::open(llama);
+    ASSERT_TRUE(lk.ok());
+    par.ffn_layout = FfnLayout::k2D;
+    auto m2 = Model::load(*lc, par, std::shared_ptr<TensorSource>(std::move(*lk)));
+    ASSERT_FALSE(m2.ok());
+    EXPECT_NE(m2.status().message().find("--ffn-layout 2d needs a tensor-parallel size that "
+                                         "factors as X x Y"),
+              std::string::npos)
+        << m2.status().to_string();
+  }
+}
+
+}  // namespace
+}  // namespace strata
