@@ -186,7 +186,11 @@ class NcclCommunicator final : public Communicator {
   Status all_to_all(const void* send, int64_t count, DType dt, void* recv,
                     const CommStream& s) override {
     STRATA_RETURN_IF_ERROR(check_count("all-to-all", count, {send, recv}));
-    if (s.device.is_cpu()) return host_->all_to_all(send, count, dt, recv, s);
+    // Small device messages through the host communicator's one-shot kernels (in-process ranks:
+    // the fixed-capacity expert exchange of a decode step, 1-4 tokens per GPU, is faster there).
+    if (to_host(s, dtype_bytes(dt, count) * size())) {
+      return host_->all_to_all(send, count, dt, recv, s);
+    }
     std::vector<int64_t> counts(static_cast<size_t>(size()), count), offsets(counts.size());
     for (size_t r = 0; r < offsets.size(); ++r) offsets[r] = static_cast<int64_t>(r) * count;
     return exchange(send, counts.data(), offsets.data(), recv, counts.data(), offsets.data(), dt,

@@ -84,6 +84,8 @@ class DeviceRuntime {
   virtual Result<Buffer> allocate_staging(size_t bytes) = 0;  // host memory for transfers
   virtual Result<DeviceMemoryInfo> memory_info() const = 0;
   virtual Status make_current() = 0;  // before launching from a new host thread
+  // CUDA: cuda::LaunchCtx::first_use_barrier for this runtime's device (no-op elsewhere).
+  virtual void set_plan_barrier(std::function<bool()>) {}
   // The copier for weight streaming with `slots` device slots and `staging` staging buffers.
   virtual Result<std::unique_ptr<WeightCopier>> make_weight_copier(int slots, int staging) = 0;
   // The copier for KV offload, with `events` events.

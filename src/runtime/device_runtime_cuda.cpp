@@ -304,6 +304,9 @@ class CudaRuntime final : public DeviceRuntime {
     }
     return std::unique_ptr<DeviceRuntime>(std::move(r));
   }
+  void set_plan_barrier(std::function<bool()> f) override {
+    dev_->set_first_use_barrier(std::move(f));
+  }
   ~CudaRuntime() override {
     if (dev_) (void)dev_->make_current();
     profiler_.reset();

@@ -262,6 +262,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
                   "random weights (--load-format dummy) need the device layout (--device cuda)");
   }
   STRATA_ASSIGN_OR_RETURN(r->runtime_, DeviceRuntime::create(o.device, o.profile));
+  if (o.plan_barrier) r->runtime_->set_plan_barrier(o.plan_barrier);
   if (o.profile || !r->runtime_->supports_graphs()) o.cuda_graphs = false;
   // Pipeline stages hand hidden states over through host memory between steps: eager for now.
   if (par.pp_size > 1) o.cuda_graphs = false;

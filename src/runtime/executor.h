@@ -167,6 +167,9 @@ struct RunnerOptions {
   // the variable-split one. -1: max_num_seqs (every graph-sized decode step); 0: never (every
   // step eager, variable splits).
   int64_t moe_ep_fixed_tokens = -1;
+  // CUDA: called before the first run of each cuBLASLt GEMM shape (cuda::LaunchCtx::
+  // first_use_barrier); set by make_in_process_ep_executor on GPUs of their own.
+  std::function<bool()> plan_barrier;
   // The 2d FFN layout (ParallelConfig::ffn_layout): the rank's X and Y groups (split_ffn_groups;
   // must outlive the runner). The in-process executors split them themselves, and give their
   // ranks' ParallelConfig ffn_layout and ws2d_x (--ffn-layout, --ffn-2d-x).

@@ -767,8 +767,9 @@ namespace {
 // + tp_rank; each rank's tensor-parallel group (the ranks of its ep_rank) and expert-parallel
 // group (the ranks of its tp_rank) are in-process communicators of their own. On a GPU both get
 // the one-shot device collectives (the expert-parallel groups' sized for the fixed-capacity
-// exchange of decode steps; prefill's variable splits go through host memory, model/moe.cpp),
-// so every rank may share one GPU and decode steps run in CUDA graphs.
+// exchange of decode steps), so every rank may share one GPU and decode steps run in CUDA
+// graphs. On a shared GPU prefill's variable splits go through host memory (model/moe.cpp); on
+// GPUs of their own both groups are NCCL above the one-shot sizes, so they stay on the device.
 Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
@@ -799,10 +800,43 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
   if (shared_gpu && cuda_lazy_module_loading()) {
     return lazy_loading_error("expert", "--ep");
   }
+  // On GPUs of their own, each group's device collectives are NCCL above the one-shot kernels'
+  // sizes (as make_tp_group's): prefill's all-gathers and variable-split all-to-alls then stay
+  // on the device instead of going through host memory (model/moe.cpp). Ranks sharing a GPU
+  // cannot run NCCL: the one-shot kernels take every size there. Every rank of every group at
+  // once (NCCL's init is collective within a group).
+  auto with_nccl = [&](std::vector<std::unique_ptr<Communicator>>& comms, int64_t oneshot_max,
+                       const char* what) -> Status {
+    if (shared_gpu) return ok_status();
+    std::vector<Status> st(static_cast<size_t>(W));
+    std::vector<std::thread> threads;
+    for (int w = 0; w < W; ++w) {
+      threads.emplace_back([&, w] {
+        std::unique_ptr<Communicator>& c = comms[static_cast<size_t>(w)];
+        Result<std::unique_ptr<Communicator>> n =
+            make_nccl_communicator(std::move(c), rank_device(w).index, oneshot_max);
+        if (n.ok()) {
+          c = std::move(*n);
+        } else {
+          st[static_cast<size_t>(w)] = n.status();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int w = 0; w < W; ++w) {
+      if (!st[static_cast<size_t>(w)].ok()) {
+        return st[static_cast<size_t>(w)].with_context("rank " + std::to_string(w) + " " + what);
+      }
+    }
+    return ok_status();
+  };
   if (cuda && tp > 1) {
-    // The tensor-parallel groups' device collectives: the one-shot kernels for every size.
-    // The layer output's gathered chunks are padded to a multiple of the world: W rows more.
-    const int64_t largest = oneshot_sizes(config, options, tp).largest + W * config.hidden * 4;
+    // The tensor-parallel groups' device collectives: the one-shot kernels (for every size on a
+    // shared GPU; the layer output's gathered chunks are padded to a multiple of the world: W
+    // rows more), NCCL above them on GPUs of their own.
+    const OneShotSizes sizes = oneshot_sizes(config, options, tp);
+    const int64_t largest = shared_gpu ? sizes.largest + W * config.hidden * 4
+                                       : std::max<int64_t>(sizes.oneshot_max, 1);
     std::vector<Status> st(static_cast<size_t>(W));
     std::vector<std::thread> threads;
     for (int w = 0; w < W; ++w) {
@@ -818,14 +852,17 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
                                                        " tensor-parallel collectives");
       }
     }
+    STRATA_RETURN_IF_ERROR(with_nccl(tp_comms, largest, "tensor-parallel NCCL"));
   }
   // The expert-parallel groups' device collectives (the one-shot kernels) for the fixed-capacity
   // exchange of decode-sized steps (model/moe_ep.h): its f32 rows back, the largest message, are
   // ep blocks of C = P min(k, E / ep) rows for chunks of P = ceil(Tf / W) tokens. Larger steps'
-  // collectives go through host memory (model/moe.cpp), so these runs can be graph-captured.
+  // collectives go through host memory on a shared GPU (model/moe.cpp; NCCL on GPUs of their
+  // own), so these runs can be graph-captured.
   const int64_t fixed_tokens =
       std::min(options.moe_ep_fixed_tokens < 0 ? options.max_num_seqs : options.moe_ep_fixed_tokens,
                options.max_num_tokens);
+  int64_t ep_oneshot_max = 0;  // the expert-parallel groups' messages for the one-shot kernels
   if (cuda && fixed_tokens > 0 && config.n_experts > 0) {
     const int64_t P = (fixed_tokens + W - 1) / W;
     const int64_t C = P * std::min<int64_t>(config.n_experts_used, config.n_experts / ep);
@@ -845,7 +882,27 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
                                                        " expert-parallel collectives");
       }
     }
+    // NCCL's grouped send/recv beat the one-shot all-to-all from ~8 tokens per GPU (4 x H200,
+    // bench/results/2026-11-26-h200x4-s4/moe): the one-shot kernels keep steps of up to 4.
+    const int64_t P4 = std::min<int64_t>(P, 4);
+    ep_oneshot_max =
+        std::max<int64_t>(ep * P4 * std::min<int64_t>(config.n_experts_used, config.n_experts / ep),
+                          P4) *
+        config.hidden * 4;
   }
+  if (cuda && ep > 1) {
+    STRATA_RETURN_IF_ERROR(with_nccl(ep_comms, ep_oneshot_max, "expert-parallel NCCL"));
+  }
+  // On GPUs of their own, every rank meets the others before it first runs a cuBLASLt GEMM shape
+  // (cuda::LaunchCtx::first_use_barrier): the tensor-parallel groups are not in step between the
+  // expert exchanges, so without it one group's GPUs can sit in the exchange waiting for a rank
+  // whose host thread waits for cuBLASLt's lock while another rank loads a kernel library (which
+  // waits for every GPU to go idle); TP x EP decode stopped at a new batch size on 4 x H200
+  // (bench/results/2026-11-26-h200x4-s4/diag). The ranks run the same GEMM shapes in the same
+  // order (every rank routes every token), so they meet at the same shapes.
+  std::vector<std::unique_ptr<Communicator>> first_use =
+      cuda && !shared_gpu && W > 1 ? make_in_process_communicators(W)
+                                   : std::vector<std::unique_ptr<Communicator>>{};
   std::vector<std::unique_ptr<Executor>> ranks;
   RunnerOptions o = options;
   for (int w = 0; w < W; ++w) {
@@ -860,6 +917,10 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
     }
     RunnerOptions ro = o;
     ro.device = rank_device(w);
+    if (!first_use.empty()) {
+      Communicator* c = first_use[static_cast<size_t>(w)].get();
+      ro.plan_barrier = [c] { return c->barrier().ok(); };
+    }
     // Rank 0's routing only (one vector). The trace keeps rank 0 eager; the others must run
     // eagerly too, or their first graph-sized steps (run, then captured, then replayed) would
     // make other collective calls than rank 0's and wait for it forever.
@@ -882,6 +943,7 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
   std::vector<std::unique_ptr<Communicator>> comms;
   for (auto& c : tp_comms) comms.push_back(std::move(c));
   for (auto& c : ep_comms) comms.push_back(std::move(c));
+  for (auto& c : first_use) comms.push_back(std::move(c));
   return std::unique_ptr<Executor>(
       std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks)));
 }

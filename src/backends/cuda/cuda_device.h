@@ -46,12 +46,18 @@ class CudaDevice final : public DeviceBackend {
   int index() const { return ctx_.device_index; }
   // Makes this device current on the calling thread (each host thread must, before launching).
   Status make_current() const;
+  // LaunchCtx::first_use_barrier (empty: none).
+  void set_first_use_barrier(std::function<bool()> f) {
+    first_use_barrier_ = std::move(f);
+    ctx_.first_use_barrier = first_use_barrier_ ? &first_use_barrier_ : nullptr;
+  }
 
  private:
   CudaDevice() = default;
 
   LaunchCtx ctx_;
   std::shared_ptr<CublasLtPlanCache> lt_plans_;
+  std::function<bool()> first_use_barrier_;
   std::string name_;
 };
 

@@ -352,6 +352,12 @@ Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, const fl
     STRATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ctx.stream, &capture));
     if (capture == cudaStreamCaptureStatusNone) {
       STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+      // Ranks whose GPUs could otherwise sit in a collective waiting for this one meet here
+      // first, every stream drained (LaunchCtx::first_use_barrier).
+      if (ctx.first_use_barrier != nullptr && !(*ctx.first_use_barrier)()) {
+        return Status(StatusCode::kCancelled,
+                      "cuBLASLt first use: the process's ranks were aborted before all arrived");
+      }
     }
   }
   if (!plan.tuned) STRATA_RETURN_IF_ERROR(autotune(ctx, key, plan, s, a, b, d, workspace));
