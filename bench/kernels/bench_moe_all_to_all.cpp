@@ -20,10 +20,13 @@
 //              all-to-alls of C = tokens min(k, E / ranks) rows per rank), eager
 //   graph      the same, replayed from a CUDA graph (what a decode step runs)
 // and the bytes the fixed exchange sends per rank (bf16 out, f32 back, padding included).
-// --transport oneshot (default: the one-shot all-to-all kernel) or nccl (grouped send/recv;
-// one GPU per rank).
+// --transport oneshot (default: the one-shot all-to-all kernel, whole C-row blocks), counted
+// (the same kernel moving only the rows really routed: Communicator::all_to_all_rows, the
+// counts read on the device; fixed_MB_sent is then the routed rows' bytes) or nccl (grouped
+// send/recv, whole blocks; one GPU per rank).
 //
-//   bench_moe_all_to_all --device cuda [--ranks 2] [--transport oneshot|nccl] [--iters 50]
+//   bench_moe_all_to_all --device cuda [--ranks 2] [--transport oneshot|counted|nccl]
+//                        [--iters 50]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -56,6 +59,7 @@ struct Options {
   bool cuda = false;
   int ranks = 0;  // GPU mode: 0 = the GPUs present, at least 2
   bool nccl = false;
+  bool counted = false;  // --transport counted: the one-shot counted all-to-all
 };
 
 // Each token's k distinct experts, uniform, seeded by (rank, tokens).
@@ -258,6 +262,7 @@ int run_cuda(const Options& o) {
         ex.ep = n;
         ex.experts_per_rank = El;
         ex.capacity = C;
+        ex.counted = o.counted;
         ex.send_x = Tensor::make(send_x.data, DType::kBF16, {n * C, H}, ctx.device);
         ex.recv_x = Tensor::make(recv_x.data, DType::kBF16, {n * C, H}, ctx.device);
         ex.offsets = roff;
@@ -298,12 +303,17 @@ int run_cuda(const Options& o) {
       "combine, rank 0's median of %d, us\n",
       n, one_gpu ? "ONE GPU" : "one GPU each", static_cast<long long>(H), static_cast<long long>(E),
       static_cast<long long>(El), static_cast<long long>(k),
-      o.nccl ? ("NCCL " + nccl_version()).c_str() : "one-shot all-to-all", o.iters);
+      o.nccl      ? ("NCCL " + nccl_version()).c_str()
+      : o.counted ? "one-shot counted all-to-all (routed rows only)"
+                  : "one-shot all-to-all",
+      o.iters);
   std::printf("%8s %10s %8s %12s %12s %12s %14s\n", "tokens", "rows_out", "C", "variable", "fixed",
               "fixed_graph", "fixed_MB_sent");
   for (size_t si = 0; si < sizes.size(); ++si) {
     const int64_t T = sizes[si], C = T * std::min(k, El);
-    const double mb = static_cast<double>(n * C * H * 2 + n * C * H * 4 + n * El * 4) / 1e6;
+    // Counted: the rows really routed (T k of them out, as many back).
+    const int64_t sent = o.counted ? T * k : n * C;
+    const double mb = static_cast<double>(sent * H * 2 + sent * H * 4 + n * El * 4) / 1e6;
     std::printf("%8lld %10lld %8lld %12.1f %12.1f %12.1f %14.3f\n", static_cast<long long>(T),
                 static_cast<long long>(T * k), static_cast<long long>(C), rows[si].us[0],
                 rows[si].us[1], rows[si].us[2], mb);
@@ -417,7 +427,13 @@ int main(int argc, char** argv) {
     if (a == "--device") {
       o.cuda = std::string(argv[i + 1]) == "cuda";
     } else if (a == "--transport") {
-      o.nccl = std::string(argv[i + 1]) == "nccl";
+      const std::string t = argv[i + 1];
+      if (t != "oneshot" && t != "counted" && t != "nccl") {
+        std::fprintf(stderr, "bench_moe_all_to_all: --transport oneshot, counted or nccl\n");
+        return 2;
+      }
+      o.nccl = t == "nccl";
+      o.counted = t == "counted";
     } else if (a == "--ranks") {
       o.ranks = static_cast<int>(v);
     } else if (a == "--hidden") {

@@ -132,6 +132,8 @@ struct SigmoidGateAddParams {
 //   counts[d El + e]  = offsets[d El + e + 1] - offsets[d El + e]    (all 0 without offsets)
 //   send_map[d C + i] = offsets[d El] + i for i < rows of block d, else -1
 //   back_map[r]       = d C + r - offsets[d El] for permuted row r of rank d's experts
+//   rows[d]           = min(offsets[(d + 1) El] - offsets[d El], C): the rows of block d
+//                       (optional; the counted all-to-all's send counts)
 // A block of more than C rows keeps its first C (the CPU twin reports kOutOfRange; the caller
 // sizes C so that it cannot happen).
 struct MoeEpSendPlanParams {
@@ -143,6 +145,7 @@ struct MoeEpSendPlanParams {
   int32_t* counts = nullptr;     // [ep El]
   int32_t* send_map = nullptr;   // [ep C]
   int32_t* back_map = nullptr;   // [n_rows]
+  int32_t* rows = nullptr;       // [ep], or null
 };
 
 // The receiving side: counts [ep, El] came from the sources (rank s's block of C rows holds its
@@ -151,6 +154,8 @@ struct MoeEpSendPlanParams {
 //   offsets[e]     = sum over e' < e and every source of counts[s El + e']     (offsets [El + 1])
 //   group_map[g]   = the received row (s C + i) of grouped row g; -1 for g >= offsets[El]
 //   ungroup_map[s C + i] = the grouped row of received row i of source s; -1 for padding
+//   rows[s]        = the rows of source s's block (its counts' sum, cut to C; optional: the
+//                    counted all-to-all's receive counts)
 // A source block claiming more than C rows is cut to C (kOutOfRange on the twin).
 struct MoeEpRecvPlanParams {
   const int32_t* counts = nullptr;  // [ep El]
@@ -160,10 +165,12 @@ struct MoeEpRecvPlanParams {
   int32_t* offsets = nullptr;      // [El + 1]
   int32_t* group_map = nullptr;    // [ep C]
   int32_t* ungroup_map = nullptr;  // [ep C]
+  int32_t* rows = nullptr;         // [ep], or null
 };
 
-// dst[i, :] = src[map[i], :] for map[i] in [0, src_rows), else zeros: rows of row_bytes bytes
-// (any dtype: the copy is exact), both contiguous.
+// dst[i, :] = src[map[i], :] for map[i] in [0, src_rows), else zeros (or, without zero_unmapped,
+// left alone: padding that nothing reads): rows of row_bytes bytes (any dtype: the copy is
+// exact), both contiguous.
 struct GatherRowsParams {
   const void* src = nullptr;
   int64_t src_rows = 0;
@@ -171,6 +178,7 @@ struct GatherRowsParams {
   void* dst = nullptr;
   int64_t n_rows = 0;
   int64_t row_bytes = 0;
+  bool zero_unmapped = true;
 };
 
 }  // namespace strata

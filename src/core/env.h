@@ -40,6 +40,9 @@ struct EnvConfig {
   // fixed-capacity exchange (model/moe_ep.h; 0: none, the variable splits and eager steps, for
   // A/B runs); -1: max_num_seqs (every decode step, graph-captured).
   long long moe_ep_fixed_tokens = -1;
+  // STRATA_MOE_EP_NO_COUNTED=1: the fixed-capacity exchange moves whole C-row blocks instead of
+  // only the rows really routed (EpExchange::counted; A/B of the counted all-to-all).
+  bool moe_ep_no_counted = false;
   // STRATA_COLLECTIVE_TIMEOUT=S: a forward pass of in-process ranks / stages (or a wait for a
   // peer) that takes longer than S seconds aborts the communicators and fails with an error
   // naming the ranks still running, instead of hanging (default 300).

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "core/status.h"
 #include "model/moe_ep.h"
 #include "model/program.h"
@@ -282,6 +283,7 @@ Status chunk_experts_fixed(const Model& m, ForwardArgs& a, const LayerWeights& L
   ex.ep = ep;
   ex.experts_per_rank = El;
   ex.capacity = C;
+  ex.counted = !env_config().moe_ep_no_counted;
   ex.send_x = view(ws.moe_ep_x, ep * C, H);
   ex.recv_x = view(ws.moe_ep_recv_x, ep * C, H);
   ex.offsets = view(ws.moe_recv_offsets, 1, El + 1);

@@ -22,7 +22,7 @@ Tensor rows(const Tensor& t, int64_t n) {
 }  // namespace
 
 int64_t ep_index_entries(int64_t ep, int64_t experts_per_rank, int64_t capacity, int64_t max_rows) {
-  return 2 * ep * experts_per_rank + 3 * ep * capacity + std::max<int64_t>(max_rows, 1);
+  return 2 * ep * experts_per_rank + 3 * ep * capacity + 2 * ep + std::max<int64_t>(max_rows, 1);
 }
 
 void carve_ep_index(EpExchange& ex, int32_t* base, int64_t max_rows, Device device) {
@@ -33,6 +33,8 @@ void carve_ep_index(EpExchange& ex, int32_t* base, int64_t max_rows, Device devi
   ex.send_map = i32_view(p, ec, device);
   ex.group_map = i32_view(p, ec, device);
   ex.ungroup_map = i32_view(p, ec, device);
+  ex.send_rows = i32_view(p, ex.ep, device);
+  ex.recv_rows = i32_view(p, ex.ep, device);
   ex.back_map = i32_view(p, std::max<int64_t>(max_rows, 1), device);
 }
 
@@ -44,11 +46,14 @@ Status ep_dispatch(ops::Context& ctx, Communicator& group, const Tensor& x_perm,
                   "ep_dispatch: a group of {} ranks, buffers of {} / {} rows for {} x {}",
                   group.size(), ex.send_x.rows(), ex.recv_x.rows(), ep, C);
   }
+  const bool counted = ex.counted;
   STRATA_RETURN_IF_ERROR(ops::moe_ep_send_plan(ctx, n_rows > 0 ? offsets : Tensor{}, ep, C, n_rows,
-                                               ex.send_counts, ex.send_map, ex.back_map));
+                                               ex.send_counts, ex.send_map, ex.back_map,
+                                               counted ? &ex.send_rows : nullptr));
+  // Counted: the padding is not sent, so it is not zeroed either.
   if (n_rows > 0) {
-    STRATA_RETURN_IF_ERROR(ops::gather_rows(ctx, x_perm, ex.send_map, ex.send_x));
-  } else {
+    STRATA_RETURN_IF_ERROR(ops::gather_rows(ctx, x_perm, ex.send_map, ex.send_x, !counted));
+  } else if (!counted) {
     // An empty chunk: every slot is padding (zeros), from a one-row source never read.
     STRATA_RETURN_IF_ERROR(ops::gather_rows(ctx, rows(ex.recv_x, 1), ex.send_map, ex.send_x));
   }
@@ -57,17 +62,31 @@ Status ep_dispatch(ops::Context& ctx, Communicator& group, const Tensor& x_perm,
   Tensor rc = Tensor::make(ex.recv_counts.data, DType::kI32, {ep, ex.experts_per_rank},
                            ex.recv_counts.device);
   STRATA_RETURN_IF_ERROR(ops::all_to_all(ctx, group, sc, rc));
-  STRATA_RETURN_IF_ERROR(ops::all_to_all(ctx, group, ex.send_x, ex.recv_x));
-  STRATA_RETURN_IF_ERROR(
-      ops::moe_ep_recv_plan(ctx, ex.recv_counts, ep, C, ex.offsets, ex.group_map, ex.ungroup_map));
+  if (counted) {
+    // The receive plan first: it gives the rows to expect from each source.
+    STRATA_RETURN_IF_ERROR(ops::moe_ep_recv_plan(ctx, ex.recv_counts, ep, C, ex.offsets,
+                                                 ex.group_map, ex.ungroup_map, &ex.recv_rows));
+    STRATA_RETURN_IF_ERROR(
+        ops::all_to_all_rows(ctx, group, ex.send_x, ex.recv_x, ex.send_rows, ex.recv_rows));
+  } else {
+    STRATA_RETURN_IF_ERROR(ops::all_to_all(ctx, group, ex.send_x, ex.recv_x));
+    STRATA_RETURN_IF_ERROR(ops::moe_ep_recv_plan(ctx, ex.recv_counts, ep, C, ex.offsets,
+                                                 ex.group_map, ex.ungroup_map));
+  }
   // The packed rows have been sent: their buffer takes the grouped rows.
   return ops::gather_rows(ctx, ex.recv_x, ex.group_map, ex.send_x);
 }
 
 Status ep_combine(ops::Context& ctx, Communicator& group, EpExchange& ex, Tensor& y_perm) {
-  STRATA_RETURN_IF_ERROR(ops::gather_rows(ctx, ex.y, ex.ungroup_map, ex.recv_y));
-  // The grouped outputs have been ungrouped: their buffer takes the rows back.
-  STRATA_RETURN_IF_ERROR(ops::all_to_all(ctx, group, ex.recv_y, ex.y));
+  STRATA_RETURN_IF_ERROR(ops::gather_rows(ctx, ex.y, ex.ungroup_map, ex.recv_y, !ex.counted));
+  // The grouped outputs have been ungrouped: their buffer takes the rows back (counted: each
+  // source gets back as many rows as it sent).
+  if (ex.counted) {
+    STRATA_RETURN_IF_ERROR(
+        ops::all_to_all_rows(ctx, group, ex.recv_y, ex.y, ex.recv_rows, ex.send_rows));
+  } else {
+    STRATA_RETURN_IF_ERROR(ops::all_to_all(ctx, group, ex.recv_y, ex.y));
+  }
   if (y_perm.rows() == 0) return ok_status();
   Tensor map = Tensor::make(ex.back_map.data, DType::kI32, {1, y_perm.rows()}, ex.back_map.device);
   return ops::gather_rows(ctx, ex.y, map, y_perm);

@@ -19,6 +19,16 @@
 // The transport is the group's device all-to-all: the one-shot kernel for in-process ranks
 // (peers' staging buffers read directly), NCCL's grouped send/recv for NCCL groups; host
 // memory on the CPU (the CPU twin).
+// Counted (EpExchange::counted, the default): the rows all-to-alls move only the rows really
+// routed (Communicator::all_to_all_rows: the first send_rows[d] rows of each C-row block, the
+// counts read on the device when it runs, so addresses and launch shapes stay fixed and a
+// captured graph replays with any routing); the plans also give the per-rank row counts
+// (send_rows from the send plan, recv_rows from the receive plan, which then runs before the
+// rows move), and the packed send rows and the outputs sent back are gathered without zeroing
+// their padding (no one reads it). Rows past the counts are never read: the grouping maps
+// and back_map only name rows below them, and the grouped rows past offsets[El] are still
+// zeroed. Communicators without a counted transport (NCCL, MPI) move whole blocks, with the
+// same results. counted = false (STRATA_MOE_EP_NO_COUNTED=1 in the model) is the fixed path.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +50,8 @@ struct EpExchange {
   Tensor recv_counts;  // i32 [1, ep El]
   Tensor send_map, group_map, ungroup_map;  // i32 [1, ep C]
   Tensor back_map;                          // i32 [1, >= the chunk's rows]
+  Tensor send_rows, recv_rows;              // i32 [1, ep]: rows per block sent / received
+  bool counted = true;                      // all_to_all_rows (else whole blocks)
   // The grouped rows [ep C, H] (the first offsets[El] valid; the rest zeros).
   Tensor grouped() const { return send_x; }
 };

@@ -1366,7 +1366,8 @@ Status want_i32(const Tensor& t, const char* op, const char* name, int64_t min_n
 }  // namespace
 
 Status moe_ep_send_plan(Context& ctx, const Tensor& offsets, int64_t ep, int64_t capacity,
-                        int64_t n_rows, Tensor& counts, Tensor& send_map, Tensor& back_map) {
+                        int64_t n_rows, Tensor& counts, Tensor& send_map, Tensor& back_map,
+                        Tensor* rows) {
   constexpr const char* kOp = "moe_ep_send_plan";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&offsets, &counts, &send_map, &back_map}));
   if (ep < 1 || capacity < 0 || n_rows < 0 || counts.numel() % ep != 0 || counts.numel() < ep) {
@@ -1388,6 +1389,11 @@ Status moe_ep_send_plan(Context& ctx, const Tensor& offsets, int64_t ep, int64_t
   p.counts = static_cast<int32_t*>(counts.data);
   p.send_map = static_cast<int32_t*>(send_map.data);
   p.back_map = n_rows > 0 ? static_cast<int32_t*>(back_map.data) : nullptr;
+  if (rows != nullptr) {
+    STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {rows}));
+    STRATA_RETURN_IF_ERROR(want_i32(*rows, kOp, "rows", ep));
+    p.rows = static_cast<int32_t*>(rows->data);
+  }
   if (ctx.device.is_cpu()) return cpu::moe_ep_send_plan(p);
 #if STRATA_HAS_CUDA
   return cuda::moe_ep_send_plan(*ctx.cuda, p);
@@ -1397,7 +1403,7 @@ Status moe_ep_send_plan(Context& ctx, const Tensor& offsets, int64_t ep, int64_t
 }
 
 Status moe_ep_recv_plan(Context& ctx, const Tensor& counts, int64_t ep, int64_t capacity,
-                        Tensor& offsets, Tensor& group_map, Tensor& ungroup_map) {
+                        Tensor& offsets, Tensor& group_map, Tensor& ungroup_map, Tensor* rows) {
   constexpr const char* kOp = "moe_ep_recv_plan";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&counts, &offsets, &group_map, &ungroup_map}));
   if (ep < 1 || capacity < 0 || counts.numel() % ep != 0 || counts.numel() < ep) {
@@ -1416,6 +1422,11 @@ Status moe_ep_recv_plan(Context& ctx, const Tensor& counts, int64_t ep, int64_t 
   p.offsets = static_cast<int32_t*>(offsets.data);
   p.group_map = static_cast<int32_t*>(group_map.data);
   p.ungroup_map = static_cast<int32_t*>(ungroup_map.data);
+  if (rows != nullptr) {
+    STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {rows}));
+    STRATA_RETURN_IF_ERROR(want_i32(*rows, kOp, "rows", ep));
+    p.rows = static_cast<int32_t*>(rows->data);
+  }
   if (ctx.device.is_cpu()) return cpu::moe_ep_recv_plan(p);
 #if STRATA_HAS_CUDA
   return cuda::moe_ep_recv_plan(*ctx.cuda, p);
@@ -1424,7 +1435,8 @@ Status moe_ep_recv_plan(Context& ctx, const Tensor& counts, int64_t ep, int64_t 
 #endif
 }
 
-Status gather_rows(Context& ctx, const Tensor& src, const Tensor& map, Tensor& dst) {
+Status gather_rows(Context& ctx, const Tensor& src, const Tensor& map, Tensor& dst,
+                   bool zero_unmapped) {
   constexpr const char* kOp = "gather_rows";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&src, &map, &dst}));
   if (src.dtype != dst.dtype || src.ndim != 2 || dst.ndim != 2 || src.cols() != dst.cols() ||
@@ -1439,12 +1451,39 @@ Status gather_rows(Context& ctx, const Tensor& src, const Tensor& map, Tensor& d
   p.dst = dst.data;
   p.n_rows = dst.rows();
   p.row_bytes = dtype_bytes(dst.dtype, dst.cols());
+  p.zero_unmapped = zero_unmapped;
   if (ctx.device.is_cpu()) return cpu::gather_rows(p);
 #if STRATA_HAS_CUDA
   return cuda::gather_rows(*ctx.cuda, p);
 #else
   return no_cuda(kOp);
 #endif
+}
+
+Status all_to_all_rows(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv,
+                       const Tensor& send_rows, const Tensor& recv_rows) {
+  constexpr const char* kOp = "all_to_all_rows";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&send, &recv, &send_rows, &recv_rows}));
+  const int n = comm.size();
+  if (send.dtype != recv.dtype || send.ndim != 2 || recv.ndim != 2 || send.rows() != recv.rows() ||
+      send.cols() != recv.cols() || !send.is_contiguous() || !recv.is_contiguous() ||
+      send.rows() % n != 0) {
+    return invalid(kOp,
+                   "send and recv must be contiguous 2-D tensors of one dtype and shape, "
+                   "rows a multiple of the ranks");
+  }
+  STRATA_RETURN_IF_ERROR(want_i32(send_rows, kOp, "send_rows", n));
+  STRATA_RETURN_IF_ERROR(want_i32(recv_rows, kOp, "recv_rows", n));
+  if (n == 1) return copy(ctx, send, recv);
+  if (!comm.supports(ctx.device)) {
+    return errorf(StatusCode::kUnimplemented, "{}: the {} communicator takes no {} buffers", kOp,
+                  comm.name(), ctx.device.to_string());
+  }
+  return comm
+      .all_to_all_rows(send.data, send.rows() / n, send.cols(), send.dtype, recv.data,
+                       static_cast<const int32_t*>(send_rows.data),
+                       static_cast<const int32_t*>(recv_rows.data), comm_stream(ctx))
+      .with_context(kOp);
 }
 
 }  // namespace strata::ops

@@ -260,12 +260,21 @@ Status sigmoid_gate_add(Context& ctx, const Tensor& y, const Tensor& gate, Tenso
 //                     permuted rows: counts [1, ep El], send_map [1, ep C], back_map [1, >= n_rows]
 //   moe_ep_recv_plan  from the received counts [1, ep El]: offsets [1, El + 1] of the rows
 //                     grouped by local expert, group_map and ungroup_map [1, ep C]
-//   gather_rows       dst[i, :] = src[map[i], :], zeros where map[i] < 0 (2-D, one dtype)
+//                     (rows, optional: [1, ep] the rows of each block, cut to C)
+//   gather_rows       dst[i, :] = src[map[i], :], zeros where map[i] < 0 (2-D, one dtype);
+//                     without zero_unmapped those rows are left alone
+//   all_to_all_rows   the counted all-to-all (Communicator::all_to_all_rows) of send / recv
+//                     [ep C, cols], send_rows / recv_rows i32 [1, ep] on the ops' device
 Status moe_ep_send_plan(Context& ctx, const Tensor& offsets, int64_t ep, int64_t capacity,
-                        int64_t n_rows, Tensor& counts, Tensor& send_map, Tensor& back_map);
+                        int64_t n_rows, Tensor& counts, Tensor& send_map, Tensor& back_map,
+                        Tensor* rows = nullptr);
 Status moe_ep_recv_plan(Context& ctx, const Tensor& counts, int64_t ep, int64_t capacity,
-                        Tensor& offsets, Tensor& group_map, Tensor& ungroup_map);
-Status gather_rows(Context& ctx, const Tensor& src, const Tensor& map, Tensor& dst);
+                        Tensor& offsets, Tensor& group_map, Tensor& ungroup_map,
+                        Tensor* rows = nullptr);
+Status gather_rows(Context& ctx, const Tensor& src, const Tensor& map, Tensor& dst,
+                   bool zero_unmapped = true);
+Status all_to_all_rows(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv,
+                       const Tensor& send_rows, const Tensor& recv_rows);
 
 // ---- memory ---------------------------------------------------------------------------------
 // Copies between the host and a contiguous tensor on the ops' device, ordered on its stream

@@ -73,6 +73,24 @@ class Communicator {
   virtual Status all_to_all_v(const void* send, const int64_t* send_counts,
                               const int64_t* send_offsets, void* recv, const int64_t* recv_counts,
                               const int64_t* recv_offsets, DType dt, const CommStream& s) = 0;
+  // The rows of a fixed-capacity exchange (model/moe_ep.h): send and recv are size() blocks of
+  // `capacity` rows of `cols` elements each; the first send_rows[r] rows of send block r go to
+  // rank r and land as the first rows of recv block rank(), where rank r's recv_rows[rank()]
+  // must equal this rank's send_rows[r] (both i32 [size()], each in [0, capacity], in the
+  // memory of the buffers: on a device stream they are read on the device when the collective
+  // runs, so a captured graph replays with new counts at fixed addresses and launch shapes).
+  // Rows of recv past recv_rows[q] in block q are unspecified (left alone, or copies of the
+  // sender's padding). The default moves every block whole (the counts unread: all_to_all);
+  // the in-process communicator (host memory, and device memory through the one-shot kernel)
+  // moves only the counted rows. NCCL keeps the default: its grouped send/recv takes sizes on
+  // the host, which a graph cannot read at replay.
+  virtual Status all_to_all_rows(const void* send, int64_t capacity, int64_t cols, DType dt,
+                                 void* recv, const int32_t* send_rows, const int32_t* recv_rows,
+                                 const CommStream& s) {
+    (void)send_rows;
+    (void)recv_rows;
+    return all_to_all(send, capacity * cols, dt, recv, s);
+  }
   // Point to point (pipeline stages): blocking on the host for host memory.
   virtual Status send(const void* data, int64_t count, DType dt, int peer, const CommStream& s) = 0;
   virtual Status recv(void* data, int64_t count, DType dt, int peer, const CommStream& s) = 0;

@@ -21,6 +21,10 @@ Status inproc_device_all_gather(InProcessGroup& g, int rank, const void* send, i
                                 DType dt, void* recv, void* stream);
 Status inproc_device_all_to_all(InProcessGroup& g, int rank, const void* send, int64_t count,
                                 DType dt, void* recv, void* stream);
+Status inproc_device_all_to_all_rows(InProcessGroup& g, int rank, const void* send,
+                                     int64_t capacity, int64_t cols, DType dt, void* recv,
+                                     const int32_t* send_rows, const int32_t* recv_rows,
+                                     void* stream);
 Status inproc_device_all_reduce_add_norm(InProcessGroup& g, int rank, const AllReduceAddNorm& a,
                                          void* stream);
 void destroy_in_process_device(InProcessDeviceState* s);
@@ -35,6 +39,7 @@ InProcessGroup::InProcessGroup(int n_ranks)
       out(static_cast<size_t>(n_ranks), nullptr),
       counts(static_cast<size_t>(n_ranks), nullptr),
       offsets(static_cast<size_t>(n_ranks), nullptr),
+      rows(static_cast<size_t>(n_ranks), nullptr),
       color(static_cast<size_t>(n_ranks), 0),
       key(static_cast<size_t>(n_ranks), 0),
       children(static_cast<size_t>(n_ranks)),
@@ -188,6 +193,48 @@ class InProcessCommunicator final : public Communicator {
                   static_cast<size_t>(bytes));
     }
     return g_->barrier(rank_);
+  }
+
+  // Host memory: the first recv_rows[q] rows of every peer's block rank() (checked against the
+  // peer's send_rows[rank()]); the rest of recv is left alone.
+  Status all_to_all_rows(const void* send, int64_t capacity, int64_t cols, DType dt, void* recv,
+                         const int32_t* send_rows, const int32_t* recv_rows,
+                         const CommStream& s) override {
+    STRATA_RETURN_IF_ERROR(
+        check_count("all-to-all-rows", capacity * cols, {send, recv, send_rows, recv_rows}));
+    if (!s.device.is_cpu()) {
+#if STRATA_HAS_CUDA
+      return inproc_device_all_to_all_rows(*g_, rank_, send, capacity, cols, dt, recv, send_rows,
+                                           recv_rows, s.cuda_stream);
+#else
+      return no_device("all-to-all-rows");
+#endif
+    }
+    if (capacity < 0 || cols < 0) {
+      return Status(StatusCode::kInvalidArgument, "all-to-all-rows: negative capacity or cols");
+    }
+    const size_t me = static_cast<size_t>(rank_);
+    const int64_t row = dtype_bytes(dt, cols), block = row * capacity;
+    g_->in[me] = send;
+    g_->rows[me] = send_rows;
+    STRATA_RETURN_IF_ERROR(g_->barrier(rank_));
+    Status st = ok_status();
+    for (int q = 0; q < g_->n && capacity * cols > 0; ++q) {
+      const size_t p = static_cast<size_t>(q);
+      const int64_t n = recv_rows[p];
+      if (n != g_->rows[p][me] || n < 0 || n > capacity) {
+        st = errorf(StatusCode::kInvalidArgument,
+                    "all-to-all-rows: rank {} sends {} rows to rank {}, which expects {} "
+                    "(capacity {})",
+                    q, g_->rows[p][me], rank_, n, capacity);
+        break;
+      }
+      std::memcpy(static_cast<char*>(recv) + block * q,
+                  static_cast<const char*>(g_->in[p]) + block * rank_,
+                  static_cast<size_t>(row * n));
+    }
+    STRATA_RETURN_IF_ERROR(g_->barrier(rank_));
+    return st;
   }
 
   Status all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,

@@ -44,6 +44,7 @@ struct InProcessGroup {
   std::vector<const void*> in;
   std::vector<void*> out;
   std::vector<const int64_t*> counts, offsets;
+  std::vector<const int32_t*> rows;  // all_to_all_rows: each rank's send_rows
   std::vector<int> color, key;
   std::vector<std::shared_ptr<InProcessGroup>> children;  // split(): the group per leader rank
 

@@ -196,6 +196,18 @@ class NcclCommunicator final : public Communicator {
     return exchange(send, counts.data(), offsets.data(), recv, counts.data(), offsets.data(), dt,
                     s);
   }
+  // Device memory: the fixed path (every block whole, the counts unread). Grouped send/recv
+  // takes its sizes on the host at enqueue time, so it cannot follow device counts that change
+  // between replays of a captured graph; a counted NCCL exchange would need a host read of the
+  // counts (the variable-split path) or a device-initiated transport.
+  Status all_to_all_rows(const void* send, int64_t capacity, int64_t cols, DType dt, void* recv,
+                         const int32_t* send_rows, const int32_t* recv_rows,
+                         const CommStream& s) override {
+    if (s.device.is_cpu()) {
+      return host_->all_to_all_rows(send, capacity, cols, dt, recv, send_rows, recv_rows, s);
+    }
+    return Communicator::all_to_all_rows(send, capacity, cols, dt, recv, send_rows, recv_rows, s);
+  }
   Status all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
                       void* recv, const int64_t* recv_counts, const int64_t* recv_offsets, DType dt,
                       const CommStream& s) override {

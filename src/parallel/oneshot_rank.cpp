@@ -74,6 +74,29 @@ Status oneshot_all_to_all(const OneShotRank& v, const void* send, void* recv, in
   return cuda::oneshot_all_to_all(ctx, p, bytes);
 }
 
+Status oneshot_all_to_all_rows(const OneShotRank& v, const void* send, int64_t capacity,
+                               int64_t cols, DType dt, void* recv, const int32_t* send_rows,
+                               const int32_t* recv_rows, void* stream) {
+  const int64_t row = dtype_bytes(dt, cols);
+  if (row * capacity * v.n_ranks > v.staging_bytes / 2 || row % 4 != 0) {
+    return errorf(StatusCode::kUnimplemented,
+                  "one-shot device all-to-all of {} rows of {} bytes per rank over {} ranks: "
+                  "above half the {}-byte staging buffer, or rows not whole 4-byte words",
+                  capacity, row, v.n_ranks, v.staging_bytes);
+  }
+  cuda::LaunchCtx ctx;
+  ctx.stream = static_cast<cudaStream_t>(stream);
+  cuda::OneShotParams p = params(v, dt);
+  p.in = send;
+  p.out = recv;
+  cuda::OneShotRowsParams r;
+  r.row_bytes = row;
+  r.capacity = capacity;
+  r.send_rows = send_rows;
+  r.recv_rows = recv_rows;
+  return cuda::oneshot_all_to_all_rows(ctx, p, r);
+}
+
 Status oneshot_collective_add_norm(const OneShotRank& v, const AllReduceAddNorm& a, void* stream) {
   // Decode-sized batches only: one block per row keeps prefill's many rows on a few blocks,
   // slower than the all-reduce kernel and a separate norm (the caller composes those).
@@ -273,6 +296,18 @@ class IpcOneShotCommunicator final : public Communicator {
     if (s.device.is_cpu()) return host_->all_to_all(send, count, dt, recv, s);
     STRATA_RETURN_IF_ERROR(fits("all-to-all", dtype_bytes(dt, count) * size()));
     return oneshot_all_to_all(v_, send, recv, count, dt, s.cuda_stream);
+  }
+  Status all_to_all_rows(const void* send, int64_t capacity, int64_t cols, DType dt, void* recv,
+                         const int32_t* send_rows, const int32_t* recv_rows,
+                         const CommStream& s) override {
+    STRATA_RETURN_IF_ERROR(
+        check_count("all-to-all-rows", capacity * cols, {send, recv, send_rows, recv_rows}));
+    if (s.device.is_cpu()) {
+      return host_->all_to_all_rows(send, capacity, cols, dt, recv, send_rows, recv_rows, s);
+    }
+    STRATA_RETURN_IF_ERROR(fits("all-to-all", dtype_bytes(dt, capacity * cols) * size()));
+    return oneshot_all_to_all_rows(v_, send, capacity, cols, dt, recv, send_rows, recv_rows,
+                                   s.cuda_stream);
   }
   Status all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
                       void* recv, const int64_t* recv_counts, const int64_t* recv_offsets, DType dt,

@@ -29,6 +29,12 @@ Status oneshot_collective(const OneShotRank& v, const void* in, void* out, int64
 // must fit half the staging buffer (kUnimplemented above it; the bytes per rank a multiple of 4).
 Status oneshot_all_to_all(const OneShotRank& v, const void* send, void* recv, int64_t count,
                           DType dt, void* stream);
+// Communicator::all_to_all_rows: the first send_rows[r] of the n_ranks blocks of `capacity`
+// rows (cols elements of dt) to rank r, recv_rows[q] rows from rank q (device i32 [n_ranks],
+// read by the kernel); the whole send must fit half the staging buffer, rows whole 4-byte words.
+Status oneshot_all_to_all_rows(const OneShotRank& v, const void* send, int64_t capacity,
+                               int64_t cols, DType dt, void* recv, const int32_t* send_rows,
+                               const int32_t* recv_rows, void* stream);
 // The fused all-reduce + bias + residual add + RMSNorm (decode-sized: at most 32 rows).
 Status oneshot_collective_add_norm(const OneShotRank& v, const AllReduceAddNorm& a, void* stream);
 // kDeadlineExceeded when a one-shot kernel of this rank gave up waiting for a peer.

@@ -1,9 +1,13 @@
 // The fixed-capacity expert-parallel exchange (model/moe_ep.h) on ONE GPU, ranks as threads of
 // the in-process communicator: its kernels against their CPU twins (the index plans and the row
 // gather, bit-exact), the one-shot device all-to-all against the host all-to-all (eager and
-// replayed from a CUDA graph), the exchange round trip for EP = 2, 3, 4 (uneven routing, an empty
-// chunk, the capacity exactly reached), and whole models with expert parallelism whose decode
-// steps replay CUDA graphs, against one rank and against the eager variable-split exchange.
+// replayed from a CUDA graph), the counted one-shot all-to-all (all_to_all_rows) against its host
+// twin with the counts changed between graph replays, the exchange round trip for EP = 2, 3, 4
+// (uneven routing, an empty chunk, the capacity exactly reached, skewed routing; counted and
+// whole blocks), the counted and whole-block exchanges replayed from CUDA graphs with a new
+// routing per replay (bit-identical, and the round trip returns every row), and whole models
+// with expert parallelism whose decode steps replay CUDA graphs, against one rank and against
+// the eager variable-split exchange.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -119,13 +123,22 @@ TEST(EpFixedCuda, PlansAndGatherMatchTwins) {
         sp.counts = counts.data();
         sp.send_map = smap.data();
         sp.back_map = bmap.data();
+        std::vector<int32_t> srows(static_cast<size_t>(ep), -5);
+        sp.rows = srows.data();
         ASSERT_TRUE(cpu::moe_ep_send_plan(sp).ok());
         MoeEpSendPlanParams dp = sp;
         dp.offsets = upload(m, off);
         dp.counts = static_cast<int32_t*>(m.alloc(ep * El * 4));
         dp.send_map = static_cast<int32_t*>(m.alloc(ep * C * 4));
         dp.back_map = static_cast<int32_t*>(m.alloc(std::max<int64_t>(n_rows, 1) * 4));
+        dp.rows = static_cast<int32_t*>(m.alloc(ep * 4));
         ASSERT_TRUE(cuda::moe_ep_send_plan(ctx, dp).ok());
+        EXPECT_EQ(download(dp.rows, srows.size()), srows);
+        for (int d = 0; d < ep; ++d) {  // the rows of block d (each within C here)
+          const size_t di = static_cast<size_t>(d);
+          EXPECT_EQ(srows[di],
+                    off[static_cast<size_t>((d + 1) * El)] - off[static_cast<size_t>(d * El)]);
+        }
         EXPECT_EQ(download(dp.counts, counts.size()), counts);
         EXPECT_EQ(download(dp.send_map, smap.size()), smap);
         EXPECT_EQ(download(dp.back_map, static_cast<size_t>(n_rows)),
@@ -141,13 +154,18 @@ TEST(EpFixedCuda, PlansAndGatherMatchTwins) {
         rp.offsets = roff.data();
         rp.group_map = gmap.data();
         rp.ungroup_map = umap.data();
+        std::vector<int32_t> rrows(static_cast<size_t>(ep), -5);
+        rp.rows = rrows.data();
         ASSERT_TRUE(cpu::moe_ep_recv_plan(rp).ok());
+        EXPECT_EQ(rrows, srows);  // every source sent these counts
         MoeEpRecvPlanParams drp = rp;
         drp.counts = upload(m, counts);
         drp.offsets = static_cast<int32_t*>(m.alloc((El + 1) * 4));
         drp.group_map = static_cast<int32_t*>(m.alloc(ep * C * 4));
         drp.ungroup_map = static_cast<int32_t*>(m.alloc(ep * C * 4));
+        drp.rows = static_cast<int32_t*>(m.alloc(ep * 4));
         ASSERT_TRUE(cuda::moe_ep_recv_plan(ctx, drp).ok());
+        EXPECT_EQ(download(drp.rows, rrows.size()), rrows);
         EXPECT_EQ(download(drp.offsets, roff.size()), roff);
         EXPECT_EQ(download(drp.group_map, gmap.size()), gmap);
         EXPECT_EQ(download(drp.ungroup_map, umap.size()), umap);
@@ -177,6 +195,15 @@ TEST(EpFixedCuda, PlansAndGatherMatchTwins) {
     d.dst = m.alloc(n_rows * row_bytes);
     ASSERT_TRUE(cuda::gather_rows(ctx, d).ok());
     EXPECT_EQ(download(static_cast<uint8_t*>(d.dst), want.size()), want) << row_bytes;
+    // Without zero_unmapped the unmapped rows keep what they held (0xAB on both sides).
+    std::vector<uint8_t> keep(want.size(), 0xAB);
+    p.dst = keep.data();
+    p.zero_unmapped = false;
+    ASSERT_TRUE(cpu::gather_rows(p).ok());
+    d.zero_unmapped = false;
+    d.dst = upload(m, std::vector<uint8_t>(want.size(), 0xAB));
+    ASSERT_TRUE(cuda::gather_rows(ctx, d).ok());
+    EXPECT_EQ(download(static_cast<uint8_t*>(d.dst), keep.size()), keep) << row_bytes;
   }
 }
 
@@ -246,33 +273,249 @@ TEST(EpFixedCuda, OneShotAllToAllMatchesHostTwin) {
   }
 }
 
+// The counted one-shot all-to-all against the host twin (the in-process host all_to_all_rows)
+// on one GPU: eager (round 0), then captured once and replayed with different counts written to
+// the same device arrays (rounds 1-3: one of them every row to the last rank, the others none).
+// Rows past the counts keep their sentinel on both sides, so the whole outputs must match.
+TEST(EpFixedCuda, CountedAllToAllMatchesHostTwinAcrossReplays) {
+  REQUIRE_GPU();
+  for (int n : {2, 3, 4}) {
+    for (int64_t cols : {int64_t{5}, int64_t{256}}) {  // 20-byte rows (words), 1 KiB (vectors)
+      for (int64_t C : {int64_t{3}, int64_t{96}}) {
+        SCOPED_TRACE(std::to_string(n) + " ranks, C " + std::to_string(C) + ", " +
+                     std::to_string(cols) + " f32 per row");
+        auto rows = [&](int round, int s, int d) -> int32_t {
+          if (round == 2) return d == n - 1 ? static_cast<int32_t>(C) : 0;  // skewed
+          return static_cast<int32_t>((s * 3 + d * 5 + round * 7) % (C + 1));
+        };
+        auto dcomms = make_in_process_communicators(n);
+        auto hcomms = make_in_process_communicators(n);
+        const int64_t total = n * C * cols;
+        const std::string err = on_ranks(n, [&](int r) -> std::string {
+          auto dev = cuda::CudaDevice::create(0);
+          if (!dev.ok()) return dev.status().to_string();
+          Communicator& dc = *dcomms[static_cast<size_t>(r)];
+          Communicator& hc = *hcomms[static_cast<size_t>(r)];
+          Status st = init_in_process_device(dc, 0, total * 4);
+          if (!st.ok()) return st.to_string();
+          std::vector<float> in(static_cast<size_t>(total)), sentinel(in.size(), -7.0f);
+          for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(r * 1000003 + i);
+          cudaStream_t stream = (*dev)->launch_ctx().stream;
+          DeviceMem m;
+          float* src = upload(m, in);
+          float* out = upload(m, sentinel);
+          int32_t* sr = upload(m, std::vector<int32_t>(static_cast<size_t>(n)));
+          int32_t* rr = upload(m, std::vector<int32_t>(static_cast<size_t>(n)));
+          CommStream s;
+          s.device = Device::cuda(0);
+          s.cuda_stream = stream;
+          cudaGraphExec_t exec = nullptr;
+          for (int round = 0; round < 4 && st.ok(); ++round) {
+            std::vector<int32_t> hs(static_cast<size_t>(n)), hr(hs.size());
+            for (int q = 0; q < n; ++q) {
+              hs[static_cast<size_t>(q)] = rows(round, r, q);
+              hr[static_cast<size_t>(q)] = rows(round, q, r);
+            }
+            std::vector<float> want = sentinel;
+            st = hc.all_to_all_rows(in.data(), C, cols, DType::kF32, want.data(), hs.data(),
+                                    hr.data(), CommStream::host());
+            if (!st.ok()) break;
+            // New counts at the same addresses, the output back to the sentinel.
+            cudaMemcpyAsync(sr, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice, stream);
+            cudaMemcpyAsync(rr, hr.data(), hr.size() * 4, cudaMemcpyHostToDevice, stream);
+            cudaMemcpyAsync(out, sentinel.data(), sentinel.size() * 4, cudaMemcpyHostToDevice,
+                            stream);
+            cudaStreamSynchronize(stream);
+            st = dc.barrier();
+            if (!st.ok()) break;
+            if (round == 0) {
+              st = dc.all_to_all_rows(src, C, cols, DType::kF32, out, sr, rr, s);
+            } else {
+              if (exec == nullptr) {
+                cudaGraph_t g = nullptr;
+                cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+                st = dc.all_to_all_rows(src, C, cols, DType::kF32, out, sr, rr, s);
+                cudaStreamEndCapture(stream, &g);
+                if (g != nullptr) {
+                  cudaGraphInstantiate(&exec, g, 0);
+                  cudaGraphDestroy(g);
+                }
+                if (st.ok() && exec == nullptr) st = Status(StatusCode::kInternal, "graph");
+                const Status met = dc.barrier();  // every rank instantiated before a launch
+                if (st.ok()) st = met;
+              }
+              if (st.ok()) cudaGraphLaunch(exec, stream);
+            }
+            cudaStreamSynchronize(stream);
+            if (st.ok() && download(out, want.size()) != want) {
+              st = Status(StatusCode::kInternal, "round " + std::to_string(round) + " differs");
+            }
+          }
+          if (exec != nullptr) cudaGraphExecDestroy(exec);
+          const Status met = dc.barrier();
+          if (st.ok()) st = dc.health();
+          return st.ok() ? (met.ok() ? "" : met.to_string()) : st.to_string();
+        });
+        EXPECT_EQ(err, "");
+      }
+    }
+  }
+}
+
+// ep_dispatch + an identity "expert" (the grouped f32 rows copied to y) + ep_combine, captured
+// once per exchange (counted, whole blocks) on every rank and replayed with a new routing per
+// round written into the same buffers (round 1: every row to the last rank). Each replay must
+// return every permuted row unchanged (y_perm == x_perm), and both exchanges must group the same
+// rows the same way (offsets and grouped rows, padding zeros included, bit for bit).
+TEST(EpFixedCuda, CountedGraphMatchesWholeBlocksAcrossRoutings) {
+  REQUIRE_GPU();
+  for (int ep : {2, 4}) {
+    SCOPED_TRACE(std::to_string(ep) + " ranks");
+    const int64_t El = 4, E = ep * El, k = 3, H = 64, T = 5, C = T * std::min(k, El);
+    auto comms = make_in_process_communicators(ep);
+    const std::string err = on_ranks(ep, [&](int r) -> std::string {
+      auto dev = cuda::CudaDevice::create(0);
+      if (!dev.ok()) return dev.status().to_string();
+      Communicator& c = *comms[static_cast<size_t>(r)];
+      Status st = init_in_process_device(c, 0, ep * C * H * 4);
+      if (!st.ok()) return st.to_string();
+      cudaStream_t stream = (*dev)->launch_ctx().stream;
+      ops::Context ctx{Device::cuda(0), &(*dev)->launch_ctx()};
+      DeviceMem m;
+      auto tensor = [&](DType dt, int64_t rows_, int64_t cols) {
+        return Tensor::make(m.alloc(dtype_bytes(dt, rows_ * cols)), dt, {rows_, cols}, ctx.device);
+      };
+      std::vector<float> xh(static_cast<size_t>(T * H));
+      for (size_t i = 0; i < xh.size(); ++i) xh[i] = static_cast<float>(r * 100000 + i);
+      Tensor x = tensor(DType::kF32, T, H), ids = tensor(DType::kI32, T, k);
+      Tensor offsets = tensor(DType::kI32, 1, E + 1), x_perm = tensor(DType::kF32, T * k, H);
+      Tensor perm = tensor(DType::kI32, 1, T * k);
+      EpExchange ex[2];
+      Tensor y_perm[2];
+      for (int v = 0; v < 2; ++v) {
+        ex[v].ep = ep;
+        ex[v].experts_per_rank = El;
+        ex[v].capacity = C;
+        ex[v].counted = v == 0;
+        ex[v].send_x = tensor(DType::kF32, ep * C, H);
+        ex[v].recv_x = tensor(DType::kF32, ep * C, H);
+        ex[v].offsets = tensor(DType::kI32, 1, El + 1);
+        ex[v].y = tensor(DType::kF32, ep * C, H);
+        ex[v].recv_y = tensor(DType::kF32, ep * C, H);
+        carve_ep_index(ex[v],
+                       static_cast<int32_t*>(m.alloc(4 * ep_index_entries(ep, El, C, T * k))),
+                       T * k, ctx.device);
+        y_perm[v] = tensor(DType::kF32, T * k, H);
+      }
+      st = ops::upload(ctx, xh.data(), x);
+      if (st.ok()) st = ops::synchronize(ctx);
+      if (st.ok()) st = c.barrier();
+      cudaGraphExec_t exec[2] = {nullptr, nullptr};
+      for (int v = 0; v < 2 && st.ok(); ++v) {
+        cudaGraph_t g = nullptr;
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+        st = ep_dispatch(ctx, c, x_perm, offsets, ex[v]);
+        Tensor grouped = ex[v].grouped();
+        if (st.ok()) st = ops::copy(ctx, grouped, ex[v].y);  // the identity expert
+        if (st.ok()) st = ep_combine(ctx, c, ex[v], y_perm[v]);
+        cudaStreamEndCapture(stream, &g);
+        if (g != nullptr) {
+          cudaGraphInstantiate(&exec[v], g, 0);
+          cudaGraphDestroy(g);
+        }
+        if (st.ok() && exec[v] == nullptr) st = Status(StatusCode::kInternal, "graph");
+      }
+      const Status met = c.barrier();  // every rank instantiated before any launch
+      if (st.ok()) st = met;
+      std::mt19937 rng(static_cast<uint32_t>(1234 + r));
+      for (int round = 0; round < 4 && st.ok(); ++round) {
+        std::vector<int32_t> idh;
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<int32_t> pool;
+          for (int32_t e = 0; e < E; ++e) {
+            if (round == 1 && e / El != ep - 1) continue;  // skewed: all to the last rank
+            pool.push_back(e);
+          }
+          std::shuffle(pool.begin(), pool.end(), rng);
+          for (int64_t j = 0; j < k; ++j) idh.push_back(pool[static_cast<size_t>(j)]);
+        }
+        st = ops::upload(ctx, idh.data(), ids);
+        if (st.ok()) st = ops::moe_offsets(ctx, ids, E, offsets);
+        if (st.ok()) st = ops::moe_permute(ctx, x, ids, offsets, x_perm, perm);
+        if (st.ok()) st = ops::synchronize(ctx);
+        if (st.ok()) st = c.barrier();
+        std::vector<float> got[2], grouped[2];
+        std::vector<int32_t> off[2];
+        for (int v = 0; v < 2 && st.ok(); ++v) {
+          if (cudaGraphLaunch(exec[v], stream) != cudaSuccess) {
+            st = Status(StatusCode::kInternal, "graph launch");
+            break;
+          }
+          cudaStreamSynchronize(stream);
+          got[v] =
+              download(static_cast<const float*>(y_perm[v].data), static_cast<size_t>(T * k * H));
+          grouped[v] = download(static_cast<const float*>(ex[v].send_x.data),
+                                static_cast<size_t>(ep * C * H));
+          off[v] = download(static_cast<const int32_t*>(ex[v].offsets.data),
+                            static_cast<size_t>(El + 1));
+        }
+        if (!st.ok()) break;
+        const std::vector<float> want =
+            download(static_cast<const float*>(x_perm.data), static_cast<size_t>(T * k * H));
+        const std::string at = "round " + std::to_string(round) + ": ";
+        if (got[0] != want) st = Status(StatusCode::kInternal, at + "counted rows came back wrong");
+        if (st.ok() && got[1] != want) {
+          st = Status(StatusCode::kInternal, at + "whole-block rows came back wrong");
+        }
+        if (st.ok() && (off[0] != off[1] || grouped[0] != grouped[1])) {
+          st = Status(StatusCode::kInternal, at + "counted and whole-block grouping differ");
+        }
+        const Status b = c.barrier();
+        if (st.ok()) st = b;
+      }
+      for (cudaGraphExec_t e : exec) {
+        if (e != nullptr) cudaGraphExecDestroy(e);
+      }
+      const Status done = c.barrier();
+      if (st.ok()) st = c.health();
+      return st.ok() ? (done.ok() ? "" : done.to_string())
+                     : "rank " + std::to_string(r) + ": " + st.to_string();
+    });
+    EXPECT_EQ(err, "");
+  }
+}
+
 TEST(EpFixedCuda, ExchangeRoundTrip) {
   REQUIRE_GPU();
   for (int ep : {2, 3, 4}) {
-    for (const char* kind : {"uneven", "full", "empty"}) {
+    for (const char* kind : {"uneven", "full", "empty", "skewed"}) {
       for (DType act : {DType::kF32, DType::kBF16}) {
-        SCOPED_TRACE(std::to_string(ep) + " ranks, " + kind + ", " + std::string(dtype_name(act)));
-        const testing::EpRouting R = testing::make_routing(ep, kind, 7u + ep);
-        auto comms = make_in_process_communicators(ep);
-        const int64_t bytes = ep * R.capacity() * R.hidden * 4;
-        const std::string err = on_ranks(ep, [&](int r) -> std::string {
-          auto dev = cuda::CudaDevice::create(0);
-          if (!dev.ok()) return dev.status().to_string();
-          Communicator& c = *comms[static_cast<size_t>(r)];
-          Status st = init_in_process_device(c, 0, bytes);
-          if (!st.ok()) return st.to_string();
-          DeviceMem m;
-          ops::Context ctx{Device::cuda(0), &(*dev)->launch_ctx()};
-          // Work on the stream before its first collective (tests/cuda/test_tp_cuda.cpp says why).
-          void* warm = m.alloc(16);
-          cudaMemsetAsync(warm, 0, 16, (*dev)->launch_ctx().stream);
-          std::string e =
-              testing::ep_round_trip(ctx, c, R, act, [&](int64_t b) { return m.alloc(b); });
-          const Status met = c.barrier();
-          if (e.empty() && !met.ok()) e = met.to_string();
-          return e;
-        });
-        EXPECT_EQ(err, "");
+        for (bool counted : {true, false}) {
+          SCOPED_TRACE(std::to_string(ep) + " ranks, " + kind + ", " +
+                       std::string(dtype_name(act)) + (counted ? ", counted" : ", whole blocks"));
+          const testing::EpRouting R = testing::make_routing(ep, kind, 7u + ep);
+          auto comms = make_in_process_communicators(ep);
+          const int64_t bytes = ep * R.capacity() * R.hidden * 4;
+          const std::string err = on_ranks(ep, [&](int r) -> std::string {
+            auto dev = cuda::CudaDevice::create(0);
+            if (!dev.ok()) return dev.status().to_string();
+            Communicator& c = *comms[static_cast<size_t>(r)];
+            Status st = init_in_process_device(c, 0, bytes);
+            if (!st.ok()) return st.to_string();
+            DeviceMem m;
+            ops::Context ctx{Device::cuda(0), &(*dev)->launch_ctx()};
+            // Work on the stream before its first collective (tests/cuda/test_tp_cuda.cpp says
+            // why).
+            void* warm = m.alloc(16);
+            cudaMemsetAsync(warm, 0, 16, (*dev)->launch_ctx().stream);
+            std::string e = testing::ep_round_trip(
+                ctx, c, R, act, [&](int64_t b) { return m.alloc(b); }, counted);
+            const Status met = c.barrier();
+            if (e.empty() && !met.ok()) e = met.to_string();
+            return e;
+          });
+          EXPECT_EQ(err, "");
+        }
       }
     }
   }

@@ -34,7 +34,9 @@ struct EpRouting {
 };
 
 // kind: "uneven" (random experts), "full" (every row to rank 0's experts: the capacity exactly
-// reached when El >= k), "empty" (the last rank has no tokens, no row goes to rank 1).
+// reached when El >= k), "empty" (the last rank has no tokens, no row goes to rank 1), "skewed"
+// (rank 0 has no tokens and every row goes to the last rank's experts: every other rank
+// receives nothing).
 inline EpRouting make_routing(int ep, const std::string& kind, uint32_t seed) {
   EpRouting r;
   r.ep = ep;
@@ -43,6 +45,7 @@ inline EpRouting make_routing(int ep, const std::string& kind, uint32_t seed) {
     for (int s = 0; s < ep; ++s) r.tokens[static_cast<size_t>(s)] = 1 + (s * 3 + seed) % r.per;
   }
   if (kind == "empty") r.tokens[static_cast<size_t>(ep - 1)] = 0;
+  if (kind == "skewed") r.tokens[0] = 0;
   const int64_t E = ep * r.experts_per_rank;
   std::mt19937 rng(seed);
   for (int s = 0; s < ep; ++s) {
@@ -53,6 +56,7 @@ inline EpRouting make_routing(int ep, const std::string& kind, uint32_t seed) {
         const int32_t owner = e / static_cast<int32_t>(r.experts_per_rank);
         if (kind == "full" && owner != 0) continue;
         if (kind == "empty" && owner == 1) continue;
+        if (kind == "skewed" && owner != ep - 1) continue;
         pool.push_back(e);
       }
       std::shuffle(pool.begin(), pool.end(), rng);
@@ -69,9 +73,11 @@ inline float ep_x(int s, int64_t t, int64_t i) {
 }
 
 // The round trip on rank `me` of `group`, its buffers allocated with `alloc(bytes)` on ctx's
-// device and copied with ops::upload / download. act: f32 or bf16. "" on success.
+// device and copied with ops::upload / download. act: f32 or bf16. counted: EpExchange::counted
+// (only the routed rows move) or whole blocks. "" on success.
 inline std::string ep_round_trip(ops::Context& ctx, Communicator& group, const EpRouting& R,
-                                 DType act, const std::function<void*(int64_t)>& alloc) {
+                                 DType act, const std::function<void*(int64_t)>& alloc,
+                                 bool counted = true) {
   const int me = group.rank(), ep = R.ep;
   const int64_t El = R.experts_per_rank, E = ep * El, k = R.k, H = R.hidden, C = R.capacity();
   const int64_t mc = R.tokens[static_cast<size_t>(me)], rows = mc * k;
@@ -94,6 +100,7 @@ inline std::string ep_round_trip(ops::Context& ctx, Communicator& group, const E
   ex.ep = ep;
   ex.experts_per_rank = El;
   ex.capacity = C;
+  ex.counted = counted;
   ex.send_x = tensor(act, ep * C, H);
   ex.recv_x = tensor(act, ep * C, H);
   ex.offsets = tensor(DType::kI32, 1, El + 1);

@@ -1,6 +1,7 @@
 // The fixed-capacity expert-parallel exchange's index plans and row gather on the CPU (the
 // semantics: backends/moe_params.h, MoeEpSendPlanParams / MoeEpRecvPlanParams / GatherRowsParams);
 // the twins of backends/cuda/kernels/moe_ep.cu.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -22,6 +23,7 @@ Status moe_ep_send_plan(const MoeEpSendPlanParams& p) {
       st = errorf(StatusCode::kOutOfRange,
                   "moe_ep_send_plan: {} rows for rank {} exceed the capacity of {}", rows, d, C);
     }
+    if (p.rows != nullptr) p.rows[d] = static_cast<int32_t>(std::min(rows, C));
     for (int64_t e = 0; e < El; ++e) {
       p.counts[d * El + e] =
           p.offsets != nullptr ? p.offsets[d * El + e + 1] - p.offsets[d * El + e] : 0;
@@ -59,6 +61,7 @@ Status moe_ep_recv_plan(const MoeEpRecvPlanParams& p) {
       cnt[static_cast<size_t>(s * El + e)] = static_cast<int32_t>(c);
       left -= c;
     }
+    if (p.rows != nullptr) p.rows[s] = static_cast<int32_t>(C - left);
   }
   p.offsets[0] = 0;
   for (int64_t e = 0; e < El; ++e) {
@@ -95,7 +98,7 @@ Status gather_rows(const GatherRowsParams& p) {
     const int64_t r = p.map[i];
     if (r >= 0 && r < p.src_rows) {
       std::memcpy(d, static_cast<const char*>(p.src) + r * p.row_bytes, bytes);
-    } else {
+    } else if (p.zero_unmapped) {
       std::memset(d, 0, bytes);
     }
   }

@@ -127,6 +127,22 @@ Status oneshot(const LaunchCtx& ctx, const OneShotParams& p, bool gather);
 // Same epochs and flags; every rank's whole input must fit half its staging buffer. CPU twin:
 // the in-process communicator's host all_to_all.
 Status oneshot_all_to_all(const LaunchCtx& ctx, const OneShotParams& p, int64_t bytes);
+// The counted all-to-all of a fixed-capacity exchange (Communicator::all_to_all_rows): p.in and
+// p.out are n_ranks blocks of `capacity` rows of row_bytes bytes (a multiple of 4); only the
+// first send_rows[r] rows of input block r go to rank r, landing as the first rows of its
+// output block p.rank, and output block q receives recv_rows[q] rows (rank q's
+// send_rows[p.rank]; every count cut to [0, capacity]). The counts are device arrays read by
+// the kernel, so the launch (grid, addresses) does not depend on them and a captured graph
+// replays with new counts; the rest of p.out is left alone. Rows to this rank are copied from
+// p.in directly (not staged). Same epochs, flags and staging fit as oneshot_all_to_all.
+struct OneShotRowsParams {
+  int64_t row_bytes = 0;
+  int64_t capacity = 0;
+  const int32_t* send_rows = nullptr;  // device [n_ranks]
+  const int32_t* recv_rows = nullptr;  // device [n_ranks]
+};
+Status oneshot_all_to_all_rows(const LaunchCtx& ctx, const OneShotParams& p,
+                               const OneShotRowsParams& r);
 // The all-reduce of a row-parallel layer's f32 partial sums fused with what follows it
 // (TensorRT-LLM's and FlashInfer's all-reduce + residual + RMSNorm fusion): per row r,
 //   y = sum over ranks of y[r, :] (rank order, f32)  (+ bias)

@@ -34,6 +34,12 @@ __global__ void moe_ep_send_plan_kernel(const MoeEpSendPlanParams p) {
     const int64_t rows = p.offsets != nullptr ? p.offsets[(d + 1) * El] - first : 0;
     p.send_map[j] = i < rows ? static_cast<int32_t>(first + i) : -1;
   }
+  if (p.rows != nullptr) {
+    for (int64_t d = t0; d < ep; d += stride) {
+      const int64_t rows = p.offsets != nullptr ? p.offsets[(d + 1) * El] - p.offsets[d * El] : 0;
+      p.rows[d] = static_cast<int32_t>(rows < C ? rows : C);
+    }
+  }
   for (int64_t r = t0; r < p.n_rows; r += stride) {
     int32_t v = -1;
     for (int64_t d = 0; d < ep; ++d) {
@@ -67,6 +73,7 @@ __global__ void __launch_bounds__(kPlanThreads)
       left -= c;
     }
     prefix[s * (El + 1) + El] = static_cast<int32_t>(acc);
+    if (p.rows != nullptr) p.rows[s] = static_cast<int32_t>(acc);
   }
   __syncthreads();
   for (int e = tid; e < El; e += blockDim.x) {
@@ -117,7 +124,7 @@ __global__ void __launch_bounds__(kGatherThreads) gather_rows_kernel(const Gathe
   if (r >= 0 && r < p.src_rows) {
     const V* s = reinterpret_cast<const V*>(static_cast<const char*>(p.src) + r * p.row_bytes);
     for (int64_t c = threadIdx.x; c < n; c += blockDim.x) d[c] = s[c];
-  } else {
+  } else if (p.zero_unmapped) {
     for (int64_t c = threadIdx.x; c < n; c += blockDim.x) d[c] = V{};
   }
 }

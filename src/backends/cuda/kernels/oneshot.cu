@@ -192,6 +192,89 @@ __global__ void __launch_bounds__(kThreads) oneshot_all_to_all_kernel(const OneS
   publish_epoch(p, nb, epoch);
 }
 
+// The counted all-to-all (oneshot_all_to_all_rows): the rows of source q for destination d are
+// split into gridDim.x equal chunks of loads, and block b stages (sender) and reads (receiver)
+// chunk b of every peer's rows: both sides compute the chunk from the same count (the sender's
+// send_rows[d] is the receiver's recv_rows[q]), so block b's flag covers exactly what block b of
+// the reader takes, whatever the routing, and every block has work when any peer has rows. A
+// thread keeps kRowsUnroll loads in flight (a read across NVLink is latency-bound otherwise).
+constexpr int kRowsUnroll = 8;
+
+template <bool kCg, class Load>
+__device__ __forceinline__ void copy_loads(Load* dst, const Load* src, int64_t i0, int64_t i1) {
+  constexpr int64_t kStep = kThreads;
+  int64_t i = i0 + threadIdx.x;
+  for (; i + (kRowsUnroll - 1) * kStep < i1; i += kRowsUnroll * kStep) {
+    Load v[kRowsUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowsUnroll; ++u) {
+      if constexpr (kCg) {
+        v[u] = __ldcg(src + i + u * kStep);
+      } else {
+        v[u] = src[i + u * kStep];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsUnroll; ++u) dst[i + u * kStep] = v[u];
+  }
+  for (; i < i1; i += kStep) {
+    if constexpr (kCg) {
+      dst[i] = __ldcg(src + i);
+    } else {
+      dst[i] = src[i];
+    }
+  }
+}
+
+// Chunk b of nb of n loads: [i0, i1).
+__device__ __forceinline__ void chunk_of(int64_t n, int b, int nb, int64_t& i0, int64_t& i1) {
+  const int64_t per = (n + nb - 1) / nb;
+  i0 = std::min<int64_t>(per * b, n);
+  i1 = std::min<int64_t>(i0 + per, n);
+}
+
+__device__ __forceinline__ int64_t rows_of(const int32_t* rows, int q, int64_t capacity) {
+  const int64_t n = rows[q];
+  return n < 0 ? 0 : (n > capacity ? capacity : n);
+}
+
+template <bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    oneshot_all_to_all_rows_kernel(const OneShotParams p, const OneShotRowsParams r) {
+  using Load = std::conditional_t<kVec, uint4, uint32_t>;
+  const int b = static_cast<int>(blockIdx.x);
+  const int nb = static_cast<int>(gridDim.x);
+  const uint32_t epoch = *p.epoch + 1;
+  const int64_t off = static_cast<int64_t>(epoch & 1u) * (p.staging_bytes / 2);
+  const int64_t row = r.row_bytes / static_cast<int64_t>(sizeof(Load));  // loads per row
+  const int64_t block = row * r.capacity;                                // loads per block
+  Load* mine = reinterpret_cast<Load*>(static_cast<char*>(p.staging[p.rank]) + off);
+  const Load* in = static_cast<const Load*>(p.in);
+  Load* out = static_cast<Load*>(p.out);
+  int64_t i0 = 0, i1 = 0;
+  // 1. stage chunk b of the rows for every peer (the rows to this rank skip the staging)
+  for (int q = 0; q < p.n_ranks; ++q) {
+    if (q == p.rank) continue;
+    chunk_of(rows_of(r.send_rows, q, r.capacity) * row, b, nb, i0, i1);
+    copy_loads<false>(mine + q * block, in + q * block, i0, i1);
+  }
+  __syncthreads();
+  arrive_and_wait(p, b, epoch);
+  // 4. chunk b of every source's rows for this rank (L1 bypassed, as oneshot_kernel)
+  for (int q = 0; q < p.n_ranks; ++q) {
+    chunk_of(rows_of(r.recv_rows, q, r.capacity) * row, b, nb, i0, i1);
+    if (q == p.rank) {
+      copy_loads<false>(out + q * block, in + q * block, i0, i1);
+    } else {
+      const Load* src =
+          reinterpret_cast<const Load*>(static_cast<const char*>(p.staging[q]) + off) +
+          p.rank * block;
+      copy_loads<true>(out + q * block, src, i0, i1);
+    }
+  }
+  publish_epoch(p, nb, epoch);
+}
+
 template <class T>
 void launch_oneshot(const LaunchCtx& ctx, const OneShotParams& p, bool gather, bool vec,
                     dim3 grid) {
@@ -340,6 +423,8 @@ Status oneshot_preload() {
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_kernel<uint16_t, true, true>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_all_to_all_kernel<false>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_all_to_all_kernel<true>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_all_to_all_rows_kernel<false>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_all_to_all_rows_kernel<true>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<float, false>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<float, true>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__half, false>));
@@ -411,6 +496,37 @@ Status oneshot_all_to_all(const LaunchCtx& ctx, const OneShotParams& p, int64_t 
     oneshot_all_to_all_kernel<false><<<grid, kThreads, 0, ctx.stream>>>(q);
   }
   return kernel_launch_status("oneshot_all_to_all_kernel");
+}
+
+Status oneshot_all_to_all_rows(const LaunchCtx& ctx, const OneShotParams& p,
+                               const OneShotRowsParams& r) {
+  constexpr const char* kOp = "oneshot_all_to_all_rows";
+  if (p.n_ranks < 1 || p.n_ranks > kOneShotMaxRanks || p.rank < 0 || p.rank >= p.n_ranks ||
+      r.row_bytes < 0 || r.capacity < 0 || p.staging == nullptr || p.flags == nullptr ||
+      p.epoch == nullptr || p.done == nullptr || p.error == nullptr) {
+    return invalid_argument(kOp, "bad rank, size or registration");
+  }
+  if (r.row_bytes % 4 != 0) return invalid_argument(kOp, "row bytes must be a multiple of 4");
+  const int64_t total = r.row_bytes * r.capacity * p.n_ranks;
+  if (total > p.staging_bytes / 2) {
+    return invalid_argument(
+        kOp, "message of " + std::to_string(total) + " bytes exceeds half the staging buffer");
+  }
+  if (total == 0) return ok_status();
+  if (p.in == nullptr || p.out == nullptr || r.send_rows == nullptr || r.recv_rows == nullptr) {
+    return invalid_argument(kOp, "null in, out or row counts");
+  }
+  auto aligned = [](const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15u) == 0; };
+  const bool vec =
+      r.row_bytes % 16 == 0 && aligned(p.in) && aligned(p.out) && (p.staging_bytes / 2) % 16 == 0;
+  // The grid is a function of the capacity (the same on every rank, and at every replay).
+  const dim3 grid(static_cast<unsigned>(oneshot_blocks(total)));
+  if (vec) {
+    oneshot_all_to_all_rows_kernel<true><<<grid, kThreads, 0, ctx.stream>>>(p, r);
+  } else {
+    oneshot_all_to_all_rows_kernel<false><<<grid, kThreads, 0, ctx.stream>>>(p, r);
+  }
+  return kernel_launch_status("oneshot_all_to_all_rows_kernel");
 }
 
 }  // namespace strata::cuda
