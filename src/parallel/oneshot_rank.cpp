@@ -249,6 +249,9 @@ class IpcOneShotCommunicator final : public Communicator {
       STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(v_.flags_table, flags_.data(),
                                              static_cast<size_t>(n) * sizeof(void*),
                                              cudaMemcpyHostToDevice));
+      // A copy from pageable memory may return before it lands, and the collectives run on
+      // non-blocking streams, which do not wait for the default stream: wait here.
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
       return ok_status();
     }();
     // Everyone has mapped everything before the first collective.
