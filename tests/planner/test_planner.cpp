@@ -314,6 +314,9 @@ std::vector<Prediction> predict(const json& data, const HardwareProfile& hw) {
     l.tp = c.value("tp", int64_t{1});
     l.pp = c.value("pp", int64_t{1});
     l.ep = c.value("ep", int64_t{1});
+    if (c.value("residency", std::string("device")) == "host") {
+      l.residency = WeightResidency::kHostStreamed;
+    }
     Prediction p;
     p.id = c["id"];
     p.measured = c["measured"];
@@ -365,6 +368,26 @@ TEST(H100Validation, PredictionErrorAgainstMeasurements) {
   const auto [mean, worst] = print_errors(preds);
   EXPECT_LE(mean, 0.10);
   EXPECT_LE(worst, 0.20);
+}
+
+// The one-H100 set of scripts/gpu_plan_set.sh (22 configurations: decode at KV 256 and 2,048 up
+// to batch 256, prefill of 128 to 16,384 tokens, int8 and fp8, a 34B model streamed from host
+// memory) against the profile plan --calibrate wrote in the same job.
+TEST(H100Validation, CalibratedSetPredictionError) {
+  const json data = read_json("h100_planset.json");
+  const HardwareProfile hw =
+      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  const auto preds = predict(data, hw);
+  ASSERT_EQ(preds.size(), data["count"].get<size_t>());
+  ASSERT_GE(preds.size(), 20u);
+  const auto [mean, worst] = print_errors(preds);
+  // Issue 14's goals: mean <= 10% (9.0% on 2026-11-26), max <= 20%: not met. The worst are the
+  // 8-bit prefills (int8 -38.5%, fp8 -27.7%) and int8 decode at batch 64 (+22.4%): the probe
+  // times cuda::linear into f32 outputs, where the engine's gate/up GEMM writes bf16 and its
+  // scratch path (backends/cuda/linear.cpp) cuts 2,048 tokens into ~200-token slices that the
+  // 32 MiB workspace holds. This bound guards today's state.
+  EXPECT_LE(mean, 0.10);
+  EXPECT_LE(worst, 0.40);
 }
 
 // ---- strata on two H200s: tensor, pipeline and expert layouts ------------------------------
