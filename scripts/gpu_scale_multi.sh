@@ -9,6 +9,8 @@
 #   pptp  Llama-3-70B shape, offline throughput through the serving engine (512 in / 128 out,
 #         up to 128 sequences running): TP = N, TP = 2 x PP = N/2, PP = N, with the bubble
 #   fetch partitioned weight fetch across all GPUs (scripts/gpu_partitioned_fetch.sh, DP = N)
+#   counted (not in the default set) the counted expert exchange: EP tests, the all-to-all bench
+#         per transport, EP = N and TP = 2 x EP = N/2 decode, EP = N with whole blocks (A/B)
 #   recheck (not in the default set) the runs that stopped on 4 x H200 (2026-11-26), after their
 #         fixes: TP = 2 x PP = N/2 throughput (StageGate), TP = 2 x EP = N/2 and EP = N decode at
 #         batch 1 / 8 / 64 (branch epnccl: NCCL expert groups, the first-use barrier)
@@ -57,6 +59,28 @@ if has moe; then
         --batch 1,8,64 --ctx 256 -r 5 --json "$OUT/moe/${m}_$name.json"
     done
   done
+fi
+
+if has counted; then
+  # The counted expert exchange (only the routed rows move; whole blocks before): the
+  # all-to-all bench for each transport, the EP tests repeated, EP decode counted vs whole blocks.
+  step counted tests 200 "$BUILD/tests/test_cuda" --gtest_filter='EpFixedCuda.*:EpCuda.*:Layouts/EpFixedGraphCuda.*' \
+    --gtest_repeat=3
+  for t in counted oneshot nccl; do
+    step counted "a2a_$t" 100 "$BUILD/bench/bench_moe_all_to_all" --device cuda --ranks "$N" \
+      --transport "$t" --iters 50
+  done
+  for m in mixtral-8x7b qwen3-30b-a3b; do
+    for cfg in "ep$N:--ep $N" "tp2_ep$H:--tp 2 --ep $H"; do
+      name=${cfg%%:*}; args=${cfg#*:}
+      # shellcheck disable=SC2086
+      step counted "${m}_$name" 100 "$BUILD/strata" bench --device cuda --model-config "$m" $args \
+        --batch 1,8,64 --ctx 256 -r 5 --json "$OUT/counted/${m}_$name.json"
+    done
+  done
+  step counted "mixtral-8x7b_ep${N}_whole" 100 env STRATA_MOE_EP_NO_COUNTED=1 "$BUILD/strata" bench \
+    --device cuda --model-config mixtral-8x7b --ep "$N" --batch 1,8,64 --ctx 256 -r 5 \
+    --json "$OUT/counted/mixtral-8x7b_ep${N}_whole.json"
 fi
 
 if has plan; then
