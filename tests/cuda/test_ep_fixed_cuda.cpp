@@ -463,9 +463,32 @@ TEST(EpFixedCuda, CountedGraphMatchesWholeBlocksAcrossRoutings) {
         const std::vector<float> want =
             download(static_cast<const float*>(x_perm.data), static_cast<size_t>(T * k * H));
         const std::string at = "round " + std::to_string(round) + ": ";
-        if (got[0] != want) st = Status(StatusCode::kInternal, at + "counted rows came back wrong");
-        if (st.ok() && got[1] != want) {
-          st = Status(StatusCode::kInternal, at + "whole-block rows came back wrong");
+        // Which rows differ, and how (a failure names the first and counts them all).
+        auto diff = [&](const std::vector<float>& g) {
+          int64_t bad = 0, first = -1;
+          for (int64_t i = 0; i < T * k; ++i) {
+            for (int64_t j = 0; j < H; ++j) {
+              if (g[static_cast<size_t>(i * H + j)] != want[static_cast<size_t>(i * H + j)]) {
+                if (first < 0) first = i;
+                ++bad;
+                break;
+              }
+            }
+          }
+          if (first < 0) return std::string();
+          return std::to_string(bad) + " of " + std::to_string(T * k) + " rows, first " +
+                 std::to_string(first) + " (got " +
+                 std::to_string(g[static_cast<size_t>(first * H)]) + ", want " +
+                 std::to_string(want[static_cast<size_t>(first * H)]) + ")";
+        };
+        const std::string d0 = diff(got[0]), d1 = diff(got[1]);
+        if (!d0.empty())
+          st = Status(StatusCode::kInternal, at + "counted rows came back wrong: " + d0);
+        if (st.ok() && !d1.empty()) {
+          st = Status(StatusCode::kInternal,
+                      at + "whole-block rows came back wrong: " + d1 +
+                          (off[0] != off[1] ? "; offsets differ" : "") +
+                          (grouped[0] != grouped[1] ? "; grouped rows differ" : ""));
         }
         if (st.ok() && (off[0] != off[1] || grouped[0] != grouped[1])) {
           st = Status(StatusCode::kInternal, at + "counted and whole-block grouping differ");
