@@ -84,6 +84,12 @@ class DeviceRuntime {
   virtual Result<Buffer> allocate_staging(size_t bytes) = 0;  // host memory for transfers
   virtual Result<DeviceMemoryInfo> memory_info() const = 0;
   virtual Status make_current() = 0;  // before launching from a new host thread
+  // CUDA: grows the GEMM library's workspace to at least `bytes` (no-op elsewhere, and once a
+  // graph was captured: graphs hold the workspace's address).
+  virtual Status reserve_linear_workspace(size_t bytes) {
+    (void)bytes;
+    return ok_status();
+  }
   // CUDA: cuda::LaunchCtx::first_use_barrier for this runtime's device (no-op elsewhere).
   virtual void set_plan_barrier(std::function<bool()>) {}
   // The copier for weight streaming with `slots` device slots and `staging` staging buffers.

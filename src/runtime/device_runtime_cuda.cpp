@@ -307,6 +307,10 @@ class CudaRuntime final : public DeviceRuntime {
   void set_plan_barrier(std::function<bool()> f) override {
     dev_->set_first_use_barrier(std::move(f));
   }
+  Status reserve_linear_workspace(size_t bytes) override {
+    if (graph_captures() > 0) return ok_status();
+    return dev_->reserve_workspace(bytes);
+  }
   ~CudaRuntime() override {
     if (dev_) (void)dev_->make_current();
     profiler_.reset();

@@ -329,6 +329,21 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
   const ModelConfig& c = m.config();
   const int64_t T = o.max_num_tokens, S = o.max_num_seqs, R = o.max_logit_rows;
   const int64_t max_blocks = (o.max_model_len + o.block_size - 1) / o.block_size;
+  // 8-bit weights: cuBLASLt's A8W8 / fp8 GEMMs quantize x per token into the GEMM workspace, with
+  // an f32 / int32 D there too when the output is bf16 (backends/cuda/linear.cpp, via_scratch),
+  // and cut the tokens into slices that fit. The default 32 MiB held ~200 tokens of the gate/up
+  // GEMM of Llama-3-8B (D 28,672 f32 a token): a 2,048-token prefill ran as ten 200-token GEMMs.
+  // Room for 1,024 tokens of the widest layer GEMM, three quarters of the workspace (cuBLASLt
+  // keeps a quarter).
+  if (m.weight_dtype() == DType::kI8 || m.weight_dtype() == DType::kFP8E4M3) {
+    const int64_t out = std::max({2 * m.ffn_local(), m.qkv_dim(), c.hidden});
+    const int64_t in = std::max({c.hidden, m.ffn_local(), m.n_heads_local() * c.head_dim});
+    const int64_t per_token = 4 * ((out + 3) / 4 * 4) + (in + 15) / 16 * 16 + 4;
+    const int64_t scratch = std::min<int64_t>(T, 1024) * per_token + 4 * 256;
+    STRATA_RETURN_IF_ERROR(
+        rt.reserve_linear_workspace(static_cast<size_t>(scratch / 3 * 4 + (int64_t{1} << 20)))
+            .with_context("GEMM workspace"));
+  }
   // Workspace.
   WorkspaceLimits wl;
   wl.max_tokens = T;

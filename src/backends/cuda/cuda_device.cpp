@@ -80,6 +80,19 @@ CudaDevice::~CudaDevice() {
   (void)cudaGetLastError();
 }
 
+Status CudaDevice::reserve_workspace(size_t bytes) {
+  if (bytes <= ctx_.workspace_bytes) return ok_status();
+  STRATA_RETURN_IF_ERROR(make_current());
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx_.stream));
+  void* p = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+  if (ctx_.workspace != nullptr) STRATA_CUDA_RETURN_IF_ERROR(cudaFree(ctx_.workspace));
+  ctx_.workspace = p;
+  ctx_.workspace_bytes = bytes;
+  log_debug("cuda:{}: workspace grown to {} bytes", ctx_.device_index, bytes);
+  return ok_status();
+}
+
 Status CudaDevice::make_current() const {
   STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ctx_.device_index));
   return ok_status();

@@ -46,6 +46,9 @@ class CudaDevice final : public DeviceBackend {
   int index() const { return ctx_.device_index; }
   // Makes this device current on the calling thread (each host thread must, before launching).
   Status make_current() const;
+  // Grows the cuBLASLt workspace (LaunchCtx::workspace) to at least `bytes`: drains the stream and
+  // reallocates. Call before anything captures the workspace's address in a CUDA graph.
+  Status reserve_workspace(size_t bytes);
   // LaunchCtx::first_use_barrier (empty: none).
   void set_first_use_barrier(std::function<bool()> f) {
     first_use_barrier_ = std::move(f);
