@@ -136,10 +136,11 @@ class ModelRunner final : public Executor {
   Workspace ws_;
   std::unique_ptr<StepPacker> packer_;
   PackedStep step_;
-  Buffer host_logits_, host_ids_;             // staging for the results (pinned on a GPU)
-  Buffer host_hidden_;                        // a pipeline stage's hidden states in transit (GPU)
-  double wait_seconds_ = 0.0;                 // time blocked receiving them
-  std::optional<ResidencyPlan> plan_;         // weight streaming asked for
+  AttnBatchPlan attn_plan_;            // batch-sharded attention: this step's owners and my runs
+  Buffer host_logits_, host_ids_;      // staging for the results (pinned on a GPU)
+  Buffer host_hidden_;                 // a pipeline stage's hidden states in transit (GPU)
+  double wait_seconds_ = 0.0;          // time blocked receiving them
+  std::optional<ResidencyPlan> plan_;  // weight streaming asked for
   std::unique_ptr<WeightStreamer> streamer_;  // some layers streamed
   Buffer kv_host_;                            // KV offload's host pool (pinned on a GPU)
   int64_t kv_host_blocks_ = 0;
@@ -235,6 +236,18 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
                     "--ffn-layout 2d: tensor-parallel rank {} needs its X and Y groups "
                     "(split_ffn_groups)",
                     par.tp_rank);
+    }
+  }
+  if (par.attn_layout != AttnLayout::kHeadSharded) {
+    if (options.device.is_cuda() || options.act_dtype != DType::kF32) {
+      return Status(StatusCode::kUnimplemented,
+                    "--attn-layout batch-sharded runs on the CPU reference (f32 activations) only; "
+                    "the device layout (CUDA, bf16) is not built for it yet");
+    }
+    if (comm.size() != par.tp_size || comm.rank() != par.tp_rank) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "--attn-layout batch-sharded: tensor-parallel rank {} of {} needs its group",
+                    par.tp_rank, par.tp_size);
     }
   }
   std::unique_ptr<ModelRunner> r(new ModelRunner(comm, pipeline, expert));
@@ -372,7 +385,7 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
   kc.first_layer = par.first_layer;  // a pipeline stage holds its own layers' K and V
   kc.n_layers = par.stage_end(c.n_layers) - par.first_layer;
   kc.block_size = o.block_size;
-  kc.n_heads_kv = m.n_heads_kv_local();
+  kc.n_heads_kv = m.n_heads_kv_cache();
   kc.head_dim = c.head_dim;
   kc.dtype = o.act_dtype;
   int64_t n_blocks = o.num_kv_blocks;
@@ -447,6 +460,11 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
   args.ffn_x_comm = opt_.ffn_x_group;
   args.ffn_y_comm = opt_.ffn_y_group;
   args.moe_route_trace = opt_.moe_route_trace;
+  if (par.attn_layout == AttnLayout::kBatchSharded) {
+    // The step's arrays are host memory: the layout runs on the CPU only (create()).
+    STRATA_RETURN_IF_ERROR(plan_batch_sharded_attention(step_.args, par, &attn_plan_));
+    args.attn_batch = &attn_plan_;
+  }
   rt.begin_step(step_.args.max_q_len == 1);
   STRATA_RETURN_IF_ERROR(
       rt.run(step_.graph, step_.graph_key, [&] { return model_->forward(args); }));
@@ -644,6 +662,16 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
                     cfg.parallel.ffn_layout);
     }
   }
+  if (cfg.parallel.attn_layout != "head-sharded") {
+    ParallelConfig probe;
+    STRATA_RETURN_IF_ERROR(apply_attn_layout(cfg.parallel, &probe));
+    if (probe.attn_layout != AttnLayout::kHeadSharded && (cuda || pp > 1 || ep > 1 || dp > 1)) {
+      return errorf(StatusCode::kUnimplemented,
+                    "--attn-layout {} is built for the CPU with --tensor-parallel-size only (not "
+                    "with --device cuda, --pp, --ep or --dp yet)",
+                    cfg.parallel.attn_layout);
+    }
+  }
   if (cfg.parallel.pp_micro_batch < 1) {
     return errorf(StatusCode::kInvalidArgument, "--pp-micro-batch must be >= 1");
   }
@@ -693,7 +721,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     KvPoolConfig kc;
     kc.n_layers = config.n_layers;
     kc.block_size = eo.block_size;
-    kc.n_heads_kv = loaded.model ? loaded.model->n_heads_kv_local() : config.n_heads_kv;
+    kc.n_heads_kv = loaded.model ? loaded.model->n_heads_kv_cache() : config.n_heads_kv;
     kc.head_dim = config.head_dim;
     kc.dtype = DType::kF32;
     int64_t n_blocks = eo.cpu_blocks;
