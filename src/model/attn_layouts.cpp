@@ -5,7 +5,8 @@
 //
 // Head-sharded (1D) attention replicates the KV cache when KV < N: every rank holding a copy of
 // KV head g stores it for every sequence. Here a sequence's KV cache lives on one rank only, its
-// owner (ParallelConfig::attn_owner: its first KV block mod N), with all KV heads, and
+// owner (ParallelConfig::attn_owner of its first KV block when it starts, remembered by the
+// runner across swaps: runtime/executor.cpp), with all KV heads, and
 //   qkv   = h Wqkv[heads_r]^T (+ b)              as 1D: [n, (hq + 2 hkv) D], head-sharded
 //   recv  = all_to_all_v(qkv rows by owner)      [N n_r, (hq + 2 hkv) D]: rank s's head shard
 //                                                of my n_r tokens (block s)
@@ -32,11 +33,14 @@
 namespace strata {
 
 Status plan_batch_sharded_attention(const ops::StepArgs& st, const ParallelConfig& par,
-                                    AttnBatchPlan* p) {
+                                    std::span<const int> owner, AttnBatchPlan* p) {
   const int N = par.tp_size, me = par.tp_rank;
   const int64_t mb = st.max_blocks_per_seq;
   if (st.n_seqs > 0 && (mb < 1 || st.block_tables == nullptr || st.cu_q == nullptr)) {
     return Status(StatusCode::kInvalidArgument, "batch-sharded attention: a step without blocks");
+  }
+  if (static_cast<int64_t>(owner.size()) != st.n_seqs) {
+    return Status(StatusCode::kInvalidArgument, "batch-sharded attention: one owner per run");
   }
   p->rows_of_rank.assign(static_cast<size_t>(N), 0);
   p->runs.clear();
@@ -46,10 +50,10 @@ Status plan_batch_sharded_attention(const ops::StepArgs& st, const ParallelConfi
   p->kv_len.clear();
   p->block_tables.clear();
   p->cu_q.assign(1, 0);
-  std::vector<int> owner(static_cast<size_t>(st.n_seqs));
   for (int64_t s = 0; s < st.n_seqs; ++s) {
-    const int o = par.attn_owner(st.block_tables[s * mb]);
-    owner[static_cast<size_t>(s)] = o;
+    const int o = owner[static_cast<size_t>(s)];
+    if (o < 0 || o >= N)
+      return errorf(StatusCode::kInternal, "batch-sharded attention: owner {}", o);
     p->rows_of_rank[static_cast<size_t>(o)] += st.cu_q[s + 1] - st.cu_q[s];
   }
   for (int d = 0; d < N; ++d) {

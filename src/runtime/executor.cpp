@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "core/env.h"
@@ -42,11 +43,22 @@ class ModelRunner final : public Executor {
   size_t block_bytes() const override { return kv_->config().block_bytes(); }
   Status copy_block_to_host(int32_t block, void* host) override {
     STRATA_RETURN_IF_ERROR(runtime_->make_current());
-    return kv_->copy_block_to_host(runtime_->ctx(), block, host);
+    STRATA_RETURN_IF_ERROR(kv_->copy_block_to_host(runtime_->ctx(), block, host));
+    // Batch-sharded attention: a first block's owner travels with its host slot.
+    auto it = attn_home_.find(block);
+    if (it != attn_home_.end()) {
+      attn_swapped_[host] = it->second;
+    } else {
+      attn_swapped_.erase(host);
+    }
+    return ok_status();
   }
   Status copy_block_from_host(int32_t block, const void* host) override {
     STRATA_RETURN_IF_ERROR(runtime_->make_current());
-    return kv_->copy_block_from_host(runtime_->ctx(), block, host);
+    STRATA_RETURN_IF_ERROR(kv_->copy_block_from_host(runtime_->ctx(), block, host));
+    auto it = attn_swapped_.find(host);
+    if (it != attn_swapped_.end()) attn_home_[block] = it->second;
+    return ok_status();
   }
   Status kv_offload_enable(int64_t host_blocks) override;
   Status kv_offload_load(std::span<const int32_t> device_blocks,
@@ -136,11 +148,18 @@ class ModelRunner final : public Executor {
   Workspace ws_;
   std::unique_ptr<StepPacker> packer_;
   PackedStep step_;
-  AttnBatchPlan attn_plan_;            // batch-sharded attention: this step's owners and my runs
-  Buffer host_logits_, host_ids_;      // staging for the results (pinned on a GPU)
-  Buffer host_hidden_;                 // a pipeline stage's hidden states in transit (GPU)
-  double wait_seconds_ = 0.0;          // time blocked receiving them
-  std::optional<ResidencyPlan> plan_;  // weight streaming asked for
+  // Batch-sharded attention: this step's plan; the owner of each live sequence by its first
+  // block (set when its position 0 is in a step: ParallelConfig::attn_owner), and the owners of
+  // first blocks swapped out, by host slot. Every rank sees the same steps and swaps, so every
+  // rank keeps the same maps.
+  AttnBatchPlan attn_plan_;
+  std::vector<int> attn_owner_;
+  std::unordered_map<int32_t, int> attn_home_;
+  std::unordered_map<const void*, int> attn_swapped_;
+  Buffer host_logits_, host_ids_;             // staging for the results (pinned on a GPU)
+  Buffer host_hidden_;                        // a pipeline stage's hidden states in transit (GPU)
+  double wait_seconds_ = 0.0;                 // time blocked receiving them
+  std::optional<ResidencyPlan> plan_;         // weight streaming asked for
   std::unique_ptr<WeightStreamer> streamer_;  // some layers streamed
   Buffer kv_host_;                            // KV offload's host pool (pinned on a GPU)
   int64_t kv_host_blocks_ = 0;
@@ -462,7 +481,17 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
   args.moe_route_trace = opt_.moe_route_trace;
   if (par.attn_layout == AttnLayout::kBatchSharded) {
     // The step's arrays are host memory: the layout runs on the CPU only (create()).
-    STRATA_RETURN_IF_ERROR(plan_batch_sharded_attention(step_.args, par, &attn_plan_));
+    const ops::StepArgs& st = step_.args;
+    attn_owner_.resize(static_cast<size_t>(st.n_seqs));
+    for (int64_t s = 0; s < st.n_seqs; ++s) {
+      const int32_t first = st.block_tables[s * st.max_blocks_per_seq];
+      auto it = attn_home_.find(first);
+      if (st.token_pos[st.cu_q[s]] == 0 || it == attn_home_.end()) {
+        it = attn_home_.insert_or_assign(first, par.attn_owner(first)).first;
+      }
+      attn_owner_[static_cast<size_t>(s)] = it->second;
+    }
+    STRATA_RETURN_IF_ERROR(plan_batch_sharded_attention(st, par, attn_owner_, &attn_plan_));
     args.attn_batch = &attn_plan_;
   }
   rt.begin_step(step_.args.max_q_len == 1);

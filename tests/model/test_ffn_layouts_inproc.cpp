@@ -104,7 +104,8 @@ TEST(FfnLayoutInProcessErrors, NotBuiltYet) {
 // sequences of different lengths, a prefill step of all of them and greedy decode steps, within
 // 1e-5 of max |logit| and with the same greedy tokens: GQA (llama: 2 KV heads, fewer than 4
 // ranks) and MQA (qwen2, mistral: 1 KV head; mistral's sliding window), batches smaller than the
-// ranks and not a multiple of them, alone and with the FFN layouts.
+// ranks and not a multiple of them, alone and with the FFN layouts; and with every sequence
+// swapped out and back in under new blocks mid-decode (its KV stays on its rank).
 
 Result<std::unique_ptr<Executor>> make_attn(const std::string& dir, int tp, AttnLayout attn,
                                             FfnLayout ffn = FfnLayout::k1D,
@@ -126,6 +127,7 @@ struct AttnCase {
   int tp;
   FfnLayout ffn;
   int n_seqs;
+  int swap_step = -1;  // every sequence swapped out and back in under new blocks before it
 };
 
 class AttnLayoutInProcess : public ::testing::TestWithParam<AttnCase> {};
@@ -136,18 +138,18 @@ TEST_P(AttnLayoutInProcess, MatchesOneRank) {
   const auto prompts = testing::batch_prompts(c.n_seqs);
   auto one = make_attn(dir, 1, AttnLayout::kHeadSharded);
   ASSERT_TRUE(one.ok()) << one.status().to_string();
-  auto a = testing::run_batch_layout(**one, prompts, 4);
+  auto a = testing::run_batch_layout(**one, prompts, 4, {}, c.swap_step);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   auto many = make_attn(dir, c.tp, AttnLayout::kBatchSharded, c.ffn);
   ASSERT_TRUE(many.ok()) << many.status().to_string();
   EXPECT_EQ((*many)->cache().config().n_heads_kv, (*one)->config().n_heads_kv);
-  auto b = testing::run_batch_layout(**many, prompts, 4);
+  auto b = testing::run_batch_layout(**many, prompts, 4, {}, c.swap_step);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   const double err = testing::relative_error(b->logits, a->logits);
   std::printf(
-      "[ info ] %s TP=%d, %d sequences, --attn-layout batch-sharded --ffn-layout %s: %.2e of "
+      "[ info ] %s TP=%d, %d sequences%s, --attn-layout batch-sharded --ffn-layout %s: %.2e of "
       "max|logit| from TP=1\n",
-      c.model, c.tp, c.n_seqs, ffn_layout_name(c.ffn), err);
+      c.model, c.tp, c.n_seqs, c.swap_step >= 0 ? " (swapped)" : "", ffn_layout_name(c.ffn), err);
   EXPECT_LE(err, 1e-5);
   EXPECT_EQ(b->ids, a->ids);
 }
@@ -160,12 +162,15 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutInProcess,
                                            AttnCase{"llama", 4, FfnLayout::k2D, 6},
                                            AttnCase{"qwen2", 3, FfnLayout::k1D, 5},
                                            AttnCase{"mistral", 2, FfnLayout::k1D, 7},
-                                           AttnCase{"mistral", 2, FfnLayout::kWeightGathered, 1}),
+                                           AttnCase{"mistral", 2, FfnLayout::kWeightGathered, 1},
+                                           AttnCase{"llama", 4, FfnLayout::k1D, 7, 2},
+                                           AttnCase{"qwen2", 3, FfnLayout::k1D, 5, 2}),
                          [](const auto& info) {
                            std::string name = std::string(info.param.model) + "_tp" +
                                               std::to_string(info.param.tp) + "_" +
                                               ffn_layout_name(info.param.ffn) + "_" +
-                                              std::to_string(info.param.n_seqs) + "seqs";
+                                              std::to_string(info.param.n_seqs) + "seqs" +
+                                              (info.param.swap_step >= 0 ? "_swapped" : "");
                            for (char& ch : name) {
                              if (ch == '-') ch = '_';
                            }

@@ -53,10 +53,14 @@ inline Result<LayoutRun> run_layout(Executor& exec, const std::vector<int32_t>& 
 // sequence, sequence 0 sitting out the odd steps. logits: each sequence's last prompt row, then
 // each step's rows. Each sequence's first block is taken before any other (so the first blocks
 // are consecutive ids: batch-sharded attention spreads the sequences over the ranks).
-// `inspect` (if set) sees the sequences before their blocks are released.
+// `inspect` (if set) sees the sequences before their blocks are released. With swap_step >= 0,
+// every sequence is swapped out before that decode step (its blocks copied to host slots and
+// released) and back in under new blocks, the new first block's id differing from the old one's
+// mod 2 and mod 3 (so batch-sharded attention's first-block rule alone would move it to another
+// rank of 2, 3, 4, 6 or 8).
 inline Result<LayoutRun> run_batch_layout(
     Executor& exec, const std::vector<std::vector<int32_t>>& prompts, int steps,
-    const std::function<void(const std::vector<SequenceKv>&)>& inspect = {}) {
+    const std::function<void(const std::vector<SequenceKv>&)>& inspect = {}, int swap_step = -1) {
   const int64_t V = exec.config().vocab;
   const auto S = static_cast<int64_t>(prompts.size());
   KvPool& pool = exec.cache();
@@ -77,6 +81,31 @@ inline Result<LayoutRun> run_batch_layout(
   LayoutRun out;
   std::vector<int32_t> next(static_cast<size_t>(S));
   for (int step = -1; step < steps; ++step) {
+    for (int64_t s = 0; step == swap_step && s < S; ++s) {
+      std::vector<int32_t>& t = seqs[static_cast<size_t>(s)].block_table;
+      const size_t bb = exec.block_bytes();
+      std::vector<std::vector<char>> host(t.size(), std::vector<char>(bb));
+      for (size_t i = 0; i < t.size(); ++i) {
+        STRATA_RETURN_IF_ERROR(exec.copy_block_to_host(t[i], host[i].data()));
+      }
+      const int32_t old_first = t[0];
+      for (int32_t b : t) pool.blocks().release(b);
+      std::vector<int32_t> spacers;
+      int32_t first = pool.blocks().allocate();
+      while (first % 2 == old_first % 2 || first % 3 == old_first % 3) {
+        spacers.push_back(first);
+        first = pool.blocks().allocate();
+        if (first < 0) return Status(StatusCode::kOutOfMemory, "swap test: no block");
+      }
+      const size_t n_blocks = t.size();
+      t.assign(1, first);
+      while (t.size() < n_blocks) t.push_back(pool.blocks().allocate());
+      for (int32_t b : spacers) pool.blocks().release(b);
+      for (size_t i = 0; i < t.size(); ++i) {
+        STRATA_RETURN_IF_ERROR(exec.copy_block_from_host(t[i], host[i].data()));
+      }
+      std::copy(t.begin(), t.end(), tables.begin() + s * mb);
+    }
     std::vector<int32_t> tokens, seq_ids, pos, rows;
     for (int64_t s = 0; s < S; ++s) {
       if (step >= 0 && s == 0 && S > 1 && step % 2 == 1) continue;

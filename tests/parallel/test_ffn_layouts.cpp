@@ -185,7 +185,7 @@ TEST(FfnLayoutMpi, Errors) {
 // only its own sequences' K/V: a sequence's first block is written on its owner only.
 
 Result<testing::LayoutRun> run_batch(const std::string& dir, const ParallelConfig& par,
-                                     Communicator& comm, int n_seqs) {
+                                     Communicator& comm, int n_seqs, int swap_step = -1) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
@@ -197,7 +197,7 @@ Result<testing::LayoutRun> run_batch(const std::string& dir, const ParallelConfi
   EXPECT_EQ(pool.config().n_heads_kv,
             sharded ? config.n_heads_kv : std::max<int64_t>(1, config.n_heads_kv / par.tp_size));
   auto inspect = [&](const std::vector<SequenceKv>& seqs) {
-    if (!sharded) return;
+    if (!sharded || swap_step >= 0) return;
     const ops::KvLayer& kv = pool.layers()[0];
     const int64_t per_block = pool.config().block_size * pool.config().n_heads_kv * config.head_dim;
     for (const SequenceKv& q : seqs) {
@@ -209,7 +209,7 @@ Result<testing::LayoutRun> run_batch(const std::string& dir, const ParallelConfi
       EXPECT_EQ(sum > 0, mine) << "block " << b << " on rank " << par.tp_rank;
     }
   };
-  return testing::run_batch_layout(*exec, testing::batch_prompts(n_seqs), 4, inspect);
+  return testing::run_batch_layout(*exec, testing::batch_prompts(n_seqs), 4, inspect, swap_step);
 }
 
 void expect_attn_layouts_match_one_rank(const std::string& dir, const std::string& what) {
@@ -239,6 +239,25 @@ void expect_attn_layouts_match_one_rank(const std::string& dir, const std::strin
       EXPECT_EQ(many->ids, one->ids) << what << " " << ffn_layout_name(ffn);
     }
   }
+  // Every sequence swapped out and back in under new blocks before decode step 2: its K/V
+  // stays on (and comes back to) the rank that holds it.
+  auto one = run_batch(dir, ParallelConfig{}, *single, 7, 2);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  ParallelConfig par;
+  par.tp_size = n;
+  par.tp_rank = g_comm->rank();
+  par.attn_layout = AttnLayout::kBatchSharded;
+  auto many = run_batch(dir, par, *g_comm, 7, 2);
+  ASSERT_TRUE(many.ok()) << many.status().to_string();
+  const double err = testing::relative_error(many->logits, one->logits);
+  if (g_comm->rank() == 0) {
+    std::printf(
+        "[ info ] %s, 7 sequences swapped, --attn-layout batch-sharded, %d ranks: %.2e of "
+        "max|logit| from one rank\n",
+        what.c_str(), n, err);
+  }
+  EXPECT_LE(err, 1e-5) << what << " swapped, rank " << par.tp_rank;
+  EXPECT_EQ(many->ids, one->ids) << what << " swapped";
 }
 
 TEST(AttnLayoutMpi, LlamaMatchesOneRank) {
