@@ -17,9 +17,13 @@
 //   attn  = all_to_all_v(o's head shards)        [n, hq D]: my heads of every token, put back
 //                                                in the step's token order
 // and o_proj (1D, or the FFN layout's) continues from ws.attn as with head-sharded attention.
-// Elements each rank sends per layer: n_r (hq + 2 hkv) D (N - 1) / N of the projections and
-// n_r H D (N - 1) / N of the output (n_r ~ n / N), against 2 (N - 1) / N of [n, hidden] for 1D's
-// all-reduce, which both layouts keep.
+// Elements rank r sends per layer, n_r = its tokens: (n - n_r) (hq + 2 hkv) D in the first
+// all-to-all and (N - 1) n_r hq D in the second (both ~ (N - 1) / N of n rows when the sequences
+// are spread evenly), on top of o_proj's and the FFN's all-reduces, which stay as they were.
+//
+// The KV pool (runtime/executor.cpp) keeps the engines' block ids with every KV head per block,
+// and a rank writes only its own sequences' blocks: the per-rank pool is not yet sized to 1/N of
+// the blocks (that needs the block accounting to allocate per owner).
 //
 // Prefill takes the same path (the seed keeps it head-sharded; one path is simpler, and the KV
 // it writes must land on the owner anyway). The CPU reference (f32 activations) of the dense
