@@ -229,6 +229,12 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
   sub->add_option("--ffn-2d-x", e.parallel.ffn_2d_x,
                   "--ffn-layout 2d: ranks along the hidden dimension, X (Y = N / X; default: "
                   "the largest divisor of N up to sqrt(N), e.g. 2 for 4 and 8 ranks)");
+  sub->add_option("--attn-layout", e.parallel.attn_layout,
+                  "CPU, --tp N under mpirun: how attention is partitioned (seed 003 Sec. 3.3): "
+                  "head-sharded (Megatron, default; KV heads and the KV cache replicated when "
+                  "there are fewer KV heads than ranks) or batch-sharded (each rank holds the KV "
+                  "cache of its sequences, all KV heads; all-to-alls move q/k/v to the owner and "
+                  "the output back). Dense Llama family; combines with every --ffn-layout");
   sub->add_option("--plan", e.plan,
                   "CUDA: choose --tp / --pp with the cost model of `strata plan`: auto (plan "
                   "for the GPUs visible from --device, or the mpirun world, with the shipped "

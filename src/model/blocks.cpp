@@ -109,10 +109,39 @@ Status head(const Model& m, ForwardArgs& a) {
   return ok_status();
 }
 
-Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool sliding) {
+ops::RopeArgs rope_args(const Model& m, int64_t layer, bool sliding) {
   const ModelConfig& c = m.config();
   const ModelWeights& w = m.weights();
   const LayerWeights& L = w.layers[static_cast<size_t>(layer)];
+  ops::RopeArgs r;
+  if (c.pos_embedding == PosEmbedding::kRope) {
+    r.inv_freq = sliding && w.inv_freq_local.defined() ? &w.inv_freq_local : &w.inv_freq;
+    r.rotary_dim = c.rotary_dim;
+  }
+  r.neox_style = c.rope_neox_style;
+  if (L.q_norm.defined() && !c.qk_norm_full) r.q_norm = &L.q_norm;
+  if (L.k_norm.defined() && !c.qk_norm_full) r.k_norm = &L.k_norm;
+  r.norm_eps = c.norm_eps;
+  r.norm_weight_offset = c.norm_weight_offset;
+  return r;
+}
+
+ops::AttentionArgs attention_args(const Model& m, const ForwardArgs& a, bool sliding) {
+  const ModelConfig& c = m.config();
+  ops::AttentionArgs at;
+  at.scale = c.attn_scale > 0.0f ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  at.sliding_window = sliding ? c.sliding_window : 0;
+  at.logit_softcap = c.attn_logit_softcap;
+  at.workspace = a.ws.attn_ws;
+  return at;
+}
+
+Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool sliding) {
+  if (m.parallel().attn_layout == AttnLayout::kBatchSharded) {
+    return batch_sharded_attention(m, a, layer, sliding);
+  }
+  const ModelConfig& c = m.config();
+  const LayerWeights& L = m.weights().layers[static_cast<size_t>(layer)];
   const int64_t n = a.step.n_tokens, D = c.head_dim;
   ops::section(a.ctx, "qkv");
   Tensor h = rows(a.ws.h, n);
@@ -127,27 +156,13 @@ Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool slidin
     STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, k_all, L.k_norm, norm_args(c), k_all));
   }
   ops::section(a.ctx, "rope_kv");
-  ops::RopeArgs r;
-  if (c.pos_embedding == PosEmbedding::kRope) {
-    r.inv_freq = sliding && w.inv_freq_local.defined() ? &w.inv_freq_local : &w.inv_freq;
-    r.rotary_dim = c.rotary_dim;
-  }
-  r.neox_style = c.rope_neox_style;
-  if (L.q_norm.defined() && !c.qk_norm_full) r.q_norm = &L.q_norm;
-  if (L.k_norm.defined() && !c.qk_norm_full) r.k_norm = &L.k_norm;
-  r.norm_eps = c.norm_eps;
-  r.norm_weight_offset = c.norm_weight_offset;
   Tensor q = Tensor::make(a.ws.q.data, a.ws.q.dtype, {n, m.n_heads_local(), D}, a.ws.q.device);
   ops::KvLayer& cache = a.kv[static_cast<size_t>(layer)];
-  STRATA_RETURN_IF_ERROR(ops::rope_kv_append(a.ctx, qkv, a.step, r, cache, q));
+  STRATA_RETURN_IF_ERROR(
+      ops::rope_kv_append(a.ctx, qkv, a.step, rope_args(m, layer, sliding), cache, q));
   ops::section(a.ctx, "attention");
-  ops::AttentionArgs at;
-  at.scale = c.attn_scale > 0.0f ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(D));
-  at.sliding_window = sliding ? c.sliding_window : 0;
-  at.logit_softcap = c.attn_logit_softcap;
-  at.workspace = a.ws.attn_ws;
   Tensor attn = rows(a.ws.attn, n);
-  return ops::attention(a.ctx, q, a.step, cache, at, attn);
+  return ops::attention(a.ctx, q, a.step, cache, attention_args(m, a, sliding), attn);
 }
 
 Status mlp_in(const Model& m, ForwardArgs& a, int64_t layer) {
@@ -318,6 +333,17 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
     s.push_back({&Workspace::ffn_w_recv, wdt, {N * H, F / N}});
   } else if (ffn_layout == FfnLayout::k2D) {
     s.push_back({&Workspace::ffn_tokens, DType::kF32, {T, H}});  // the X group's hidden slices
+  }
+  if (m.parallel().attn_layout == AttnLayout::kBatchSharded) {
+    // Batch-sharded attention (model/attn_layouts.cpp).
+    const int64_t N = tp, Wl = m.qkv_dim(), Wf = (c.n_heads + 2 * c.n_heads_kv) * D;
+    s.push_back({&Workspace::bsa_send, DType::kF32, {T, Wl}});
+    s.push_back({&Workspace::bsa_recv, DType::kF32, {N * T, Wl}});
+    s.push_back({&Workspace::bsa_qkv, DType::kF32, {T, Wf}});
+    s.push_back({&Workspace::bsa_q, l.act, {T, c.n_heads, D}});
+    s.push_back({&Workspace::bsa_attn, l.act, {T, c.n_heads * D}});
+    s.push_back({&Workspace::bsa_out_send, l.act, {N * T, hq * D}});
+    s.push_back({&Workspace::bsa_out_recv, l.act, {T, hq * D}});
   }
   if (tp > 1) {
     s.push_back({&Workspace::logits_local, DType::kF32, {R, chunk}});

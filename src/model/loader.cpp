@@ -96,6 +96,25 @@ Status Model::check_ffn_layout(const std::string& where) const {
   return ok_status();
 }
 
+Status Model::check_attn_layout(const std::string& where) const {
+  const ModelConfig& c = config_;
+  const ParallelConfig& par = par_;
+  if (par.attn_layout == AttnLayout::kHeadSharded) return ok_status();
+  if (c.family != ArchFamily::kLlama || c.is_moe()) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: --attn-layout batch-sharded is built for the dense Llama family (Llama, "
+                  "Mistral, Qwen2) only, not {} yet",
+                  where, c.architecture);
+  }
+  if (par.pp_size > 1 || par.ep_size > 1) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: --attn-layout batch-sharded with pipeline or expert parallelism is not "
+                  "built yet",
+                  where);
+  }
+  return ok_status();
+}
+
 Status Model::init_shapes() {
   const ModelConfig& c = config_;
   const ParallelConfig& par = par_;
@@ -106,6 +125,7 @@ Status Model::init_shapes() {
                   par.tp_rank, tp);
   }
   STRATA_RETURN_IF_ERROR(check_ffn_layout(where));
+  STRATA_RETURN_IF_ERROR(check_attn_layout(where));
   if (c.n_heads % tp != 0) {
     return errorf(StatusCode::kInvalidArgument,
                   "{}: {} attention heads cannot be split over tensor-parallel size {}", where,

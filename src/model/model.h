@@ -124,6 +124,15 @@ struct Workspace {
   Tensor ffn_w_out;   // wdt [hidden, F]: the layer's gathered down weight
   Tensor ffn_w_send;  // wdt [hidden, F / N]: this rank's down columns, contiguous
   Tensor ffn_w_recv;  // wdt [N hidden, F / N]: every rank's
+  // Batch-sharded attention (model/attn_layouts.cpp; hq / hkv = this rank's query / KV heads of
+  // the projections, H / KV = all of them, D = head_dim, T tokens, N ranks):
+  Tensor bsa_send;      // f32 [T, (hq + 2 hkv) D]: the projections' rows grouped by owner rank
+  Tensor bsa_recv;      // f32 [N T, (hq + 2 hkv) D]: every rank's head shard of my tokens
+  Tensor bsa_qkv;       // f32 [T, (H + 2 KV) D]: my tokens, every head
+  Tensor bsa_q;         // act [T, H, D]: their rotated queries
+  Tensor bsa_attn;      // act [T, H D]: their attention output
+  Tensor bsa_out_send;  // act [N T, hq D]: the output's head shards, one block per rank
+  Tensor bsa_out_recv;  // act [T, hq D]: my heads of every token, grouped by owner rank
 };
 
 struct WorkspaceLimits {
@@ -155,6 +164,28 @@ class LayerWeightHook {
   virtual Status after_layer(int64_t layer) = 0;
 };
 
+// Batch-sharded attention's plan of one step (ParallelConfig::attn_layout), built on the host
+// by plan_batch_sharded_attention from the step's runs and the rank owning each (the runner
+// keeps a sequence on one rank: ParallelConfig::attn_owner of its first block when its position
+// 0 is in the step, then remembered, across swaps too): the runs grouped by owner and this
+// rank's runs as a step of their own. Holds the arrays `step` points into: not copyable.
+struct AttnBatchPlan {
+  std::vector<int64_t> rows_of_rank;  // [N] tokens of the runs each rank owns
+  // (first token, count) of the step's runs grouped by owner rank, in rank order: the rows of
+  // the first all-to-all's send buffer (and of the second's receive buffer).
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  ops::StepArgs step;  // this rank's runs; n_tokens = rows_of_rank[rank]
+  std::vector<int32_t> tokens, token_seq, token_pos, cu_q, kv_len, block_tables;
+
+  AttnBatchPlan() = default;
+  AttnBatchPlan(const AttnBatchPlan&) = delete;
+  AttnBatchPlan& operator=(const AttnBatchPlan&) = delete;
+};
+// `plan` for `step` (host arrays) on rank par.tp_rank of par.tp_size; owner[s] = the rank owning
+// run s (step.n_seqs entries).
+Status plan_batch_sharded_attention(const ops::StepArgs& step, const ParallelConfig& par,
+                                    std::span<const int> owner, AttnBatchPlan* plan);
+
 // Everything a forward pass reads and writes besides the weights.
 struct ForwardArgs {
   ops::Context& ctx;
@@ -176,6 +207,8 @@ struct ForwardArgs {
   // (same j, ordered by i), and Y, those of its row (same i, ordered by j). Null otherwise.
   Communicator* ffn_x_comm = nullptr;
   Communicator* ffn_y_comm = nullptr;
+  // Batch-sharded attention (ParallelConfig::attn_layout): the step's plan (null otherwise).
+  const AttnBatchPlan* attn_batch = nullptr;
   // Tests: every sparse layer appends its routing (top-k expert ids, [n_tokens, k]) here, read
   // back on the host (a synchronization: never inside a CUDA graph). Null: nothing recorded.
   std::vector<int32_t>* moe_route_trace = nullptr;
@@ -213,6 +246,11 @@ class Model {
   DType weight_dtype() const { return weight_dtype_; }  // device layout's linear weights
   int64_t n_heads_local() const { return n_heads_local_; }
   int64_t n_heads_kv_local() const { return n_kv_local_; }
+  // KV heads of this rank's KV cache: its projections' (head-sharded attention), or all of them
+  // (batch-sharded: the rank holds whole sequences).
+  int64_t n_heads_kv_cache() const {
+    return par_.attn_layout == AttnLayout::kBatchSharded ? config_.n_heads_kv : n_kv_local_;
+  }
   int64_t ffn_local() const { return ffn_local_; }
   ShardRange vocab_range() const { return vocab_range_; }
   // Mixture of experts: the experts this rank holds (expert parallelism) and the slice of each
@@ -252,6 +290,8 @@ class Model {
   Status init_shapes();
   // The FFN layout's constraints on the model and the world (ParallelConfig::ffn_layout).
   Status check_ffn_layout(const std::string& where) const;
+  // The attention layout's (ParallelConfig::attn_layout).
+  Status check_attn_layout(const std::string& where) const;
   void count_weight_bytes();
 
   ModelConfig config_;

@@ -45,8 +45,16 @@ Status head(const Model& m, ForwardArgs& a);
 
 // qkv = h Wqkv^T (+ b); q, cache <- rope(q/k norms(q, k)), v; ws.attn = attention(q, cache).
 // `sliding`: this layer attends within the sliding window (with the local rope frequencies when
-// the model has them).
+// the model has them). With batch-sharded attention (ParallelConfig::attn_layout), that of
+// batch_sharded_attention.
 Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool sliding);
+// The rope and attention arguments of a layer.
+ops::RopeArgs rope_args(const Model& m, int64_t layer, bool sliding);
+ops::AttentionArgs attention_args(const Model& m, const ForwardArgs& a, bool sliding);
+// self_attention with the batch-sharded layout (model/attn_layouts.cpp): the projections
+// head-sharded, an all-to-all to the ranks owning the sequences, every head of this rank's
+// sequences against its KV cache, and an all-to-all back to ws.attn, head-sharded.
+Status batch_sharded_attention(const Model& m, ForwardArgs& a, int64_t layer, bool sliding);
 // ws.act = act(h W1^T) (gated: act(h Wg^T) * (h Wu^T)).
 Status mlp_in(const Model& m, ForwardArgs& a, int64_t layer);
 // x += all_reduce(in W^T) + b for a row-parallel layer (the residual add fused into the GEMM

@@ -48,6 +48,23 @@ inline bool parse_ffn_layout(std::string_view s, FfnLayout* out) {
   return false;
 }
 
+enum class AttnLayout { kHeadSharded, kBatchSharded };
+
+// "head-sharded", "batch-sharded" (the --attn-layout spellings).
+inline const char* attn_layout_name(AttnLayout l) {
+  return l == AttnLayout::kBatchSharded ? "batch-sharded" : "head-sharded";
+}
+// False for an unknown spelling.
+inline bool parse_attn_layout(std::string_view s, AttnLayout* out) {
+  for (AttnLayout l : {AttnLayout::kHeadSharded, AttnLayout::kBatchSharded}) {
+    if (s == attn_layout_name(l)) {
+      *out = l;
+      return true;
+    }
+  }
+  return false;
+}
+
 // The 2D grid's X (the hidden split) for n ranks when none is asked for: the largest divisor of
 // n in (1, sqrt(n)] (4 = 2 x 2, 8 = 2 x 4, 16 = 4 x 4); 0 when n has none (a prime, or 1). The
 // seed's optimum X = sqrt(n) / 2 (for F = 4 E) would give X = 1 below 16 ranks, which is 1D.
@@ -86,6 +103,15 @@ struct ParallelConfig {
   // grid's X (hidden split; Y = tp_size / X is the ffn split). ws2d_x 0: default_grid_x.
   FfnLayout ffn_layout = FfnLayout::k1D;
   int ws2d_x = 0;
+  // Attention's layout (see the top of this file).
+  AttnLayout attn_layout = AttnLayout::kHeadSharded;
+
+  // Batch-sharded attention: the tensor-parallel rank that holds a sequence's KV cache and runs
+  // its attention, from the sequence's first KV block (stable while the sequence lives, the
+  // same on every rank, and shared by sequences that share a cached prefix).
+  int attn_owner(int32_t first_block) const {
+    return static_cast<int>(static_cast<uint32_t>(first_block) % static_cast<uint32_t>(tp_size));
+  }
 
   // The 2D grid: X, Y and this rank's (i, j), i fastest.
   int grid_x() const { return ws2d_x > 0 ? ws2d_x : default_grid_x(tp_size); }

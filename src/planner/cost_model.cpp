@@ -353,9 +353,9 @@ const char* ffn_layout_name(FfnLayout l) {
 const char* attention_sharding_name(AttentionSharding a) {
   switch (a) {
     case AttentionSharding::kHeads:
-      return "heads";
+      return "head-sharded";
     case AttentionSharding::kBatch:
-      return "batch";
+      return "batch-sharded";
   }
   return "?";
 }

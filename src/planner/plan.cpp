@@ -247,6 +247,9 @@ Result<PlanReport> plan_from_json(const std::string& text, const std::string& wh
         row.dp = r.at("dp").get<int64_t>();
         row.ffn = r.at("ffn").get<std::string>();
         row.attention = r.at("attention").get<std::string>();
+        // Plans written before the names became --attn-layout's.
+        if (row.attention == "heads") row.attention = "head-sharded";
+        if (row.attention == "batch") row.attention = "batch-sharded";
         row.parallel_block = r.at("parallel_block").get<bool>();
         row.host_streamed = r.at("host_streamed").get<bool>();
         row.fits = r.at("fits").get<bool>();
@@ -269,7 +272,7 @@ Result<PlanReport> plan_from_json(const std::string& text, const std::string& wh
 
 Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world) {
   auto runs = [&](const PlanRow& r) {
-    if (!r.fits || r.ffn != "1D-WS" || r.attention != "heads" || r.parallel_block ||
+    if (!r.fits || r.ffn != "1D-WS" || r.attention != "head-sharded" || r.parallel_block ||
         r.host_streamed || r.ep != 1 || r.dp != 1) {
       return false;
     }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "core/env.h"
@@ -42,11 +43,22 @@ class ModelRunner final : public Executor {
   size_t block_bytes() const override { return kv_->config().block_bytes(); }
   Status copy_block_to_host(int32_t block, void* host) override {
     STRATA_RETURN_IF_ERROR(runtime_->make_current());
-    return kv_->copy_block_to_host(runtime_->ctx(), block, host);
+    STRATA_RETURN_IF_ERROR(kv_->copy_block_to_host(runtime_->ctx(), block, host));
+    // Batch-sharded attention: a first block's owner travels with its host slot.
+    auto it = attn_home_.find(block);
+    if (it != attn_home_.end()) {
+      attn_swapped_[host] = it->second;
+    } else {
+      attn_swapped_.erase(host);
+    }
+    return ok_status();
   }
   Status copy_block_from_host(int32_t block, const void* host) override {
     STRATA_RETURN_IF_ERROR(runtime_->make_current());
-    return kv_->copy_block_from_host(runtime_->ctx(), block, host);
+    STRATA_RETURN_IF_ERROR(kv_->copy_block_from_host(runtime_->ctx(), block, host));
+    auto it = attn_swapped_.find(host);
+    if (it != attn_swapped_.end()) attn_home_[block] = it->second;
+    return ok_status();
   }
   Status kv_offload_enable(int64_t host_blocks) override;
   Status kv_offload_load(std::span<const int32_t> device_blocks,
@@ -136,6 +148,14 @@ class ModelRunner final : public Executor {
   Workspace ws_;
   std::unique_ptr<StepPacker> packer_;
   PackedStep step_;
+  // Batch-sharded attention: this step's plan; the owner of each live sequence by its first
+  // block (set when its position 0 is in a step: ParallelConfig::attn_owner), and the owners of
+  // first blocks swapped out, by host slot. Every rank sees the same steps and swaps, so every
+  // rank keeps the same maps.
+  AttnBatchPlan attn_plan_;
+  std::vector<int> attn_owner_;
+  std::unordered_map<int32_t, int> attn_home_;
+  std::unordered_map<const void*, int> attn_swapped_;
   Buffer host_logits_, host_ids_;             // staging for the results (pinned on a GPU)
   Buffer host_hidden_;                        // a pipeline stage's hidden states in transit (GPU)
   double wait_seconds_ = 0.0;                 // time blocked receiving them
@@ -235,6 +255,18 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
                     "--ffn-layout 2d: tensor-parallel rank {} needs its X and Y groups "
                     "(split_ffn_groups)",
                     par.tp_rank);
+    }
+  }
+  if (par.attn_layout != AttnLayout::kHeadSharded) {
+    if (options.device.is_cuda() || options.act_dtype != DType::kF32) {
+      return Status(StatusCode::kUnimplemented,
+                    "--attn-layout batch-sharded runs on the CPU reference (f32 activations) only; "
+                    "the device layout (CUDA, bf16) is not built for it yet");
+    }
+    if (comm.size() != par.tp_size || comm.rank() != par.tp_rank) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "--attn-layout batch-sharded: tensor-parallel rank {} of {} needs its group",
+                    par.tp_rank, par.tp_size);
     }
   }
   std::unique_ptr<ModelRunner> r(new ModelRunner(comm, pipeline, expert));
@@ -388,7 +420,7 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
   kc.first_layer = par.first_layer;  // a pipeline stage holds its own layers' K and V
   kc.n_layers = par.stage_end(c.n_layers) - par.first_layer;
   kc.block_size = o.block_size;
-  kc.n_heads_kv = m.n_heads_kv_local();
+  kc.n_heads_kv = m.n_heads_kv_cache();
   kc.head_dim = c.head_dim;
   kc.dtype = o.act_dtype;
   int64_t n_blocks = o.num_kv_blocks;
@@ -463,6 +495,21 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
   args.ffn_x_comm = opt_.ffn_x_group;
   args.ffn_y_comm = opt_.ffn_y_group;
   args.moe_route_trace = opt_.moe_route_trace;
+  if (par.attn_layout == AttnLayout::kBatchSharded) {
+    // The step's arrays are host memory: the layout runs on the CPU only (create()).
+    const ops::StepArgs& st = step_.args;
+    attn_owner_.resize(static_cast<size_t>(st.n_seqs));
+    for (int64_t s = 0; s < st.n_seqs; ++s) {
+      const int32_t first = st.block_tables[s * st.max_blocks_per_seq];
+      auto it = attn_home_.find(first);
+      if (st.token_pos[st.cu_q[s]] == 0 || it == attn_home_.end()) {
+        it = attn_home_.insert_or_assign(first, par.attn_owner(first)).first;
+      }
+      attn_owner_[static_cast<size_t>(s)] = it->second;
+    }
+    STRATA_RETURN_IF_ERROR(plan_batch_sharded_attention(st, par, attn_owner_, &attn_plan_));
+    args.attn_batch = &attn_plan_;
+  }
   rt.begin_step(step_.args.max_q_len == 1);
   STRATA_RETURN_IF_ERROR(
       rt.run(step_.graph, step_.graph_key, [&] { return model_->forward(args); }));
@@ -660,6 +707,16 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
                     cfg.parallel.ffn_layout);
     }
   }
+  if (cfg.parallel.attn_layout != "head-sharded") {
+    ParallelConfig probe;
+    STRATA_RETURN_IF_ERROR(apply_attn_layout(cfg.parallel, &probe));
+    if (probe.attn_layout != AttnLayout::kHeadSharded && (cuda || pp > 1 || ep > 1 || dp > 1)) {
+      return errorf(StatusCode::kUnimplemented,
+                    "--attn-layout {} is built for the CPU with --tensor-parallel-size only (not "
+                    "with --device cuda, --pp, --ep or --dp yet)",
+                    cfg.parallel.attn_layout);
+    }
+  }
   if (cfg.parallel.pp_micro_batch < 1) {
     return errorf(StatusCode::kInvalidArgument, "--pp-micro-batch must be >= 1");
   }
@@ -709,7 +766,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     KvPoolConfig kc;
     kc.n_layers = config.n_layers;
     kc.block_size = eo.block_size;
-    kc.n_heads_kv = loaded.model ? loaded.model->n_heads_kv_local() : config.n_heads_kv;
+    kc.n_heads_kv = loaded.model ? loaded.model->n_heads_kv_cache() : config.n_heads_kv;
     kc.head_dim = config.head_dim;
     kc.dtype = DType::kF32;
     int64_t n_blocks = eo.cpu_blocks;

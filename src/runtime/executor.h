@@ -177,6 +177,8 @@ struct RunnerOptions {
   Communicator* ffn_y_group = nullptr;
   FfnLayout ffn_layout = FfnLayout::k1D;
   int ws2d_x = 0;
+  // The in-process executors give it to their ranks' ParallelConfig (--attn-layout).
+  AttnLayout attn_layout = AttnLayout::kHeadSharded;
 };
 
 // The 2d FFN layout's groups of one tensor-parallel rank (ParallelConfig::grid_*), split from its

@@ -259,6 +259,14 @@ Status apply_ffn_layout(const ParallelSizes& sizes, ParallelConfig* par) {
   return ok_status();
 }
 
+Status apply_attn_layout(const ParallelSizes& sizes, ParallelConfig* par) {
+  if (!parse_attn_layout(sizes.attn_layout, &par->attn_layout)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--attn-layout '{}': expected head-sharded or batch-sharded", sizes.attn_layout);
+  }
+  return ok_status();
+}
+
 Result<LoadedModel> load_model(const EngineConfig& cfg) {
   STRATA_RETURN_IF_ERROR(check_engine_config(cfg));
   if (cfg.num_threads > 0) omp_set_num_threads(cfg.num_threads);
@@ -321,6 +329,7 @@ Result<LoadedModel> load_model(const EngineConfig& cfg) {
   par.ep_size = cfg.parallel.ep;
   par.ep_rank = out.comm->rank() / cfg.parallel.tp;
   STRATA_RETURN_IF_ERROR(apply_ffn_layout(cfg.parallel, &par));
+  STRATA_RETURN_IF_ERROR(apply_attn_layout(cfg.parallel, &par));
   if (cfg.parallel.pp <= 1) {
     STRATA_ASSIGN_OR_RETURN(out.model, Model::load(config, par, files.weights));
   }

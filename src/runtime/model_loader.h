@@ -46,5 +46,7 @@ ModelInfo make_model_info(const std::string& path, const ModelConfig& config);
 Result<LoadedModel> load_model(const EngineConfig& config);
 // --ffn-layout / --ffn-2d-x (sizes) into par, with one-line errors naming the flags.
 Status apply_ffn_layout(const ParallelSizes& sizes, ParallelConfig* par);
+// --attn-layout (sizes) into par, with a one-line error naming the flag.
+Status apply_attn_layout(const ParallelSizes& sizes, ParallelConfig* par);
 
 }  // namespace strata

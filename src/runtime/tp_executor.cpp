@@ -1050,6 +1050,7 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     par.tp_rank = r;
     par.ffn_layout = o.ffn_layout;
     par.ws2d_x = o.ws2d_x;
+    par.attn_layout = o.attn_layout;
     std::unique_ptr<Model> host;
     if (load) {
       Result<std::unique_ptr<Model>> m = load(par);
@@ -1085,9 +1086,14 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
                                                std::move(also_abort));
 }
 
-// The FFN layouts other than 1d run in tensor-parallel groups of their own (make_tp_group);
-// the executors that would drop RunnerOptions::ffn_layout refuse it instead.
+// The FFN layouts other than 1d (and batch-sharded attention) run in tensor-parallel groups of
+// their own (make_tp_group); the executors that would drop RunnerOptions::ffn_layout or
+// attn_layout refuse them instead.
 Status only_1d_ffn(const RunnerOptions& o, const char* what) {
+  if (o.attn_layout != AttnLayout::kHeadSharded) {
+    return errorf(StatusCode::kUnimplemented, "--attn-layout {} with {} is not built yet",
+                  attn_layout_name(o.attn_layout), what);
+  }
   if (o.ffn_layout == FfnLayout::k1D) return ok_status();
   return errorf(StatusCode::kUnimplemented, "--ffn-layout {} with {} is not built yet",
                 ffn_layout_name(o.ffn_layout), what);

@@ -99,5 +99,101 @@ TEST(FfnLayoutInProcessErrors, NotBuiltYet) {
                "--ffn-layout 2d with data-parallel replicas is not built yet");
 }
 
+// ---- attention layouts (seed 003 Sec. 3.3) -----------------------------------------------------
+// --attn-layout batch-sharded in one process against TP = 1 (head-sharded) on batches of
+// sequences of different lengths, a prefill step of all of them and greedy decode steps, within
+// 1e-5 of max |logit| and with the same greedy tokens: GQA (llama: 2 KV heads, fewer than 4
+// ranks) and MQA (qwen2, mistral: 1 KV head; mistral's sliding window), batches smaller than the
+// ranks and not a multiple of them, alone and with the FFN layouts; and with every sequence
+// swapped out and back in under new blocks mid-decode (its KV stays on its rank).
+
+Result<std::unique_ptr<Executor>> make_attn(const std::string& dir, int tp, AttnLayout attn,
+                                            FfnLayout ffn = FfnLayout::k1D,
+                                            DType act = DType::kF32) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
+  STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
+  std::shared_ptr<TensorSource> src = ckpt;
+  RunnerOptions o = testing::batch_runner_options();
+  o.act_dtype = act;
+  o.ffn_layout = ffn;
+  o.attn_layout = attn;
+  auto load = [config, src](const ParallelConfig& par) { return Model::load(config, par, src); };
+  return make_in_process_tp_executor(config, load, tp, o);
+}
+
+struct AttnCase {
+  const char* model;
+  int tp;
+  FfnLayout ffn;
+  int n_seqs;
+  int swap_step = -1;  // every sequence swapped out and back in under new blocks before it
+};
+
+class AttnLayoutInProcess : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttnLayoutInProcess, MatchesOneRank) {
+  const AttnCase& c = GetParam();
+  const std::string dir = testing::fixture_model(c.model);
+  const auto prompts = testing::batch_prompts(c.n_seqs);
+  auto one = make_attn(dir, 1, AttnLayout::kHeadSharded);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto a = testing::run_batch_layout(**one, prompts, 4, {}, c.swap_step);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  auto many = make_attn(dir, c.tp, AttnLayout::kBatchSharded, c.ffn);
+  ASSERT_TRUE(many.ok()) << many.status().to_string();
+  EXPECT_EQ((*many)->cache().config().n_heads_kv, (*one)->config().n_heads_kv);
+  auto b = testing::run_batch_layout(**many, prompts, 4, {}, c.swap_step);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const double err = testing::relative_error(b->logits, a->logits);
+  std::printf(
+      "[ info ] %s TP=%d, %d sequences%s, --attn-layout batch-sharded --ffn-layout %s: %.2e of "
+      "max|logit| from TP=1\n",
+      c.model, c.tp, c.n_seqs, c.swap_step >= 0 ? " (swapped)" : "", ffn_layout_name(c.ffn), err);
+  EXPECT_LE(err, 1e-5);
+  EXPECT_EQ(b->ids, a->ids);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutInProcess,
+                         ::testing::Values(AttnCase{"llama", 4, FfnLayout::k1D, 7},
+                                           AttnCase{"llama", 4, FfnLayout::k1D, 2},
+                                           AttnCase{"llama", 2, FfnLayout::k1D, 3},
+                                           AttnCase{"llama", 4, FfnLayout::kWeightGathered, 5},
+                                           AttnCase{"llama", 4, FfnLayout::k2D, 6},
+                                           AttnCase{"qwen2", 3, FfnLayout::k1D, 5},
+                                           AttnCase{"mistral", 2, FfnLayout::k1D, 7},
+                                           AttnCase{"mistral", 2, FfnLayout::kWeightGathered, 1},
+                                           AttnCase{"llama", 4, FfnLayout::k1D, 7, 2},
+                                           AttnCase{"qwen2", 3, FfnLayout::k1D, 5, 2}),
+                         [](const auto& info) {
+                           std::string name = std::string(info.param.model) + "_tp" +
+                                              std::to_string(info.param.tp) + "_" +
+                                              ffn_layout_name(info.param.ffn) + "_" +
+                                              std::to_string(info.param.n_seqs) + "seqs" +
+                                              (info.param.swap_step >= 0 ? "_swapped" : "");
+                           for (char& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
+
+TEST(AttnLayoutInProcessErrors, NotBuiltYet) {
+  const std::string llama = testing::fixture_model("llama");
+  expect_error(make_attn(llama, 2, AttnLayout::kBatchSharded, FfnLayout::k1D, DType::kBF16),
+               "--attn-layout batch-sharded runs on the CPU reference (f32 activations) only");
+  expect_error(make_attn(testing::fixture_model("gpt2"), 2, AttnLayout::kBatchSharded),
+               "--attn-layout batch-sharded is built for the dense Llama family");
+  auto text = read_text_file(llama + "/config.json");
+  ASSERT_TRUE(text.ok());
+  auto config = parse_hf_config(*text, llama + "/config.json");
+  ASSERT_TRUE(config.ok());
+  RunnerOptions o = testing::batch_runner_options();
+  o.attn_layout = AttnLayout::kBatchSharded;
+  expect_error(make_in_process_pp_executor(*config, nullptr, {0, 1, 3}, o, 2),
+               "--attn-layout batch-sharded with pipeline stages is not built yet");
+  expect_error(make_in_process_dp_executor(*config, nullptr, 2, o),
+               "--attn-layout batch-sharded with data-parallel replicas is not built yet");
+}
+
 }  // namespace
 }  // namespace strata

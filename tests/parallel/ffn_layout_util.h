@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,129 @@ inline Result<LayoutRun> run_layout(Executor& exec, const std::vector<int32_t>& 
     next = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
   }
   return out;
+}
+
+// Several sequences at once (the attention layouts): prompts[s] as one prefill step of every
+// sequence (runs of different lengths), then `steps` greedy decode steps of one token per
+// sequence, sequence 0 sitting out the odd steps. logits: each sequence's last prompt row, then
+// each step's rows. Each sequence's first block is taken before any other (so the first blocks
+// are consecutive ids: batch-sharded attention spreads the sequences over the ranks).
+// `inspect` (if set) sees the sequences before their blocks are released. With swap_step >= 0,
+// every sequence is swapped out before that decode step (its blocks copied to host slots and
+// released) and back in under new blocks, the new first block's id differing from the old one's
+// mod 2 and mod 3 (so batch-sharded attention's first-block rule alone would move it to another
+// rank of 2, 3, 4, 6 or 8).
+inline Result<LayoutRun> run_batch_layout(
+    Executor& exec, const std::vector<std::vector<int32_t>>& prompts, int steps,
+    const std::function<void(const std::vector<SequenceKv>&)>& inspect = {}, int swap_step = -1) {
+  const int64_t V = exec.config().vocab;
+  const auto S = static_cast<int64_t>(prompts.size());
+  KvPool& pool = exec.cache();
+  std::vector<SequenceKv> seqs(static_cast<size_t>(S));
+  for (SequenceKv& q : seqs) STRATA_RETURN_IF_ERROR(q.reserve(pool, 1));
+  int64_t mb = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    SequenceKv& q = seqs[static_cast<size_t>(s)];
+    STRATA_RETURN_IF_ERROR(
+        q.reserve(pool, static_cast<int64_t>(prompts[static_cast<size_t>(s)].size()) + steps));
+    mb = std::max<int64_t>(mb, static_cast<int64_t>(q.block_table.size()));
+  }
+  std::vector<int32_t> tables(static_cast<size_t>(S * mb), 0);
+  for (int64_t s = 0; s < S; ++s) {
+    const auto& t = seqs[static_cast<size_t>(s)].block_table;
+    std::copy(t.begin(), t.end(), tables.begin() + s * mb);
+  }
+  LayoutRun out;
+  std::vector<int32_t> next(static_cast<size_t>(S));
+  for (int step = -1; step < steps; ++step) {
+    for (int64_t s = 0; step == swap_step && s < S; ++s) {
+      std::vector<int32_t>& t = seqs[static_cast<size_t>(s)].block_table;
+      const size_t bb = exec.block_bytes();
+      std::vector<std::vector<char>> host(t.size(), std::vector<char>(bb));
+      for (size_t i = 0; i < t.size(); ++i) {
+        STRATA_RETURN_IF_ERROR(exec.copy_block_to_host(t[i], host[i].data()));
+      }
+      const int32_t old_first = t[0];
+      for (int32_t b : t) pool.blocks().release(b);
+      std::vector<int32_t> spacers;
+      int32_t first = pool.blocks().allocate();
+      while (first % 2 == old_first % 2 || first % 3 == old_first % 3) {
+        spacers.push_back(first);
+        first = pool.blocks().allocate();
+        if (first < 0) return Status(StatusCode::kOutOfMemory, "swap test: no block");
+      }
+      const size_t n_blocks = t.size();
+      t.assign(1, first);
+      while (t.size() < n_blocks) t.push_back(pool.blocks().allocate());
+      for (int32_t b : spacers) pool.blocks().release(b);
+      for (size_t i = 0; i < t.size(); ++i) {
+        STRATA_RETURN_IF_ERROR(exec.copy_block_from_host(t[i], host[i].data()));
+      }
+      std::copy(t.begin(), t.end(), tables.begin() + s * mb);
+    }
+    std::vector<int32_t> tokens, seq_ids, pos, rows;
+    for (int64_t s = 0; s < S; ++s) {
+      if (step >= 0 && s == 0 && S > 1 && step % 2 == 1) continue;
+      SequenceKv& q = seqs[static_cast<size_t>(s)];
+      std::vector<int32_t> add;
+      if (step < 0) {
+        add = prompts[static_cast<size_t>(s)];
+      } else {
+        add = {next[static_cast<size_t>(s)]};
+        out.ids.push_back(add[0]);
+      }
+      for (int32_t t : add) {
+        tokens.push_back(t);
+        seq_ids.push_back(static_cast<int32_t>(s));
+        pos.push_back(static_cast<int32_t>(q.length++));
+      }
+      rows.push_back(static_cast<int32_t>(tokens.size() - 1));
+    }
+    ForwardBatch b;
+    b.tokens = tokens;
+    b.token_seq = seq_ids;
+    b.token_pos = pos;
+    b.block_tables = tables.data();
+    b.max_blocks_per_seq = mb;
+    b.n_seqs = S;
+    b.logit_rows = rows;
+    std::vector<float> l(rows.size() * static_cast<size_t>(V));
+    STRATA_RETURN_IF_ERROR(exec.forward(b, l.data()));
+    out.logits.insert(out.logits.end(), l.begin(), l.end());
+    size_t r = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      if (step >= 0 && s == 0 && S > 1 && step % 2 == 1) continue;
+      const float* row = l.data() + r++ * static_cast<size_t>(V);
+      next[static_cast<size_t>(s)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    }
+  }
+  if (inspect) inspect(seqs);
+  for (SequenceKv& q : seqs) q.release(pool);
+  return out;
+}
+
+// Prompts of different lengths for run_batch_layout: the first `n` of 3, 9, 5, 13, 1, 11, 7
+// tokens.
+inline std::vector<std::vector<int32_t>> batch_prompts(int n) {
+  static const int kLen[] = {3, 9, 5, 13, 1, 11, 7};
+  std::vector<std::vector<int32_t>> out;
+  for (int s = 0; s < n; ++s) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < kLen[s % 7]; ++i) p.push_back((37 * s + 11 * i + 1) % 400);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// Room for run_batch_layout's batches (up to 7 sequences, 49 prompt tokens).
+inline RunnerOptions batch_runner_options() {
+  RunnerOptions ro;
+  ro.block_size = 4;
+  ro.num_kv_blocks = 64;
+  ro.max_model_len = 64;
+  ro.max_num_tokens = 64;
+  ro.max_num_seqs = 8;
+  return ro;
 }
 
 inline RunnerOptions layout_runner_options() {

@@ -10,6 +10,8 @@
 
 #include <unistd.h>
 
+#include <cmath>
+
 #include "../model/fixture_util.h"
 #include "ffn_layout_util.h"
 #include "io/checkpoint.h"
@@ -172,6 +174,123 @@ TEST(FfnLayoutMpi, Errors) {
               std::string::npos)
         << m2.status().to_string();
   }
+}
+
+// ---- attention layouts (seed 003 Sec. 3.3) -----------------------------------------------------
+// --attn-layout batch-sharded (alone and with the FFN layouts) against one rank on batches of
+// sequences of different lengths (a prefill step of all of them, then greedy decode steps):
+// 2 sequences (fewer than the ranks at 4 and 8) and 7 (not a multiple of any world size). The
+// KV heads (2 of the llama's 4, 4 of the wide llama's 8) are fewer than the ranks at 4 and 8:
+// head-sharded attention would replicate them. Each rank's pool must hold every KV head, and
+// only its own sequences' K/V: a sequence's first block is written on its owner only.
+
+Result<testing::LayoutRun> run_batch(const std::string& dir, const ParallelConfig& par,
+                                     Communicator& comm, int n_seqs, int swap_step = -1) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
+  STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
+  STRATA_ASSIGN_OR_RETURN(auto model, Model::load(config, par, ckpt));
+  STRATA_ASSIGN_OR_RETURN(auto exec, make_layout_runner(config, par, std::move(model), comm,
+                                                        testing::batch_runner_options()));
+  const bool sharded = par.attn_layout == AttnLayout::kBatchSharded;
+  KvPool& pool = exec->cache();
+  EXPECT_EQ(pool.config().n_heads_kv,
+            sharded ? config.n_heads_kv : std::max<int64_t>(1, config.n_heads_kv / par.tp_size));
+  auto inspect = [&](const std::vector<SequenceKv>& seqs) {
+    if (!sharded || swap_step >= 0) return;
+    const ops::KvLayer& kv = pool.layers()[0];
+    const int64_t per_block = pool.config().block_size * pool.config().n_heads_kv * config.head_dim;
+    for (const SequenceKv& q : seqs) {
+      const int32_t b = q.block_table[0];
+      const float* k = static_cast<const float*>(kv.k.data) + b * per_block;
+      double sum = 0;
+      for (int64_t i = 0; i < per_block; ++i) sum += std::fabs(k[i]);
+      const bool mine = par.attn_owner(b) == par.tp_rank;
+      EXPECT_EQ(sum > 0, mine) << "block " << b << " on rank " << par.tp_rank;
+    }
+  };
+  return testing::run_batch_layout(*exec, testing::batch_prompts(n_seqs), 4, inspect, swap_step);
+}
+
+void expect_attn_layouts_match_one_rank(const std::string& dir, const std::string& what) {
+  const int n = g_comm->size();
+  auto single = make_single_rank_communicator();
+  std::vector<FfnLayout> ffns = {FfnLayout::k1D, FfnLayout::kWeightGathered};
+  if (default_grid_x(n) > 0) ffns.push_back(FfnLayout::k2D);
+  for (int n_seqs : {2, 7}) {
+    auto one = run_batch(dir, ParallelConfig{}, *single, n_seqs);
+    ASSERT_TRUE(one.ok()) << one.status().to_string();
+    for (FfnLayout ffn : ffns) {
+      ParallelConfig par;
+      par.tp_size = n;
+      par.tp_rank = g_comm->rank();
+      par.ffn_layout = ffn;
+      par.attn_layout = AttnLayout::kBatchSharded;
+      auto many = run_batch(dir, par, *g_comm, n_seqs);
+      ASSERT_TRUE(many.ok()) << many.status().to_string();
+      const double err = testing::relative_error(many->logits, one->logits);
+      if (g_comm->rank() == 0) {
+        std::printf(
+            "[ info ] %s, %d sequences, --attn-layout batch-sharded --ffn-layout %s, %d ranks: "
+            "%.2e of max|logit| from one rank\n",
+            what.c_str(), n_seqs, ffn_layout_name(ffn), n, err);
+      }
+      EXPECT_LE(err, 1e-5) << what << " " << ffn_layout_name(ffn) << " rank " << par.tp_rank;
+      EXPECT_EQ(many->ids, one->ids) << what << " " << ffn_layout_name(ffn);
+    }
+  }
+  // Every sequence swapped out and back in under new blocks before decode step 2: its K/V
+  // stays on (and comes back to) the rank that holds it.
+  auto one = run_batch(dir, ParallelConfig{}, *single, 7, 2);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  ParallelConfig par;
+  par.tp_size = n;
+  par.tp_rank = g_comm->rank();
+  par.attn_layout = AttnLayout::kBatchSharded;
+  auto many = run_batch(dir, par, *g_comm, 7, 2);
+  ASSERT_TRUE(many.ok()) << many.status().to_string();
+  const double err = testing::relative_error(many->logits, one->logits);
+  if (g_comm->rank() == 0) {
+    std::printf(
+        "[ info ] %s, 7 sequences swapped, --attn-layout batch-sharded, %d ranks: %.2e of "
+        "max|logit| from one rank\n",
+        what.c_str(), n, err);
+  }
+  EXPECT_LE(err, 1e-5) << what << " swapped, rank " << par.tp_rank;
+  EXPECT_EQ(many->ids, one->ids) << what << " swapped";
+}
+
+TEST(AttnLayoutMpi, LlamaMatchesOneRank) {
+  if (4 % g_comm->size() != 0) GTEST_SKIP() << "4 heads over " << g_comm->size() << " ranks";
+  expect_attn_layouts_match_one_rank(testing::fixture_model("llama"), "llama");
+}
+
+TEST(AttnLayoutMpi, WideLlamaMatchesOneRank) {
+  const std::string dir = wide_llama();
+  expect_attn_layouts_match_one_rank(dir, "wide llama (8 heads, 4 KV heads)");
+  EXPECT_TRUE(g_comm->barrier().ok());
+  if (g_comm->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Families it is not built for fail on every rank alike, naming the flag.
+TEST(AttnLayoutMpi, Errors) {
+  const std::string dir = testing::fixture_model("gpt2");
+  auto text = read_text_file(dir + "/config.json");
+  ASSERT_TRUE(text.ok());
+  auto config = parse_hf_config(*text, dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  auto ckpt = Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  ParallelConfig par;
+  par.tp_size = g_comm->size();
+  par.tp_rank = g_comm->rank();
+  par.attn_layout = AttnLayout::kBatchSharded;
+  auto m = Model::load(*config, par, std::shared_ptr<TensorSource>(std::move(*ckpt)));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("--attn-layout batch-sharded is built for the dense Llama "
+                                      "family"),
+            std::string::npos)
+      << m.status().to_string();
 }
 
 }  // namespace

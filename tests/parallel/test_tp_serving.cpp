@@ -3,6 +3,7 @@
 // at TP = N or EP = N (32 at PP = 2, TP = N / 2), with a KV cache too small for all of them (so
 // sequences are preempted and swapped out and back in on every rank), must give exactly the tokens
 // a single-rank greedy loop over the CPU reference gives, computed on rank 0 without the server.
+// TP also with batch-sharded attention.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -73,9 +74,11 @@ Result<std::vector<int32_t>> reference_greedy(const std::string& dir,
 
 // Serves `n` concurrent greedy requests with rank 0's engine over tp x pp x ep ranks (the others
 // follow) and checks each against the single-rank greedy loop.
-void serve_and_check(const std::string& dir, int tp, int pp, int ep, int n) {
+void serve_and_check(const std::string& dir, int tp, int pp, int ep, int n,
+                     const std::string& attn_layout = "head-sharded") {
   ServingConfig cfg;
   cfg.engine.model = dir;
+  cfg.engine.parallel.attn_layout = attn_layout;
   cfg.engine.parallel.tp = tp;
   cfg.engine.parallel.pp = pp;
   cfg.engine.parallel.ep = ep;
@@ -123,8 +126,10 @@ void serve_and_check(const std::string& dir, int tp, int pp, int ep, int n) {
         << done << " of " << n << " requests finished";
   }
   const ServingMetrics m = (*engine)->metrics();
-  std::printf("[ info ] TP=%d x PP=%d x EP=%d serving %d requests: %lld preemptions\n", tp, pp, ep,
-              n, static_cast<long long>(m.preemptions_total));
+  std::printf(
+      "[ info ] TP=%d x PP=%d x EP=%d (%s attention) serving %d requests: %lld "
+      "preemptions\n",
+      tp, pp, ep, attn_layout.c_str(), n, static_cast<long long>(m.preemptions_total));
   EXPECT_GT(m.preemptions_total, 0) << "the test means to exercise swapping";
   engine->reset();  // rank 0's driver tells the followers to stop
   for (int i = 0; i < n; ++i) {
@@ -138,6 +143,14 @@ void serve_and_check(const std::string& dir, int tp, int pp, int ep, int n) {
 
 TEST(TpServing, GreedyOutputsOf16ConcurrentRequestsEqualOneRank) {
   serve_and_check(testing::fixture_model("llama"), g_comm->size(), 1, 1, kRequests);
+}
+
+// Batch-sharded attention (--attn-layout batch-sharded): each sequence's KV on one rank, through
+// the scheduler's mixed prefill / decode steps and swap preemption (a sequence swapped back in
+// under new blocks stays on its rank).
+TEST(TpServing, BatchShardedAttentionGreedyOutputsEqualOneRank) {
+  serve_and_check(testing::fixture_model("llama"), g_comm->size(), 1, 1, kRequests,
+                  "batch-sharded");
 }
 
 // Expert parallelism over the whole world (Qwen2-MoE: 8 experts, a shared expert, a dense

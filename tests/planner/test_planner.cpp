@@ -73,7 +73,7 @@ TEST(Seed003, Table2LatencyWithTheSeedsLayouts) {
     l.tp = seed["chips"];
     l.ffn = parse_ffn(row["ffn"]);
     l.attention =
-        row["attention"] == "batch" ? AttentionSharding::kBatch : AttentionSharding::kHeads;
+        row["attention"] == "batch-sharded" ? AttentionSharding::kBatch : AttentionSharding::kHeads;
     l.block = BlockKind::kParallel;
     PhaseWorkload w;
     w.phase = row["phase"] == "prefill" ? Phase::kPrefill : Phase::kDecode;
@@ -107,7 +107,7 @@ TEST(Seed003, Table1ContextLimitsFromTheMemoryModel) {
     s.n_heads_kv = row["n_heads_kv"];
     s.head_dim = row["head_dim"];
     const AttentionSharding a =
-        row["attention"] == "batch" ? AttentionSharding::kBatch : AttentionSharding::kHeads;
+        row["attention"] == "batch-sharded" ? AttentionSharding::kBatch : AttentionSharding::kHeads;
     const double ctx = max_context(s, tpu, a, seed["chips"], row["batch"], kv_fraction);
     const double reported = row["max_context"];
     EXPECT_NEAR(ctx / reported, 1.0, 0.03)
@@ -521,8 +521,8 @@ std::pair<int64_t, int64_t> best_runnable(const PlanReport& rep, int world) {
   std::map<std::pair<int64_t, int64_t>, std::map<std::string, double>> best;
   for (const PhasePlan& p : rep.phases) {
     for (const PlanRow& r : p.rows) {
-      const bool ok = r.fits && r.ffn == "1D-WS" && r.attention == "heads" && !r.parallel_block &&
-                      !r.host_streamed && r.ep == 1 && r.dp == 1 &&
+      const bool ok = r.fits && r.ffn == "1D-WS" && r.attention == "head-sharded" &&
+                      !r.parallel_block && !r.host_streamed && r.ep == 1 && r.dp == 1 &&
                       (world <= 0 || r.tp * r.pp == world);
       if (!ok) continue;
       auto& m = best[{r.tp, r.pp}];
@@ -551,7 +551,7 @@ TEST(EngineLayout, TensorParallelForLlama8bOnTwoGpus) {
   EXPECT_EQ(c->prefill.tp, c->decode.tp);
   EXPECT_EQ(c->prefill.pp, c->decode.pp);
   EXPECT_EQ(c->decode.ffn, "1D-WS");
-  EXPECT_EQ(c->prefill.attention, "heads");
+  EXPECT_EQ(c->prefill.attention, "head-sharded");
 }
 
 TEST(EngineLayout, MatchesBruteForceOverShapesAndWorlds) {
