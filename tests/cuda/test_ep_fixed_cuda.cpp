@@ -396,7 +396,10 @@ TEST(EpFixedCuda, CountedGraphMatchesWholeBlocksAcrossRoutings) {
         ex[v].ep = ep;
         ex[v].experts_per_rank = El;
         ex[v].capacity = C;
-        ex[v].counted = v == 0;
+        // STRATA_TEST_EP_MODES (diagnosis): the two graphs' exchanges, c(ounted) / w(hole), in
+        // launch order; default "cw".
+        const char* modes = std::getenv("STRATA_TEST_EP_MODES");
+        ex[v].counted = modes != nullptr && std::strlen(modes) == 2 ? modes[v] == 'c' : v == 0;
         ex[v].send_x = tensor(DType::kF32, ep * C, H);
         ex[v].recv_x = tensor(DType::kF32, ep * C, H);
         ex[v].offsets = tensor(DType::kI32, 1, El + 1);
@@ -452,6 +455,9 @@ TEST(EpFixedCuda, CountedGraphMatchesWholeBlocksAcrossRoutings) {
             break;
           }
           cudaStreamSynchronize(stream);
+          // STRATA_TEST_EP_BARRIER=1 (diagnosis): every rank finishes a graph before any starts
+          // the next.
+          if (std::getenv("STRATA_TEST_EP_BARRIER") != nullptr) st = c.barrier();
           got[v] =
               download(static_cast<const float*>(y_perm[v].data), static_cast<size_t>(T * k * H));
           grouped[v] = download(static_cast<const float*>(ex[v].send_x.data),
@@ -483,10 +489,12 @@ TEST(EpFixedCuda, CountedGraphMatchesWholeBlocksAcrossRoutings) {
         };
         const std::string d0 = diff(got[0]), d1 = diff(got[1]);
         if (!d0.empty())
-          st = Status(StatusCode::kInternal, at + "counted rows came back wrong: " + d0);
+          st = Status(StatusCode::kInternal, at + (ex[0].counted ? "counted" : "whole-block") +
+                                                 " rows (first graph) came back wrong: " + d0);
         if (st.ok() && !d1.empty()) {
           st = Status(StatusCode::kInternal,
-                      at + "whole-block rows came back wrong: " + d1 +
+                      at + (ex[1].counted ? "counted" : "whole-block") +
+                          " rows (second graph) came back wrong: " + d1 +
                           (off[0] != off[1] ? "; offsets differ" : "") +
                           (grouped[0] != grouped[1] ? "; grouped rows differ" : ""));
         }
