@@ -45,7 +45,7 @@ step() {  # step NAME LIMIT CMD...
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1 || true
 if has tests; then
   step fetch_tests 300 "$BUILD/tests/test_cuda" \
-    --gtest_filter='PartitionedFetchCuda.*:WeightStreamingCuda.FixturesHostTierEqualResident'
+    --gtest_filter='PartitionedFetchCuda.*:*PartitionedFetchCudaPieces.*:WeightStreamingCuda.FixturesHostTierEqualResident'
 fi
 if has h2d; then
   step h2d 120 "$BUILD/bench/bench_h2d" --gpus "$DP" --json "$OUT/h2d.json"
