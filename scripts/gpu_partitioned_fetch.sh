@@ -8,9 +8,12 @@
 # total batch in each run (--dp N splits it among the replicas). JSON under $OUT.
 # Test binaries find the fixtures through the absolute path they were built with: SRC_ROOT (the
 # checkout's path on the build machine) is linked to this checkout when it does not exist here.
-# STAGES picks stages (default "tests h2d bench").
+# STAGES picks stages (default "tests h2d bench"); the stage "pieces" is the A/B of the pieces a
+# layer is fetched in: one --dp N run per entry of PIECES (default "1s 1 4 8"), N = --fetch-pieces,
+# "1s" = one piece with the all-gathers on the copy stream (STRATA_FETCH_ONE_STREAM=1: the
+# schedule before the gather stream).
 #   BUILD=<dir with strata, tests/, bench/> [DP=N] [BATCH=16,64] [PREFILL=16x512] [SRC_ROOT=/work/main] \
-#     scripts/gpu_partitioned_fetch.sh
+#     [PIECES="1s 1 4 8"] scripts/gpu_partitioned_fetch.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -42,14 +45,28 @@ step() {  # step NAME LIMIT CMD...
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1 || true
 if has tests; then
   step fetch_tests 300 "$BUILD/tests/test_cuda" \
-    --gtest_filter='PartitionedFetchCuda.*:WeightStreamingCuda.FixturesHostTierEqualResident'
+    --gtest_filter='PartitionedFetchCuda.*:*PartitionedFetchCudaPieces.*:WeightStreamingCuda.FixturesHostTierEqualResident'
 fi
 if has h2d; then
   step h2d 120 "$BUILD/bench/bench_h2d" --gpus "$DP" --json "$OUT/h2d.json"
 fi
-has bench || { echo "== done rc=$rc"; exit $rc; }
 B34="--device cuda --model-config llama-34b --gpu-weight-budget 8 --ctx 512 --decode-steps 2 -r 1"
 B34="$B34 --batch $BATCH --max-num-batched-tokens 16384${PREFILL:+ --prefill $PREFILL}"
+if has pieces; then
+  for p in ${PIECES:-1s 1 4 8}; do
+    name="llama34b_dp${DP}_pieces$p"
+    if [ "$p" = 1s ]; then
+      # shellcheck disable=SC2086
+      STRATA_FETCH_ONE_STREAM=1 step "$name" 500 "$BUILD/strata" bench $B34 --dp "$DP" \
+        --fetch-pieces 1 --json "$OUT/$name.json"
+    else
+      # shellcheck disable=SC2086
+      step "$name" 500 "$BUILD/strata" bench $B34 --dp "$DP" --fetch-pieces "$p" \
+        --json "$OUT/$name.json"
+    fi
+  done
+fi
+has bench || { echo "== done rc=$rc"; exit $rc; }
 # shellcheck disable=SC2086
 step llama34b_dp1 400 "$BUILD/strata" bench $B34 --json "$OUT/llama34b_dp1.json"
 # shellcheck disable=SC2086

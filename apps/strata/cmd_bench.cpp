@@ -291,18 +291,21 @@ int run_engine_bench(const BenchOptions& opt, Benchmark& e, nlohmann::ordered_js
       }
       j["dp"] = ws.dp;
       j["partitioned_fetch"] = ws.fetch_parts > 1;
+      j["fetch_pieces"] = ws.fetch_pieces;
       j["stream_GBps_total"] = gbps * ws.dp;
       j["h2d_bytes_per_pass_per_replica"] = per_pass;
       j["h2d_GBps_per_replica"] = h2d;
       j["h2d_GBps_total"] = h2d_total;
       if (!to_stdout) {
+        const std::string pieces =
+            ws.fetch_parts > 1 ? ", " + std::to_string(ws.fetch_pieces) + " pieces per layer" : "";
         std::printf(
-            "|   %d data-parallel replicas, %s: per replica %.1f GB/s of layers arrive "
+            "|   %d data-parallel replicas, %s%s: per replica %.1f GB/s of layers arrive "
             "(%.1f GB/s over all), host-to-device %.1f GB/s in all (%s batch %lld)\n",
             ws.dp,
             ws.fetch_parts > 1 ? "partitioned fetch (1/N of each layer from host, all-gather)"
                                : "whole layers from host",
-            gbps, gbps * ws.dp, h2d_total, test, static_cast<long long>(b));
+            pieces.c_str(), gbps, gbps * ws.dp, h2d_total, test, static_cast<long long>(b));
       }
       before = now;
     }

@@ -150,6 +150,11 @@ void add_weight_residency_options(CLI::App* sub, EngineConfig& e) {
                 "streamed layer over its own host link and an all-gather over the replicas "
                 "completes it on every GPU (default on; --no-partitioned-fetch: every replica "
                 "copies whole layers)");
+  sub->add_option("--fetch-pieces", e.fetch_pieces,
+                  "CUDA, partitioned fetch: the most pieces each streamed layer is fetched in; "
+                  "piece j's all-gather runs while piece j + 1 is copied (default: "
+                  "STRATA_FETCH_PIECES, else 4; 1: whole-layer all-gathers)")
+      ->check(CLI::Range(1, 1024));
   sub->add_flag(
       "--no-weight-prefetch", [&e](int64_t) { e.weight_prefetch = false; },
       "CUDA, weight streaming: copy each streamed layer just before it runs instead of while the "

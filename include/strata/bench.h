@@ -29,6 +29,7 @@ struct WeightStreamInfo {
   // bytes it copied from host memory so far.
   int dp = 1;
   int fetch_parts = 1;
+  int fetch_pieces = 1;  // partitioned fetch: the most pieces (all-gathers) per layer
   std::vector<int64_t> replica_passes, replica_bytes_copied;
 };
 

@@ -101,6 +101,9 @@ struct EngineConfig {
   // every streamed layer and an all-gather completes it (ZeRO-Inference's partitioned fetch);
   // false: every replica fetches whole layers.
   bool partitioned_fetch = true;
+  // Partitioned fetch: the most pieces each layer is fetched in (piece j's all-gather overlaps
+  // piece j + 1's copy); 0: the environment's STRATA_FETCH_PIECES, else 4.
+  int fetch_pieces = 0;
   // --plan auto|FILE and --plan-workload: the CLI replaces parallel.tp / .pp with the layout the
   // cost model of `strata plan` picks, before the engine loads (the library ignores them).
   std::string plan;

@@ -38,6 +38,9 @@ struct ResidencyOptions {
   // to a multiple of fetch_parts x 256 bytes, so every replica's part of a layer (the blob split
   // into fetch_parts 256-byte aligned parts, the last one shorter) has room in an all-gather.
   int fetch_parts = 1;
+  // Partitioned fetch: the most pieces a layer is fetched in, each copied and then all-gathered
+  // while the next one is copied (runtime/weight_streamer.h). 0: STRATA_FETCH_PIECES, else 4.
+  int fetch_pieces = 0;
   bool requested() const { return gpu_weight_budget > 0 || offload != WeightOffload::kAuto; }
 };
 

@@ -42,6 +42,7 @@ class BenchmarkImpl final : public Benchmark {
     w.direct_io = st.direct_io;
     w.dp = exec_->data_parallel_size();
     w.fetch_parts = st.fetch_parts;
+    w.fetch_pieces = st.fetch_pieces;
     for (const StreamStats& r : exec_->replica_stream_stats()) {
       w.replica_passes.push_back(r.passes);
       w.replica_bytes_copied.push_back(r.bytes);

@@ -34,8 +34,10 @@ class WeightCopier {
   virtual Status copy(int slot, void* dst, const void* src, size_t bytes, int staging) = 0;
   // Partitioned fetch (data-parallel replicas): after the copies issued so far, the in-place
   // all-gather over `comm` of `part` bytes per rank at dst (rank r's part at dst + r * part),
-  // on the copy stream (the CPU's copy thread); then the slot is ready. Every rank of comm must
-  // issue the same gathers in the same order.
+  // on a gather stream of its own (CUDA: copies issued later overlap it; the CPU's copy thread
+  // runs it in order); then the slot is ready. A layer fetched in pieces issues copy, gather,
+  // copy, gather, ...: the slot is ready after its last gather. Every rank of comm must issue
+  // the same gathers in the same order.
   virtual Status gather(int slot, void* dst, size_t part, Communicator& comm) = 0;
   // The compute stream waits for the last copy into `slot`.
   virtual Status wait_ready(int slot) = 0;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <utility>
@@ -110,6 +111,11 @@ class EventProfiler final : public ops::Profiler {
 
 // Weight streaming's copies on a non-blocking stream of their own: a slot's copy waits for the
 // compute that last read it (free event), the compute waits for the copy (ready event).
+// Partitioned fetch's all-gathers run on a second non-blocking stream (gather_), each after the
+// copies issued before it (copied_ event), so the host link keeps copying the next piece while
+// the peer links gather the last one; the slot's ready event is then recorded there.
+// STRATA_FETCH_ONE_STREAM=1 puts the all-gathers on the copy stream instead (the schedule before
+// the gather stream, for A/B).
 class CudaCopier final : public WeightCopier {
  public:
   static Result<std::unique_ptr<WeightCopier>> create(int device, cudaStream_t compute, int slots,
@@ -118,6 +124,13 @@ class CudaCopier final : public WeightCopier {
     c->device_ = device;
     c->compute_ = compute;
     STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&c->copy_, cudaStreamNonBlocking));
+    const char* one = std::getenv("STRATA_FETCH_ONE_STREAM");
+    if (one != nullptr && std::string(one) == "1") {
+      c->gather_ = c->copy_;
+    } else {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&c->gather_, cudaStreamNonBlocking));
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&c->copied_, cudaEventDisableTiming));
+    }
     auto make = [](std::vector<cudaEvent_t>& v, int n) -> Status {
       for (int i = 0; i < n; ++i) {
         cudaEvent_t e = nullptr;
@@ -134,9 +147,13 @@ class CudaCopier final : public WeightCopier {
   ~CudaCopier() override {
     (void)cudaSetDevice(device_);
     if (copy_ != nullptr) (void)cudaStreamSynchronize(copy_);
+    const bool own_gather = gather_ != nullptr && gather_ != copy_;
+    if (own_gather) (void)cudaStreamSynchronize(gather_);
     for (auto* v : {&ready_, &free_, &staging_}) {
       for (cudaEvent_t e : *v) (void)cudaEventDestroy(e);
     }
+    if (copied_ != nullptr) (void)cudaEventDestroy(copied_);
+    if (own_gather) (void)cudaStreamDestroy(gather_);
     if (copy_ != nullptr) (void)cudaStreamDestroy(copy_);
   }
   Status copy(int slot, void* dst, const void* src, size_t bytes, int staging) override {
@@ -149,18 +166,24 @@ class CudaCopier final : public WeightCopier {
     return ok_status();
   }
   Status gather(int slot, void* dst, size_t part, Communicator& comm) override {
-    // On the copy stream after this rank's part arrived: NCCL (or the in-process one-shot
-    // kernels) fills the peers' parts in place; the compute stream waits for it via ready_.
+    // On the gather stream after this rank's part arrived (the copies issued so far): NCCL (or
+    // the in-process one-shot kernels) fills the peers' parts in place while the copy stream
+    // goes on with the next piece; the compute stream waits for it via ready_. The wait takes
+    // copied_ as recorded now, so one event serves every piece.
+    if (gather_ != copy_) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_, copy_));
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(gather_, copied_, 0));
+    }
     CommStream s;
     s.device = Device::cuda(device_);
-    s.cuda_stream = copy_;
+    s.cuda_stream = gather_;
     // Moved as bf16 elements (parts are multiples of 256 bytes): the one-shot kernels take f32
     // and bf16 only, and an all-gather only copies.
     const auto n = static_cast<int64_t>(part / 2);
     STRATA_RETURN_IF_ERROR(
         comm.all_gather(static_cast<uint8_t*>(dst) + part * static_cast<size_t>(comm.rank()), n,
                         DType::kBF16, dst, s));
-    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[static_cast<size_t>(slot)], copy_));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[static_cast<size_t>(slot)], gather_));
     return ok_status();
   }
   Status wait_ready(int slot) override {
@@ -179,6 +202,7 @@ class CudaCopier final : public WeightCopier {
   }
   Status synchronize() override {
     STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));
+    if (gather_ != copy_) STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(gather_));
     return ok_status();
   }
 
@@ -186,6 +210,8 @@ class CudaCopier final : public WeightCopier {
   CudaCopier() = default;
   int device_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  cudaStream_t gather_ = nullptr;  // partitioned fetch's all-gathers (copy_ with ONE_STREAM)
+  cudaEvent_t copied_ = nullptr;   // the copy stream's work before the next all-gather
   std::vector<cudaEvent_t> ready_, free_, staging_;
 };
 

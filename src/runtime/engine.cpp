@@ -225,6 +225,7 @@ Result<std::vector<std::string>> describe_weight_residency(const std::string& mo
   o.gpu_weight_budget = cfg.gpu_weight_budget;
   o.offload = cfg.offload_weights;
   o.prefetch = cfg.weight_prefetch;
+  o.fetch_pieces = cfg.fetch_pieces;
   const DType wdt = cfg.quantization == Quantization::kInt8  ? DType::kI8
                     : cfg.quantization == Quantization::kFp8 ? DType::kFP8E4M3
                                                              : DType::kBF16;

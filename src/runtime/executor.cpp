@@ -345,9 +345,9 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
     r->model_ = std::move(host);
   }
   if (r->model_->streamed()) {
-    STRATA_ASSIGN_OR_RETURN(
-        r->streamer_,
-        WeightStreamer::create(r->model_->streamed(), rt, o.residency.prefetch, o.fetch_group));
+    STRATA_ASSIGN_OR_RETURN(r->streamer_,
+                            WeightStreamer::create(r->model_->streamed(), rt, o.residency.prefetch,
+                                                   o.fetch_group, o.residency.fetch_pieces));
     // The copies are issued (and the disk read) between layers from the host: eager launches.
     o.cuda_graphs = false;
   }
@@ -747,6 +747,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   ro.residency.gpu_weight_budget = cfg.gpu_weight_budget;
   ro.residency.offload = cfg.offload_weights;
   ro.residency.prefetch = cfg.weight_prefetch;
+  ro.residency.fetch_pieces = cfg.fetch_pieces;
   if (!cuda && ro.residency.requested()) {
     return Status(StatusCode::kInvalidArgument,
                   "--gpu-weight-budget and --offload-weights need --device cuda (the CPU runs the "

@@ -27,6 +27,42 @@ size_t part_bytes(size_t bytes, int n) {
   return ((bytes + k - 1) / k + 255) / 256 * 256;
 }
 
+std::vector<FetchPiece> fetch_pieces(size_t bytes, int n, int pieces) {
+  const size_t k = static_cast<size_t>(std::max(1, n));
+  const int p = std::max(1, pieces);
+  if (bytes == 0) return {FetchPiece{}};  // one empty piece, as the whole-layer fetch had
+  // Full pieces of k x q bytes while more than one is left, then the rest, split over k ranks.
+  // The offsets stay multiples of k x 256, so the last piece ends at bytes rounded up to k x 256.
+  const size_t q = part_bytes(bytes, n * p), extent = k * q;
+  std::vector<FetchPiece> out;
+  size_t offset = 0;
+  while (bytes - offset > extent) {
+    out.push_back({offset, q});
+    offset += extent;
+  }
+  out.push_back({offset, part_bytes(bytes - offset, n)});
+  return out;
+}
+
+ByteRange fetch_piece_range(const FetchPiece& piece, size_t bytes, int rank) {
+  const size_t r = static_cast<size_t>(std::max(0, rank));
+  ByteRange b;
+  b.begin = std::min(bytes, piece.offset + r * piece.part);
+  b.end = std::min(bytes, b.begin + piece.part);
+  return b;
+}
+
+int resolve_fetch_pieces(int requested) {
+  if (requested > 0) return requested;
+  if (const char* e = std::getenv("STRATA_FETCH_PIECES"); e != nullptr && *e != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (end != e && *end == '\0' && v > 0 && v <= 1024) return static_cast<int>(v);
+    log_warn("STRATA_FETCH_PIECES={} is not a count in 1..1024; using {}", e, kDefaultFetchPieces);
+  }
+  return kDefaultFetchPieces;
+}
+
 namespace {
 
 struct FreeDeleter {
@@ -37,15 +73,17 @@ struct FreeDeleter {
 
 Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
     std::shared_ptr<StreamedWeights> weights, DeviceRuntime& runtime, bool prefetch,
-    Communicator* fetch_group) {
+    Communicator* fetch_group, int pieces) {
   std::unique_ptr<WeightStreamer> s(new WeightStreamer());
   s->w_ = std::move(weights);
   s->prefetch_ = prefetch;
   if (fetch_group != nullptr && fetch_group->size() > 1) {
     s->group_ = fetch_group;
+    s->pieces_ = resolve_fetch_pieces(pieces);
     const size_t n = static_cast<size_t>(fetch_group->size());
     for (const StreamedLayer& l : s->w_->layers) {
-      if (n * part_bytes(l.bytes, fetch_group->size()) > s->w_->slot_bytes) {
+      const FetchPiece last = fetch_pieces(l.bytes, fetch_group->size(), s->pieces_).back();
+      if (last.offset + n * last.part > s->w_->slot_bytes) {
         return errorf(StatusCode::kInternal,
                       "partitioned fetch: {} parts of layer {} ({} bytes) overflow the {}-byte "
                       "slots (ResidencyOptions::fetch_parts not set?)",
@@ -92,6 +130,7 @@ StreamStats WeightStreamer::stats() const {
   s.direct_io = direct_;
   s.bytes_per_pass = static_cast<int64_t>(w_->bytes_per_pass());
   s.fetch_parts = group_ != nullptr ? group_->size() : 1;
+  s.fetch_pieces = group_ != nullptr ? pieces_ : 1;
   s.slot_bytes = static_cast<int64_t>(w_->slot_bytes * w_->slots.size());
   return s;
 }
@@ -144,19 +183,12 @@ Status WeightStreamer::issue(int64_t item) {
   if (item != issued_) return Status(StatusCode::kInternal, "weight streaming: items out of order");
   const StreamedLayer& l = w_->layers[static_cast<size_t>(item % K_)];
   void* dst = w_->slots[static_cast<size_t>(l.slot)];
-  // This rank's part of the blob: all of it, or [begin, end) under partitioned fetch.
-  size_t begin = 0, end = l.bytes, part = 0;
-  if (group_ != nullptr) {
-    part = part_bytes(l.bytes, group_->size());
-    begin = std::min(l.bytes, part * static_cast<size_t>(group_->rank()));
-    end = std::min(l.bytes, begin + part);
-  }
   auto* dst8 = static_cast<uint8_t*>(dst);
-  if (w_->tier == LayerTier::kHost) {
-    STRATA_RETURN_IF_ERROR(copier_->copy(
-        l.slot, dst8 + begin, static_cast<const uint8_t*>(l.host.data()) + begin, end - begin, -1));
-  } else {
-    const int b = static_cast<int>(item % kStaging);
+  // The blob's source: pinned host memory, or the staging buffer its reader packed it into.
+  const uint8_t* src = static_cast<const uint8_t*>(l.host.data());
+  int b = -1;
+  if (w_->tier != LayerTier::kHost) {
+    b = static_cast<int>(item % kStaging);
     const auto t0 = std::chrono::steady_clock::now();
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -165,25 +197,37 @@ Status WeightStreamer::issue(int64_t item) {
     }
     stats_.disk_wait_s +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    STRATA_RETURN_IF_ERROR(
-        copier_->copy(l.slot, dst8 + begin,
-                      static_cast<const uint8_t*>(staging_[static_cast<size_t>(b)].data()) + begin,
-                      end - begin, b));
+    src = static_cast<const uint8_t*>(staging_[static_cast<size_t>(b)].data());
+  }
+  size_t copied = 0;
+  if (group_ == nullptr) {
+    STRATA_RETURN_IF_ERROR(copier_->copy(l.slot, dst8, src, l.bytes, b));
+    copied = l.bytes;
+  } else {
+    // This rank's part of each piece, then the piece's all-gather (after that copy, on the
+    // copier's gather stream) while the next piece's copy runs; the slot is ready after the last
+    // piece's all-gather.
+    for (const FetchPiece& p : fetch_pieces(l.bytes, group_->size(), pieces_)) {
+      const ByteRange r = fetch_piece_range(p, l.bytes, group_->rank());
+      STRATA_RETURN_IF_ERROR(
+          copier_->copy(l.slot, dst8 + r.begin, src + r.begin, r.end - r.begin, b));
+      STRATA_RETURN_IF_ERROR(copier_->gather(l.slot, dst8 + p.offset, p.part, *group_));
+      copied += r.end - r.begin;
+      ++stats_.gathers;
+    }
+    stats_.gathered_bytes += static_cast<int64_t>(l.bytes - copied);
+  }
+  if (b >= 0) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       released_ = item + 1;
     }
     cv_.notify_all();
   }
-  if (group_ != nullptr) {
-    // The peers' parts, in place; the slot is ready once the all-gather is done.
-    STRATA_RETURN_IF_ERROR(copier_->gather(l.slot, dst, part, *group_));
-    stats_.gathered_bytes += static_cast<int64_t>(l.bytes - (end - begin));
-  }
   slot_owner_[static_cast<size_t>(l.slot)] = item;
   ++issued_;
   ++stats_.layers;
-  stats_.bytes += static_cast<int64_t>(end - begin);
+  stats_.bytes += static_cast<int64_t>(copied);
   return ok_status();
 }
 

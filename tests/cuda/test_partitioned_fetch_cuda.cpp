@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <utility>
 
 #include "../model/fixture_util.h"
 #include "../model/partitioned_fetch_util.h"
@@ -98,32 +100,41 @@ TEST(PartitionedFetchCuda, FixturesEqualResident) {
       ASSERT_TRUE(plain.ok()) << plain.status().to_string();
       auto same_split = run(*plain->exec, prompts, kSteps);
       ASSERT_TRUE(same_split.ok()) << same_split.status().to_string();
-      for (bool prefetch : {true, false}) {
+      // Each layer in 4 pieces (a piece's all-gather on the gather stream while the next piece
+      // is copied), in 1 (whole-layer all-gathers), and in 3 without prefetch.
+      for (auto [prefetch, pieces] :
+           {std::pair{true, 4}, std::pair{true, 1}, std::pair{false, 3}}) {
         ResidencyOptions o;
         o.offload = WeightOffload::kCpu;
         o.prefetch = prefetch;
+        o.fetch_pieces = pieces;
         auto s = make(dir, dp, o);
         ASSERT_TRUE(s.ok()) << s.status().to_string();
         auto got = run(*s->exec, prompts, kSteps);
         ASSERT_TRUE(got.ok()) << got.status().to_string();
         const std::string what = std::string(name) + " dp " + std::to_string(dp) + ", prefetch " +
-                                 std::to_string(prefetch) + " on " + s->exec->device_name();
+                                 std::to_string(prefetch) + ", " + std::to_string(pieces) +
+                                 " pieces on " + s->exec->device_name();
         EXPECT_TRUE(bit_equal(got->logits, same_split->logits))
             << what << ": streamed replicas differ from resident replicas (max err "
             << testing::relative_error(got->logits, same_split->logits) << ")";
         EXPECT_EQ(got->ids, same_split->ids) << what;
         EXPECT_LT(testing::relative_error(got->logits, want->logits), 2e-2) << what;
         EXPECT_EQ(got->ids, want->ids) << what << ": greedy ids differ from one runner";
-        expect_partitioned(s->exec->replica_stream_stats(), dp, what);
+        expect_partitioned(s->exec->replica_stream_stats(), dp, what, pieces);
       }
     }
   }
 }
 
 // llama3.2-1b's shapes (random weights, the same seed on every replica): 12 of 16 layers
-// streamed through two slots over many passes, two replicas each fetching half of every layer.
-TEST(PartitionedFetchCuda, ManyLayersEqualResidentReplicas) {
+// streamed through two slots over many passes, two replicas each fetching half of every layer,
+// in 1 and in 4 pieces (parameter).
+class PartitionedFetchCudaPieces : public ::testing::TestWithParam<int> {};
+
+TEST_P(PartitionedFetchCudaPieces, ManyLayersEqualResidentReplicas) {
   REQUIRE_GPU();
+  const int pieces = GetParam();
   auto c = model_config_preset("llama3.2-1b");
   ASSERT_TRUE(c.ok());
   std::vector<std::vector<int32_t>> prompts;
@@ -136,6 +147,7 @@ TEST(PartitionedFetchCuda, ManyLayersEqualResidentReplicas) {
   std::vector<int32_t> want_ids;
   for (int mode = 0; mode < 3; ++mode) {  // resident, streamed partitioned, streamed whole
     ResidencyOptions o;
+    o.fetch_pieces = pieces;
     if (mode > 0) {
       o.gpu_weight_budget = device_nonlayer_bytes(*c, ParallelConfig{}, DType::kBF16) +
                             6 * device_layer_bytes(*c, ParallelConfig{}, DType::kBF16);
@@ -156,9 +168,14 @@ TEST(PartitionedFetchCuda, ManyLayersEqualResidentReplicas) {
     EXPECT_TRUE(bit_equal(out->logits, want))
         << "mode " << mode << ", max err " << testing::relative_error(out->logits, want);
     EXPECT_EQ(out->ids, want_ids);
-    if (mode == 1) expect_partitioned((*e)->replica_stream_stats(), 2, "llama3.2-1b");
+    if (mode == 1) {
+      expect_partitioned((*e)->replica_stream_stats(), 2,
+                         "llama3.2-1b, " + std::to_string(pieces) + " pieces", pieces);
+    }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Pieces, PartitionedFetchCudaPieces, ::testing::Values(1, 4));
 
 }  // namespace
 }  // namespace strata

@@ -105,9 +105,11 @@ inline std::vector<std::vector<int32_t>> prompts_of(const Reference& ref, int n)
 }
 
 // Every replica saw the same layer items; each byte of each item was copied from host memory by
-// exactly one replica (its part; the rest came with the all-gather).
-inline void expect_partitioned(const std::vector<StreamStats>& st, int dp,
-                               const std::string& what) {
+// exactly one replica (its part; the rest came with the all-gather). `pieces` > 0: every replica
+// fetched each layer in at most that many pieces, more than one all-gather per layer when
+// pieces > 1 (the fixtures' layers are large enough for several).
+inline void expect_partitioned(const std::vector<StreamStats>& st, int dp, const std::string& what,
+                               int pieces = 0) {
   ASSERT_EQ(st.size(), static_cast<size_t>(dp)) << what;
   int64_t copied = 0;
   const int64_t whole = st[0].bytes + st[0].gathered_bytes;
@@ -118,6 +120,13 @@ inline void expect_partitioned(const std::vector<StreamStats>& st, int dp,
     // About 1/dp of every layer (parts are rounded up to 256 bytes).
     EXPECT_LE(s.bytes, whole / dp + s.layers * 256) << what;
     EXPECT_GT(s.bytes, 0) << what;
+    EXPECT_EQ(s.gathers, st[0].gathers) << what << ": replicas issued different all-gathers";
+    EXPECT_GE(s.gathers, s.layers) << what;
+    if (pieces > 0) {
+      EXPECT_EQ(s.fetch_pieces, pieces) << what;
+      EXPECT_LE(s.gathers, s.layers * pieces) << what;
+      if (pieces > 1) EXPECT_GT(s.gathers, s.layers) << what << ": no layer came in pieces";
+    }
     copied += s.bytes;
   }
   EXPECT_EQ(copied, whole) << what << ": the replicas' parts do not add up to the layers";

@@ -11,9 +11,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/mapped_file.h"
 #include "fixture_util.h"
@@ -93,10 +97,13 @@ TEST_P(PartitionedFetch, ReplicasEqualOneResidentRunner) {
       ASSERT_TRUE(plain.ok()) << plain.status().to_string();
       auto same_split = run(*plain->exec, prompts, kSteps);
       ASSERT_TRUE(same_split.ok()) << same_split.status().to_string();
-      for (bool prefetch : {true, false}) {
+      // Each layer fetched in 4 pieces, in 1 (whole-layer all-gathers), and in 3 without prefetch.
+      for (auto [prefetch, pieces] :
+           {std::pair{true, 4}, std::pair{true, 1}, std::pair{false, 3}}) {
         ResidencyOptions o;
         o.offload = WeightOffload::kCpu;
         o.prefetch = prefetch;
+        o.fetch_pieces = pieces;
         auto s = make(dir, dp, o);
         ASSERT_TRUE(s.ok()) << s.status().to_string();
         EXPECT_EQ(s->exec->data_parallel_size(), dp);
@@ -104,7 +111,8 @@ TEST_P(PartitionedFetch, ReplicasEqualOneResidentRunner) {
         ASSERT_TRUE(got.ok()) << got.status().to_string();
         const std::string what = std::string(GetParam()) + " dp " + std::to_string(dp) + ", " +
                                  std::to_string(n_seqs) + " sequences, prefetch " +
-                                 std::to_string(prefetch);
+                                 std::to_string(prefetch) + ", " + std::to_string(pieces) +
+                                 " pieces";
         EXPECT_TRUE(bit_equal(got->logits, same_split->logits))
             << what << ": streamed replicas differ from resident replicas (max err "
             << testing::relative_error(got->logits, same_split->logits) << ")";
@@ -112,7 +120,7 @@ TEST_P(PartitionedFetch, ReplicasEqualOneResidentRunner) {
         EXPECT_LT(testing::relative_error(got->logits, want->logits), 2e-2)
             << what << ": replicas differ from one runner";
         EXPECT_EQ(got->ids, want->ids) << what << ": greedy ids differ from one runner";
-        expect_partitioned(s->exec->replica_stream_stats(), dp, what);
+        expect_partitioned(s->exec->replica_stream_stats(), dp, what, pieces);
       }
     }
   }
@@ -138,6 +146,7 @@ TEST(PartitionedFetchMixed, ResidentLayersSlotsAndFetchOff) {
     o.gpu_weight_budget = int64_t{1} << 40;
     o.max_resident_layers = 1;
     o.n_slots = 3;
+    o.fetch_pieces = 2;
     auto s = make(dir, 2, o, partitioned);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     ASSERT_EQ(s->exec->residency_plan()->n_resident, 1);
@@ -148,7 +157,7 @@ TEST(PartitionedFetchMixed, ResidentLayersSlotsAndFetchOff) {
     const auto st = s->exec->replica_stream_stats();
     ASSERT_EQ(st.size(), 2u);
     if (partitioned) {
-      expect_partitioned(st, 2, "llama, 1 resident, 3 slots");
+      expect_partitioned(st, 2, "llama, 1 resident, 3 slots, 2 pieces", 2);
     } else {
       for (const StreamStats& r : st) {
         EXPECT_EQ(r.fetch_parts, 1);
@@ -172,6 +181,7 @@ TEST(PartitionedFetchDisk, ReplicasEqualResidentReplicas) {
     ASSERT_TRUE(want.ok()) << want.status().to_string();
     ResidencyOptions o;
     o.offload = WeightOffload::kDisk;
+    o.fetch_pieces = 4;
     auto s = make(dir, 2, o);
     ASSERT_TRUE(s.ok()) << name << ": " << s.status().to_string();
     auto got = run(*s->exec, prompts, 2);
@@ -179,7 +189,7 @@ TEST(PartitionedFetchDisk, ReplicasEqualResidentReplicas) {
     EXPECT_TRUE(bit_equal(got->logits, want->logits))
         << name << " (max err " << testing::relative_error(got->logits, want->logits) << ")";
     EXPECT_EQ(got->ids, want->ids);
-    expect_partitioned(s->exec->replica_stream_stats(), 2, std::string(name) + " disk");
+    expect_partitioned(s->exec->replica_stream_stats(), 2, std::string(name) + " disk", 4);
   }
 }
 
@@ -238,6 +248,92 @@ TEST(PartitionedFetchParts, UnevenSizes) {
       const size_t q = static_cast<size_t>(n) * 256, slot = (bytes + q - 1) / q * q;
       EXPECT_LE(part * static_cast<size_t>(n), slot) << bytes << " over " << n;
     }
+  }
+}
+
+// A layer fetched in pieces (fetch_pieces): for every size, rank count and piece count, the
+// pieces tile the slot from 0 to the blob rounded up to n x 256 bytes (where the slots end) in
+// 256-byte aligned all-gathers, the ranks' copies cover every blob byte exactly once, each rank
+// copies about 1/n, the piece count is min(asked, what the size allows), every piece but the
+// last has the same part and the last is no larger; one piece is the whole-layer fetch.
+TEST(PartitionedFetchParts, PiecesTileTheSlot) {
+  std::vector<size_t> sizes;
+  for (size_t b = 0; b <= 4096; ++b) sizes.push_back(b);
+  for (size_t b : {size_t{100003}, size_t{1} << 20, (size_t{1} << 20) + 1, size_t{123456789},
+                   size_t{1'384'120'320}, size_t{1'384'120'321}}) {
+    sizes.push_back(b);
+  }
+  int checked = 0;
+  for (size_t bytes : sizes) {
+    for (int n : {1, 2, 3, 4, 5, 8}) {
+      const size_t k = static_cast<size_t>(n), q = k * 256;
+      const size_t slot = (bytes + q - 1) / q * q;  // ResidencyOptions::fetch_parts padding
+      for (int p : {1, 2, 3, 4, 7, 16}) {
+        const std::string what = std::to_string(bytes) + " bytes, " + std::to_string(n) +
+                                 " ranks, " + std::to_string(p) + " pieces";
+        const std::vector<FetchPiece> pieces = fetch_pieces(bytes, n, p);
+        ASSERT_FALSE(pieces.empty()) << what;
+        ASSERT_LE(pieces.size(), static_cast<size_t>(p)) << what;
+        if (p == 1) {
+          ASSERT_EQ(pieces.size(), 1u) << what;
+          EXPECT_EQ(pieces[0].offset, 0u) << what;
+          EXPECT_EQ(pieces[0].part, part_bytes(bytes, n)) << what;
+        }
+        // As many pieces as asked unless fewer full-size ones already hold the blob.
+        const size_t full = part_bytes(bytes, n * p) * k;
+        if (bytes > 0) {
+          EXPECT_EQ(pieces.size(),
+                    std::min<size_t>(static_cast<size_t>(p), (bytes + full - 1) / full))
+              << what;
+        }
+        size_t end = 0;
+        std::vector<size_t> per_rank(k, 0);
+        size_t covered = 0;  // the ranks' ranges, in order, must tile [0, bytes)
+        for (size_t j = 0; j < pieces.size(); ++j) {
+          const FetchPiece& f = pieces[j];
+          EXPECT_EQ(f.offset, end) << what << ", piece " << j << ": not contiguous";
+          EXPECT_EQ(f.offset % q, 0u) << what << ", piece " << j;
+          EXPECT_EQ(f.part % 256, 0u) << what << ", piece " << j;
+          if (bytes > 0) EXPECT_GT(f.part, 0u) << what << ", piece " << j;
+          if (j + 1 < pieces.size()) {
+            EXPECT_EQ(f.part, pieces[0].part) << what << ", piece " << j;
+            EXPECT_LT(f.offset + k * f.part, bytes) << what << ", piece " << j << " is not needed";
+          } else {
+            EXPECT_LE(f.part, pieces[0].part) << what << ": the last piece is larger";
+          }
+          for (int r = 0; r < n; ++r) {
+            const ByteRange b = fetch_piece_range(f, bytes, r);
+            ASSERT_LE(b.begin, b.end) << what;
+            ASSERT_LE(b.end, bytes) << what;
+            if (b.end > b.begin) {
+              // Inside rank r's part of the piece: the all-gather's in-place send buffer.
+              EXPECT_GE(b.begin, f.offset + static_cast<size_t>(r) * f.part) << what;
+              EXPECT_LE(b.end, f.offset + static_cast<size_t>(r + 1) * f.part) << what;
+              EXPECT_EQ(b.begin, covered) << what << ", piece " << j << ", rank " << r;
+              covered = b.end;
+            }
+            per_rank[static_cast<size_t>(r)] += b.end - b.begin;
+          }
+          end = f.offset + k * f.part;
+        }
+        EXPECT_EQ(covered, bytes) << what << ": the ranks' copies do not cover the blob";
+        EXPECT_EQ(end, slot) << what << ": the pieces do not end where the slot does";
+        for (size_t r = 0; r < k; ++r) {
+          // About 1/n each: the pieces' parts add up to at most bytes / n + 256.
+          EXPECT_LE(per_rank[r], bytes / k + 256) << what << ", rank " << r;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100000);
+}
+
+TEST(PartitionedFetchParts, ResolvePieces) {
+  EXPECT_EQ(resolve_fetch_pieces(3), 3);
+  EXPECT_EQ(resolve_fetch_pieces(1), 1);
+  if (std::getenv("STRATA_FETCH_PIECES") == nullptr) {
+    EXPECT_EQ(resolve_fetch_pieces(0), kDefaultFetchPieces);
   }
 }
 
