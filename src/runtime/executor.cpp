@@ -808,7 +808,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       STRATA_ASSIGN_OR_RETURN(
           out.exec, make_layout_runner(config, par, std::move(loaded.model), *out.comm, ro));
     }
-    out.info.kv_cache_blocks = n_blocks;
+    out.info.kv_cache_blocks = out.exec->cache().config().n_blocks;  // batch-sharded: rounded to N
     out.info.kv_block_size = eo.block_size;
     return out;
   }
