@@ -177,6 +177,47 @@ TEST(SchedulerOwners, SpreadsPreemptsAndSwapsPerOwner) {
   EXPECT_EQ(sched.blocks().num_free(), 12);
 }
 
+// A prompt whose prefix is cached goes to the owner holding it (its K/V are there), even with
+// more free blocks elsewhere; one without a cached prefix goes to the owner with the most.
+TEST(SchedulerOwners, CachedPrefixDecidesTheOwner) {
+  SchedulerConfig c;
+  c.num_blocks = 8;  // 4 per owner
+  c.block_size = 4;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 64;
+  c.enable_prefix_caching = true;
+  c.kv_owners = 2;
+  Scheduler sched(c);
+  ASSERT_TRUE(sched.add(1, prompt_of(9), 1).ok());  // 2 full blocks + 1 token: 3 blocks
+  ScheduledStep s1 = sched.schedule();
+  ASSERT_EQ(s1.seqs.size(), 1u);
+  EXPECT_EQ(sched.find(1)->owner, 0);
+  const std::vector<int32_t> a_blocks = sched.find(1)->block_table;
+  complete_all(sched, s1);  // publishes the 2 full blocks; 1 finishes
+  ASSERT_EQ(sched.find(1), nullptr);
+  EXPECT_EQ(sched.blocks().num_free(0), 4);  // 2 of them cached
+  EXPECT_EQ(sched.blocks().num_cached_free(), 2);
+  ASSERT_TRUE(sched.add(2, prompt_of(3, 100), 1).ok());  // no cached prefix: owner 0 (4 = 4)
+  ASSERT_TRUE(sched.add(3, prompt_of(9), 4).ok());       // 1's prompt; runs on
+  ScheduledStep s2 = sched.schedule();
+  ASSERT_EQ(s2.seqs.size(), 2u);
+  EXPECT_EQ(sched.find(2)->owner, 0);
+  // 3 finds 1's two blocks on owner 0 (3 free there vs 4 on owner 1) and stays with them.
+  const SchedSequence* q = sched.find(3);
+  EXPECT_EQ(q->owner, 0);
+  ASSERT_GE(q->block_table.size(), 2u);
+  EXPECT_EQ(q->block_table[0], a_blocks[0]);
+  EXPECT_EQ(q->block_table[1], a_blocks[1]);
+  EXPECT_EQ(q->n_cached_prompt, 8);
+  expect_blocks_on_owner(sched, {2, 3});
+  complete_all(sched, s2);
+  // With 3 holding owner 0's blocks, a fresh prompt goes to owner 1 (the most free).
+  ASSERT_TRUE(sched.add(4, prompt_of(3, 200), 1).ok());
+  ScheduledStep s3 = sched.schedule();
+  ASSERT_NE(sched.find(4), nullptr);
+  EXPECT_EQ(sched.find(4)->owner, 1);
+}
+
 // The same requests fit at once when the blocks per owner are N times as many ids (the point of
 // the split pool: a rank holds only its own sequences' blocks).
 TEST(SchedulerOwners, FourOwnersServeFourTimesTheSequencesOfOnePoolPerRank) {
