@@ -9,16 +9,16 @@ namespace strata {
 KvPool::KvPool(const KvPoolConfig& c, Buffer storage)
     : config_(c),
       storage_(std::move(storage)),
-      blocks_(c.n_blocks, c.block_size, c.enable_prefix_caching) {
-  const int64_t per = (c.n_blocks + 1) * c.block_size * c.n_heads_kv * c.head_dim;
+      blocks_(c.n_blocks, c.block_size, c.enable_prefix_caching, c.n_owners) {
+  const int64_t rows = c.local_blocks() + 1;
+  const int64_t per = rows * c.block_size * c.n_heads_kv * c.head_dim;
   char* base = static_cast<char*>(storage_.data());
   layers_.resize(static_cast<size_t>(c.first_layer));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     ops::KvLayer layer;
     for (int which = 0; which < 2; ++which) {
-      Tensor t =
-          Tensor::make(base + dtype_bytes(c.dtype, (2 * l + which) * per), c.dtype,
-                       {c.n_blocks + 1, c.block_size, c.n_heads_kv, c.head_dim}, storage_.device());
+      Tensor t = Tensor::make(base + dtype_bytes(c.dtype, (2 * l + which) * per), c.dtype,
+                              {rows, c.block_size, c.n_heads_kv, c.head_dim}, storage_.device());
       (which == 0 ? layer.k : layer.v) = t;
     }
     layers_.push_back(layer);
@@ -27,11 +27,14 @@ KvPool::KvPool(const KvPoolConfig& c, Buffer storage)
 
 Result<KvPool> KvPool::create(const KvPoolConfig& c, Allocator& alloc) {
   if (c.n_layers <= 0 || c.first_layer < 0 || c.n_blocks <= 0 || c.block_size <= 0 ||
-      c.n_heads_kv <= 0 || c.head_dim <= 0 || (c.dtype != DType::kF32 && c.dtype != DType::kBF16)) {
+      c.n_heads_kv <= 0 || c.head_dim <= 0 || (c.dtype != DType::kF32 && c.dtype != DType::kBF16) ||
+      c.n_owners < 1 || c.owner < 0 || c.owner >= c.n_owners) {
     return errorf(
         StatusCode::kInvalidArgument,
-        "KV cache: invalid configuration ({} layers, {} blocks of {}, {} heads of {}, {})",
-        c.n_layers, c.n_blocks, c.block_size, c.n_heads_kv, c.head_dim, dtype_name(c.dtype));
+        "KV cache: invalid configuration ({} layers, {} blocks of {}, {} heads of {}, {}, owner {} "
+        "of {})",
+        c.n_layers, c.n_blocks, c.block_size, c.n_heads_kv, c.head_dim, dtype_name(c.dtype),
+        c.owner, c.n_owners);
   }
   STRATA_ASSIGN_OR_RETURN(Buffer storage, alloc.allocate(c.bytes()));
   return KvPool(c, std::move(storage));
@@ -48,6 +51,8 @@ Status KvPool::check_block(int32_t block) const {
 Status KvPool::copy_block_to_host(ops::Context& ctx, int32_t block, void* host) {
   STRATA_RETURN_IF_ERROR(check_block(block));
   const KvPoolConfig& c = config_;
+  if (!c.holds(block)) return ok_status();  // another rank's
+  block = c.local_block(block);
   const int64_t per = c.block_size * c.n_heads_kv * c.head_dim;  // elements of one block
   char* h = static_cast<char*>(host);
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -65,6 +70,8 @@ Status KvPool::copy_block_to_host(ops::Context& ctx, int32_t block, void* host) 
 Status KvPool::copy_block_from_host(ops::Context& ctx, int32_t block, const void* host) {
   STRATA_RETURN_IF_ERROR(check_block(block));
   const KvPoolConfig& c = config_;
+  if (!c.holds(block)) return ok_status();  // another rank's
+  block = c.local_block(block);
   const int64_t per = c.block_size * c.n_heads_kv * c.head_dim;
   const char* h = static_cast<const char*>(host);
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -83,6 +90,9 @@ Status KvPool::offload_copies(void* host, int64_t host_n_blocks,
                               std::span<const int32_t> device_blocks,
                               std::span<const int32_t> host_blocks, int parity, bool to_host,
                               std::vector<KvCopy>& out) const {
+  if (config_.n_owners > 1) {
+    return Status(StatusCode::kUnimplemented, "KV offload of a pool split among ranks");
+  }
   if (device_blocks.size() != host_blocks.size()) {
     return errorf(StatusCode::kInvalidArgument, "KV offload: {} device blocks for {} host blocks",
                   device_blocks.size(), host_blocks.size());
@@ -126,11 +136,13 @@ Status SequenceKv::reserve(KvPool& pool, int64_t new_length) {
   const int64_t need = pool.blocks_for(new_length) - static_cast<int64_t>(block_table.size());
   if (need <= 0) return ok_status();
   BlockManager& bm = pool.blocks();
-  if (need > bm.num_free()) {
-    return errorf(StatusCode::kOutOfMemory, "KV cache: {} blocks needed, {} of {} free", need,
-                  bm.num_free(), bm.num_total());
+  const int owner = block_table.empty() ? bm.most_free_owner() : bm.owner_of(block_table[0]);
+  if (need > bm.num_free(owner)) {
+    return errorf(StatusCode::kOutOfMemory, "KV cache: {} blocks needed, {} of {} free{}", need,
+                  bm.num_free(owner), bm.num_total(owner),
+                  bm.n_owners() > 1 ? " on the sequence's rank" : "");
   }
-  for (int64_t i = 0; i < need; ++i) block_table.push_back(bm.allocate());
+  for (int64_t i = 0; i < need; ++i) block_table.push_back(bm.allocate(owner));
   return ok_status();
 }
 

@@ -5,8 +5,9 @@
 //
 // Head-sharded (1D) attention replicates the KV cache when KV < N: every rank holding a copy of
 // KV head g stores it for every sequence. Here a sequence's KV cache lives on one rank only, its
-// owner (ParallelConfig::attn_owner of its first KV block when it starts, remembered by the
-// runner across swaps: runtime/executor.cpp), with all KV heads, and
+// owner (ParallelConfig::attn_owner of its KV blocks: block b is rank b % N's, and the block
+// accounting gives a sequence blocks of one rank only, memory/block_manager.h), with all KV
+// heads, and
 //   qkv   = h Wqkv[heads_r]^T (+ b)              as 1D: [n, (hq + 2 hkv) D], head-sharded
 //   recv  = all_to_all_v(qkv rows by owner)      [N n_r, (hq + 2 hkv) D]: rank s's head shard
 //                                                of my n_r tokens (block s)
@@ -21,9 +22,11 @@
 // all-to-all and (N - 1) n_r hq D in the second (both ~ (N - 1) / N of n rows when the sequences
 // are spread evenly), on top of o_proj's and the FFN's all-reduces, which stay as they were.
 //
-// The KV pool (runtime/executor.cpp) keeps the engines' block ids with every KV head per block,
-// and a rank writes only its own sequences' blocks: the per-rank pool is not yet sized to 1/N of
-// the blocks (that needs the block accounting to allocate per owner).
+// The KV pool (memory/kv_pool.h, n_owners = N) holds every KV head per block but only the rank's
+// own blocks, block b at local index b / N: n_blocks / N blocks per rank. For the same memory
+// per rank the engine's pool therefore has N hkv / KV times the blocks of head-sharded
+// attention (2x with 2 KV heads over 4 ranks), and the scheduler counts free blocks per rank
+// (serving/scheduler.h).
 //
 // Prefill takes the same path (the seed keeps it head-sharded; one path is simpler, and the KV
 // it writes must land on the owner anyway). The CPU reference (f32 activations) of the dense
@@ -37,7 +40,8 @@
 namespace strata {
 
 Status plan_batch_sharded_attention(const ops::StepArgs& st, const ParallelConfig& par,
-                                    std::span<const int> owner, AttnBatchPlan* p) {
+                                    std::span<const int> owner, int64_t block_size, int32_t scratch,
+                                    AttnBatchPlan* p) {
   const int N = par.tp_size, me = par.tp_rank;
   const int64_t mb = st.max_blocks_per_seq;
   if (st.n_seqs > 0 && (mb < 1 || st.block_tables == nullptr || st.cu_q == nullptr)) {
@@ -74,8 +78,21 @@ Status plan_batch_sharded_attention(const ops::StepArgs& st, const ParallelConfi
       }
       p->cu_q.push_back(p->cu_q.back() + (t1 - t0));
       p->kv_len.push_back(st.kv_len[s]);
-      p->block_tables.insert(p->block_tables.end(), st.block_tables + s * mb,
-                             st.block_tables + (s + 1) * mb);
+      // The rank's local block indices (block b at b / N).
+      for (int64_t k = 0; k < mb; ++k) {
+        const int32_t b = st.block_tables[s * mb + k];
+        if (k * block_size >= st.kv_len[s]) {
+          p->block_tables.push_back(scratch);
+          continue;
+        }
+        if (b < 0 || par.attn_owner(b) != me) {
+          return errorf(StatusCode::kInternal,
+                        "batch-sharded attention: block {} of a sequence of rank {} is not "
+                        "rank {}'s",
+                        b, me, me);
+        }
+        p->block_tables.push_back(b / N);
+      }
     }
   }
   ops::StepArgs& l = p->step;

@@ -165,10 +165,11 @@ class LayerWeightHook {
 };
 
 // Batch-sharded attention's plan of one step (ParallelConfig::attn_layout), built on the host
-// by plan_batch_sharded_attention from the step's runs and the rank owning each (the runner
-// keeps a sequence on one rank: ParallelConfig::attn_owner of its first block when its position
-// 0 is in the step, then remembered, across swaps too): the runs grouped by owner and this
-// rank's runs as a step of their own. Holds the arrays `step` points into: not copyable.
+// by plan_batch_sharded_attention from the step's runs and the rank owning each (every block of
+// a sequence is on one rank, ParallelConfig::attn_owner of its blocks: the block accounting
+// hands them out per owner, memory/block_manager.h): the runs grouped by owner and this rank's
+// runs as a step of their own, their block tables in the rank's local block indices (block b at
+// b / N). Holds the arrays `step` points into: not copyable.
 struct AttnBatchPlan {
   std::vector<int64_t> rows_of_rank;  // [N] tokens of the runs each rank owns
   // (first token, count) of the step's runs grouped by owner rank, in rank order: the rows of
@@ -182,9 +183,11 @@ struct AttnBatchPlan {
   AttnBatchPlan& operator=(const AttnBatchPlan&) = delete;
 };
 // `plan` for `step` (host arrays) on rank par.tp_rank of par.tp_size; owner[s] = the rank owning
-// run s (step.n_seqs entries).
+// run s (step.n_seqs entries). The block table entries a run reads (those below its kv_len, in
+// blocks of block_size) must be the owner's; the others become `scratch` (a local index).
 Status plan_batch_sharded_attention(const ops::StepArgs& step, const ParallelConfig& par,
-                                    std::span<const int> owner, AttnBatchPlan* plan);
+                                    std::span<const int> owner, int64_t block_size, int32_t scratch,
+                                    AttnBatchPlan* plan);
 
 // Everything a forward pass reads and writes besides the weights.
 struct ForwardArgs {

@@ -106,11 +106,12 @@ struct ParallelConfig {
   // Attention's layout (see the top of this file).
   AttnLayout attn_layout = AttnLayout::kHeadSharded;
 
-  // Batch-sharded attention: the tensor-parallel rank that holds a sequence's KV cache and runs
-  // its attention, from the sequence's first KV block (stable while the sequence lives, the
-  // same on every rank, and shared by sequences that share a cached prefix).
-  int attn_owner(int32_t first_block) const {
-    return static_cast<int>(static_cast<uint32_t>(first_block) % static_cast<uint32_t>(tp_size));
+  // Batch-sharded attention: the tensor-parallel rank that holds KV block `block` (at local
+  // index block / tp_size), and so the KV cache of the sequence it belongs to, which runs that
+  // sequence's attention: the block accounting gives a sequence blocks of one rank only
+  // (memory/block_manager.h, KvPoolConfig::n_owners).
+  int attn_owner(int32_t block) const {
+    return static_cast<int>(static_cast<uint32_t>(block) % static_cast<uint32_t>(tp_size));
   }
 
   // The 2D grid: X, Y and this rank's (i, j), i fastest.

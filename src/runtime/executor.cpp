@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 #include "core/env.h"
@@ -43,22 +42,11 @@ class ModelRunner final : public Executor {
   size_t block_bytes() const override { return kv_->config().block_bytes(); }
   Status copy_block_to_host(int32_t block, void* host) override {
     STRATA_RETURN_IF_ERROR(runtime_->make_current());
-    STRATA_RETURN_IF_ERROR(kv_->copy_block_to_host(runtime_->ctx(), block, host));
-    // Batch-sharded attention: a first block's owner travels with its host slot.
-    auto it = attn_home_.find(block);
-    if (it != attn_home_.end()) {
-      attn_swapped_[host] = it->second;
-    } else {
-      attn_swapped_.erase(host);
-    }
-    return ok_status();
+    return kv_->copy_block_to_host(runtime_->ctx(), block, host);
   }
   Status copy_block_from_host(int32_t block, const void* host) override {
     STRATA_RETURN_IF_ERROR(runtime_->make_current());
-    STRATA_RETURN_IF_ERROR(kv_->copy_block_from_host(runtime_->ctx(), block, host));
-    auto it = attn_swapped_.find(host);
-    if (it != attn_swapped_.end()) attn_home_[block] = it->second;
-    return ok_status();
+    return kv_->copy_block_from_host(runtime_->ctx(), block, host);
   }
   Status kv_offload_enable(int64_t host_blocks) override;
   Status kv_offload_load(std::span<const int32_t> device_blocks,
@@ -148,14 +136,10 @@ class ModelRunner final : public Executor {
   Workspace ws_;
   std::unique_ptr<StepPacker> packer_;
   PackedStep step_;
-  // Batch-sharded attention: this step's plan; the owner of each live sequence by its first
-  // block (set when its position 0 is in a step: ParallelConfig::attn_owner), and the owners of
-  // first blocks swapped out, by host slot. Every rank sees the same steps and swaps, so every
-  // rank keeps the same maps.
+  // Batch-sharded attention: this step's plan and each run's owner (ParallelConfig::attn_owner
+  // of its first block; the block accounting keeps all of a sequence's blocks on one rank).
   AttnBatchPlan attn_plan_;
   std::vector<int> attn_owner_;
-  std::unordered_map<int32_t, int> attn_home_;
-  std::unordered_map<const void*, int> attn_swapped_;
   Buffer host_logits_, host_ids_;             // staging for the results (pinned on a GPU)
   Buffer host_hidden_;                        // a pipeline stage's hidden states in transit (GPU)
   double wait_seconds_ = 0.0;                 // time blocked receiving them
@@ -423,6 +407,11 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
   kc.n_heads_kv = m.n_heads_kv_cache();
   kc.head_dim = c.head_dim;
   kc.dtype = o.act_dtype;
+  // Batch-sharded attention: each rank holds its own sequences' blocks only (KvPoolConfig), so
+  // the ids are N times the blocks it holds: counts below are per rank, times N.
+  const int owners = par.attn_layout == AttnLayout::kBatchSharded ? par.tp_size : 1;
+  kc.n_owners = owners;
+  kc.owner = owners > 1 ? par.tp_rank : 0;
   int64_t n_blocks = o.num_kv_blocks;
   if (n_blocks <= 0) {
     if (rt.device().is_cuda()) {
@@ -445,10 +434,17 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
             std::max(0.0, avail) / (1 << 30), static_cast<double>(m.owned_bytes()) / (1 << 30),
             o.gpu_memory_utilization);
       }
-      n_blocks = fit - 1;
+      n_blocks = (fit - 1) * owners;
     } else {
-      n_blocks = max_blocks;
+      n_blocks = max_blocks * owners;
     }
+  }
+  // Every owner the same number of blocks (the ids a rank holds, b % N == rank, fill its pool).
+  if (owners > 1) n_blocks = n_blocks / owners * owners;
+  if (n_blocks < owners) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--attn-layout batch-sharded: {} KV blocks for {} ranks (one each at least)",
+                  o.num_kv_blocks, owners);
   }
   kc.n_blocks = n_blocks;
   {
@@ -500,14 +496,12 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
     const ops::StepArgs& st = step_.args;
     attn_owner_.resize(static_cast<size_t>(st.n_seqs));
     for (int64_t s = 0; s < st.n_seqs; ++s) {
-      const int32_t first = st.block_tables[s * st.max_blocks_per_seq];
-      auto it = attn_home_.find(first);
-      if (st.token_pos[st.cu_q[s]] == 0 || it == attn_home_.end()) {
-        it = attn_home_.insert_or_assign(first, par.attn_owner(first)).first;
-      }
-      attn_owner_[static_cast<size_t>(s)] = it->second;
+      attn_owner_[static_cast<size_t>(s)] =
+          par.attn_owner(st.block_tables[s * st.max_blocks_per_seq]);
     }
-    STRATA_RETURN_IF_ERROR(plan_batch_sharded_attention(st, par, attn_owner_, &attn_plan_));
+    STRATA_RETURN_IF_ERROR(
+        plan_batch_sharded_attention(st, par, attn_owner_, kv_->config().block_size,
+                                     static_cast<int32_t>(kv_->scratch_block()), &attn_plan_));
     args.attn_batch = &attn_plan_;
   }
   rt.begin_step(step_.args.max_q_len == 1);
@@ -770,10 +764,17 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     kc.n_heads_kv = loaded.model ? loaded.model->n_heads_kv_cache() : config.n_heads_kv;
     kc.head_dim = config.head_dim;
     kc.dtype = DType::kF32;
+    // The byte budgets are per rank; with batch-sharded attention a rank holds 1 / tp of the
+    // block ids (every KV head of its own sequences' blocks: KvPoolConfig::n_owners), so the
+    // engine's pool has tp times the blocks that fit one rank.
+    const int64_t owners =
+        loaded.model && loaded.model->parallel().attn_layout == AttnLayout::kBatchSharded
+            ? loaded.model->parallel().tp_size
+            : 1;
     int64_t n_blocks = eo.cpu_blocks;
     if (n_blocks <= 0 && eo.cpu_kv_bytes > 0) {
       const auto per = static_cast<int64_t>(kc.block_bytes());
-      n_blocks = eo.cpu_kv_bytes / per;
+      n_blocks = eo.cpu_kv_bytes / per * owners;
       if (n_blocks < 1) {
         return errorf(StatusCode::kOutOfMemory,
                       "KV cache of {} bytes holds no block ({} bytes each)", eo.cpu_kv_bytes, per);
@@ -783,7 +784,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       n_blocks = (out.max_len + eo.block_size - 1) / eo.block_size * eo.cpu_seqs;
       if (eo.cpu_kv_max_bytes > 0) {
         const auto per = static_cast<int64_t>(kc.block_bytes());
-        n_blocks = std::min(n_blocks, std::max<int64_t>(1, eo.cpu_kv_max_bytes / per));
+        n_blocks = std::min(n_blocks, std::max<int64_t>(1, eo.cpu_kv_max_bytes / per) * owners);
       }
     }
     ro.device = Device::cpu();
@@ -824,7 +825,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
       STRATA_ASSIGN_OR_RETURN(
           out.exec, make_layout_runner(config, par, std::move(loaded.model), *out.comm, ro));
     }
-    out.info.kv_cache_blocks = n_blocks;
+    out.info.kv_cache_blocks = out.exec->cache().config().n_blocks;  // batch-sharded: rounded to N
     out.info.kv_block_size = eo.block_size;
     return out;
   }

@@ -194,24 +194,30 @@ class InProcessGroupExecutor : public Executor {
   const ModelConfig& config() const override { return ranks_[0]->config(); }
   KvPool& cache() override { return ranks_[0]->cache(); }
   std::string backend_name() const override { return ranks_[0]->backend_name(); }
+  // Batch-sharded attention (KvPoolConfig::n_owners > 1): a block is one rank's, whole, so the
+  // host slot is one rank's block, which only the rank holding it copies.
+  bool split_pool() { return ranks_[0]->cache().config().n_owners > 1; }
   size_t block_bytes() const override {
+    if (ranks_[0]->cache().config().n_owners > 1) return ranks_[0]->block_bytes();
     size_t total = 0;
     for (const auto& e : ranks_) total += e->block_bytes();
     return total;
   }
   Status copy_block_to_host(int32_t block, void* host) override {
     char* p = static_cast<char*>(host);
+    const bool split = split_pool();
     for (const auto& e : ranks_) {
       STRATA_RETURN_IF_ERROR(e->copy_block_to_host(block, p));
-      p += e->block_bytes();
+      if (!split) p += e->block_bytes();
     }
     return ok_status();
   }
   Status copy_block_from_host(int32_t block, const void* host) override {
     const char* p = static_cast<const char*>(host);
+    const bool split = split_pool();
     for (const auto& e : ranks_) {
       STRATA_RETURN_IF_ERROR(e->copy_block_from_host(block, p));
-      p += e->block_bytes();
+      if (!split) p += e->block_bytes();
     }
     return ok_status();
   }

@@ -218,7 +218,9 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
   block_bytes_ = exec_->block_bytes();
   const auto block_bytes = static_cast<int64_t>(block_bytes_);
   num_blocks_ = exec_->cache().config().n_blocks;
-  max_seq_blocks_ = num_blocks_;
+  // Batch-sharded attention: a sequence's blocks are one rank's (KvPoolConfig::n_owners).
+  const int kv_owners = exec_->cache().config().n_owners;
+  max_seq_blocks_ = exec_->cache().blocks().min_owner_total();
   const int64_t num_swap = cfg.kv_offload ? 0 : cfg.swap_space_bytes / block_bytes;
   // Committed as blocks are swapped out (an anonymous mapping), not at start.
   STRATA_ASSIGN_OR_RETURN(swap_, allocate_host(static_cast<size_t>(num_swap) * block_bytes_));
@@ -234,6 +236,7 @@ Status ServingEngineImpl::init(const ServingConfig& cfg) {
   sc.enable_prefix_caching = cfg.enable_prefix_caching;
   sc.preemption_mode = cfg.preemption_mode;
   sc.block_bytes = block_bytes;
+  sc.kv_owners = kv_owners;
   if (cfg.kv_offload) STRATA_RETURN_IF_ERROR(init_offload(cfg, sc));
   sched_ = std::make_unique<Scheduler>(sc);
   publish_metrics();

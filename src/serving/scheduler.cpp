@@ -22,7 +22,8 @@ Scheduler::Scheduler(const SchedulerConfig& config)
     // KV offload keeps no prefix cache: a cached block of another group is not on the device.
     : config_(config),
       blocks_(config.num_blocks, config.block_size,
-              config.enable_prefix_caching && config.offload_groups == 0) {
+              config.enable_prefix_caching && config.offload_groups == 0,
+              std::max(config.kv_owners, 1)) {
   free_slots_.reserve(static_cast<size_t>(config.num_swap_blocks));
   for (int64_t i = config.num_swap_blocks - 1; i >= 0; --i) {
     free_slots_.push_back(static_cast<int32_t>(i));
@@ -62,10 +63,11 @@ Status Scheduler::add(uint64_t id, std::span<const int32_t> prompt, int64_t max_
     }
     max_len = std::min(max_len, config_.max_model_len);
   }
-  if (blocks_for(max_len) > config_.num_blocks) {
+  if (blocks_for(max_len) > blocks_.min_owner_total()) {
     return errorf(StatusCode::kOutOfRange,
-                  "request {}: {} tokens need {} KV blocks, the cache has {}", id, max_len,
-                  blocks_for(max_len), config_.num_blocks);
+                  "request {}: {} tokens need {} KV blocks, the cache has {}{}", id, max_len,
+                  blocks_for(max_len), blocks_.min_owner_total(),
+                  blocks_.n_owners() > 1 ? " per rank" : "");
   }
   if (config_.offload_groups > 0 && blocks_for(max_len) > config_.group_blocks) {
     return errorf(StatusCode::kOutOfRange,
@@ -88,7 +90,7 @@ Status Scheduler::add(uint64_t id, std::span<const int32_t> prompt, int64_t max_
 }
 
 int64_t Scheduler::room_blocks(const SchedSequence& seq) const {
-  int64_t room = blocks_.num_free();
+  int64_t room = blocks_.num_free(owner_of(seq));
   if (seq.group >= 0) {
     room = std::min(room, config_.group_blocks - group_used_[static_cast<size_t>(seq.group)]);
   }
@@ -99,7 +101,7 @@ bool Scheduler::grow(SchedSequence& seq, int64_t n_tokens) {
   const int64_t need = blocks_for(n_tokens) - static_cast<int64_t>(seq.block_table.size());
   if (need > room_blocks(seq)) return false;
   for (int64_t i = 0; i < need; ++i) {
-    const int32_t b = blocks_.allocate();
+    const int32_t b = blocks_.allocate(owner_of(seq));
     STRATA_CHECK(b >= 0);
     seq.block_table.push_back(b);
   }
@@ -109,7 +111,7 @@ bool Scheduler::grow(SchedSequence& seq, int64_t n_tokens) {
 
 int64_t Scheduler::fit_chunk(const SchedSequence& seq, int64_t want, int64_t reserve) const {
   const int64_t free =
-      std::max<int64_t>(std::min(blocks_.num_free() - reserve, room_blocks(seq)), 0);
+      std::max<int64_t>(std::min(blocks_.num_free(owner_of(seq)) - reserve, room_blocks(seq)), 0);
   const int64_t room =
       (static_cast<int64_t>(seq.block_table.size()) + free) * config_.block_size - seq.n_computed;
   return std::max<int64_t>(std::min(want, room), 0);
@@ -171,6 +173,7 @@ void Scheduler::preempt(SchedSequence& seq) {
   release_blocks(seq);
   if (group >= 0) --group_seqs_[static_cast<size_t>(group)];
   seq.group = -1;
+  seq.owner = -1;  // picks again when readmitted
   seq.n_computed = 0;
   seq.block_hashes.clear();
   seq.state = SeqState::kWaiting;
@@ -181,14 +184,16 @@ SchedSequence* Scheduler::preempt_for(const SchedSequence& seq, int64_t n_tokens
   const int64_t need = blocks_for(n_tokens) - static_cast<int64_t>(seq.block_table.size());
   const bool group_full =
       seq.group >= 0 && group_used_[static_cast<size_t>(seq.group)] + need > config_.group_blocks;
-  return preempt_latest(group_full ? seq.group : -1);
+  // Only blocks of seq's owner make room for it.
+  return preempt_latest(group_full ? seq.group : -1, blocks_.n_owners() > 1 ? seq.owner : -1);
 }
 
-SchedSequence* Scheduler::preempt_latest(int32_t group) {
+SchedSequence* Scheduler::preempt_latest(int32_t group, int owner) {
   for (size_t j = running_.size(); j-- > 0;) {
     SchedSequence* victim = running_[j];
     if (victim->in_step || victim->in_flight) continue;
     if (group >= 0 && victim->group != group) continue;
+    if (owner >= 0 && victim->owner != owner) continue;
     running_.erase(running_.begin() + static_cast<int64_t>(j));
     preempt(*victim);
     return victim;
@@ -205,8 +210,11 @@ void Scheduler::match_prefix(SchedSequence& seq) {
   for (int64_t b = 0; b < n_full; ++b) {
     const std::span<const int32_t> toks(seq.tokens.data() + b * bs, static_cast<size_t>(bs));
     const uint64_t h = hash_block(parent, toks);
-    const int32_t blk = blocks_.lookup(h, parent, toks);
+    // Several owners: the first cached block decides the owner, and the prefix ends at a block
+    // of another (sequences of two owners may have published its blocks).
+    const int32_t blk = blocks_.lookup(h, parent, toks, seq.owner);
     if (blk < 0) break;
+    seq.owner = blocks_.owner_of(blk);
     seq.block_table.push_back(blk);
     seq.block_hashes.push_back(h);
     parent = h;
@@ -298,15 +306,16 @@ const ScheduledStep& Scheduler::schedule(int64_t max_seqs, int64_t max_decodes, 
     SchedSequence* s = swapped_.front();
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
     // With nothing running the watermark protects no one: waiving it avoids a stall.
-    const int64_t reserve = running_.empty() ? 0 : config_.watermark_blocks;
+    const int64_t reserve = running_.empty() ? 0 : watermark();
     const int64_t n_slots = static_cast<int64_t>(s->swap_slots.size());
-    const int64_t free = blocks_.num_free() - reserve;
+    // Back to its owner: its KV is in that rank's host slots.
+    const int64_t free = blocks_.num_free(owner_of(*s)) - reserve;
     const int64_t room = std::max<int64_t>(free, 0) * config_.block_size - s->n_computed;
     const int64_t chunk = std::min({remaining, budget_, room});
     if (n_slots > free || chunk <= 0) break;
     swapped_.erase(swapped_.begin());
     for (int32_t slot : s->swap_slots) {
-      const int32_t b = blocks_.allocate();
+      const int32_t b = blocks_.allocate(owner_of(*s));
       STRATA_CHECK(b >= 0);
       s->block_table.push_back(b);
       step_.swap_in.push_back({b, slot});
@@ -326,13 +335,16 @@ const ScheduledStep& Scheduler::schedule(int64_t max_seqs, int64_t max_decodes, 
          (group < 0 || group_seqs_[static_cast<size_t>(group)] < group_seq_cap())) {
     SchedSequence* s = waiting_.front();
     s->group = group;  // counts against the group's room from here
+    s->owner = -1;
     match_prefix(*s);
+    if (s->owner < 0) s->owner = blocks_.most_free_owner();
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
-    const int64_t reserve = running_.empty() ? 0 : config_.watermark_blocks;
+    const int64_t reserve = running_.empty() ? 0 : watermark();
     const int64_t chunk = fit_chunk(*s, std::min(remaining, budget_), reserve);
     if (chunk == 0) {
       release_blocks(*s);
       s->group = -1;
+      s->owner = -1;
       s->n_computed = 0;
       s->block_hashes.clear();
       break;

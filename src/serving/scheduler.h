@@ -22,6 +22,14 @@
 // (half the device pool: the group that runs and the one being loaded). A sequence that needs a
 // block its group has no room for preempts the latest sequence of its group (recompute).
 //
+// KV owners (kv_owners > 1: batch-sharded attention, model/attn_layouts.cpp): the block ids are
+// split among the tensor-parallel ranks, block b held by rank b % kv_owners only, and a
+// sequence's blocks are all on one rank, its owner (BlockManager). An admitted sequence takes
+// the owner with the most free blocks (or its cached prefix's); room, chunk fitting, the
+// watermark (split evenly) and swap-in count that owner's blocks, a swapped sequence comes back
+// to its owner (its KV is in that rank's host slots), and a sequence short of blocks preempts the
+// latest sequence of its own owner. A recomputed sequence picks again.
+//
 // Prefix caching: full blocks are hashed (parent hash, block token ids) once computed; an
 // admitted sequence looks its prompt's full blocks up and starts after the cached ones (at
 // least one prompt token is always computed, to get the logits).
@@ -64,6 +72,7 @@ struct SchedulerConfig {
   int64_t block_bytes = 0;                 // KV bytes of one block (all layers), for kByCost
   int64_t offload_groups = 0;              // KV offload: groups of running sequences (0: off)
   int64_t group_blocks = 0;                // KV offload: most blocks one group holds
+  int kv_owners = 1;  // ranks the block ids are split among (batch-sharded attention)
 };
 
 enum class SeqState { kWaiting, kRunning, kSwapped, kFinished };
@@ -83,6 +92,7 @@ struct SchedSequence {
   std::vector<uint64_t> block_hashes;  // hashes of the full computed blocks, in order
   int64_t n_preemptions = 0;
   int32_t group = -1;      // KV offload: its group while running
+  int owner = -1;          // kv_owners > 1: the rank holding its blocks (running or swapped)
   bool in_step = false;    // scheduled in the step being built
   bool in_flight = false;  // scheduled in a step not completed yet (pipelined steps)
 };
@@ -163,9 +173,13 @@ class Scheduler {
   bool grow(SchedSequence& seq, int64_t n_tokens);
   // Blocks seq may still take: free ones, and with KV offload its group's room.
   int64_t room_blocks(const SchedSequence& seq) const;
-  // Preempt the latest running sequence that is not scheduled yet (of `group` when >= 0);
-  // returns it.
-  SchedSequence* preempt_latest(int32_t group = -1);
+  // Preempt the latest running sequence that is not scheduled yet (of `group` when >= 0, of
+  // `owner` when >= 0); returns it.
+  SchedSequence* preempt_latest(int32_t group = -1, int owner = -1);
+  // The owner seq's blocks come from (0 with one owner).
+  int owner_of(const SchedSequence& seq) const { return seq.owner >= 0 ? seq.owner : 0; }
+  // Watermark blocks kept free on one owner.
+  int64_t watermark() const { return config_.watermark_blocks / blocks_.n_owners(); }
   // The victim preempt_latest picks when seq needs blocks: of its group when the group is full.
   SchedSequence* preempt_for(const SchedSequence& seq, int64_t n_tokens);
   void preempt(SchedSequence& seq);

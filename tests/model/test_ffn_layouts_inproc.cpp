@@ -108,8 +108,8 @@ TEST(FfnLayoutInProcessErrors, NotBuiltYet) {
 // swapped out and back in under new blocks mid-decode (its KV stays on its rank).
 
 Result<std::unique_ptr<Executor>> make_attn(const std::string& dir, int tp, AttnLayout attn,
-                                            FfnLayout ffn = FfnLayout::k1D,
-                                            DType act = DType::kF32) {
+                                            FfnLayout ffn = FfnLayout::k1D, DType act = DType::kF32,
+                                            int64_t num_kv_blocks = 0) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
@@ -118,6 +118,7 @@ Result<std::unique_ptr<Executor>> make_attn(const std::string& dir, int tp, Attn
   o.act_dtype = act;
   o.ffn_layout = ffn;
   o.attn_layout = attn;
+  if (num_kv_blocks > 0) o.num_kv_blocks = num_kv_blocks;
   auto load = [config, src](const ParallelConfig& par) { return Model::load(config, par, src); };
   return make_in_process_tp_executor(config, load, tp, o);
 }
@@ -176,6 +177,62 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutInProcess,
                            }
                            return name;
                          });
+
+// The KV pool is not replicated: each of the 4 ranks holds 1/4 of the block ids (with both KV
+// heads), so under the same memory per rank the engine's pool has twice the blocks of
+// head-sharded attention (which holds 1 KV head of every block on each rank), and a batch that
+// does not fit the head-sharded pool fits and matches one rank.
+TEST(AttnLayoutInProcessPool, PerRankPoolIsAQuarterOfTheBlocksAndFitsMore) {
+  const std::string dir = testing::fixture_model("llama");
+  const auto prompts = testing::batch_prompts(7);  // 23 blocks of 4 with 4 decode steps
+  // The same block ids: a rank's pool has 1/4 of them.
+  auto hs = make_attn(dir, 4, AttnLayout::kHeadSharded);
+  ASSERT_TRUE(hs.ok()) << hs.status().to_string();
+  auto bs = make_attn(dir, 4, AttnLayout::kBatchSharded);
+  ASSERT_TRUE(bs.ok()) << bs.status().to_string();
+  const KvPoolConfig& h = (*hs)->cache().config();
+  const KvPoolConfig& b = (*bs)->cache().config();
+  EXPECT_EQ(h.n_blocks, 64);
+  EXPECT_EQ(b.n_blocks, 64);
+  EXPECT_EQ(h.local_blocks(), 64);
+  EXPECT_EQ(b.local_blocks(), 16);
+  EXPECT_EQ(h.n_heads_kv, 1);
+  EXPECT_EQ(b.n_heads_kv, 2);
+  EXPECT_EQ(b.block_bytes(), 2 * h.block_bytes());
+  EXPECT_EQ((*bs)->cache().layers()[0].k.dim(0), 17);
+  EXPECT_EQ((*bs)->cache().bytes(), 17 * b.block_bytes());
+  EXPECT_EQ((*hs)->cache().bytes(), 65 * h.block_bytes());
+  std::printf(
+      "[ info ] 64 block ids over 4 ranks: a rank's pool %zu bytes head-sharded, %zu "
+      "batch-sharded\n",
+      (*hs)->cache().bytes(), (*bs)->cache().bytes());
+  // Memory per rank for 16 head-sharded blocks: the batch doesn't fit them; batch-sharded
+  // attention gets 32 ids (8 per rank, ~the same bytes) and runs it exactly.
+  auto one = make_attn(dir, 1, AttnLayout::kHeadSharded);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto ref = testing::run_batch_layout(**one, prompts, 4);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  auto hs16 = make_attn(dir, 4, AttnLayout::kHeadSharded, FfnLayout::k1D, DType::kF32, 16);
+  ASSERT_TRUE(hs16.ok()) << hs16.status().to_string();
+  auto bs32 = make_attn(dir, 4, AttnLayout::kBatchSharded, FfnLayout::k1D, DType::kF32, 32);
+  ASSERT_TRUE(bs32.ok()) << bs32.status().to_string();
+  const size_t hs_bytes = (*hs16)->cache().bytes(), bs_bytes = (*bs32)->cache().bytes();
+  EXPECT_EQ(hs_bytes, 17 * h.block_bytes());  // 16 blocks + the scratch block
+  EXPECT_EQ(bs_bytes, 9 * b.block_bytes());   // 8 blocks + the scratch block
+  auto no = testing::run_batch_layout(**hs16, prompts, 4);
+  ASSERT_FALSE(no.ok());
+  EXPECT_EQ(no.status().code(), StatusCode::kOutOfMemory) << no.status().to_string();
+  auto yes = testing::run_batch_layout(**bs32, prompts, 4);
+  ASSERT_TRUE(yes.ok()) << yes.status().to_string();
+  const double err = testing::relative_error(yes->logits, ref->logits);
+  std::printf(
+      "[ info ] 7 sequences (23 blocks): head-sharded 16 blocks (%zu bytes per rank) "
+      "out of blocks; batch-sharded 32 blocks (%zu bytes per rank) runs them, %.2e of "
+      "max|logit| from TP=1\n",
+      hs_bytes, bs_bytes, err);
+  EXPECT_LE(err, 1e-5);
+  EXPECT_EQ(yes->ids, ref->ids);
+}
 
 TEST(AttnLayoutInProcessErrors, NotBuiltYet) {
   const std::string llama = testing::fixture_model("llama");

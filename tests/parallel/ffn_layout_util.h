@@ -51,13 +51,12 @@ inline Result<LayoutRun> run_layout(Executor& exec, const std::vector<int32_t>& 
 // Several sequences at once (the attention layouts): prompts[s] as one prefill step of every
 // sequence (runs of different lengths), then `steps` greedy decode steps of one token per
 // sequence, sequence 0 sitting out the odd steps. logits: each sequence's last prompt row, then
-// each step's rows. Each sequence's first block is taken before any other (so the first blocks
-// are consecutive ids: batch-sharded attention spreads the sequences over the ranks).
+// each step's rows. Each sequence's first block is taken before any other (batch-sharded
+// attention: each on the rank with the most free blocks, so the sequences spread over the ranks).
 // `inspect` (if set) sees the sequences before their blocks are released. With swap_step >= 0,
 // every sequence is swapped out before that decode step (its blocks copied to host slots and
-// released) and back in under new blocks, the new first block's id differing from the old one's
-// mod 2 and mod 3 (so batch-sharded attention's first-block rule alone would move it to another
-// rank of 2, 3, 4, 6 or 8).
+// released) and back in under new blocks of the same owner (KvPoolConfig::n_owners), the new
+// first block differing from the old one.
 inline Result<LayoutRun> run_batch_layout(
     Executor& exec, const std::vector<std::vector<int32_t>>& prompts, int steps,
     const std::function<void(const std::vector<SequenceKv>&)>& inspect = {}, int swap_step = -1) {
@@ -89,17 +88,21 @@ inline Result<LayoutRun> run_batch_layout(
         STRATA_RETURN_IF_ERROR(exec.copy_block_to_host(t[i], host[i].data()));
       }
       const int32_t old_first = t[0];
+      const int owner = pool.blocks().owner_of(old_first);
       for (int32_t b : t) pool.blocks().release(b);
       std::vector<int32_t> spacers;
-      int32_t first = pool.blocks().allocate();
-      while (first % 2 == old_first % 2 || first % 3 == old_first % 3) {
+      int32_t first = pool.blocks().allocate(owner);
+      while (first == old_first) {
         spacers.push_back(first);
-        first = pool.blocks().allocate();
-        if (first < 0) return Status(StatusCode::kOutOfMemory, "swap test: no block");
+        first = pool.blocks().allocate(owner);
       }
+      if (first < 0) return Status(StatusCode::kOutOfMemory, "swap test: no block");
       const size_t n_blocks = t.size();
       t.assign(1, first);
-      while (t.size() < n_blocks) t.push_back(pool.blocks().allocate());
+      while (t.size() < n_blocks) {
+        t.push_back(pool.blocks().allocate(owner));
+        if (t.back() < 0) return Status(StatusCode::kOutOfMemory, "swap test: no block");
+      }
       for (int32_t b : spacers) pool.blocks().release(b);
       for (size_t i = 0; i < t.size(); ++i) {
         STRATA_RETURN_IF_ERROR(exec.copy_block_from_host(t[i], host[i].data()));

@@ -200,13 +200,34 @@ Result<testing::LayoutRun> run_batch(const std::string& dir, const ParallelConfi
     if (!sharded || swap_step >= 0) return;
     const ops::KvLayer& kv = pool.layers()[0];
     const int64_t per_block = pool.config().block_size * pool.config().n_heads_kv * config.head_dim;
+    // The rank holds its own blocks only, block b at b / N: the ids b % N == rank's K/V are
+    // written, every other local block stays zero.
+    const int64_t local = pool.config().n_blocks / par.tp_size;
+    EXPECT_EQ(kv.k.dim(0), local + 1);
+    std::vector<bool> used(static_cast<size_t>(local + 1), false);
     for (const SequenceKv& q : seqs) {
-      const int32_t b = q.block_table[0];
+      const int o = par.attn_owner(q.block_table[0]);
+      for (int32_t b : q.block_table) EXPECT_EQ(par.attn_owner(b), o) << "block " << b;
+      if (o != par.tp_rank) continue;
+      const int32_t b = q.block_table[0] / par.tp_size;
+      used[static_cast<size_t>(b)] = true;
       const float* k = static_cast<const float*>(kv.k.data) + b * per_block;
       double sum = 0;
       for (int64_t i = 0; i < per_block; ++i) sum += std::fabs(k[i]);
-      const bool mine = par.attn_owner(b) == par.tp_rank;
-      EXPECT_EQ(sum > 0, mine) << "block " << b << " on rank " << par.tp_rank;
+      EXPECT_GT(sum, 0) << "block " << q.block_table[0] << " on rank " << par.tp_rank;
+    }
+    for (int64_t b = 0; b <= local; ++b) {
+      if (used[static_cast<size_t>(b)]) continue;
+      bool any = false;
+      for (const SequenceKv& q : seqs) {
+        for (int32_t g : q.block_table)
+          any = any || (g % par.tp_size == par.tp_rank && g / par.tp_size == b);
+      }
+      if (any) continue;
+      const float* k = static_cast<const float*>(kv.k.data) + b * per_block;
+      double sum = 0;
+      for (int64_t i = 0; i < per_block; ++i) sum += std::fabs(k[i]);
+      EXPECT_EQ(sum, 0) << "local block " << b << " on rank " << par.tp_rank;
     }
   };
   return testing::run_batch_layout(*exec, testing::batch_prompts(n_seqs), 4, inspect, swap_step);

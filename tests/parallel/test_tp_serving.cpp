@@ -73,9 +73,12 @@ Result<std::vector<int32_t>> reference_greedy(const std::string& dir,
 }
 
 // Serves `n` concurrent greedy requests with rank 0's engine over tp x pp x ep ranks (the others
-// follow) and checks each against the single-rank greedy loop.
+// follow) and checks each against the single-rank greedy loop. kv_cache_bytes > 0: the KV pool
+// of that many bytes per rank (else 40 blocks), and the preemptions expected or not; rank 0's
+// metrics into *metrics.
 void serve_and_check(const std::string& dir, int tp, int pp, int ep, int n,
-                     const std::string& attn_layout = "head-sharded") {
+                     const std::string& attn_layout = "head-sharded", int64_t kv_cache_bytes = 0,
+                     bool expect_preemptions = true, ServingMetrics* metrics = nullptr) {
   ServingConfig cfg;
   cfg.engine.model = dir;
   cfg.engine.parallel.attn_layout = attn_layout;
@@ -86,6 +89,10 @@ void serve_and_check(const std::string& dir, int tp, int pp, int ep, int n,
   cfg.max_num_seqs = n;
   cfg.block_size = 4;
   cfg.num_kv_blocks = 40;  // < n sequences x ~9 blocks: preemption and swap happen
+  if (kv_cache_bytes > 0) {
+    cfg.num_kv_blocks = 0;
+    cfg.kv_cache_bytes = kv_cache_bytes;
+  }
   cfg.preemption_mode = PreemptionMode::kSwap;
   cfg.enable_prefix_caching = false;
   auto engine = ServingEngine::create(cfg);
@@ -130,7 +137,12 @@ void serve_and_check(const std::string& dir, int tp, int pp, int ep, int n,
       "[ info ] TP=%d x PP=%d x EP=%d (%s attention) serving %d requests: %lld "
       "preemptions\n",
       tp, pp, ep, attn_layout.c_str(), n, static_cast<long long>(m.preemptions_total));
-  EXPECT_GT(m.preemptions_total, 0) << "the test means to exercise swapping";
+  if (metrics != nullptr) *metrics = m;
+  if (expect_preemptions) {
+    EXPECT_GT(m.preemptions_total, 0) << "the test means to exercise swapping";
+  } else {
+    EXPECT_EQ(m.preemptions_total, 0);
+  }
   engine->reset();  // rank 0's driver tells the followers to stop
   for (int i = 0; i < n; ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
@@ -151,6 +163,38 @@ TEST(TpServing, GreedyOutputsOf16ConcurrentRequestsEqualOneRank) {
 TEST(TpServing, BatchShardedAttentionGreedyOutputsEqualOneRank) {
   serve_and_check(testing::fixture_model("llama"), g_comm->size(), 1, 1, kRequests,
                   "batch-sharded");
+}
+
+// The point of batch-sharded attention's pool: it is not replicated. With the llama's 2 KV heads
+// over 4 ranks, head-sharded attention holds 1 KV head of every block on each rank (each head
+// twice over the world); batch-sharded holds both heads of a quarter of the blocks. The same
+// bytes per rank (40 head-sharded blocks) give it 80 block ids: 8 requests needing 52 blocks run
+// without a preemption, where head-sharded attention preempts. Both equal the one-rank loop.
+TEST(TpServing, BatchShardedAttentionFitsTheBatchHeadShardedPreempts) {
+  const std::string dir = testing::fixture_model("llama");
+  auto text = read_text_file(dir + "/config.json");
+  ASSERT_TRUE(text.ok());
+  auto config = parse_hf_config(*text, dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  const int64_t N = g_comm->size(), KV = config->n_heads_kv;
+  const int64_t hkv = std::max<int64_t>(1, KV / N);
+  if (N * hkv <= KV) GTEST_SKIP() << "no KV head is replicated over " << N << " ranks";
+  // Head-sharded: bytes of one block (all layers' K and V, f32, block_size 4) on a rank.
+  const int64_t block = 2 * config->n_layers * 4 * hkv * config->head_dim * 4;
+  ServingMetrics hs, bs;
+  serve_and_check(dir, static_cast<int>(N), 1, 1, 8, "head-sharded", 40 * block, true, &hs);
+  serve_and_check(dir, static_cast<int>(N), 1, 1, 8, "batch-sharded", 40 * block, false, &bs);
+  if (g_comm->rank() != 0) return;
+  EXPECT_EQ(hs.kv_blocks_total, 40);
+  EXPECT_EQ(bs.kv_blocks_total, 40 * N * hkv / KV);  // 80 at 4 ranks
+  EXPECT_EQ(bs.running_max, 8);
+  std::printf(
+      "[ info ] TP=%lld, %lld bytes of KV per rank: head-sharded %lld blocks, %lld "
+      "preemptions; batch-sharded %lld blocks, %lld preemptions, %lld running at once\n",
+      static_cast<long long>(N), static_cast<long long>(40 * block),
+      static_cast<long long>(hs.kv_blocks_total), static_cast<long long>(hs.preemptions_total),
+      static_cast<long long>(bs.kv_blocks_total), static_cast<long long>(bs.preemptions_total),
+      static_cast<long long>(bs.running_max));
 }
 
 // Expert parallelism over the whole world (Qwen2-MoE: 8 experts, a shared expert, a dense
