@@ -8,7 +8,7 @@
 # total batch in each run (--dp N splits it among the replicas). JSON under $OUT.
 # Test binaries find the fixtures through the absolute path they were built with: SRC_ROOT (the
 # checkout's path on the build machine) is linked to this checkout when it does not exist here.
-# STAGES picks stages (default "tests h2d bench"); the stage "pieces" is the A/B of the pieces a
+# STAGES picks stages (default "tests h2d bench"; "dp1": only bench's one-GPU baseline); the stage "pieces" is the A/B of the pieces a
 # layer is fetched in: one --dp N run per entry of PIECES (default "1s 1 4 8"), N = --fetch-pieces,
 # "1s" = one piece with the all-gathers on the copy stream (STRATA_FETCH_ONE_STREAM=1: the
 # schedule before the gather stream).
@@ -66,9 +66,11 @@ if has pieces; then
     fi
   done
 fi
+if has bench || has dp1; then
+  # shellcheck disable=SC2086
+  step llama34b_dp1 400 "$BUILD/strata" bench $B34 --json "$OUT/llama34b_dp1.json"
+fi
 has bench || { echo "== done rc=$rc"; exit $rc; }
-# shellcheck disable=SC2086
-step llama34b_dp1 400 "$BUILD/strata" bench $B34 --json "$OUT/llama34b_dp1.json"
 # shellcheck disable=SC2086
 step "llama34b_dp${DP}" 500 "$BUILD/strata" bench $B34 --dp "$DP" --json "$OUT/llama34b_dp${DP}.json"
 # shellcheck disable=SC2086
