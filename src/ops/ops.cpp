@@ -992,17 +992,28 @@ Status all_to_all_v(Context& ctx, Communicator& comm, const Tensor& send, const 
       .with_context(kOp);
 }
 
+namespace {
+
+// all_to_all's and all_to_all_rows' buffers: contiguous 2-D tensors of one dtype and shape whose
+// rows are n blocks (one per rank).
+Status check_all_to_all_buffers(const char* op, const Tensor& send, const Tensor& recv, int n) {
+  if (send.dtype != recv.dtype || send.ndim != 2 || recv.ndim != 2 || send.rows() != recv.rows() ||
+      send.cols() != recv.cols() || !send.is_contiguous() || !recv.is_contiguous() ||
+      send.rows() % n != 0) {
+    return invalid(op,
+                   "send and recv must be contiguous 2-D tensors of one dtype and shape, "
+                   "rows a multiple of the ranks");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Status all_to_all(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv) {
   constexpr const char* kOp = "all_to_all";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&send, &recv}));
   const int n = comm.size();
-  if (send.dtype != recv.dtype || send.ndim != 2 || recv.ndim != 2 || send.rows() != recv.rows() ||
-      send.cols() != recv.cols() || !send.is_contiguous() || !recv.is_contiguous() ||
-      send.rows() % n != 0) {
-    return invalid(kOp,
-                   "send and recv must be contiguous 2-D tensors of one dtype and shape, "
-                   "rows a multiple of the ranks");
-  }
+  STRATA_RETURN_IF_ERROR(check_all_to_all_buffers(kOp, send, recv, n));
   if (n == 1) return copy(ctx, send, recv);
   if (!comm.supports(ctx.device)) {
     return errorf(StatusCode::kUnimplemented, "{}: the {} communicator takes no {} buffers", kOp,
@@ -1465,13 +1476,7 @@ Status all_to_all_rows(Context& ctx, Communicator& comm, const Tensor& send, Ten
   constexpr const char* kOp = "all_to_all_rows";
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&send, &recv, &send_rows, &recv_rows}));
   const int n = comm.size();
-  if (send.dtype != recv.dtype || send.ndim != 2 || recv.ndim != 2 || send.rows() != recv.rows() ||
-      send.cols() != recv.cols() || !send.is_contiguous() || !recv.is_contiguous() ||
-      send.rows() % n != 0) {
-    return invalid(kOp,
-                   "send and recv must be contiguous 2-D tensors of one dtype and shape, "
-                   "rows a multiple of the ranks");
-  }
+  STRATA_RETURN_IF_ERROR(check_all_to_all_buffers(kOp, send, recv, n));
   STRATA_RETURN_IF_ERROR(want_i32(send_rows, kOp, "send_rows", n));
   STRATA_RETURN_IF_ERROR(want_i32(recv_rows, kOp, "recv_rows", n));
   if (n == 1) return copy(ctx, send, recv);
