@@ -95,6 +95,7 @@ Status plan_batch_sharded_attention(const ops::StepArgs& st, const ParallelConfi
       }
     }
   }
+  p->mine_from_each.assign(static_cast<size_t>(N), p->rows_of_rank[static_cast<size_t>(me)]);
   ops::StepArgs& l = p->step;
   l = st;
   l.n_tokens = p->rows_of_rank[static_cast<size_t>(me)];
@@ -133,9 +134,8 @@ Status batch_sharded_attention(const Model& m, ForwardArgs& a, int64_t layer, bo
     STRATA_RETURN_IF_ERROR(ops::copy(a.ctx, qkv.slice_rows(first, first + count), dst));
     o += count;
   }
-  const std::vector<int64_t> mine_from_each(static_cast<size_t>(N), mine);
   STRATA_RETURN_IF_ERROR(ops::all_to_all_v(a.ctx, a.comm, a.ws.bsa_send, plan->rows_of_rank.data(),
-                                           a.ws.bsa_recv, mine_from_each.data()));
+                                           a.ws.bsa_recv, plan->mine_from_each.data()));
   Tensor attn =
       Tensor::make(a.ws.bsa_attn.data, a.ws.bsa_attn.dtype, {mine, H * D}, a.ws.bsa_attn.device);
   if (mine > 0) {
@@ -173,8 +173,9 @@ Status batch_sharded_attention(const Model& m, ForwardArgs& a, int64_t layer, bo
     Tensor dst = a.ws.bsa_out_send.slice_rows(s * mine, (s + 1) * mine);
     STRATA_RETURN_IF_ERROR(ops::copy(a.ctx, attn.slice_cols(s * hq * D, (s + 1) * hq * D), dst));
   }
-  STRATA_RETURN_IF_ERROR(ops::all_to_all_v(a.ctx, a.comm, a.ws.bsa_out_send, mine_from_each.data(),
-                                           a.ws.bsa_out_recv, plan->rows_of_rank.data()));
+  STRATA_RETURN_IF_ERROR(ops::all_to_all_v(a.ctx, a.comm, a.ws.bsa_out_send,
+                                           plan->mine_from_each.data(), a.ws.bsa_out_recv,
+                                           plan->rows_of_rank.data()));
   Tensor out = rows(a.ws.attn, n);
   o = 0;
   for (const auto& [first, count] : plan->runs) {

@@ -171,7 +171,8 @@ class LayerWeightHook {
 // runs as a step of their own, their block tables in the rank's local block indices (block b at
 // b / N). Holds the arrays `step` points into: not copyable.
 struct AttnBatchPlan {
-  std::vector<int64_t> rows_of_rank;  // [N] tokens of the runs each rank owns
+  std::vector<int64_t> rows_of_rank;    // [N] tokens of the runs each rank owns
+  std::vector<int64_t> mine_from_each;  // [N] rows_of_rank[rank] each: what every rank sends me
   // (first token, count) of the step's runs grouped by owner rank, in rank order: the rows of
   // the first all-to-all's send buffer (and of the second's receive buffer).
   std::vector<std::pair<int64_t, int64_t>> runs;
