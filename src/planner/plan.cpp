@@ -224,6 +224,27 @@ std::string plan_to_json(const PlanReport& rep) {
   return j.dump(2) + "\n";
 }
 
+namespace {
+
+// A whole number in [lo, hi] from a plan file. nlohmann's get<int64_t>() on a float (a number too
+// large for 64 bits parses as one) or on an out-of-range value is undefined behaviour; sizes this
+// large are never a real plan, and bounding them keeps tp * pp far from overflow.
+Result<int64_t> plan_int(const nlohmann::json& v, const char* field, int64_t lo, int64_t hi,
+                         const std::string& what) {
+  // Non-negative numbers parse as unsigned: compare those as unsigned, the rest as signed.
+  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi) &&
+                                                     static_cast<int64_t>(v.get<uint64_t>()) >= lo
+                                               : v.is_number_integer() && v.get<int64_t>() >= lo &&
+                                                     v.get<int64_t>() <= hi;
+  if (!in_range) {
+    return errorf(StatusCode::kInvalidArgument, "{}: '{}' must be a whole number in [{}, {}]", what,
+                  field, lo, hi);
+  }
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
 Result<PlanReport> plan_from_json(const std::string& text, const std::string& what) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("phases") || !j["phases"].is_object()) {
@@ -234,17 +255,25 @@ Result<PlanReport> plan_from_json(const std::string& text, const std::string& wh
   try {
     rep.model = j.value("model", "");
     rep.profile = j.value("profile", "");
-    rep.gpus = j.value("gpus", int64_t{1});
+    constexpr int64_t kMaxSize = int64_t{1} << 20;  // devices or ranks along any axis
+    if (j.contains("gpus")) {
+      STRATA_ASSIGN_OR_RETURN(rep.gpus, plan_int(j["gpus"], "gpus", 1, kMaxSize, what));
+    }
     for (const auto& [name, phase] : j["phases"].items()) {
       PhasePlan p;
       p.phase = name;
       for (const auto& r : phase.at("layouts")) {
         PlanRow row;
         row.layout = r.at("layout").get<std::string>();
-        row.tp = r.at("tp").get<int64_t>();
-        row.pp = r.at("pp").get<int64_t>();
-        row.ep = r.at("ep").get<int64_t>();
-        row.dp = r.at("dp").get<int64_t>();
+        for (auto [field, dst] : {std::pair{"tp", &row.tp}, std::pair{"pp", &row.pp},
+                                  std::pair{"ep", &row.ep}, std::pair{"dp", &row.dp}}) {
+          auto n = plan_int(r.at(field), field, 1, kMaxSize, what);
+          if (!n.ok()) {
+            return errorf(StatusCode::kInvalidArgument, "{} (layout '{}')", n.status().message(),
+                          row.layout);
+          }
+          *dst = *n;
+        }
         row.ffn = r.at("ffn").get<std::string>();
         row.attention = r.at("attention").get<std::string>();
         // Plans written before the names became --attn-layout's.
@@ -255,10 +284,6 @@ Result<PlanReport> plan_from_json(const std::string& text, const std::string& wh
         row.fits = r.at("fits").get<bool>();
         row.latency_s = r.at("latency_s").get<double>();
         row.phase_s = r.at("phase_s").get<double>();
-        if (row.tp < 1 || row.pp < 1 || row.ep < 1 || row.dp < 1) {
-          return errorf(StatusCode::kInvalidArgument, "{}: layout '{}' has a size below 1", what,
-                        row.layout);
-        }
         p.rows.push_back(std::move(row));
       }
       rep.phases.push_back(std::move(p));
