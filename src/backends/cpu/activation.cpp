@@ -15,7 +15,7 @@ inline float apply(float x) {
 
 template <Activation A>
 void gated_rows(const GatedActParams& p) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.n_tokens * p.ffn_dim >= kParallelMinElems)
   for (int64_t r = 0; r < p.n_tokens; ++r) {
     const float* g = p.gate + r * p.gate_stride;
     const float* u = p.up + r * p.up_stride;
@@ -26,7 +26,7 @@ void gated_rows(const GatedActParams& p) {
 
 template <Activation A>
 void act_rows(const ActParams& p) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.rows * p.cols >= kParallelMinElems)
   for (int64_t r = 0; r < p.rows; ++r) {
     float* x = p.x + r * p.stride;
     for (int64_t i = 0; i < p.cols; ++i) x[i] = apply<A>(x[i]);

@@ -8,6 +8,12 @@
 
 namespace strata::cpu {
 
+// Row-wise ops below this many elements run on the calling thread: starting a team and joining
+// it costs microseconds, more than adding, normalising or rotating one token's rows (a decode
+// step of SmolLM2-135M ran 16 parallel regions per layer, ~15% of its time in OpenMP waits).
+// The weight-streaming kernels (linear, attention) always use the team.
+constexpr int64_t kParallelMinElems = int64_t{1} << 15;
+
 Status embedding(const EmbeddingParams& p);
 Status rms_norm(const RmsNormParams& p);
 Status layer_norm(const LayerNormParams& p);

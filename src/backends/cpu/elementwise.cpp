@@ -8,7 +8,7 @@
 namespace strata::cpu {
 
 Status add(const AddParams& p) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.rows * p.cols >= kParallelMinElems)
   for (int64_t r = 0; r < p.rows; ++r) {
     const float* a = p.a + r * p.a_stride;
     const float* b = p.b + r * p.b_stride;
@@ -20,7 +20,7 @@ Status add(const AddParams& p) {
 }
 
 Status add_bias(const AddBiasParams& p) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.rows * p.cols >= kParallelMinElems)
   for (int64_t r = 0; r < p.rows; ++r) {
     float* x = p.x + r * p.stride;
     for (int64_t i = 0; i < p.cols; ++i) x[i] += load_as_f32(p.bias, p.bias_dtype, i);
@@ -29,7 +29,7 @@ Status add_bias(const AddBiasParams& p) {
 }
 
 Status scale(const ScaleParams& p) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.rows * p.cols >= kParallelMinElems)
   for (int64_t r = 0; r < p.rows; ++r) {
     float* x = p.x + r * p.stride;
 #pragma omp simd
@@ -40,7 +40,7 @@ Status scale(const ScaleParams& p) {
 
 Status softcap(const SoftcapParams& p) {
   const float inv = 1.0f / p.cap;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.rows * p.cols >= kParallelMinElems)
   for (int64_t r = 0; r < p.rows; ++r) {
     float* x = p.x + r * p.stride;
     for (int64_t i = 0; i < p.cols; ++i) x[i] = p.cap * std::tanh(x[i] * inv);
@@ -54,7 +54,8 @@ Status copy_rows(const CopyRowsParams& p) {
   }
   for (int64_t r = 0; r < p.rows; ++r) {
     std::memcpy(static_cast<char*>(p.dst) + r * p.dst_stride,
-                static_cast<const char*>(p.src) + r * p.src_stride, static_cast<size_t>(p.row_bytes));
+                static_cast<const char*>(p.src) + r * p.src_stride,
+                static_cast<size_t>(p.row_bytes));
   }
   return ok_status();
 }

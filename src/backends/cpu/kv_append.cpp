@@ -37,7 +37,7 @@ Status kv_append(const KvAppendParams& p) {
   }
   const int64_t row = c.n_heads_kv * c.head_dim;  // floats per slot
   const size_t row_bytes = static_cast<size_t>(row) * sizeof(float);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.n_tokens * row >= kParallelMinElems)
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     const int64_t pos = p.token_pos[t];
     const int64_t block =

@@ -8,7 +8,7 @@
 namespace strata::cpu {
 
 Status layer_norm(const LayerNormParams& p) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.n_tokens * p.hidden >= kParallelMinElems)
   for (int64_t r = 0; r < p.n_tokens; ++r) {
     const float* x = p.x + r * p.x_stride;
     float* out = p.out + r * p.out_stride;

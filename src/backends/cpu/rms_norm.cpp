@@ -35,7 +35,7 @@ float load_as_f32(const void* data, DType dt, int64_t i) {
 }
 
 Status rms_norm(const RmsNormParams& p) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.n_tokens * p.hidden >= kParallelMinElems)
   for (int64_t r = 0; r < p.n_tokens; ++r) {
     const float* x = p.x + r * p.x_stride;
     float* out = p.out + r * p.out_stride;

@@ -23,7 +23,8 @@ Status rope(const RopeKernelParams& p) {
                   p.head_dim, kMaxRotaryDim);
   }
   const int64_t half = p.rotary_dim / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.n_tokens * p.n_heads * p.rotary_dim >= \
+                                              kParallelMinElems)
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     float cos_t[kMaxRotaryDim / 2];
     float sin_t[kMaxRotaryDim / 2];
