@@ -67,6 +67,7 @@ EnvConfig read_env() {
     c.collective_timeout_s = std::max(1, get_int({"STRATA_COLLECTIVE_TIMEOUT"}, 300));
   }
   c.no_fused_allreduce = flag("STRATA_NO_FUSED_ALLREDUCE");
+  c.cpu_no_fused_parts = flag("STRATA_CPU_NO_FUSED_PARTS");
   c.moe_ep_no_counted = flag("STRATA_MOE_EP_NO_COUNTED");
   // The Hugging Face Hub, as huggingface_hub reads its variables.
   const std::string home = get("HOME") ? get("HOME") : "/tmp";

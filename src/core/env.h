@@ -22,6 +22,9 @@ struct EnvConfig {
   // or int8 activations through the int8 GEMM (empty: int8 where the CPU runs the AVX2 or
   // AVX512-VNNI kernels, f32 on AVX-512 without VNNI and scalar; docs/performance.md).
   std::string cpu_prefill;
+  // STRATA_CPU_NO_FUSED_PARTS=1: one-token CPU linears over several block-quantized parts
+  // (q/k/v, gate/up) run part by part instead of in one OpenMP region (A/B of the fused path).
+  bool cpu_no_fused_parts = false;
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
   bool cuda_profile = false;  // STRATA_CUDA_PROFILE=1: event-timed sections, eager launches
   bool no_autotune = false;   // STRATA_NO_AUTOTUNE=1: cuBLASLt keeps its heuristic's first pick

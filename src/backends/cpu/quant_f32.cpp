@@ -233,4 +233,59 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
   return status;
 }
 
+bool quant_decode_parts(const float* x, int64_t in_features, const DecodePart* parts, int n_parts,
+                        bool accumulate) {
+  constexpr int kMaxParts = 4;
+  const int64_t k = in_features;
+  if (n_parts < 1 || n_parts > kMaxParts || k % 32 != 0 ||
+      quant_detail::resolve_quant_isa(QuantIsa::kBest) == QuantIsa::kScalar) {
+    return false;
+  }
+  quant_detail::RowDotI16Fn i16[kMaxParts];
+  quant_detail::RowsI16Fn rows4[kMaxParts];
+  int64_t tile_end[kMaxParts];  // prefix sums of each part's 4-row tiles
+  int64_t tiles = 0;
+  for (int i = 0; i < n_parts; ++i) {
+    i16[i] = quant_detail::row_dot_i16_avx2(parts[i].weight_dtype);
+    rows4[i] = quant_detail::rows4_i16_avx2(parts[i].weight_dtype);
+    if (i16[i] == nullptr || rows4[i] == nullptr ||
+        k % dtype_info(parts[i].weight_dtype).block_size != 0) {
+      return false;
+    }
+    tiles += (parts[i].rows + 3) / 4;
+    tile_end[i] = tiles;
+  }
+  // The same grow-only per-thread activation buffers as quant_linear_f32.
+  const int64_t nb32 = k / 32;
+  thread_local std::vector<int16_t> qs;
+  thread_local std::vector<float> qd, qsum;
+  qs.resize(std::max(qs.size(), static_cast<size_t>(k)));
+  qd.resize(std::max(qd.size(), static_cast<size_t>(nb32)));
+  qsum.resize(std::max(qsum.size(), static_cast<size_t>(nb32)));
+  quant_detail::quantize_row_q16_avx2(x, k, qs.data(), qd.data(), qsum.data());
+  // NOTE: pointers, not the thread_local vectors, inside the parallel region.
+  const quant_detail::Q16Act a{qs.data(), qd.data(), qsum.data()};
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    int i = 0;
+    while (t >= tile_end[i]) ++i;
+    const DecodePart& part = parts[i];
+    const int64_t r0 = (t - (i > 0 ? tile_end[i - 1] : 0)) * 4;
+    const int64_t nr = std::min<int64_t>(4, part.rows - r0);
+    const auto* w = static_cast<const uint8_t*>(part.weight) + r0 * part.row_bytes;
+    float res[4];
+    if (nr == 4) {
+      rows4[i](w, part.row_bytes, k, a, res);
+    } else {
+      for (int64_t j = 0; j < nr; ++j) i16[i](w + j * part.row_bytes, k, a, 1, res + j);
+    }
+    for (int64_t j = 0; j < nr; ++j) {
+      const float v =
+          res[j] + (part.bias != nullptr ? load_as_f32(part.bias, part.bias_dtype, r0 + j) : 0.0f);
+      part.out[r0 + j] = accumulate ? part.out[r0 + j] + v : v;
+    }
+  }
+  return true;
+}
+
 }  // namespace strata::cpu
