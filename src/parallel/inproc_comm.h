@@ -6,6 +6,13 @@
 // once (init_in_process_device), and each collective is one kernel per rank that copies its input
 // to its staging buffer, raises its flags, waits for its peers' flags and reads their staging
 // buffers — no host synchronization, so it can be captured in a CUDA graph.
+//
+// Ranks sharing one GPU share its CUDA context: a rank must not wait for the whole device
+// (cudaDeviceSynchronize, cudaFree, a lazy kernel load) while a peer may be inside a device
+// collective. That wait includes the peer's kernel, which spins until this rank's kernel raises
+// its flags, which it cannot launch until the wait returns: the peer gives up after ~10 s
+// (health() reports kDeadlineExceeded) and its collective's results are stale staging data.
+// Wait on streams (cudaStreamSynchronize, ops::synchronize), or meet at a barrier first.
 #pragma once
 
 #include <chrono>

@@ -116,9 +116,10 @@ Status init_in_process_device(Communicator& c, int device_index, int64_t max_byt
           cudaMemcpy(s.flags_table[me], s.flags.data(), n * sizeof(void*), cudaMemcpyHostToDevice));
       // cudaMemset of device memory and copies from pageable memory may return before they land,
       // and the collectives run on non-blocking streams, which do not wait for the default
-      // stream: a rank's first kernel could read a stale epoch or flag (a peer then waited for
-      // an epoch that never came: EpFixedCuda.OneShotAllToAllMatchesHostTwin, 4 of 15 runs on
-      // an H100). Wait here, before the barrier lets anyone launch.
+      // stream: a rank's first kernel could read a stale epoch or flag. Wait here, before the
+      // barrier lets anyone launch. (EpFixedCuda.OneShotAllToAllMatchesHostTwin's timeouts, 4
+      // of 15 runs on an H100, were most likely not this but the test waiting for the whole device
+      // while a peer's kernel spun for it: see inproc_comm.h.)
       STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
       return ok_status();
     }();

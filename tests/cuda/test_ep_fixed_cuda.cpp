@@ -54,6 +54,25 @@ std::string on_ranks(int n, const std::function<std::string(int)>& f) {
   return "";
 }
 
+// Ranks that share one GPU (threads of one process, one CUDA context) must never wait for the
+// whole device while a peer may be inside a one-shot collective: cudaDeviceSynchronize waits for
+// the peers' streams too, including a peer kernel spinning for this rank's flags, which this
+// rank raises only after the wait returns. The peer gives up after ~10 s (health() then says so)
+// and its collective returns stale staging rows. So the helpers below wait on streams only
+// (the legacy default stream does not wait for the ranks' non-blocking streams), and
+// cudaDeviceSynchronize runs only where no collective can be in flight (~DeviceMem, after the
+// ranks' last barrier).
+
+// A rank's verdict: st, else the barrier `met`, else health(); a failed st names a one-shot
+// wait that timed out as well (its rows are stale, so the data check fails first and would
+// otherwise hide why).
+std::string with_health(const Status& st, Communicator& c, const Status& met) {
+  const Status h = c.health();
+  if (!st.ok()) return h.ok() ? st.to_string() : st.to_string() + " [" + h.to_string() + "]";
+  if (!met.ok()) return met.to_string();
+  return h.ok() ? "" : h.to_string();
+}
+
 // Device memory freed at scope exit.
 struct DeviceMem {
   std::vector<void*> ptrs;
@@ -63,6 +82,7 @@ struct DeviceMem {
       return nullptr;
     }
     cudaMemset(p, 0, static_cast<size_t>(std::max<int64_t>(bytes, 16)));
+    cudaStreamSynchronize(nullptr);  // landed before the ranks' non-blocking streams read it
     ptrs.push_back(p);
     return p;
   }
@@ -76,14 +96,17 @@ template <class T>
 T* upload(DeviceMem& m, const std::vector<T>& v) {
   void* p = m.alloc(static_cast<int64_t>(v.size() * sizeof(T)));
   cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaStreamSynchronize(nullptr);  // a pageable copy may return before the DMA lands
   return static_cast<T*>(p);
 }
 
+// n values at p after the work queued on `stream` (which wrote them) has finished: waits for
+// that stream only, never for the device (see above).
 template <class T>
-std::vector<T> download(const T* p, size_t n) {
+std::vector<T> download(const T* p, size_t n, cudaStream_t stream) {
   std::vector<T> v(n);
-  cudaDeviceSynchronize();
-  cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+  cudaMemcpyAsync(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, stream);
+  cudaStreamSynchronize(stream);
   return v;
 }
 
@@ -133,15 +156,15 @@ TEST(EpFixedCuda, PlansAndGatherMatchTwins) {
         dp.back_map = static_cast<int32_t*>(m.alloc(std::max<int64_t>(n_rows, 1) * 4));
         dp.rows = static_cast<int32_t*>(m.alloc(ep * 4));
         ASSERT_TRUE(cuda::moe_ep_send_plan(ctx, dp).ok());
-        EXPECT_EQ(download(dp.rows, srows.size()), srows);
+        EXPECT_EQ(download(dp.rows, srows.size(), ctx.stream), srows);
         for (int d = 0; d < ep; ++d) {  // the rows of block d (each within C here)
           const size_t di = static_cast<size_t>(d);
           EXPECT_EQ(srows[di],
                     off[static_cast<size_t>((d + 1) * El)] - off[static_cast<size_t>(d * El)]);
         }
-        EXPECT_EQ(download(dp.counts, counts.size()), counts);
-        EXPECT_EQ(download(dp.send_map, smap.size()), smap);
-        EXPECT_EQ(download(dp.back_map, static_cast<size_t>(n_rows)),
+        EXPECT_EQ(download(dp.counts, counts.size(), ctx.stream), counts);
+        EXPECT_EQ(download(dp.send_map, smap.size(), ctx.stream), smap);
+        EXPECT_EQ(download(dp.back_map, static_cast<size_t>(n_rows), ctx.stream),
                   std::vector<int32_t>(bmap.begin(), bmap.begin() + n_rows));
         // Receive plan: the counts as if every source had sent these (its block within C).
         MoeEpRecvPlanParams rp;
@@ -165,10 +188,10 @@ TEST(EpFixedCuda, PlansAndGatherMatchTwins) {
         drp.ungroup_map = static_cast<int32_t*>(m.alloc(ep * C * 4));
         drp.rows = static_cast<int32_t*>(m.alloc(ep * 4));
         ASSERT_TRUE(cuda::moe_ep_recv_plan(ctx, drp).ok());
-        EXPECT_EQ(download(drp.rows, rrows.size()), rrows);
-        EXPECT_EQ(download(drp.offsets, roff.size()), roff);
-        EXPECT_EQ(download(drp.group_map, gmap.size()), gmap);
-        EXPECT_EQ(download(drp.ungroup_map, umap.size()), umap);
+        EXPECT_EQ(download(drp.rows, rrows.size(), ctx.stream), rrows);
+        EXPECT_EQ(download(drp.offsets, roff.size(), ctx.stream), roff);
+        EXPECT_EQ(download(drp.group_map, gmap.size(), ctx.stream), gmap);
+        EXPECT_EQ(download(drp.ungroup_map, umap.size(), ctx.stream), umap);
       }
     }
   }
@@ -194,7 +217,7 @@ TEST(EpFixedCuda, PlansAndGatherMatchTwins) {
     d.map = upload(m, map);
     d.dst = m.alloc(n_rows * row_bytes);
     ASSERT_TRUE(cuda::gather_rows(ctx, d).ok());
-    EXPECT_EQ(download(static_cast<uint8_t*>(d.dst), want.size()), want) << row_bytes;
+    EXPECT_EQ(download(static_cast<uint8_t*>(d.dst), want.size(), ctx.stream), want) << row_bytes;
     // Without zero_unmapped the unmapped rows keep what they held (0xAB on both sides).
     std::vector<uint8_t> keep(want.size(), 0xAB);
     p.dst = keep.data();
@@ -203,7 +226,7 @@ TEST(EpFixedCuda, PlansAndGatherMatchTwins) {
     d.zero_unmapped = false;
     d.dst = upload(m, std::vector<uint8_t>(want.size(), 0xAB));
     ASSERT_TRUE(cuda::gather_rows(ctx, d).ok());
-    EXPECT_EQ(download(static_cast<uint8_t*>(d.dst), keep.size()), keep) << row_bytes;
+    EXPECT_EQ(download(static_cast<uint8_t*>(d.dst), keep.size(), ctx.stream), keep) << row_bytes;
   }
 }
 
@@ -237,21 +260,29 @@ TEST(EpFixedCuda, OneShotAllToAllMatchesHostTwin) {
         CommStream s;
         s.device = Device::cuda(0);
         s.cuda_stream = stream;
-        // Round 0 eager; round 1 captured and replayed twice.
-        for (int round = 0; round < 2 && st.ok(); ++round) {
-          cudaMemsetAsync(out, 0, static_cast<size_t>(n * count * 4), stream);
+        // Round 0 eager; round 1 captured and replayed twice. Every rank meets every barrier,
+        // a failed one too (the barriers are counted, not named).
+        for (int round = 0; round < 2; ++round) {
+          if (st.ok()) cudaMemsetAsync(out, 0, static_cast<size_t>(n * count * 4), stream);
           if (round == 0) {
-            st = dc.all_to_all(src, count, DType::kF32, out, s);
+            if (st.ok()) st = dc.all_to_all(src, count, DType::kF32, out, s);
           } else {
             cudaGraph_t g = nullptr;
             cudaGraphExec_t exec = nullptr;
-            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-            st = dc.all_to_all(src, count, DType::kF32, out, s);
-            cudaStreamEndCapture(stream, &g);
+            if (st.ok()) {
+              cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+              st = dc.all_to_all(src, count, DType::kF32, out, s);
+              cudaStreamEndCapture(stream, &g);
+            }
             if (g != nullptr) {
               cudaGraphInstantiate(&exec, g, 0);
               cudaGraphDestroy(g);
             }
+            // Every rank has its round-0 results and its graph before anyone launches: a rank
+            // still in a runtime call that waits for the device must not meet a peer's kernel
+            // spinning for it.
+            const Status met = dc.barrier();
+            if (st.ok()) st = met;
             if (st.ok() && exec != nullptr) {
               cudaGraphLaunch(exec, stream);
               cudaGraphLaunch(exec, stream);
@@ -260,13 +291,12 @@ TEST(EpFixedCuda, OneShotAllToAllMatchesHostTwin) {
             if (exec != nullptr) cudaGraphExecDestroy(exec);
           }
           cudaStreamSynchronize(stream);
-          if (st.ok() && download(out, want.size()) != want) {
+          if (st.ok() && download(out, want.size(), stream) != want) {
             st = Status(StatusCode::kInternal, "round " + std::to_string(round) + " differs");
           }
         }
         const Status met = dc.barrier();
-        if (st.ok()) st = dc.health();
-        return st.ok() ? (met.ok() ? "" : met.to_string()) : st.to_string();
+        return with_health(st, dc, met);
       });
       EXPECT_EQ(err, "");
     }
@@ -347,14 +377,13 @@ TEST(EpFixedCuda, CountedAllToAllMatchesHostTwinAcrossReplays) {
               if (st.ok()) cudaGraphLaunch(exec, stream);
             }
             cudaStreamSynchronize(stream);
-            if (st.ok() && download(out, want.size()) != want) {
+            if (st.ok() && download(out, want.size(), stream) != want) {
               st = Status(StatusCode::kInternal, "round " + std::to_string(round) + " differs");
             }
           }
           if (exec != nullptr) cudaGraphExecDestroy(exec);
           const Status met = dc.barrier();
-          if (st.ok()) st = dc.health();
-          return st.ok() ? (met.ok() ? "" : met.to_string()) : st.to_string();
+          return with_health(st, dc, met);
         });
         EXPECT_EQ(err, "");
       }
@@ -456,18 +485,20 @@ TEST(EpFixedCuda, CountedGraphMatchesWholeBlocksAcrossRoutings) {
           }
           cudaStreamSynchronize(stream);
           // STRATA_TEST_EP_BARRIER=1 (diagnosis): every rank finishes a graph before any starts
-          // the next.
+          // the next. (It did not help while the downloads below waited for the whole device:
+          // a rank still downloading the first graph's results waited for a peer's second
+          // graph, which spun for it; see the helpers at the top.)
           if (std::getenv("STRATA_TEST_EP_BARRIER") != nullptr) st = c.barrier();
-          got[v] =
-              download(static_cast<const float*>(y_perm[v].data), static_cast<size_t>(T * k * H));
+          got[v] = download(static_cast<const float*>(y_perm[v].data),
+                            static_cast<size_t>(T * k * H), stream);
           grouped[v] = download(static_cast<const float*>(ex[v].send_x.data),
-                                static_cast<size_t>(ep * C * H));
+                                static_cast<size_t>(ep * C * H), stream);
           off[v] = download(static_cast<const int32_t*>(ex[v].offsets.data),
-                            static_cast<size_t>(El + 1));
+                            static_cast<size_t>(El + 1), stream);
         }
         if (!st.ok()) break;
-        const std::vector<float> want =
-            download(static_cast<const float*>(x_perm.data), static_cast<size_t>(T * k * H));
+        const std::vector<float> want = download(static_cast<const float*>(x_perm.data),
+                                                 static_cast<size_t>(T * k * H), stream);
         const std::string at = "round " + std::to_string(round) + ": ";
         // Which rows differ, and how (a failure names the first and counts them all).
         auto diff = [&](const std::vector<float>& g) {
@@ -508,9 +539,8 @@ TEST(EpFixedCuda, CountedGraphMatchesWholeBlocksAcrossRoutings) {
         if (e != nullptr) cudaGraphExecDestroy(e);
       }
       const Status done = c.barrier();
-      if (st.ok()) st = c.health();
-      return st.ok() ? (done.ok() ? "" : done.to_string())
-                     : "rank " + std::to_string(r) + ": " + st.to_string();
+      const std::string verdict = with_health(st, c, done);
+      return verdict.empty() ? verdict : "rank " + std::to_string(r) + ": " + verdict;
     });
     EXPECT_EQ(err, "");
   }
