@@ -210,23 +210,6 @@ Status parse_entry(const std::string& file, const std::string& key, const json& 
 
 }  // namespace
 
-std::string printable_for_message(std::string_view text, size_t max_chars) {
-  std::string out;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (out.size() >= max_chars) {
-      out += "...";
-      break;
-    }
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c >= 0x7f) {
-      out += fmt::format("\\x{:02x}", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
 bool parse_safetensors_dtype(std::string_view text, SafetensorsDType* out) {
   for (const DTypeRow& row : kDTypeTable) {
     if (row.name == text) {

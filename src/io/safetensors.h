@@ -24,6 +24,7 @@
 
 #include "core/buffer.h"
 #include "core/mapped_file.h"
+#include "core/status.h"
 #include "core/tensor.h"
 #include "strata/status.h"
 #include "strata/types.h"
@@ -120,9 +121,7 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// User-controlled text (tensor names, JSON excerpts) made safe for a one-line message: control
-// and non-ASCII bytes as \xNN, cut after `max_chars`.
-std::string printable_for_message(std::string_view text, size_t max_chars = 160);
+// printable_for_message (user text in one-line messages) is in core/status.h.
 
 // Largest header accepted (the reference implementation's limit).
 constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;

@@ -52,7 +52,8 @@ Result<WeightFormat> parse_weight_format(const std::string& s) {
   if (s == "bf16") return WeightFormat::kBF16;
   if (s == "int8" || s == "i8") return WeightFormat::kInt8;
   if (s == "fp8") return WeightFormat::kFp8;
-  return errorf(StatusCode::kInvalidArgument, "unknown weight format '{}' (bf16, int8, fp8)", s);
+  return errorf(StatusCode::kInvalidArgument, "unknown weight format '{}' (bf16, int8, fp8)",
+                printable_for_message(s, 40));
 }
 
 double weight_format_bytes(WeightFormat f) {

@@ -280,6 +280,14 @@ TEST(CostModel, BadInputIsAnError) {
       "m.json");
   ASSERT_FALSE(bad_moe.ok());
   EXPECT_NE(bad_moe.status().message().find("moe_exchange"), std::string::npos);
+  // A key with a newline in it (fuzz_hw_profile): the message stays on one line.
+  auto odd_key = parse_hardware_profile(
+      R"({"memory_GB": 80, "peak_tflops": {"bf16": 100, "i\n_link": 1}})", "k.json");
+  ASSERT_FALSE(odd_key.ok());
+  EXPECT_NE(odd_key.status().message().find("k.json: peak_tflops: unknown weight format 'i\\x0a"),
+            std::string::npos)
+      << odd_key.status().message();
+  EXPECT_EQ(odd_key.status().message().find('\n'), std::string::npos);
   EXPECT_FALSE(model_shape_preset("no-such-model").ok());
   const HardwareProfile a100 = value(load_hardware_profile("a100"));
   EXPECT_FALSE(
