@@ -333,6 +333,9 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
     s.push_back({&Workspace::ffn_w_recv, wdt, {N * H, F / N}});
   } else if (ffn_layout == FfnLayout::k2D) {
     s.push_back({&Workspace::ffn_tokens, DType::kF32, {T, H}});  // the X group's hidden slices
+    // The gate/up partial sums, reduced over X in f32 (then activated to act's dtype).
+    const int64_t gu = c.gated_mlp ? 2 * m.ffn_local() : m.ffn_local();
+    s.push_back({&Workspace::ffn_ff, DType::kF32, {T, gu}});
   }
   if (m.parallel().attn_layout == AttnLayout::kBatchSharded) {
     // Batch-sharded attention (model/attn_layouts.cpp).

@@ -81,13 +81,16 @@ class Uploader {
 
   // A [rows, cols] matrix from the row blocks of `host` (stacked in order), or random values
   // (host null); bf16, or quantized per row to the layout's dtype when `quantize`.
+  // gemm: whether a GEMM reads the matrix as it is (not when it is only all-gathered first: the
+  // weight-gathered FFN's shards).
   Result<ops::LinearWeight> linear(const ops::LinearWeight* host, int64_t rows, int64_t cols,
-                                   bool with_bias, bool quantize, const char* what) {
+                                   bool with_bias, bool quantize, const char* what,
+                                   bool gemm = true) {
     const DType wdt = quantize ? layout_.weight_dtype : DType::kBF16;
     const size_t n = static_cast<size_t>(rows * cols);
     // The GPU GEMMs read weight rows with 16-byte loads: 8 bf16 or 16 int8 / fp8 values.
     const int64_t align = wdt == DType::kBF16 ? 8 : 16;
-    if (ctx_.device.is_cuda() && cols % align != 0) {
+    if (gemm && ctx_.device.is_cuda() && cols % align != 0) {
       return errorf(StatusCode::kUnimplemented,
                     "{}: {} input features are not a multiple of {}, which the CUDA GEMMs need for "
                     "{} weights",
@@ -448,6 +451,9 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
   const int64_t H = c.hidden, D = c.head_dim;
   const int64_t qkv_rows = m->qkv_dim(), q_cols = m->n_heads_local() * D, F = m->ffn_local();
   const int64_t Vl = m->vocab_local();
+  // The 2d FFN layout's shards cover a hidden slice: W_in [2 F / Y, E / X], W_out [E / X, F / Y]
+  // (model/ffn_layouts.cpp); every other layout's the whole hidden size.
+  const int64_t ffn_hidden = par.ffn_layout == FfnLayout::k2D ? H / par.grid_x() : H;
   const ModelWeights* hw = host != nullptr ? &host->weights() : nullptr;
   Uploader up(ctx, alloc, m->store_, layout);
   ModelWeights& w = m->w_;
@@ -535,10 +541,14 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
       }
       continue;
     }
-    STRATA_ASSIGN_OR_RETURN(d.gate_up, up.linear(L ? &L->gate_up : nullptr, gu_rows, H, mlp_bias,
-                                                 true, "gate/up weights"));
+    // Weight-gathered: the shards stay bf16 (the layout gathers them whole each layer; row
+    // scales are not gathered) and the GEMMs read the gathered [F, hidden] only.
+    const bool gathered = par.ffn_layout == FfnLayout::kWeightGathered;
     STRATA_ASSIGN_OR_RETURN(
-        d.down, up.linear(L ? &L->down : nullptr, H, F, down_bias, true, "down_proj weights"));
+        d.gate_up, up.linear(L ? &L->gate_up : nullptr, gu_rows, ffn_hidden, mlp_bias, !gathered,
+                             "gate/up weights", !gathered));
+    STRATA_ASSIGN_OR_RETURN(d.down, up.linear(L ? &L->down : nullptr, ffn_hidden, F, down_bias,
+                                              !gathered, "down_proj weights", !gathered));
     if (streamed) {
       up.set_temp(nullptr);
       STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));

@@ -32,8 +32,12 @@
 // The padding rows hold stale values: every op between the reduce-scatter and the final
 // all-gather is row-wise, so they never reach a real token, and the gather drops them.
 //
-// Both: the CPU reference (f32 activations, the weights as stored, not GGUF blocks) of the Llama
-// family; the runner refuses the device layout (runtime/executor.cpp).
+// Both: the Llama family, in the CPU reference (f32 activations, the weights as stored, not GGUF
+// blocks) and in the device layout (bf16 activations, f32 residual; on the CPU through the GPU
+// kernels' twins, or on one GPU with the ranks as threads: the in-process communicator's
+// one-shot kernels, including its reduce-scatter and the 2d groups' own registrations,
+// runtime/tp_executor.cpp). Weight-gathered keeps its FFN shards bf16 on the device (row scales
+// are not gathered) and gathers the fused [gate_r; up_r] matrix as its two halves.
 #include <algorithm>
 
 #include "core/status.h"
@@ -51,26 +55,39 @@ Tensor view(const Tensor& slot, DType dt, std::initializer_list<int64_t> shape) 
 
 // w's parts all-gathered over comm into `rows` (every rank's shard of part p, rank-major: the
 // whole part, as the shards are the rank-ordered row blocks of it); the result has the same
-// parts, whole.
-Status gather_row_shards(ForwardArgs& a, const ops::LinearWeight& w, const Tensor& rows,
+// parts, whole. The device layout's one fused part [gate_r; up_r] of a gated MLP
+// (model/device_layout.cpp) is gathered as its two halves, into one fused [gate; up] part.
+Status gather_row_shards(ForwardArgs& a, const ops::LinearWeight& w, bool gated, const Tensor& rows,
                          ops::LinearWeight* out) {
   const int n = a.comm.size();
+  const bool fused = gated && w.n_parts == 1;
   int64_t r0 = 0;
   for (int i = 0; i < w.n_parts; ++i) {
     const ops::LinearWeight::Part& p = w.parts[static_cast<size_t>(i)];
-    if (!p.w.is_contiguous()) {
-      return Status(StatusCode::kInternal,
-                    "weight-gathered FFN: a gate/up shard is not contiguous");
+    if (!p.w.is_contiguous() || p.scale.defined()) {
+      return Status(StatusCode::kUnimplemented,
+                    "weight-gathered FFN: a gate/up shard is not contiguous, or is quantized with "
+                    "row scales (int8 / fp8 weights are not built for this layout yet)");
     }
     const int64_t r1 = r0 + n * p.w.rows();
-    if (p.w.dtype != rows.dtype || r1 > rows.rows() || p.w.cols() != rows.cols()) {
+    if (p.w.dtype != rows.dtype || r1 > rows.rows() || p.w.cols() != rows.cols() ||
+        (fused && p.w.rows() % 2 != 0)) {
       return errorf(StatusCode::kInternal,
                     "weight-gathered FFN: gate/up shard {} {} does not fit the scratch {} {}",
                     dtype_name(p.w.dtype), p.w.shape_string(), dtype_name(rows.dtype),
                     rows.shape_string());
     }
     Tensor whole = rows.slice_rows(r0, r1);
-    STRATA_RETURN_IF_ERROR(ops::all_gather(a.ctx, a.comm, p.w, whole));
+    if (fused) {
+      const int64_t half = p.w.rows() / 2, F = n * half;
+      for (int64_t k = 0; k < 2; ++k) {  // gate, then up
+        Tensor dst = whole.slice_rows(k * F, (k + 1) * F);
+        STRATA_RETURN_IF_ERROR(
+            ops::all_gather(a.ctx, a.comm, p.w.slice_rows(k * half, (k + 1) * half), dst));
+      }
+    } else {
+      STRATA_RETURN_IF_ERROR(ops::all_gather(a.ctx, a.comm, p.w, whole));
+    }
     out->add(whole, p.bias);
     r0 = r1;
   }
@@ -82,8 +99,10 @@ Status gather_col_shards(ForwardArgs& a, const ops::LinearWeight& w, ops::Linear
   const int n = a.comm.size();
   const ops::LinearWeight::Part& p = w.parts[0];
   const int64_t E = p.w.rows(), Fr = p.w.cols();
-  if (w.n_parts != 1 || p.w.dtype != a.ws.ffn_w_out.dtype) {
-    return Status(StatusCode::kInternal, "weight-gathered FFN: unexpected down weight");
+  if (w.n_parts != 1 || p.w.dtype != a.ws.ffn_w_out.dtype || p.scale.defined()) {
+    return Status(StatusCode::kUnimplemented,
+                  "weight-gathered FFN: a down weight of several parts, another dtype than the "
+                  "scratch, or row scales (int8 / fp8)");
   }
   Tensor send = view(a.ws.ffn_w_send, p.w.dtype, {E, Fr});
   Tensor recv = view(a.ws.ffn_w_recv, p.w.dtype, {n * E, Fr});
@@ -116,7 +135,9 @@ Status ffn_2d(const Model& m, ForwardArgs& a, int64_t layer) {
   const DType act_dt = a.ws.act.dtype;
   ops::section(a.ctx, "gate_up");
   Tensor h = rows(a.ws.h, n).slice_cols(hs.begin, hs.end);
-  Tensor gu = view(a.ws.ff, act_dt, {n, L.gate_up.rows()});
+  // f32 partial sums (the device layout's GEMM writes them from bf16 h): one rounding, at the
+  // activation, as the 1D layout's fused GEMM + activation.
+  Tensor gu = view(a.ws.ffn_ff, DType::kF32, {n, L.gate_up.rows()});
   ops::LinearArgs partial;
   partial.bias = false;
   STRATA_RETURN_IF_ERROR(ops::linear(a.ctx, h, L.gate_up, gu, partial));
@@ -186,7 +207,7 @@ Status weight_gathered_ffn(const Model& m, ForwardArgs& a, int64_t layer) {
   STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, xr, L.ffn_norm, norm_args(c), h));
   ops::section(a.ctx, "all_gather_weights");
   ops::LinearWeight w_in, w_out;
-  STRATA_RETURN_IF_ERROR(gather_row_shards(a, L.gate_up, a.ws.ffn_w_in, &w_in));
+  STRATA_RETURN_IF_ERROR(gather_row_shards(a, L.gate_up, c.gated_mlp, a.ws.ffn_w_in, &w_in));
   STRATA_RETURN_IF_ERROR(gather_col_shards(a, L.down, &w_out));
   ops::section(a.ctx, "gate_up_act");
   const DType act_dt = a.ws.act.dtype;

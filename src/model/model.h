@@ -118,7 +118,8 @@ struct Workspace {
   Tensor ffn_tokens;  // f32 [max(N P, T), hidden]: weight-gathered: o_proj's padded partial sums,
                       // then every rank's token slice gathered; 2d: the X group's hidden slices
   Tensor ffn_x;       // f32 [P, hidden]: weight-gathered: this rank's token slice of the residual
-  Tensor ffn_ff;      // act [P, 2 F]: weight-gathered: the gate/up GEMM's output (scratch)
+  Tensor ffn_ff;      // act [P, 2 F]: weight-gathered: the gate/up GEMM's output (scratch);
+                      // 2d: f32 [T, 2 F / Y], the gate/up partial sums reduced over X
   Tensor ffn_act;     // act [P, F]
   Tensor ffn_w_in;    // wdt [2 F, hidden]: the layer's gathered gate/up weights
   Tensor ffn_w_out;   // wdt [hidden, F]: the layer's gathered down weight

@@ -735,9 +735,33 @@ Status activation(Context& ctx, const Tensor& gu, Activation act, bool gated, Te
     return invalid(kOp, fmt::format("gu {} does not fit out {} ({})", gu.shape_string(),
                                     out.shape_string(), gated ? "gated" : "plain"));
   }
+  if ((gu.dtype == DType::kBF16 || gu.dtype == DType::kF32) && out.dtype == DType::kBF16) {
+    // The device layout: the kernel of linear_act's unfused path, bf16 or f32 in, bf16 out (CPU
+    // twin: the same arithmetic in cpu::gated_act_bf16).
+    GatedActBf16Params p;
+    p.gated = gated;
+    if (gu.dtype == DType::kBF16) {
+      p.in_bf16 = bf16(gu);
+    } else {
+      p.in = f32(gu);
+    }
+    p.in_stride = gm.stride;
+    p.out = bf16(out);
+    p.out_stride = om.stride;
+    p.n_tokens = om.rows;
+    p.ffn_dim = om.cols;
+    p.act = act;
+    if (ctx.device.is_cpu()) return cpu::gated_act_bf16(p);
+#if STRATA_HAS_CUDA
+    return cuda::gated_act_bf16(*ctx.cuda, p);
+#else
+    return no_cuda(kOp);
+#endif
+  }
   if (!ctx.device.is_cpu() || gu.dtype != DType::kF32 || out.dtype != DType::kF32) {
-    return errorf(StatusCode::kUnimplemented, "{}: only f32 on the CPU is built (not {} on {} yet)",
-                  kOp, dtype_name(gu.dtype), ctx.device.to_string());
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: f32 on the CPU or bf16 is built (not {} -> {} on {} yet)", kOp,
+                  dtype_name(gu.dtype), dtype_name(out.dtype), ctx.device.to_string());
   }
   if (!gated) {
     STRATA_RETURN_IF_ERROR(copy(ctx, gu, out));

@@ -195,7 +195,8 @@ Status attention(Context& ctx, const Tensor& q, const StepArgs& step, const KvLa
 // The MLP's activation alone, for layouts that reduce the gate/up GEMM's partial sums before
 // activating them (the 2D weight-stationary FFN, model/ffn_layouts.cpp): gated, gu [n, 2F] =
 // [gate | up] and out [n, F] = act(gate) * up; plain, gu and out [n, F], out = act(gu). f32 on the
-// CPU only for now (kUnimplemented elsewhere).
+// CPU, or bf16 / f32 in and bf16 out on either device (the kernel of linear_act's unfused bf16
+// path); kUnimplemented for other dtypes.
 Status activation(Context& ctx, const Tensor& gu, Activation act, bool gated, Tensor& out);
 
 // Element-wise, f32 [n, cols] with row strides.

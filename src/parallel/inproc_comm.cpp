@@ -21,6 +21,8 @@ Status inproc_device_all_gather(InProcessGroup& g, int rank, const void* send, i
                                 DType dt, void* recv, void* stream);
 Status inproc_device_all_to_all(InProcessGroup& g, int rank, const void* send, int64_t count,
                                 DType dt, void* recv, void* stream);
+Status inproc_device_reduce_scatter(InProcessGroup& g, int rank, const void* send, int64_t count,
+                                    DType dt, void* recv, void* stream);
 Status inproc_device_all_to_all_rows(InProcessGroup& g, int rank, const void* send,
                                      int64_t capacity, int64_t cols, DType dt, void* recv,
                                      const int32_t* send_rows, const int32_t* recv_rows,
@@ -158,7 +160,13 @@ class InProcessCommunicator final : public Communicator {
   Status reduce_scatter(const void* send, int64_t count, DType dt, void* recv,
                         const CommStream& s) override {
     STRATA_RETURN_IF_ERROR(check_count("reduce-scatter", count, {send, recv}));
-    if (!s.device.is_cpu()) return no_device("reduce-scatter");
+    if (!s.device.is_cpu()) {
+#if STRATA_HAS_CUDA
+      return inproc_device_reduce_scatter(*g_, rank_, send, count, dt, recv, s.cuda_stream);
+#else
+      return no_device("reduce-scatter");
+#endif
+    }
     g_->in[static_cast<size_t>(rank_)] = send;
     STRATA_RETURN_IF_ERROR(g_->barrier(rank_));
     std::vector<const void*> chunks(static_cast<size_t>(g_->n));
@@ -357,8 +365,8 @@ class InProcessCommunicator final : public Communicator {
  private:
   Status no_device(const char* op) const {
     return errorf(StatusCode::kUnimplemented,
-                  "in-process {} on device memory is not available (all-reduce, all-gather and "
-                  "all-to-all are, after init_in_process_device)",
+                  "in-process {} on device memory is not available (all-reduce, all-gather, "
+                  "reduce-scatter and all-to-all are, after init_in_process_device)",
                   op);
   }
   Status check_peer(int peer) const {

@@ -1,7 +1,7 @@
 // The in-process communicator's shared state (parallel/inproc_comm.cpp): n ranks are n threads of
 // one process. Host collectives publish each rank's pointers, meet at a barrier, read the peers'
 // buffers directly and meet again before anyone may overwrite them. Device collectives (CUDA:
-// all-reduce, all-gather, all-to-all) go through the one-shot kernels
+// all-reduce, all-gather, reduce-scatter, all-to-all) go through the one-shot kernels
 // (backends/cuda/kernels/oneshot.cu): every rank registers a staging buffer and a flag array
 // once (init_in_process_device), and each collective is one kernel per rank that copies its input
 // to its staging buffer, raises its flags, waits for its peers' flags and reads their staging

@@ -188,6 +188,16 @@ Status inproc_device_all_to_all(InProcessGroup& g, int rank, const void* send, i
   return oneshot_all_to_all(v, send, recv, count, dt, stream);
 }
 
+Status inproc_device_reduce_scatter(InProcessGroup& g, int rank, const void* send, int64_t count,
+                                    DType dt, void* recv, void* stream) {
+  const OneShotRank v = view(g, rank);
+  if (!v.ready()) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "in-process device collective before init_in_process_device");
+  }
+  return oneshot_reduce_scatter(v, send, recv, count, dt, stream);
+}
+
 Status inproc_device_all_to_all_rows(InProcessGroup& g, int rank, const void* send,
                                      int64_t capacity, int64_t cols, DType dt, void* recv,
                                      const int32_t* send_rows, const int32_t* recv_rows,

@@ -57,6 +57,24 @@ Status oneshot_collective(const OneShotRank& v, const void* in, void* out, int64
   return ok_status();
 }
 
+Status oneshot_reduce_scatter(const OneShotRank& v, const void* send, void* recv, int64_t count,
+                              DType dt, void* stream) {
+  const int64_t bytes = dtype_bytes(dt, count) * v.n_ranks;
+  if (bytes > v.staging_bytes / 2) {
+    return errorf(StatusCode::kUnimplemented,
+                  "one-shot device reduce-scatter of {} bytes over {} ranks: above half the "
+                  "{}-byte staging buffer",
+                  bytes, v.n_ranks, v.staging_bytes);
+  }
+  cuda::LaunchCtx ctx;
+  ctx.stream = static_cast<cudaStream_t>(stream);
+  cuda::OneShotParams p = params(v, dt);
+  p.in = send;
+  p.out = recv;
+  p.count = count;
+  return cuda::oneshot_reduce_scatter(ctx, p);
+}
+
 Status oneshot_all_to_all(const OneShotRank& v, const void* send, void* recv, int64_t count,
                           DType dt, void* stream) {
   const int64_t bytes = dtype_bytes(dt, count);

@@ -27,6 +27,11 @@ Status oneshot_collective(const OneShotRank& v, const void* in, void* out, int64
                           void* stream, bool gather);
 // recv block q (count elements) = rank q's send block rank(); the whole send (n_ranks blocks)
 // must fit half the staging buffer (kUnimplemented above it; the bytes per rank a multiple of 4).
+// The reduce-scatter (cuda::oneshot_reduce_scatter): send holds n_ranks blocks of count
+// elements; recv [count] = the rank-ordered sum of every rank's block rank. The whole send must
+// fit half the staging buffer (kUnimplemented otherwise).
+Status oneshot_reduce_scatter(const OneShotRank& v, const void* send, void* recv, int64_t count,
+                              DType dt, void* stream);
 Status oneshot_all_to_all(const OneShotRank& v, const void* send, void* recv, int64_t count,
                           DType dt, void* stream);
 // Communicator::all_to_all_rows: the first send_rows[r] of the n_ranks blocks of `capacity`

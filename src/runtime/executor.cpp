@@ -218,13 +218,9 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
                   "expert parallelism with pipeline stages is not built yet");
   }
   if (par.ffn_layout != FfnLayout::k1D) {
+    // Both the CPU reference (f32) and the device layout (bf16 activations, on the CPU or CUDA):
+    // the program's ops all have both (model/ffn_layouts.cpp).
     const char* name = ffn_layout_name(par.ffn_layout);
-    if (options.device.is_cuda() || options.act_dtype != DType::kF32) {
-      return errorf(StatusCode::kUnimplemented,
-                    "--ffn-layout {} runs on the CPU reference (f32 activations) only; the device "
-                    "layout (CUDA, bf16) is not built for it yet",
-                    name);
-    }
     if (comm.size() != par.tp_size || comm.rank() != par.tp_rank) {
       return errorf(StatusCode::kInvalidArgument,
                     "--ffn-layout {}: tensor-parallel rank {} of {} needs its group", name,
@@ -560,6 +556,13 @@ OneShotSizes oneshot_sizes(const ModelConfig& config, const RunnerOptions& o, in
   const int64_t T = o.max_num_tokens, R = std::max(o.max_logit_rows, o.max_num_seqs);
   OneShotSizes s;
   s.largest = std::max<int64_t>(T * config.hidden * 4, R * ((config.vocab + tp - 1) / tp) * 4);
+  if (o.ffn_layout == FfnLayout::kWeightGathered && tp > 1) {
+    // Its reduce-scatter stages o_proj's padded partial sums [N P, hidden] f32 (P = ceil(T /
+    // N)) whole, and its all-gathers of a layer's FFN shards are not split: [F / N, hidden]
+    // bf16 each (model/ffn_layouts.cpp).
+    const int64_t P = (T + tp - 1) / tp, F = (config.ffn_dim + tp - 1) / tp;
+    s.largest = std::max({s.largest, tp * P * config.hidden * 4, F * config.hidden * 2});
+  }
   s.oneshot_max =
       env_config().oneshot_max_bytes >= 0 ? env_config().oneshot_max_bytes : int64_t{256} << 10;
   return s;
@@ -691,13 +694,24 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
                   "--expert-parallel-size with --pipeline-parallel-size > 1 is not built yet");
   }
   if (pp < 1) return errorf(StatusCode::kInvalidArgument, "--pipeline-parallel-size must be >= 1");
+  ParallelConfig ffn_probe;  // --ffn-layout and --ffn-2d-x (the CUDA ranks' RunnerOptions)
   if (cfg.parallel.ffn_layout != "1d" || cfg.parallel.ffn_2d_x != 0) {
-    ParallelConfig probe;
+    ParallelConfig& probe = ffn_probe;
     STRATA_RETURN_IF_ERROR(apply_ffn_layout(cfg.parallel, &probe));
-    if (probe.ffn_layout != FfnLayout::k1D && (cuda || pp > 1 || ep > 1 || dp > 1)) {
+    // On CUDA: --tensor-parallel-size ranks as threads on one GPU (no mpirun: the one-shot
+    // kernels of the in-process communicator; NCCL and CUDA IPC lack the subgroups and the
+    // reduce-scatter it needs).
+    if (probe.ffn_layout != FfnLayout::k1D &&
+        ((cuda && env_config().launcher_size > 1) || pp > 1 || ep > 1 || dp > 1)) {
       return errorf(StatusCode::kUnimplemented,
-                    "--ffn-layout {} is built for the CPU with --tensor-parallel-size only (not "
-                    "with --device cuda, --pp, --ep or --dp yet)",
+                    "--ffn-layout {} is built with --tensor-parallel-size only: on the CPU under "
+                    "mpirun, or with --device cuda as ranks that are threads on one GPU (not "
+                    "under mpirun, nor with --pp, --ep or --dp yet)",
+                    cfg.parallel.ffn_layout);
+    }
+    if (probe.ffn_layout != FfnLayout::k1D && cuda && cfg.parallel.tp < 2) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "--ffn-layout {} with --device cuda needs --tensor-parallel-size > 1",
                     cfg.parallel.ffn_layout);
     }
   }
@@ -738,6 +752,11 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     return errorf(StatusCode::kInvalidArgument, "--max-model-len must be >= 0");
   }
   RunnerOptions ro;
+  if (cuda) {
+    // The in-process ranks' layout (the CPU's comes from load_model, per mpirun rank).
+    ro.ffn_layout = ffn_probe.ffn_layout;
+    ro.ws2d_x = ffn_probe.ws2d_x;
+  }
   ro.residency.gpu_weight_budget = cfg.gpu_weight_budget;
   ro.residency.offload = cfg.offload_weights;
   ro.residency.prefetch = cfg.weight_prefetch;

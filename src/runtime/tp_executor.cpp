@@ -986,6 +986,15 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     std::function<void()> also_abort) {
   const std::string where_s =
       stage.pp_size > 1 ? "pipeline stage " + std::to_string(stage.pp_rank) + ", " : "";
+  if (where.cuda && tp > 1 && !where.shared_gpu &&
+      (o.ffn_layout != FfnLayout::k1D || o.attn_layout != AttnLayout::kHeadSharded)) {
+    // NCCL's communicator (ranks on GPUs of their own) has no device subgroups for the 2d
+    // layout, and the weight-gathered all-gathers would go through it untested.
+    return errorf(StatusCode::kUnimplemented,
+                  "--ffn-layout {} / --attn-layout {} on CUDA runs the ranks on one GPU only "
+                  "(STRATA_TP_ONE_GPU=1, or a single visible device)",
+                  ffn_layout_name(o.ffn_layout), attn_layout_name(o.attn_layout));
+  }
   std::vector<std::unique_ptr<Communicator>> comms = make_in_process_communicators(tp);
   if (where.cuda && tp > 1) {
     // Device collectives, set up on every rank at once: the one-shot kernels (peers' buffers
@@ -1038,10 +1047,21 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
         // No grid: every rank's load below fails alike, naming the flags.
         if (par.grid_x() < 2 || tp % par.grid_x() != 0) return;
         Result<FfnGroups> g = split_ffn_groups(*comms[i], par);
-        if (g.ok()) {
-          groups[i] = std::move(*g);
-        } else {
+        if (!g.ok()) {
           st[i] = g.status();
+          return;
+        }
+        groups[i] = std::move(*g);
+        if (where.cuda) {
+          // The groups' device collectives (one-shot kernels, one GPU): all-reduces of the
+          // partial sums (in pieces when larger) and the X all-gather of [T, hidden / X] f32,
+          // which must fit whole: a step's hidden states cover both.
+          const int64_t bytes = oneshot_sizes(config, o, tp).largest;
+          const int dev = where.device(o, w0 + r).index;
+          Status s = init_in_process_device(*groups[i].x, dev, bytes);
+          // Every rank registers with both groups, even after a failure (no rank left waiting).
+          Status sy = init_in_process_device(*groups[i].y, dev, bytes);
+          st[i] = s.ok() ? sy : s;
         }
       });
     }

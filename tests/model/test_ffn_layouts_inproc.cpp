@@ -2,9 +2,10 @@
 // (make_in_process_tp_executor, RunnerOptions::ffn_layout): 2d weight-stationary and
 // weight-gathered at TP = 4 (and weight-gathered at 2 and 3: token slices of unequal, empty and
 // padded sizes) against TP = 1 on the llama fixtures, f32 reference, within 1e-5 of max |logit|
-// over a chunked prefill and greedy decode steps, with the same greedy tokens. And what is not
-// built yet fails with one line naming the flag: the device layout (bf16 twins), families other
-// than Llama, a world size without a 2D grid.
+// over a chunked prefill and greedy decode steps, with the same greedy tokens; the same with the
+// device layout (bf16 activations through the CPU twins of the GPU kernels) within bf16's
+// tolerance. And what is not built yet fails with one line naming the flag: families other than
+// Llama, a world size without a 2D grid.
 #include <gtest/gtest.h>
 
 #include "../parallel/ffn_layout_util.h"
@@ -73,6 +74,45 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutInProcess,
                            return name;
                          });
 
+// The device layout (bf16 activations, one fused gate/up matrix per rank, the CPU twins of the
+// GPU kernels): the program the GPU runs, here on the CPU, against TP = 1 of the same layout
+// within bf16's tolerance (the CUDA TP tests' 2e-2 of max |logit|) and with the same greedy
+// tokens. tests/cuda/test_layouts_cuda.cpp runs the same on one GPU.
+class FfnLayoutInProcessBf16 : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FfnLayoutInProcessBf16, MatchesOneRank) {
+  const Case& c = GetParam();
+  const std::string dir = testing::fixture_model(c.model);
+  auto one = make(dir, 1, FfnLayout::k1D, DType::kBF16);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto a = testing::run_layout(**one, testing::layout_prompt(), 4);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  auto many = make(dir, c.tp, c.layout, DType::kBF16);
+  ASSERT_TRUE(many.ok()) << many.status().to_string();
+  auto b = testing::run_layout(**many, testing::layout_prompt(), 4);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const double err = testing::relative_error(b->logits, a->logits);
+  std::printf("[ info ] %s TP=%d --ffn-layout %s, bf16 activations: %.2e of max|logit| from TP=1\n",
+              c.model, c.tp, ffn_layout_name(c.layout), err);
+  EXPECT_LE(err, 2e-2);
+  EXPECT_EQ(b->ids, a->ids);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutInProcessBf16,
+                         ::testing::Values(Case{"llama", 4, FfnLayout::k2D},
+                                           Case{"llama", 4, FfnLayout::kWeightGathered},
+                                           Case{"llama", 2, FfnLayout::kWeightGathered},
+                                           Case{"qwen2", 3, FfnLayout::kWeightGathered}),
+                         [](const auto& info) {
+                           std::string name = std::string(info.param.model) + "_tp" +
+                                              std::to_string(info.param.tp) + "_" +
+                                              ffn_layout_name(info.param.layout);
+                           for (char& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
+
 void expect_error(const Result<std::unique_ptr<Executor>>& e, const std::string& part) {
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find(part), std::string::npos) << e.status().to_string();
@@ -82,8 +122,6 @@ TEST(FfnLayoutInProcessErrors, NotBuiltYet) {
   const std::string llama = testing::fixture_model("llama");
   expect_error(make(llama, 2, FfnLayout::k2D), "--ffn-layout 2d");
   expect_error(make(llama, 4, FfnLayout::k2D, DType::kF32, 3), "--ffn-2d-x 3");
-  expect_error(make(llama, 4, FfnLayout::kWeightGathered, DType::kBF16),
-               "runs on the CPU reference (f32 activations) only");
   expect_error(make(testing::fixture_model("gpt2"), 2, FfnLayout::kWeightGathered),
                "built for the Llama family");
   // The executors that do not run the layouts refuse them rather than drop them.

@@ -163,6 +163,13 @@ struct OneShotAddNormParams {
 };
 Status oneshot_add_norm(const LaunchCtx& ctx, const OneShotParams& p,
                         const OneShotAddNormParams& f);
+// kernels/oneshot_reduce_scatter.cu: the reduce-scatter (Communicator::reduce_scatter): p.in
+// holds n_ranks blocks of p.count elements (f32 or bf16), block r for rank r; p.out [p.count] =
+// the sum over ranks q in order 0..n-1 of rank q's block p.rank, in f32, rounded once (CPU twin:
+// reduce_sum_host over the same blocks, as the in-process host reduce_scatter). Same epochs and
+// flags as oneshot(); every rank's whole input must fit half its staging buffer.
+Status oneshot_reduce_scatter(const LaunchCtx& ctx, const OneShotParams& p);
+Status oneshot_reduce_scatter_preload();  // part of oneshot_preload()
 int oneshot_blocks(int64_t bytes);
 // Loads the one-shot kernels into the current device's context now. With lazy module loading
 // (CUDA's default) the first launch of a kernel loads it, and a load can wait for the whole

@@ -1,0 +1,263 @@
+// The seed-003 FFN layouts (--ffn-layout 2d | weight-gathered, model/ffn_layouts.cpp) on ONE GPU
+// with the ranks as threads (make_in_process_tp_executor over the in-process communicator's
+// one-shot kernels): the one-shot reduce-scatter the weight-gathered layout needs against its CPU
+// twin (the in-process host reduce_scatter: reduce_sum_host, bit-exact), eagerly and replayed
+// from a CUDA graph; and the llama fixture at TP = 2 and 4 in each layout against TP = 1 (1d) on
+// the GPU, CUDA graphs on, within the bf16 tolerance of the TP tests (test_tp_cuda.cpp) and with
+// the same greedy tokens.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "../model/fixture_util.h"
+#include "backends/cuda/cuda_device.h"
+#include "core/half.h"
+#include "core/mapped_file.h"
+#include "core/status.h"
+#include "io/checkpoint.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "parallel/comm.h"
+#include "parallel/inproc_comm.h"
+#include "runtime/executor.h"
+#include "runtime/sequence.h"
+
+namespace strata {
+namespace {
+
+// Ranks that share one GPU need kernels loaded eagerly (tp_executor.cpp says why).
+[[maybe_unused]] const bool kEagerLoading = [] {
+  return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0;
+}();
+
+bool have_gpu() {
+  return cuda::cuda_device_count() > 0;
+}
+
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device"
+
+std::string on_ranks(int n, const std::function<Status(int)>& f) {
+  std::vector<Status> st(static_cast<size_t>(n));
+  std::vector<std::thread> t;
+  for (int r = 0; r < n; ++r) t.emplace_back([&, r] { st[static_cast<size_t>(r)] = f(r); });
+  for (auto& x : t) x.join();
+  for (const Status& s : st) {
+    if (!s.ok()) return s.to_string();
+  }
+  return "";
+}
+
+// Rank r's input: n blocks of `count` elements of dt.
+std::vector<uint8_t> random_input(int n, int r, int64_t count, DType dt) {
+  const int64_t elem = dtype_bytes(dt, 1);
+  std::vector<uint8_t> v(static_cast<size_t>(n * count * elem));
+  std::mt19937 rng(static_cast<uint32_t>(1000 * n + 17 * r + count));
+  std::uniform_real_distribution<float> d(-2, 2);
+  for (int64_t i = 0; i < n * count; ++i) {
+    const float x = d(rng);
+    if (dt == DType::kF32) {
+      std::memcpy(v.data() + 4 * i, &x, 4);
+    } else {
+      const uint16_t b = f32_to_bf16(x);
+      std::memcpy(v.data() + 2 * i, &b, 2);
+    }
+  }
+  return v;
+}
+
+TEST(OneShotCuda, ReduceScatterMatchesHostTwin) {
+  REQUIRE_GPU();
+  for (int n : {2, 3, 4}) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      // 4099: the scalar path; 8192 and 65536: 16-byte vectors, one block and many.
+      for (int64_t count : {int64_t{1}, int64_t{4099}, int64_t{8192}, int64_t{65536}}) {
+        SCOPED_TRACE(std::to_string(n) + " ranks, " + std::string(dtype_name(dt)) + ", count " +
+                     std::to_string(count));
+        const int64_t elem = dtype_bytes(dt, 1);
+        const size_t in_bytes = static_cast<size_t>(n * count * elem);
+        const size_t out_bytes = static_cast<size_t>(count * elem);
+        std::vector<std::vector<uint8_t>> in(static_cast<size_t>(n));
+        for (int r = 0; r < n; ++r) in[static_cast<size_t>(r)] = random_input(n, r, count, dt);
+        // The twin: the in-process communicator's host reduce_scatter on the same inputs.
+        std::vector<std::vector<uint8_t>> want(static_cast<size_t>(n),
+                                               std::vector<uint8_t>(out_bytes));
+        {
+          auto host = make_in_process_communicators(n);
+          const std::string err = on_ranks(n, [&](int r) -> Status {
+            const auto i = static_cast<size_t>(r);
+            return host[i]->reduce_scatter(in[i].data(), count, dt, want[i].data(),
+                                           CommStream::host());
+          });
+          ASSERT_EQ(err, "");
+        }
+        auto comms = make_in_process_communicators(n);
+        std::vector<std::vector<uint8_t>> got(static_cast<size_t>(n),
+                                              std::vector<uint8_t>(out_bytes));
+        const std::string err = on_ranks(n, [&](int r) -> Status {
+          const auto i = static_cast<size_t>(r);
+          auto dev = cuda::CudaDevice::create(0);
+          if (!dev.ok()) return dev.status();
+          STRATA_RETURN_IF_ERROR(init_in_process_device(*comms[i], 0, n * count * elem));
+          cudaStream_t stream = (*dev)->launch_ctx().stream;
+          void *src = nullptr, *out = nullptr;
+          const bool allocated = cudaMalloc(&src, in_bytes) == cudaSuccess &&
+                                 cudaMalloc(&out, out_bytes) == cudaSuccess;
+          if (allocated) {
+            cudaMemcpy(src, in[i].data(), in_bytes, cudaMemcpyHostToDevice);
+            // Work on the fresh stream before its first collective (test_tp_cuda.cpp says why).
+            cudaMemsetAsync(out, 0, out_bytes, stream);
+            cudaStreamSynchronize(stream);
+          }
+          // No allocation while a peer's kernel spins (test_tp_cuda.cpp).
+          STRATA_RETURN_IF_ERROR(comms[i]->barrier());
+          if (!allocated) return Status(StatusCode::kOutOfMemory, "cudaMalloc");
+          CommStream s;
+          s.device = Device::cuda(0);
+          s.cuda_stream = stream;
+          Status st = ok_status();
+          // Rounds 0 and 1 eager (both staging halves), 2 and 3 one captured graph replayed.
+          cudaGraphExec_t exec = nullptr;
+          for (int round = 0; round < 4 && st.ok(); ++round) {
+            cudaMemsetAsync(out, 0, out_bytes, stream);
+            if (round < 2) {
+              st = comms[i]->reduce_scatter(src, count, dt, out, s);
+            } else {
+              if (round == 2) {
+                cudaGraph_t g = nullptr;
+                cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+                st = comms[i]->reduce_scatter(src, count, dt, out, s);
+                cudaStreamEndCapture(stream, &g);
+                if (g != nullptr) {
+                  cudaGraphInstantiate(&exec, g, 0);
+                  cudaGraphDestroy(g);
+                }
+                if (st.ok() && exec == nullptr) st = Status(StatusCode::kInternal, "no graph");
+              }
+              if (st.ok()) cudaGraphLaunch(exec, stream);
+            }
+            cudaStreamSynchronize(stream);
+            cudaMemcpy(got[i].data(), out, out_bytes, cudaMemcpyDeviceToHost);
+            if (st.ok()) st = comms[i]->health();
+            if (st.ok() && got[i] != want[i]) {
+              st = errorf(StatusCode::kInternal, "rank {} round {}: differs from the host twin", r,
+                          round);
+            }
+          }
+          if (exec != nullptr) cudaGraphExecDestroy(exec);
+          const Status met = comms[i]->barrier();
+          cudaFree(src);
+          cudaFree(out);
+          return st.ok() ? met : st;
+        });
+        EXPECT_EQ(err, "");
+      }
+    }
+  }
+}
+
+// A prefill of the fixture's prompt, then greedy decode steps (forward_argmax: graph replays),
+// with `tp` ranks on GPU 0 in `layout` (1d at tp = 1).
+Result<std::vector<float>> layout_logits(const std::string& dir, int tp, FfnLayout layout,
+                                         const std::vector<int32_t>& prompt, int n_decode,
+                                         std::vector<int32_t>* greedy, int64_t* replays) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
+  STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
+  std::shared_ptr<TensorSource> src = ckpt;
+  RunnerOptions o;
+  o.device = Device::cuda(0);
+  o.act_dtype = DType::kBF16;
+  o.max_model_len = 128;
+  o.num_kv_blocks = 16;
+  o.max_num_tokens = 64;
+  o.max_num_seqs = 4;
+  o.cuda_graphs = true;
+  o.ffn_layout = layout;
+  auto load = [&](const ParallelConfig& par) { return Model::load(config, par, src); };
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec,
+                          make_in_process_tp_executor(config, load, tp, o));
+  const int64_t V = config.vocab;
+  std::vector<float> logits(prompt.size() * static_cast<size_t>(V));
+  SequenceKv seq;
+  const ForwardFn fn = [&](const ForwardBatch& b, float* out) { return exec->forward(b, out); };
+  STRATA_RETURN_IF_ERROR(
+      forward_sequence(fn, 128, V, exec->cache(), seq, prompt, true, logits.data(), 16));
+  int32_t tok =
+      static_cast<int32_t>(std::max_element(logits.end() - V, logits.end()) - (logits.end() - V));
+  for (int i = 0; i < n_decode; ++i) {
+    greedy->push_back(tok);
+    STRATA_RETURN_IF_ERROR(seq.reserve(exec->cache(), seq.length + 1));
+    const std::vector<int32_t> t{tok}, s{0}, p{static_cast<int32_t>(seq.length)}, rows{0};
+    ForwardBatch b;
+    b.tokens = t;
+    b.token_seq = s;
+    b.token_pos = p;
+    b.block_tables = seq.block_table.data();
+    b.max_blocks_per_seq = static_cast<int64_t>(seq.block_table.size());
+    b.logit_rows = rows;
+    STRATA_RETURN_IF_ERROR(exec->forward_argmax(b, &tok));
+    seq.length += 1;
+  }
+  *replays = exec->graph_replays();
+  return logits;
+}
+
+struct LayoutCase {
+  const char* model;
+  int tp;
+  FfnLayout layout;
+};
+
+class FfnLayoutCuda : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(FfnLayoutCuda, MatchesOneRankWithGraphs) {
+  REQUIRE_GPU();
+  const LayoutCase& c = GetParam();
+  const std::string dir = testing::fixture_model(c.model);
+  auto ref = testing::load_reference(dir);
+  ASSERT_TRUE(ref.ok());
+  std::vector<int32_t> g1, gn;
+  int64_t r1 = 0, rn = 0;
+  auto one = layout_logits(dir, 1, FfnLayout::k1D, ref->inputs[1], 8, &g1, &r1);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto many = layout_logits(dir, c.tp, c.layout, ref->inputs[1], 8, &gn, &rn);
+  ASSERT_TRUE(many.ok()) << many.status().to_string();
+  const double err = testing::relative_error(*many, *one);
+  std::printf(
+      "[ info ] %s TP=%d --ffn-layout %s on one GPU: %.2e of max|logit| from TP=1; greedy %s; "
+      "%lld graph replays\n",
+      c.model, c.tp, ffn_layout_name(c.layout), err, gn == g1 ? "identical" : "differs",
+      static_cast<long long>(rn));
+  EXPECT_LE(err, 2e-2);
+  EXPECT_EQ(gn, g1);
+  EXPECT_GE(rn, 6) << "decode steps should replay graphs";
+}
+
+// llama: hidden 64, intermediate 176: the 2d grid at 4 ranks is 2 x 2 (GEMM inputs of 32 and 88
+// features, multiples of 8 as the CUDA GEMMs need); weight-gathered GEMMs read the whole FFN.
+INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutCuda,
+                         ::testing::Values(LayoutCase{"llama", 4, FfnLayout::k2D},
+                                           LayoutCase{"llama", 2, FfnLayout::kWeightGathered},
+                                           LayoutCase{"llama", 4, FfnLayout::kWeightGathered},
+                                           LayoutCase{"llama_bf16", 4, FfnLayout::k2D},
+                                           LayoutCase{"llama_bf16", 4, FfnLayout::kWeightGathered}),
+                         [](const auto& info) {
+                           std::string name = std::string(info.param.model) + "_tp" +
+                                              std::to_string(info.param.tp) + "_" +
+                                              ffn_layout_name(info.param.layout);
+                           for (char& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace strata
