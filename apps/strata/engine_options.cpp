@@ -226,11 +226,12 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                   "(--device cuda: rank r on GPU index+r, all on one GPU when there are fewer); "
                   "on the CPU, mpirun -np T*N runs one process per rank");
   sub->add_option("--ffn-layout", e.parallel.ffn_layout,
-                  "CPU, --tp N under mpirun: how the FFN is partitioned (seed 003 Sec. 3.2): 1d "
-                  "(Megatron, default), 2d (weight-stationary over an X x Y grid of the ranks: "
-                  "hidden split X, ffn split Y) or weight-gathered (each rank runs the FFN for "
-                  "1/N of the tokens with the layer's FFN weights all-gathered). Llama family, "
-                  "f32/f16/bf16 checkpoints; attention stays head-sharded");
+                  "--tp N on the CPU under mpirun, or with --device cuda as N threads on one GPU "
+                  "(compiled, not yet run on a GPU): how the FFN is partitioned (seed 003 Sec. "
+                  "3.2): 1d (Megatron, default), 2d (weight-stationary over an X x Y grid of the "
+                  "ranks: hidden split X, ffn split Y) or weight-gathered (each rank runs the FFN "
+                  "for 1/N of the tokens with the layer's FFN weights all-gathered). Llama family, "
+                  "f32/f16/bf16 checkpoints; combines with --attn-layout on the CPU");
   sub->add_option("--ffn-2d-x", e.parallel.ffn_2d_x,
                   "--ffn-layout 2d: ranks along the hidden dimension, X (Y = N / X; default: "
                   "the largest divisor of N up to sqrt(N), e.g. 2 for 4 and 8 ranks)");
