@@ -1,7 +1,7 @@
 // kv_append + attention over the paged cache against a double reference. Two sequences of
 // different lengths share one batch (their tokens interleaved), their blocks are scattered
 // through the pool in shuffled order, q/k/v are strided views of one fused qkv buffer, and the
-// cases cover MQA/GQA/MHA, head dims 12/24/80, sliding windows, soft-capping, decode steps
+// cases cover MQA/GQA/MHA, head dims 8/12/24/64/80/128, sliding windows, soft-capping, decode steps
 // and whole prefills. Unwritten cache slots hold NaN, so reading one shows up as a failure.
 #include <gtest/gtest.h>
 
@@ -51,6 +51,12 @@ const AttnCase kCases[] = {
     {6, 3, 24, {150, 5}, {1, 5}, 0, 0.0f, 2.0f},
     {3, 1, 24, {150, 41}, {9, 1}, 33, 5.0f, 3.0f},
     {17, 1, 12, {40, 3}, {1, 1}},  // a query group larger than one work item holds
+    // head_dim a multiple of 8: the AVX2 work item (4 keys per scoring pass, accumulators in
+    // registers, 8 vectors at a time then one at a time).
+    {9, 3, 64, {150, 70}, {1, 1}},           // SmolLM2-135M's heads, a decode step
+    {4, 2, 128, {70, 37}, {13, 7}, 20},      // 16 vectors, sliding window
+    {8, 1, 64, {33, 3}, {33, 3}, 0, 30.0f},  // whole prefills, soft-capping, runs not of 4 keys
+    {2, 1, 8, {21, 66}, {2, 66}},            // one vector
 };
 
 // One token of the batch.
@@ -195,10 +201,10 @@ TEST_P(AttentionTest, MatchesDoubleReference) {
   std::vector<float> out(static_cast<size_t>(n * H * D), -1.0f);
   Tensor ot = Tensor::make(out.data(), DType::kF32, {n, H, D});
   const ops::ref::AttentionParams params{.token_seq = seq.data(),
-                                    .token_pos = pos.data(),
-                                    .scale = scale,
-                                    .sliding_window = c.window,
-                                    .logit_softcap = c.softcap};
+                                         .token_pos = pos.data(),
+                                         .scale = scale,
+                                         .sliding_window = c.window,
+                                         .logit_softcap = c.softcap};
   ASSERT_TRUE(ops::ref::attention(q, cache, params, ot).ok());
   EXPECT_LE(rel_err(out, want), kF32Tol);
 }
