@@ -28,6 +28,7 @@
 #include "parallel/inproc_comm.h"
 #include "runtime/executor.h"
 #include "runtime/sequence.h"
+#include "tp_logits_util.h"
 
 namespace strata {
 namespace {
@@ -163,53 +164,6 @@ TEST(OneShotCuda, ReduceScatterMatchesHostTwin) {
   }
 }
 
-// A prefill of the fixture's prompt, then greedy decode steps (forward_argmax: graph replays),
-// with `tp` ranks on GPU 0 in `layout` (1d at tp = 1).
-Result<std::vector<float>> layout_logits(const std::string& dir, int tp, FfnLayout layout,
-                                         const std::vector<int32_t>& prompt, int n_decode,
-                                         std::vector<int32_t>* greedy, int64_t* replays) {
-  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
-  STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
-  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
-  std::shared_ptr<TensorSource> src = ckpt;
-  RunnerOptions o;
-  o.device = Device::cuda(0);
-  o.act_dtype = DType::kBF16;
-  o.max_model_len = 128;
-  o.num_kv_blocks = 16;
-  o.max_num_tokens = 64;
-  o.max_num_seqs = 4;
-  o.cuda_graphs = true;
-  o.ffn_layout = layout;
-  auto load = [&](const ParallelConfig& par) { return Model::load(config, par, src); };
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec,
-                          make_in_process_tp_executor(config, load, tp, o));
-  const int64_t V = config.vocab;
-  std::vector<float> logits(prompt.size() * static_cast<size_t>(V));
-  SequenceKv seq;
-  const ForwardFn fn = [&](const ForwardBatch& b, float* out) { return exec->forward(b, out); };
-  STRATA_RETURN_IF_ERROR(
-      forward_sequence(fn, 128, V, exec->cache(), seq, prompt, true, logits.data(), 16));
-  int32_t tok =
-      static_cast<int32_t>(std::max_element(logits.end() - V, logits.end()) - (logits.end() - V));
-  for (int i = 0; i < n_decode; ++i) {
-    greedy->push_back(tok);
-    STRATA_RETURN_IF_ERROR(seq.reserve(exec->cache(), seq.length + 1));
-    const std::vector<int32_t> t{tok}, s{0}, p{static_cast<int32_t>(seq.length)}, rows{0};
-    ForwardBatch b;
-    b.tokens = t;
-    b.token_seq = s;
-    b.token_pos = p;
-    b.block_tables = seq.block_table.data();
-    b.max_blocks_per_seq = static_cast<int64_t>(seq.block_table.size());
-    b.logit_rows = rows;
-    STRATA_RETURN_IF_ERROR(exec->forward_argmax(b, &tok));
-    seq.length += 1;
-  }
-  *replays = exec->graph_replays();
-  return logits;
-}
-
 struct LayoutCase {
   const char* model;
   int tp;
@@ -226,9 +180,9 @@ TEST_P(FfnLayoutCuda, MatchesOneRankWithGraphs) {
   ASSERT_TRUE(ref.ok());
   std::vector<int32_t> g1, gn;
   int64_t r1 = 0, rn = 0;
-  auto one = layout_logits(dir, 1, FfnLayout::k1D, ref->inputs[1], 8, &g1, &r1);
+  auto one = cuda_test::cuda_tp_logits(dir, 1, ref->inputs[1], 8, &g1, &r1);
   ASSERT_TRUE(one.ok()) << one.status().to_string();
-  auto many = layout_logits(dir, c.tp, c.layout, ref->inputs[1], 8, &gn, &rn);
+  auto many = cuda_test::cuda_tp_logits(dir, c.tp, ref->inputs[1], 8, &gn, &rn, 1, c.layout);
   ASSERT_TRUE(many.ok()) << many.status().to_string();
   const double err = testing::relative_error(*many, *one);
   std::printf(

@@ -27,9 +27,12 @@
 #include "runtime/executor.h"
 #include "runtime/pipeline_schedule.h"
 #include "runtime/sequence.h"
+#include "tp_logits_util.h"
 
 namespace strata {
 namespace {
+
+using cuda_test::cuda_tp_logits;
 
 // Ranks that share one GPU need kernels loaded eagerly (tp_executor.cpp says why); CUDA reads
 // this when it starts, which in this binary is after static initialization.
@@ -318,58 +321,6 @@ TEST(OneShotCuda, AllReduceAddNormMatchesHostReference) {
       EXPECT_EQ(off_by_more, 0) << "rank " << r << ": normalized rows more than 1 bf16 ulp off";
     }
   }
-}
-
-// tp ranks, or (pp > 1) pp pipeline stages, on GPU 0.
-Result<std::vector<float>> cuda_tp_logits(const std::string& dir, int tp,
-                                          const std::vector<int32_t>& prompt, int n_decode,
-                                          std::vector<int32_t>* greedy, int64_t* replays,
-                                          int pp = 1) {
-  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
-  STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
-  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
-  std::shared_ptr<TensorSource> src = ckpt;
-  RunnerOptions o;
-  o.device = Device::cuda(0);
-  o.act_dtype = DType::kBF16;
-  o.max_model_len = 128;
-  o.num_kv_blocks = 16;
-  o.max_num_tokens = 64;
-  o.max_num_seqs = 4;
-  o.cuda_graphs = true;
-  auto load = [&](const ParallelConfig& par) { return Model::load(config, par, src); };
-  std::unique_ptr<Executor> exec;
-  if (pp > 1) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds, pipeline_bounds(config.n_layers, pp, {}));
-    STRATA_ASSIGN_OR_RETURN(exec, make_in_process_pp_executor(config, load, bounds, o, tp));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(exec, make_in_process_tp_executor(config, load, tp, o));
-  }
-  const int64_t V = config.vocab;
-  std::vector<float> logits(prompt.size() * static_cast<size_t>(V));
-  SequenceKv seq;
-  const ForwardFn fn = [&](const ForwardBatch& b, float* out) { return exec->forward(b, out); };
-  STRATA_RETURN_IF_ERROR(
-      forward_sequence(fn, 128, V, exec->cache(), seq, prompt, true, logits.data(), 16));
-  // Greedy decode through forward_argmax (graph replays).
-  int32_t tok =
-      static_cast<int32_t>(std::max_element(logits.end() - V, logits.end()) - (logits.end() - V));
-  for (int i = 0; i < n_decode; ++i) {
-    greedy->push_back(tok);
-    STRATA_RETURN_IF_ERROR(seq.reserve(exec->cache(), seq.length + 1));
-    const std::vector<int32_t> t{tok}, s{0}, p{static_cast<int32_t>(seq.length)}, rows{0};
-    ForwardBatch b;
-    b.tokens = t;
-    b.token_seq = s;
-    b.token_pos = p;
-    b.block_tables = seq.block_table.data();
-    b.max_blocks_per_seq = static_cast<int64_t>(seq.block_table.size());
-    b.logit_rows = rows;
-    STRATA_RETURN_IF_ERROR(exec->forward_argmax(b, &tok));
-    seq.length += 1;
-  }
-  *replays = exec->graph_replays();
-  return logits;
 }
 
 struct Case {
