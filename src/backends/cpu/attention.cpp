@@ -40,20 +40,53 @@ struct ItemShape {
   float inv_cap;
 };
 
+// What one work item covers: query heads [h0, h0 + nh) of token t (kv_head's subgroup sub) over
+// the cached positions [lo, pos].
+struct ItemSpan {
+  int64_t h0, nh, pos, lo;
+  const float* q;        // the nh heads, hd apart
+  const int32_t* table;  // the token's sequence's block table
+};
+
+inline ItemSpan item_span(const AttentionKernelParams& p, const ItemShape& sh, int64_t t,
+                          int64_t kv_head, int64_t sub) {
+  ItemSpan s;
+  s.h0 = kv_head * sh.group + sub * sh.per;
+  s.nh = std::min(sh.per, (kv_head + 1) * sh.group - s.h0);
+  s.q = p.q + t * p.q_stride + s.h0 * sh.hd;
+  s.pos = p.token_pos[t];
+  s.lo = p.sliding_window > 0 ? std::max<int64_t>(0, s.pos - p.sliding_window + 1) : 0;
+  s.table = p.cache.block_tables + p.token_seq[t] * p.cache.max_blocks_per_seq;
+  return s;
+}
+
+// The run of cached positions from `start` that one pass holds: at most kRun, never past its
+// cache block (so its K and V rows are slot_stride apart) nor past pos.
+struct Run {
+  int64_t len;
+  const float* k;  // kv_head's K row of the run's first position
+  const float* v;
+};
+
+inline Run run_at(const PagedKvParams& c, const ItemShape& sh, const ItemSpan& s, int64_t kv_head,
+                  int64_t start) {
+  const int64_t in_block = start % c.block_size;
+  const int64_t len = std::min({kRun, c.block_size - in_block, s.pos + 1 - start});
+  const int64_t slot0 =
+      static_cast<int64_t>(s.table[start / c.block_size]) * c.block_size + in_block;
+  return {len, c.k_cache + slot0 * sh.slot_stride + kv_head * sh.hd,
+          c.v_cache + slot0 * sh.slot_stride + kv_head * sh.hd};
+}
+
 __attribute__((always_inline)) inline void attention_item(const AttentionKernelParams& p,
                                                           const ItemShape& sh, int64_t t,
                                                           int64_t kv_head, int64_t sub) {
-  const PagedKvParams& c = p.cache;
-  const int64_t group = sh.group, per = sh.per, hd = sh.hd, slot_stride = sh.slot_stride;
+  const int64_t hd = sh.hd, slot_stride = sh.slot_stride;
   const bool capped = sh.capped;
   const float inv_cap = sh.inv_cap;
-  const int64_t h0 = kv_head * group + sub * per;
-  const int64_t nh = std::min(per, (kv_head + 1) * group - h0);
-  const float* q = p.q + t * p.q_stride + h0 * hd;  // nh heads, hd apart
-  const int64_t seq = p.token_seq[t];
-  const int64_t pos = p.token_pos[t];
-  const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
-  const int32_t* table = c.block_tables + seq * c.max_blocks_per_seq;
+  const ItemSpan span = item_span(p, sh, t, kv_head, sub);
+  const int64_t h0 = span.h0, nh = span.nh, pos = span.pos;
+  const float* q = span.q;
 
   float acc[kMaxHeads][kMaxHeadDim];
   float scores[kMaxHeads][kRun];
@@ -65,13 +98,11 @@ __attribute__((always_inline)) inline void attention_item(const AttentionKernelP
     l[h] = 0.0;
   }
 
-  for (int64_t start = lo; start <= pos;) {
-    const int64_t in_block = start % c.block_size;
-    const int64_t len = std::min({kRun, c.block_size - in_block, pos + 1 - start});
-    const int64_t slot0 =
-        static_cast<int64_t>(table[start / c.block_size]) * c.block_size + in_block;
-    const float* k = c.k_cache + slot0 * slot_stride + kv_head * hd;
-    const float* v = c.v_cache + slot0 * slot_stride + kv_head * hd;
+  for (int64_t start = span.lo; start <= pos;) {
+    const Run run = run_at(p.cache, sh, span, kv_head, start);
+    const int64_t len = run.len;
+    const float* k = run.k;
+    const float* v = run.v;
 
     for (int64_t j = 0; j < len; ++j) {
       const float* kj = k + j * slot_stride;
@@ -164,16 +195,11 @@ STRATA_AVX2_FMA inline void accumulate_v(float* out, const float* scores, const 
 // softmax as attention_item; only the f32 summation order differs.
 STRATA_AVX2_FMA void item_avx2_hd8(const AttentionKernelParams& p, const ItemShape& sh, int64_t t,
                                    int64_t kv_head, int64_t sub) {
-  const PagedKvParams& c = p.cache;
-  const int64_t group = sh.group, per = sh.per, hd = sh.hd, slot_stride = sh.slot_stride;
+  const int64_t hd = sh.hd, slot_stride = sh.slot_stride;
   const int64_t nvec = hd / 8;
-  const int64_t h0 = kv_head * group + sub * per;
-  const int64_t nh = std::min(per, (kv_head + 1) * group - h0);
-  const float* q = p.q + t * p.q_stride + h0 * hd;
-  const int64_t seq = p.token_seq[t];
-  const int64_t pos = p.token_pos[t];
-  const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
-  const int32_t* table = c.block_tables + seq * c.max_blocks_per_seq;
+  const ItemSpan span = item_span(p, sh, t, kv_head, sub);
+  const int64_t h0 = span.h0, nh = span.nh, pos = span.pos;
+  const float* q = span.q;
 
   alignas(32) float acc[kMaxHeads][kMaxHeadDim];
   float scores[kMaxHeads][kRun];
@@ -184,13 +210,11 @@ STRATA_AVX2_FMA void item_avx2_hd8(const AttentionKernelParams& p, const ItemSha
     m[h] = -std::numeric_limits<float>::infinity();
     l[h] = 0.0;
   }
-  for (int64_t start = lo; start <= pos;) {
-    const int64_t in_block = start % c.block_size;
-    const int64_t len = std::min({kRun, c.block_size - in_block, pos + 1 - start});
-    const int64_t slot0 =
-        static_cast<int64_t>(table[start / c.block_size]) * c.block_size + in_block;
-    const float* k = c.k_cache + slot0 * slot_stride + kv_head * hd;
-    const float* v = c.v_cache + slot0 * slot_stride + kv_head * hd;
+  for (int64_t start = span.lo; start <= pos;) {
+    const Run run = run_at(p.cache, sh, span, kv_head, start);
+    const int64_t len = run.len;
+    const float* k = run.k;
+    const float* v = run.v;
     for (int64_t h = 0; h < nh; ++h) {
       const float* qh = q + h * hd;
       int64_t j = 0;
