@@ -33,31 +33,7 @@ namespace strata {
 namespace {
 
 using cuda_test::cuda_tp_logits;
-
-// Ranks that share one GPU need kernels loaded eagerly (tp_executor.cpp says why); CUDA reads
-// this when it starts, which in this binary is after static initialization.
-[[maybe_unused]] const bool kEagerLoading = [] {
-  return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0;
-}();
-
-bool have_gpu() {
-  return cuda::cuda_device_count() > 0;
-}
-
-#define REQUIRE_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device"
-
-// Runs f(rank) on n threads and returns the first error message ("" when all succeed).
-std::string on_ranks(int n, const std::function<Status(int)>& f) {
-  std::vector<Status> st(static_cast<size_t>(n));
-  std::vector<std::thread> t;
-  for (int r = 0; r < n; ++r) t.emplace_back([&, r] { st[static_cast<size_t>(r)] = f(r); });
-  for (auto& x : t) x.join();
-  for (const Status& s : st) {
-    if (!s.ok()) return s.to_string();
-  }
-  return "";
-}
+using cuda_test::on_ranks;
 
 TEST(OneShotCuda, AllReduceAndGatherMatchHostTwin) {
   REQUIRE_GPU();

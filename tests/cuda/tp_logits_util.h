@@ -1,12 +1,19 @@
-// The CUDA tests' in-process multi-rank runs of a fixture model (test_tp_cuda.cpp,
-// test_layouts_cuda.cpp).
+// What the CUDA tests of in-process ranks share (test_tp_cuda.cpp, test_layouts_cuda.cpp): eager
+// kernel loading, the GPU check, running a function on n rank threads, and the multi-rank run of
+// a fixture model.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "backends/cuda/cuda_device.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
 #include "io/checkpoint.h"
@@ -17,6 +24,31 @@
 #include "runtime/sequence.h"
 
 namespace strata::cuda_test {
+
+// Ranks that share one GPU need kernels loaded eagerly (tp_executor.cpp says why); CUDA reads
+// this when it starts, which in these binaries is after static initialization.
+[[maybe_unused]] inline const bool kEagerLoading = [] {
+  return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0;
+}();
+
+inline bool have_gpu() {
+  return cuda::cuda_device_count() > 0;
+}
+
+#define REQUIRE_GPU() \
+  if (!::strata::cuda_test::have_gpu()) GTEST_SKIP() << "needs a CUDA device"
+
+// Runs f(rank) on n threads and returns the first error message ("" when all succeed).
+inline std::string on_ranks(int n, const std::function<Status(int)>& f) {
+  std::vector<Status> st(static_cast<size_t>(n));
+  std::vector<std::thread> t;
+  for (int r = 0; r < n; ++r) t.emplace_back([&, r] { st[static_cast<size_t>(r)] = f(r); });
+  for (auto& x : t) x.join();
+  for (const Status& s : st) {
+    if (!s.ok()) return s.to_string();
+  }
+  return "";
+}
 
 // A prefill of the fixture's prompt, then greedy decode steps (forward_argmax: graph replays),
 // with tp ranks, or (pp > 1) pp pipeline stages, on GPU 0, the FFN in `layout`.
