@@ -78,6 +78,26 @@ inline Run run_at(const PagedKvParams& c, const ItemShape& sh, const ItemSpan& s
           c.v_cache + slot0 * sh.slot_stride + kv_head * sh.hd};
 }
 
+// One head's online-softmax step over a run's scores s[0, len): the running max m and sum l move
+// to include them, what acc[0, hd) accumulated under the old max is rescaled, and s becomes the
+// run's weights exp(s - m). Inlined into each work item, so it is compiled for the item's ISA.
+__attribute__((always_inline)) inline void softmax_run(float* s, int64_t len, float* m, double* l,
+                                                       float* acc, int64_t hd) {
+  float run_max = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < len; ++j) run_max = std::max(run_max, s[j]);
+  if (run_max > *m) {  // rescale what was accumulated under the old max
+    const float r = std::exp(*m - run_max);
+    *l *= r;
+#pragma omp simd
+    for (int64_t d = 0; d < hd; ++d) acc[d] *= r;
+    *m = run_max;
+  }
+  for (int64_t j = 0; j < len; ++j) {
+    s[j] = std::exp(s[j] - *m);
+    *l += s[j];
+  }
+}
+
 __attribute__((always_inline)) inline void attention_item(const AttentionKernelParams& p,
                                                           const ItemShape& sh, int64_t t,
                                                           int64_t kv_head, int64_t sub) {
@@ -116,21 +136,7 @@ __attribute__((always_inline)) inline void attention_item(const AttentionKernelP
         scores[h][j] = s;
       }
     }
-    for (int64_t h = 0; h < nh; ++h) {
-      float run_max = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < len; ++j) run_max = std::max(run_max, scores[h][j]);
-      if (run_max > m[h]) {  // rescale what was accumulated under the old max
-        const float r = std::exp(m[h] - run_max);
-        l[h] *= r;
-#pragma omp simd
-        for (int64_t d = 0; d < hd; ++d) acc[h][d] *= r;
-        m[h] = run_max;
-      }
-      for (int64_t j = 0; j < len; ++j) {
-        scores[h][j] = std::exp(scores[h][j] - m[h]);
-        l[h] += scores[h][j];
-      }
-    }
+    for (int64_t h = 0; h < nh; ++h) softmax_run(scores[h], len, &m[h], &l[h], acc[h], hd);
     for (int64_t j = 0; j < len; ++j) {
       const float* vj = v + j * slot_stride;
       for (int64_t h = 0; h < nh; ++h) {
@@ -243,21 +249,7 @@ STRATA_AVX2_FMA void item_avx2_hd8(const AttentionKernelParams& p, const ItemSha
         if (sh.capped) s = p.logit_softcap * std::tanh(s * sh.inv_cap);
         scores[h][j] = s;
       }
-      float run_max = -std::numeric_limits<float>::infinity();
-      for (j = 0; j < len; ++j) run_max = std::max(run_max, scores[h][j]);
-      if (run_max > m[h]) {  // rescale what was accumulated under the old max
-        const float r = std::exp(m[h] - run_max);
-        l[h] *= r;
-        const __m256 rv = _mm256_set1_ps(r);
-        for (int64_t v8 = 0; v8 < nvec; ++v8) {
-          _mm256_store_ps(acc[h] + 8 * v8, _mm256_mul_ps(rv, _mm256_load_ps(acc[h] + 8 * v8)));
-        }
-        m[h] = run_max;
-      }
-      for (j = 0; j < len; ++j) {
-        scores[h][j] = std::exp(scores[h][j] - m[h]);
-        l[h] += scores[h][j];
-      }
+      softmax_run(scores[h], len, &m[h], &l[h], acc[h], hd);
       int64_t v8 = 0;
       for (; v8 + 8 <= nvec; v8 += 8) {
         accumulate_v<8>(acc[h] + 8 * v8, scores[h], v + 8 * v8, slot_stride, len);
