@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -153,6 +154,8 @@ class CudaCopier final : public WeightCopier {
       for (cudaEvent_t e : *v) (void)cudaEventDestroy(e);
     }
     if (copied_ != nullptr) (void)cudaEventDestroy(copied_);
+    if (part_ready_ != nullptr) (void)cudaEventDestroy(part_ready_);
+    if (read_done_ != nullptr) (void)cudaEventDestroy(read_done_);
     if (own_gather) (void)cudaStreamDestroy(gather_);
     if (copy_ != nullptr) (void)cudaStreamDestroy(copy_);
   }
@@ -166,10 +169,11 @@ class CudaCopier final : public WeightCopier {
     return ok_status();
   }
   Status gather(int slot, void* dst, size_t part, Communicator& comm) override {
-    // On the gather stream after this rank's part arrived (the copies issued so far): NCCL (or
-    // the in-process one-shot kernels) fills the peers' parts in place while the copy stream
-    // goes on with the next piece; the compute stream waits for it via ready_. The wait takes
-    // copied_ as recorded now, so one event serves every piece.
+    if (std::strcmp(comm.name(), "in-process") == 0) return gather_shared(slot, dst, part, comm);
+    // On the gather stream after this rank's part arrived (the copies issued so far): NCCL fills
+    // the peers' parts in place while the copy stream goes on with the next piece; the compute
+    // stream waits for it via ready_. The wait takes copied_ as recorded now, so one event
+    // serves every piece.
     if (gather_ != copy_) {
       STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_, copy_));
       STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(gather_, copied_, 0));
@@ -184,6 +188,66 @@ class CudaCopier final : public WeightCopier {
         comm.all_gather(static_cast<uint8_t*>(dst) + part * static_cast<size_t>(comm.rank()), n,
                         DType::kBF16, dst, s));
     STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[static_cast<size_t>(slot)], gather_));
+    return ok_status();
+  }
+  // Replicas of one process on one GPU (the in-process group; how the tests run partitioned
+  // fetch). No kernel may spin for a peer here: a host thread that waits for the whole device
+  // (cuBLASLt loading a kernel library, cudaFree) would wait for that kernel while the peer it
+  // spins for is that thread (PartitionedFetchCuda.FixturesEqualResident stopped after the
+  // one-shot kernels' ~10 s on an H100). So the ranks meet on the host instead, and every wait
+  // on the device is for work already queued:
+  //   1. each rank records part_ready_ after its copies and exchanges it with its slot address;
+  //   2. each copies the peers' parts device to device on the gather stream, after their events,
+  //      then records read_done_ and the slot's ready event;
+  //   3. the ranks exchange read_done_, and each copy stream waits for the peers' before it
+  //      writes this rank's part again (the peers read it in step 2).
+  // An event is re-recorded only after the next exchange, which every peer reaches after its
+  // waits on the previous record.
+  Status gather_shared(int slot, void* dst, size_t part, Communicator& comm) {
+    if (part_ready_ == nullptr) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&part_ready_, cudaEventDisableTiming));
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&read_done_, cudaEventDisableTiming));
+    }
+    const int n = comm.size();
+    const int me = comm.rank();
+    CommStream host;  // the exchanges are host memory
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(part_ready_, copy_));
+    const int64_t mine[3] = {static_cast<int64_t>(reinterpret_cast<intptr_t>(dst)), device_,
+                             static_cast<int64_t>(reinterpret_cast<intptr_t>(part_ready_))};
+    std::vector<int64_t> all(static_cast<size_t>(3 * n));
+    STRATA_RETURN_IF_ERROR(comm.all_gather(mine, 3, DType::kI64, all.data(), host));
+    for (int p = 0; p < n; ++p) {
+      if (all[static_cast<size_t>(3 * p + 1)] != device_) {
+        return errorf(StatusCode::kFailedPrecondition,
+                      "partitioned fetch: replica {} is on GPU {} and replica {} on GPU {}; "
+                      "replicas on several GPUs gather through NCCL",
+                      me, device_, p, all[static_cast<size_t>(3 * p + 1)]);
+      }
+    }
+    auto* out = static_cast<uint8_t*>(dst);
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(gather_, part_ready_, 0));  // this rank's
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      const auto* peer =
+          reinterpret_cast<const uint8_t*>(static_cast<intptr_t>(all[static_cast<size_t>(3 * p)]));
+      auto* ev =
+          reinterpret_cast<cudaEvent_t>(static_cast<intptr_t>(all[static_cast<size_t>(3 * p + 2)]));
+      const size_t at = part * static_cast<size_t>(p);
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(gather_, ev, 0));
+      STRATA_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(out + at, peer + at, part, cudaMemcpyDeviceToDevice, gather_));
+    }
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(read_done_, gather_));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_[static_cast<size_t>(slot)], gather_));
+    const int64_t done = static_cast<int64_t>(reinterpret_cast<intptr_t>(read_done_));
+    std::vector<int64_t> dones(static_cast<size_t>(n));
+    STRATA_RETURN_IF_ERROR(comm.all_gather(&done, 1, DType::kI64, dones.data(), host));
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(
+          copy_,
+          reinterpret_cast<cudaEvent_t>(static_cast<intptr_t>(dones[static_cast<size_t>(p)])), 0));
+    }
     return ok_status();
   }
   Status wait_ready(int slot) override {
@@ -212,6 +276,8 @@ class CudaCopier final : public WeightCopier {
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaStream_t gather_ = nullptr;  // partitioned fetch's all-gathers (copy_ with ONE_STREAM)
   cudaEvent_t copied_ = nullptr;   // the copy stream's work before the next all-gather
+  // gather_shared: this rank's part is in; the peers' parts are read out of their slots.
+  cudaEvent_t part_ready_ = nullptr, read_done_ = nullptr;
   std::vector<cudaEvent_t> ready_, free_, staging_;
 };
 

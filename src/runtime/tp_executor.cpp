@@ -1154,10 +1154,10 @@ Result<std::unique_ptr<Executor>> make_in_process_dp_executor(const ModelConfig&
   if (dp < 1) return errorf(StatusCode::kInvalidArgument, "data-parallel size {}", dp);
   STRATA_RETURN_IF_ERROR(only_1d_ffn(options, "data-parallel replicas"));
   const Placement where = place(options, dp, env_config().tp_one_gpu);
+  // Replicas sharing one GPU gather the layer parts with device copies ordered on the host
+  // (device_runtime_cuda.cpp, CudaCopier::gather_shared): no kernel waits for a peer, so lazy
+  // module loading is no hazard there.
   const bool fetch = partitioned && dp > 1 && options.residency.requested();
-  if (fetch && where.shared_gpu && cuda_lazy_module_loading()) {
-    return lazy_loading_error("data", "--dp");
-  }
   // The replicas' group (the partitioned fetch's all-gathers) and each replica's one-rank
   // tensor-parallel group.
   std::vector<std::unique_ptr<Communicator>> group = make_in_process_communicators(dp);
@@ -1216,27 +1216,6 @@ Result<std::unique_ptr<Executor>> make_in_process_dp_executor(const ModelConfig&
       if (shared && shared->tier != LayerTier::kHost) shared.reset();
     }
     ranks.push_back(std::move(*e));
-  }
-  if (fetch && where.cuda && where.shared_gpu) {
-    // All replicas on one GPU (how the tests run it): the one-shot kernels take the layer
-    // parts, registered for the largest part once the slots' size is known.
-    std::shared_ptr<const StreamedWeights> sw = ranks[0]->streamed_weights();
-    const int64_t part = sw ? static_cast<int64_t>(part_bytes(sw->slot_bytes, dp)) : int64_t{256};
-    std::vector<Status> st(static_cast<size_t>(dp));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < dp; ++r) {
-      threads.emplace_back([&, r] {
-        st[static_cast<size_t>(r)] =
-            init_in_process_device(*group[static_cast<size_t>(r)], where.device(o, r).index, part);
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    for (int r = 0; r < dp; ++r) {
-      if (!st[static_cast<size_t>(r)].ok()) {
-        return st[static_cast<size_t>(r)].with_context("data-parallel replica " +
-                                                       std::to_string(r) + " fetch group");
-      }
-    }
   }
   std::vector<std::unique_ptr<Communicator>> comms;
   for (auto& c : group) comms.push_back(std::move(c));

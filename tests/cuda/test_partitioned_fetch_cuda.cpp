@@ -1,9 +1,9 @@
 // Data-parallel replicas with partitioned weight fetch on the GPU (issue 13 item 4): the CPU test
 // (tests/model/test_partitioned_fetch.cpp) with the replicas on GPUs 0..N-1 when there are that
-// many (the layer parts' all-gather through NCCL), else all on GPU 0 (the in-process one-shot
-// kernels on the replicas' copy streams). Streamed replicas must give bit-identical logits to
-// the same replicas with every layer resident, and one runner's logits within bf16 tolerance
-// and its greedy ids; each replica copies only its part of every layer.
+// many (the layer parts' all-gather through NCCL), else all on GPU 0 (device-to-device copies of
+// the peers' parts, ordered on the host: CudaCopier::gather_shared). Streamed replicas must give
+// bit-identical logits to the same replicas with every layer resident, and one runner's logits
+// within bf16 tolerance and its greedy ids; each replica copies only its part of every layer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -108,13 +108,13 @@ TEST(PartitionedFetchCuda, FixturesEqualResident) {
         o.offload = WeightOffload::kCpu;
         o.prefetch = prefetch;
         o.fetch_pieces = pieces;
+        std::string what = std::string(name) + " dp " + std::to_string(dp) + ", prefetch " +
+                           std::to_string(prefetch) + ", " + std::to_string(pieces) + " pieces";
         auto s = make(dir, dp, o);
-        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        ASSERT_TRUE(s.ok()) << what << ": " << s.status().to_string();
+        what += " on " + s->exec->device_name();
         auto got = run(*s->exec, prompts, kSteps);
-        ASSERT_TRUE(got.ok()) << got.status().to_string();
-        const std::string what = std::string(name) + " dp " + std::to_string(dp) + ", prefetch " +
-                                 std::to_string(prefetch) + ", " + std::to_string(pieces) +
-                                 " pieces on " + s->exec->device_name();
+        ASSERT_TRUE(got.ok()) << what << ": " << got.status().to_string();
         EXPECT_TRUE(bit_equal(got->logits, same_split->logits))
             << what << ": streamed replicas differ from resident replicas (max err "
             << testing::relative_error(got->logits, same_split->logits) << ")";
