@@ -171,6 +171,13 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
                     "{}: field 'layer_overhead_us' must be a number >= 0", source);
     p.layer_overhead_s = v.get<double>() * 1e-6;
   }
+  if (j.contains("fused_elementwise")) {
+    const json& v = j.at("fused_elementwise");
+    if (!v.is_boolean())
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: field 'fused_elementwise' must be true or false", source);
+    p.fused_elementwise = v.get<bool>();
+  }
   if (j.contains("moe_exchange")) {
     const json& m = j.at("moe_exchange");
     if (!m.is_object() || !m.contains("fixed_us") || !m.contains("GBps") ||

@@ -86,6 +86,10 @@ struct HardwareProfile {
   double host_link_efficiency = 1;
   double attention_flops = 0;  // attention FLOP/s; 0 = peak bf16 x compute_efficiency
   double layer_overhead_s = 0;
+  // Whether the elementwise work (norms, residual adds, RoPE, the gated activation) is fused into
+  // the matrix multiplies (XLA on the TPU). false: the engine's separate kernels read and write
+  // the activations in HBM (cost_model.cpp prices that traffic).
+  bool fused_elementwise = false;
   // The engine's fixed-capacity expert exchange (a decode step's dispatch + combine): a fixed
   // part and the rate of its bytes (ep x C rows of hidden bf16 out, f32 back). 0: the ring model.
   double moe_exchange_fixed_s = 0;
