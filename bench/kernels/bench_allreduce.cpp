@@ -3,7 +3,12 @@
 // --one-gpu, where NCCL cannot run and only the one-shot rows appear). Sizes double from --min to
 // --max bytes of bf16. Each row: the median over --iters of one all-reduce, timed with CUDA
 // events on rank 0 after a barrier, and the bus bandwidth 2 (n-1)/n x bytes / time (NCCL's
-// definition). The one-shot rows stop where its staging buffer ends (--oneshot-max).
+// definition). The one-shot rows stop where its staging buffer ends (--oneshot-max). "graph" is
+// one all-reduce per graph launch (the launch's latency included); "in graph xK" is the time per
+// all-reduce of a graph of K back-to-back all-reduces (--per-graph K, default 16), as a decode
+// step's graph runs them. A second table times the one-shot all-reduce fused with the residual
+// add and RMSNorm (Communicator::all_reduce_add_norm: f32 partial sums [rows, --cols], the
+// engine's decode shape) beside the plain all-reduce of the same f32 bytes.
 //
 //   bench_allreduce --ranks 2 --min 1024 --max 268435456
 #include <cuda_runtime.h>
@@ -28,17 +33,20 @@ struct Options {
   int64_t min_bytes = 1024, max_bytes = int64_t{256} << 20;
   int64_t oneshot_max = int64_t{16} << 20;
   int iters = 50;
+  int per_graph = 16;
+  int64_t cols = 8192;  // the fused rows' hidden size (Llama-3-70B)
   bool one_gpu = false;
 };
 
-// Rank 0's median time (ms) of fn over iters launches, eager or from one graph of those launches.
+// Rank 0's median time (ms) of fn over iters launches, eager or from one graph of `per_graph`
+// back-to-back calls of fn (the time divided by per_graph).
 double time_ms(cudaStream_t stream, Communicator& barrier, const std::function<Status()>& fn,
-               int iters, bool graph, Status* st) {
+               int iters, bool graph, Status* st, int per_graph = 1) {
   cudaGraphExec_t exec = nullptr;
   if (graph) {
     cudaGraph_t g = nullptr;
     cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-    *st = fn();
+    for (int k = 0; k < per_graph && st->ok(); ++k) *st = fn();
     cudaStreamEndCapture(stream, &g);
     if (!st->ok() || g == nullptr) return 0;
     cudaGraphInstantiate(&exec, g, 0);
@@ -66,7 +74,7 @@ double time_ms(cudaStream_t stream, Communicator& barrier, const std::function<S
   if (exec != nullptr) cudaGraphExecDestroy(exec);
   if (ms.empty()) return 0;
   std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return ms[ms.size() / 2] / (graph ? per_graph : 1);
 }
 
 int run(const Options& o) {
@@ -80,12 +88,24 @@ int run(const Options& o) {
   auto host = make_in_process_communicators(o.ranks);  // NCCL's bootstrap and barriers
   std::vector<std::unique_ptr<Communicator>> nccl(static_cast<size_t>(o.ranks));
   std::vector<std::string> err(static_cast<size_t>(o.ranks));
+  // Per row: one-shot eager, graph, in graph xK; NCCL eager, graph, in graph xK (0: not run).
+  constexpr int kCols = 6;
   struct Row {
     int64_t bytes;
-    double ms[4];  // one-shot eager, one-shot graph, NCCL eager, NCCL graph (0: not run)
+    double ms[kCols];
   };
   std::vector<Row> rows;
-  for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= 2) rows.push_back({b, {0, 0, 0, 0}});
+  for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= 2) rows.push_back({b, {0, 0, 0, 0, 0, 0}});
+  // Fused all-reduce + residual add + RMSNorm at decode rows: fused eager, graph, in graph xK;
+  // the plain one-shot all-reduce of the same f32 partial sums, eager, graph, in graph xK.
+  struct FusedRow {
+    int64_t rows;
+    double ms[kCols];
+  };
+  std::vector<FusedRow> fused;
+  for (int64_t n : {1, 4, 16}) {
+    if (n * o.cols * 4 <= o.oneshot_max) fused.push_back({n, {0, 0, 0, 0, 0, 0}});
+  }
   std::vector<std::thread> threads;
   for (int r = 0; r < o.ranks; ++r) {
     threads.emplace_back([&, r] {
@@ -113,20 +133,50 @@ int run(const Options& o) {
       s.cuda_stream = stream;
       for (Row& row : rows) {
         const int64_t count = row.bytes / 2;
-        for (int k = 0; k < 4 && st.ok(); ++k) {
-          const bool use_nccl = k >= 2;
+        for (int k = 0; k < kCols && st.ok(); ++k) {
+          const bool use_nccl = k >= 3;
           if (use_nccl && one_gpu) continue;
           if (!use_nccl && row.bytes > o.oneshot_max) continue;
           Communicator& c = use_nccl ? *nccl[static_cast<size_t>(r)] : os;
           const double t = time_ms(
               stream, os, [&] { return c.all_reduce(buf, count, DType::kBF16, s); }, o.iters,
-              k % 2 == 1, &st);
+              k % 3 != 0, &st, k % 3 == 2 ? o.per_graph : 1);
+          if (r == 0) row.ms[k] = t;
+          if (st.ok()) st = os.barrier();
+        }
+      }
+      // The fused rows: y (f32 partial sums) in buf, x (f32 residual) and h (bf16) after it.
+      const int64_t max_rows = fused.empty() ? 0 : fused.back().rows;
+      void* extra = nullptr;
+      const size_t extra_bytes = static_cast<size_t>(max_rows * o.cols * 6 + o.cols * 4);
+      if (st.ok() && max_rows > 0) {
+        if (cudaMalloc(&extra, extra_bytes) != cudaSuccess) {
+          return fail(Status(StatusCode::kOutOfMemory, "cudaMalloc"));
+        }
+        cudaMemset(extra, 0, extra_bytes);
+      }
+      for (FusedRow& row : fused) {
+        AllReduceAddNorm a;
+        a.y = static_cast<float*>(buf);
+        a.x = static_cast<float*>(extra);
+        a.weight = static_cast<float*>(extra) + max_rows * o.cols;
+        a.h = reinterpret_cast<uint16_t*>(static_cast<float*>(extra) + max_rows * o.cols + o.cols);
+        a.rows = row.rows;
+        a.cols = o.cols;
+        for (int k = 0; k < kCols && st.ok(); ++k) {
+          auto fn = [&]() -> Status {
+            return k < 3 ? os.all_reduce_add_norm(a, s)
+                         : os.all_reduce(buf, row.rows * o.cols, DType::kF32, s);
+          };
+          const double t =
+              time_ms(stream, os, fn, o.iters, k % 3 != 0, &st, k % 3 == 2 ? o.per_graph : 1);
           if (r == 0) row.ms[k] = t;
           if (st.ok()) st = os.barrier();
         }
       }
       if (!st.ok()) fail(st);
       cudaFree(buf);
+      if (extra != nullptr) cudaFree(extra);
     });
   }
   for (auto& t : threads) t.join();
@@ -139,22 +189,41 @@ int run(const Options& o) {
   std::printf("# all-reduce, bf16, %d ranks on %s; NCCL %s; median of %d; us (bus GB/s)\n", o.ranks,
               one_gpu ? "ONE GPU (one-shot only)" : "one GPU each",
               one_gpu ? "-" : nccl_version().c_str(), o.iters);
-  std::printf("%12s %20s %20s %20s %20s\n", "bytes", "oneshot eager", "oneshot graph", "nccl eager",
-              "nccl graph");
+  const std::string in_graph = "in graph x" + std::to_string(o.per_graph);
+  std::printf("%12s %20s %20s %20s %20s %20s %20s\n", "bytes", "oneshot eager", "oneshot graph",
+              ("oneshot " + in_graph).c_str(), "nccl eager", "nccl graph",
+              ("nccl " + in_graph).c_str());
   const double bus = 2.0 * (o.ranks - 1) / o.ranks;
+  auto cell = [&](double ms, int64_t bytes) {
+    if (ms <= 0) {
+      std::printf(" %20s", "-");
+      return;
+    }
+    char c[64];
+    std::snprintf(c, sizeof(c), "%.1f (%.1f)", ms * 1e3,
+                  bus * static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
+    std::printf(" %20s", c);
+  };
   for (const Row& row : rows) {
     std::printf("%12lld", static_cast<long long>(row.bytes));
-    for (double ms : row.ms) {
-      if (ms <= 0) {
-        std::printf(" %20s", "-");
-      } else {
-        char cell[64];
-        std::snprintf(cell, sizeof(cell), "%.1f (%.1f)", ms * 1e3,
-                      bus * static_cast<double>(row.bytes) / (ms * 1e-3) / 1e9);
-        std::printf(" %20s", cell);
-      }
-    }
+    for (double ms : row.ms) cell(ms, row.bytes);
     std::printf("\n");
+  }
+  if (!fused.empty()) {
+    std::printf(
+        "# one-shot all-reduce fused with the residual add and RMSNorm (f32 partial sums [rows, "
+        "%lld], bf16 h out) vs the plain one-shot all-reduce of the same f32 bytes; us (bus "
+        "GB/s)\n",
+        static_cast<long long>(o.cols));
+    std::printf("%6s %12s %20s %20s %20s %20s %20s %20s\n", "rows", "f32 bytes", "fused eager",
+                "fused graph", ("fused " + in_graph).c_str(), "plain eager", "plain graph",
+                ("plain " + in_graph).c_str());
+    for (const FusedRow& row : fused) {
+      const int64_t bytes = row.rows * o.cols * 4;
+      std::printf("%6lld %12lld", static_cast<long long>(row.rows), static_cast<long long>(bytes));
+      for (double ms : row.ms) cell(ms, bytes);
+      std::printf("\n");
+    }
   }
   return 0;
 }
@@ -184,17 +253,24 @@ int main(int argc, char** argv) {
       o.oneshot_max = std::atoll(next());
     } else if (a == "--iters") {
       o.iters = std::atoi(next());
+    } else if (a == "--per-graph") {
+      o.per_graph = std::atoi(next());
+    } else if (a == "--cols") {
+      o.cols = std::atoll(next());
     } else if (a == "--one-gpu") {
       o.one_gpu = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_allreduce [--ranks N] [--min BYTES] [--max BYTES] "
-                   "[--oneshot-max BYTES] [--iters N] [--one-gpu]\n");
+                   "[--oneshot-max BYTES] [--iters N] [--per-graph K] [--cols N] [--one-gpu]\n");
       return 2;
     }
   }
-  if (o.ranks < 2 || o.ranks > 8 || o.min_bytes < 2 || o.max_bytes < o.min_bytes || o.iters < 1) {
-    std::fprintf(stderr, "bench_allreduce: need 2..8 ranks, 2 <= min <= max, iters >= 1\n");
+  if (o.ranks < 2 || o.ranks > 8 || o.min_bytes < 2 || o.max_bytes < o.min_bytes || o.iters < 1 ||
+      o.per_graph < 1 || o.cols < 1) {
+    std::fprintf(stderr,
+                 "bench_allreduce: need 2..8 ranks, 2 <= min <= max, iters >= 1, per-graph >= 1, "
+                 "cols >= 1\n");
     return 2;
   }
   return strata::run(o);
