@@ -7,8 +7,10 @@
 #   prefill  bf16 1x128, 1x512, 1x2048, 1x8192, 8x2048; int8 and fp8 1x2048
 #   stream   Llama-34B shape with an 8 GiB weight budget (layers streamed from pinned host
 #            memory), decode batch 16 and 64 at KV 512, prefill 4x512
-# Ranks, stages and replicas on one GPU share it, which the cost model does not price: the
-# multi-GPU configurations come from the lent multi-GPU machines (scripts/gpu_scale_multi.sh).
+#   one GPU, in-process ranks sharing it (Layout::shared_device in the cost model): Llama-3-8B
+#            TP = 2 and PP = 2 (decode batch 1/16/64 at KV 256, prefill 1x512 and 1x2048), and
+#            Qwen3-30B-A3B EP = 2 against one rank (decode batch 1/8/64)
+# The multi-GPU configurations come from the lent multi-GPU machines (scripts/gpu_scale_multi.sh).
 #   BUILD=<dir with strata> OUT=<dir> scripts/gpu_plan_set.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -43,5 +45,11 @@ done
 step stream34b 200 "$BUILD/strata" bench --device cuda --load-format dummy --model-config llama-34b \
   --gpu-weight-budget 8 --batch 16,64 --ctx 512 --decode-steps 2 --prefill 4x512 -r 2 \
   --json "$OUT/stream34b.json"
+B8="$M8 --batch 1,16,64 --ctx 256 --prefill 1x512,1x2048 -r 3"
+step inproc_tp2 120 "$BUILD/strata" bench $B8 --tp 2 --json "$OUT/inproc_tp2.json"
+step inproc_pp2 120 "$BUILD/strata" bench $B8 --pp 2 --json "$OUT/inproc_pp2.json"
+MQ="--device cuda --load-format dummy --model-config qwen3-30b-a3b --batch 1,8,64 --ctx 256 -r 3"
+step qwen3_ep1 150 "$BUILD/strata" bench $MQ --json "$OUT/qwen3_ep1.json"
+step inproc_qwen3_ep2 150 "$BUILD/strata" bench $MQ --ep 2 --json "$OUT/inproc_qwen3_ep2.json"
 echo "== [$(($(date +%s) - t0))s] done rc=$rc"
 exit $rc

@@ -11,7 +11,8 @@
 namespace {
 
 // --tp / --tensor-parallel-size or --ep / --expert-parallel-size N > 1 in one process (not under
-// mpirun) may put every rank on one GPU, whose collectives need CUDA's kernels loaded eagerly; CUDA
+// mpirun) may put every rank on one GPU, whose collectives need CUDA's kernels loaded eagerly (and
+// plan --calibrate runs two ranks on GPU 0); CUDA
 // reads the setting only when it starts, so it is set before anything else (an explicit
 // CUDA_MODULE_LOADING wins).
 void prefer_eager_kernel_loading_for_tp(int argc, char** argv) {
@@ -20,6 +21,8 @@ void prefer_eager_kernel_loading_for_tp(int argc, char** argv) {
   }
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], value;
+    // plan --calibrate probes a collective between two ranks sharing GPU 0.
+    if (a == "--calibrate" || a.rfind("--calibrate=", 0) == 0) value = "2";
     for (const char* flag : {"--tp", "--tensor-parallel-size", "--ep", "--expert-parallel-size",
                              "--dp", "--data-parallel-size"}) {
       const size_t n = std::strlen(flag);

@@ -22,6 +22,9 @@
 //     reduce-scatter plus an all-gather: 2 (g - 1) hops). The raw points are kept in the profile
 //     ("collective_probes"). With one GPU the interconnect entry stays at public NVLink 4
 //     figures and "source" says so.
+//   - a collective between two in-process ranks sharing GPU 0 (strata's --tp / --pp / --ep on
+//     one GPU): the one-shot all-reduce at 16 KB and 4 MB, per call of an 8-call graph; a line
+//     through both is "shared_device_collective" (fixed_us, GBps).
 #if defined(STRATA_HAS_CUDA)
 
 #include <cuda_runtime.h>
@@ -182,10 +185,11 @@ Result<double> gemm_curve_point(const LaunchCtx& ctx, DeviceBuffers& mem, DType 
 
 // ---- collectives --------------------------------------------------------------------------------
 
-// Median seconds of one call of fn, replayed from a CUDA graph of that call on the rank's stream
-// after a host barrier across the ranks (every rank runs it; rank 0's time is the one kept).
+// Median seconds of one call of fn, replayed from a CUDA graph of `calls` calls of it on the
+// rank's stream after a host barrier across the ranks (every rank runs it; rank 0's time is the
+// one kept), divided by `calls`.
 Result<double> graph_seconds(cudaStream_t stream, Communicator& barrier,
-                             const std::function<Status()>& fn, int reps) {
+                             const std::function<Status()>& fn, int reps, int calls = 1) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   // One eager call first: NCCL sets up a collective's connections on its first call, which must
@@ -195,6 +199,7 @@ Result<double> graph_seconds(cudaStream_t stream, Communicator& barrier,
   STRATA_RETURN_IF_ERROR(barrier.barrier());
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   Status st = fn();
+  for (int c = 1; c < calls && st.ok(); ++c) st = fn();
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
   if (!st.ok()) return st;
   if (end != cudaSuccess || graph == nullptr)
@@ -229,7 +234,7 @@ Result<double> graph_seconds(cudaStream_t stream, Communicator& barrier,
   cudaGraphExecDestroy(exec);
   if (!st.ok()) return st;
   std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return times[times.size() / 2] / calls;
 }
 
 struct CollectivePoints {
@@ -300,6 +305,57 @@ Result<CollectivePoints> probe_collectives(int g, int64_t max_bytes) {
   for (auto& t : threads) t.join();
   for (const std::string& e : err)
     if (!e.empty()) return Status(StatusCode::kInternal, "--calibrate collectives: " + e);
+  return pts;
+}
+
+// Two in-process ranks sharing GPU 0 (how strata runs --tp / --pp / --ep on one GPU): the
+// one-shot all-reduce of bf16 at each size, per call of a graph of 8 calls (as a decode step's
+// graph runs them).
+Result<std::vector<std::pair<int64_t, double>>> probe_shared_device(
+    const std::vector<int64_t>& sizes) {
+  constexpr int kRanks = 2;
+  const int64_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
+  auto oneshot = make_in_process_communicators(kRanks);
+  std::vector<std::string> err(kRanks);
+  std::vector<std::pair<int64_t, double>> pts;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto fail = [&](const Status& s) {
+        err[static_cast<size_t>(r)] = s.to_string();
+        for (auto& c : oneshot) c->abort();
+      };
+      auto device = cuda::CudaDevice::create(0);
+      if (!device.ok()) return fail(device.status());
+      cudaStream_t stream = (*device)->launch_ctx().stream;
+      Communicator& os = *oneshot[static_cast<size_t>(r)];
+      Status st = init_in_process_device(os, 0, max_bytes);
+      if (!st.ok()) return fail(st);
+      void* buf = nullptr;
+      if (cudaMalloc(&buf, static_cast<size_t>(max_bytes)) != cudaSuccess) {
+        return fail(
+            errorf(StatusCode::kOutOfMemory, "--calibrate: cudaMalloc({} bytes)", max_bytes));
+      }
+      cudaMemsetAsync(buf, 0, static_cast<size_t>(max_bytes), stream);
+      CommStream s;
+      s.device = Device::cuda(0);
+      s.cuda_stream = stream;
+      for (int64_t b : sizes) {
+        auto t = graph_seconds(
+            stream, os, [&] { return os.all_reduce(buf, b / 2, DType::kBF16, s); }, 10, 8);
+        if (!t.ok()) {
+          cudaFree(buf);
+          return fail(t.status());
+        }
+        if (r == 0) pts.emplace_back(b, *t);
+      }
+      cudaStreamSynchronize(stream);
+      cudaFree(buf);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& e : err)
+    if (!e.empty()) return Status(StatusCode::kInternal, "--calibrate shared-GPU collective: " + e);
   return pts;
 }
 
@@ -491,6 +547,21 @@ Result<std::string> calibrate_profile(const std::string& name) {
     const double flops = 4.0 * static_cast<double>(L) * static_cast<double>(L + 1) / 2.0 *
                          static_cast<double>(H * D);
     j["attention_tflops"] = flops / *t / 1e12;
+  }
+  {
+    // A line through the 16 KB and 4 MB points (planner.h: shared_collective_*).
+    auto pts = probe_shared_device({int64_t{16} << 10, int64_t{4} << 20});
+    if (!pts.ok()) return pts.status();
+    const auto [b0, t0] = pts->front();
+    const auto [b1, t1] = pts->back();
+    const double bps = static_cast<double>(b1 - b0) / std::max(t1 - t0, 1e-9);
+    j["shared_device_collective"] = {
+        {"fixed_us", std::max(0.0, t0 - static_cast<double>(b0) / bps) * 1e6},
+        {"GBps", bps / 1e9},
+        {"points_us", points_json(*pts)},
+        {"source",
+         "two in-process ranks on GPU 0, the one-shot all-reduce of bf16, per call of a graph of "
+         "8 calls"}};
   }
   if (gpus >= 2) {
     STRATA_RETURN_IF_ERROR(calibrate_interconnect(gpus, j));

@@ -405,6 +405,7 @@ std::string Layout::name() const {
   }
   if (block == BlockKind::kParallel) s += " parallel";
   if (residency == WeightResidency::kHostStreamed) s += " host-streamed";
+  if (shared_device && devices() > 1) s += " one-device";
   return s;
 }
 
@@ -426,6 +427,85 @@ double max_context(const ModelShape& s, const HardwareProfile& hw, AttentionShar
   }
   const double per_token = as_d(s.n_layers) * 2.0 * kv_heads_dev * as_d(s.head_dim) * kKvBytes;
   return kv_fraction * hw.memory_bytes / (per_token * seqs_dev);
+}
+
+namespace {
+
+// The engine's prompt micro-batches for `tokens` prompt tokens over `stages` stages.
+double prompt_micro_batches(int64_t stages, double tokens) {
+  constexpr double kMinTokens = 256;  // RunnerOptions::pp_min_micro_batch_tokens
+  return std::clamp(std::floor(tokens / kMinTokens), 1.0, 4.0 * as_d(stages));
+}
+
+// One collective between ranks sharing the device, `bytes` per rank.
+double shared_collective_seconds(const HardwareProfile& hw, double bytes) {
+  if (hw.shared_collective_Bps > 0)
+    return hw.shared_collective_fixed_s + bytes / hw.shared_collective_Bps;
+  return 2.0 * hw.collective_latency_s + bytes / hw.link_Bps;
+}
+
+}  // namespace
+
+// Every rank on one device (Layout::shared_device): the ranks' kernels share its SMs and HBM, so
+// their compute and weight reads add up to one device's for the whole model; on top come the
+// collectives between them and, for pipeline stages, the hand-offs of hidden rows through pinned
+// host memory (D2H then H2D) and the prompt cut into micro-batches that run one after another.
+static Result<Estimate> estimate_shared_device(const ModelShape& s, const HardwareProfile& hw,
+                                               const Layout& l, const PhaseWorkload& w) {
+  Layout one;
+  one.block = l.block;
+  one.residency = l.residency;
+  const bool prefill = w.phase == Phase::kPrefill;
+  const double tokens = prefill ? as_d(w.batch * w.prompt) : as_d(w.batch);
+  Estimate est;
+  double micro = 1.0;
+  if (l.pp > 1 && prefill) {
+    micro = prompt_micro_batches(l.pp, tokens);
+    PhaseWorkload chunk = w;
+    chunk.prompt = std::max<int64_t>(1, static_cast<int64_t>(std::llround(as_d(w.prompt) / micro)));
+    STRATA_ASSIGN_OR_RETURN(est, estimate(s, hw, one, chunk));
+    // Each micro-batch passes every stage in turn on the one device.
+    est.step_seconds *= micro;
+    est.compute_s *= micro;
+    est.memory_s *= micro;
+    est.comm_s *= micro;
+    est.host_s *= micro;
+    est.overhead_s *= micro;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(est, estimate(s, hw, one, w));
+  }
+  const double E = as_d(s.hidden);
+  double extra = 0;
+  if (l.tp > 1) {
+    // Two all-reduces of f32 partial sums per layer (attention and FFN outputs), and the LM
+    // head's logits gathered over the vocabulary shards.
+    const double rows = prefill ? tokens : as_d(w.batch);
+    extra += 2.0 * as_d(s.n_layers) * shared_collective_seconds(hw, rows * E * 4.0);
+    extra += shared_collective_seconds(hw, as_d(w.batch) * as_d(s.vocab) * 4.0 / as_d(l.tp));
+  }
+  if (l.ep > 1 && s.is_moe()) {
+    // Dispatch and combine per MoE layer: every routed row out (bf16) and back (f32).
+    const double rows = (prefill ? tokens : as_d(w.batch)) * as_d(s.n_experts_used);
+    extra += as_d(s.n_layers) * shared_collective_seconds(hw, rows * E * (kActBytes + 4.0));
+  }
+  if (l.pp > 1) {
+    const double bytes = tokens / micro * E * 4.0;  // f32 hidden rows per micro-batch
+    const double handoff = 2.0 * bytes / (hw.host_to_device_Bps * hw.host_link_efficiency);
+    extra += micro * as_d(l.pp - 1) * handoff;
+  }
+  est.step_seconds += extra;
+  est.comm_s += extra;
+  if (prefill) {
+    est.seconds = est.step_seconds;
+    est.tokens = tokens;
+    est.model_flops = 2.0 * s.n_active_params() * est.tokens;
+  } else {
+    est.seconds = est.step_seconds * as_d(w.gen);
+  }
+  est.tokens_per_s = est.tokens / est.seconds;
+  est.mfu = model_flops_utilization(s, hw, est.tokens, est.seconds, 1);
+  est.bubble_fraction = 0;
+  return est;
 }
 
 Result<Estimate> estimate(const ModelShape& s, const HardwareProfile& hw, const Layout& l,
@@ -460,13 +540,22 @@ Result<Estimate> estimate(const ModelShape& s, const HardwareProfile& hw, const 
     return errorf(StatusCode::kUnimplemented, "profile '{}' has no {} weights (peak_tflops)",
                   hw.name, weight_format_name(w.weights));
 
+  if (l.shared_device && l.devices() > 1) return estimate_shared_device(s, hw, l, w);
+
   Estimate est;
   const Comm comm{hw, l.devices()};
   // Sequences one tensor-parallel group serves: the batch over replicas and, for MoE, over the
   // ep group (attention is data-parallel across it).
   const double groups = as_d(l.dp * (s.is_moe() ? l.ep : 1));
   const double seqs = std::ceil(as_d(w.batch) / groups);
-  const double microbatches = l.pp > 1 ? std::min(as_d(l.pp), seqs) : 1.0;
+  // Pipeline micro-batches: a prompt step is cut as the engine cuts it (prompt_micro_batches in
+  // runtime/pipeline_schedule.cpp: chunks of at least 256 tokens, at most 4 per stage); decode
+  // runs as many micro-batches as stages (seed 000's generation schedule).
+  double microbatches = 1.0;
+  if (l.pp > 1) {
+    microbatches = w.phase == Phase::kPrefill ? prompt_micro_batches(l.pp, seqs * as_d(w.prompt))
+                                              : std::min(as_d(l.pp), seqs);
+  }
   StepShape st;
   st.seqs = seqs / microbatches;
   if (w.phase == Phase::kPrefill) {

@@ -178,6 +178,19 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
                     "{}: field 'fused_elementwise' must be true or false", source);
     p.fused_elementwise = v.get<bool>();
   }
+  if (j.contains("shared_device_collective")) {
+    const json& m = j.at("shared_device_collective");
+    if (!m.is_object() || !m.contains("fixed_us") || !m.contains("GBps") ||
+        !m.at("fixed_us").is_number() || !m.at("GBps").is_number() ||
+        m.at("fixed_us").get<double>() < 0.0 || m.at("GBps").get<double>() <= 0.0) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: field 'shared_device_collective' must be {{\"fixed_us\": >= 0, "
+                    "\"GBps\": > 0}}",
+                    source);
+    }
+    p.shared_collective_fixed_s = m.at("fixed_us").get<double>() * 1e-6;
+    p.shared_collective_Bps = m.at("GBps").get<double>() * 1e9;
+  }
   if (j.contains("moe_exchange")) {
     const json& m = j.at("moe_exchange");
     if (!m.is_object() || !m.contains("fixed_us") || !m.contains("GBps") ||

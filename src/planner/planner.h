@@ -94,6 +94,10 @@ struct HardwareProfile {
   // part and the rate of its bytes (ep x C rows of hidden bf16 out, f32 back). 0: the ring model.
   double moe_exchange_fixed_s = 0;
   double moe_exchange_Bps = 0;
+  // A collective between in-process ranks that share one device (the one-shot kernels on one
+  // GPU): a fixed part and the rate of its bytes. 0: priced as the interconnect's.
+  double shared_collective_fixed_s = 0;
+  double shared_collective_Bps = 0;
   // Measured GEMM throughput (FLOP/s) against tokens per GEMM, by weight format; interpolated
   // log-log between points and flat past the last one. Empty: the roofline is used.
   std::map<WeightFormat, std::vector<std::pair<double, double>>> gemm_curve;
@@ -137,6 +141,10 @@ struct Layout {
   BlockKind block = BlockKind::kSerial;
   WeightResidency residency = WeightResidency::kDevice;
   int64_t x = 0;  // 2D weight-stationary split of E (0 = the best divisor of tp)
+  // Every rank and stage on one device (strata's in-process ranks sharing a GPU): the device
+  // does the whole model's work, plus the collectives between ranks on it
+  // (HardwareProfile::shared_collective_*) and the stages' hand-offs through host memory.
+  bool shared_device = false;
 
   int64_t devices() const { return tp * pp * ep * dp; }
   std::string name() const;

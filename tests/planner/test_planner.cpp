@@ -222,10 +222,15 @@ TEST(CostModel, PipelineBubbleAndExpertsAndStreaming) {
   const Estimate e4 = value(estimate(llama70, h100, pp, decode4));
   EXPECT_NEAR(e4.bubble_fraction, 0.0, 1e-9);
   EXPECT_NEAR(e4.step_seconds / e.step_seconds, 1.0, 0.05);  // weight-bound: 4 ~ 1 sequence
-  // A prefill pass of four micro-batches fills and drains the pipeline: 3 of 7 slots idle.
+  // A prefill pass is cut as the engine cuts it (runtime/pipeline_schedule.cpp: chunks of at
+  // least 256 tokens, at most 4 per stage): 2,048 prompt tokens are 8 micro-batches, which fill
+  // and drain the 4 stages: 3 of 11 slots idle.
   PhaseWorkload prefill4{Phase::kPrefill, 4, 512, 0, WeightFormat::kBF16};
   const Estimate p4 = value(estimate(llama70, h100, pp, prefill4));
-  EXPECT_NEAR(p4.bubble_fraction, 3.0 / 7.0, 1e-9);
+  EXPECT_NEAR(p4.bubble_fraction, 3.0 / 11.0, 1e-9);
+  // 256 tokens are one micro-batch: 3 of 4 slots idle.
+  PhaseWorkload prefill1{Phase::kPrefill, 1, 256, 0, WeightFormat::kBF16};
+  EXPECT_NEAR(value(estimate(llama70, h100, pp, prefill1)).bubble_fraction, 0.75, 1e-9);
 
   // Experts touched per step grow with the batch and saturate at n_experts.
   const ModelShape moe = value(model_shape_preset("mixtral-8x7b"));
@@ -247,6 +252,40 @@ TEST(CostModel, PipelineBubbleAndExpertsAndStreaming) {
   const double expected = llama70.n_layers * llama70.layer_weights() * 2.0 / (54e9 * 0.9);
   EXPECT_NEAR(hs.step_seconds / expected, 1.0, 0.05);
   EXPECT_LT(hs.weight_bytes_per_device, 0.1 * llama70.n_params() * 2.0);
+}
+
+// Ranks sharing one device (strata's in-process --tp / --pp / --ep on one GPU): the device does
+// the whole model's work; the layout adds its collectives and the stages' hand-offs.
+TEST(CostModel, RanksSharingOneDevice) {
+  HardwareProfile hw = value(load_hardware_profile("h100"));
+  hw.shared_collective_fixed_s = 10e-6;
+  hw.shared_collective_Bps = 100e9;
+  const ModelShape llama8 = value(model_shape_preset("llama3-8b"));
+  const PhaseWorkload decode{Phase::kDecode, 16, 256, 32, WeightFormat::kBF16};
+  const Estimate one = value(estimate(llama8, hw, Layout{1}, decode));
+  Layout tp2{2};
+  tp2.shared_device = true;
+  const Estimate t = value(estimate(llama8, hw, tp2, decode));
+  const double E = static_cast<double>(llama8.hidden), V = static_cast<double>(llama8.vocab);
+  const double expected =
+      2.0 * static_cast<double>(llama8.n_layers) * (10e-6 + 16.0 * E * 4.0 / 100e9) +
+      (10e-6 + 16.0 * V * 4.0 / 2.0 / 100e9);
+  EXPECT_NEAR(t.step_seconds - one.step_seconds, expected, 1e-9);
+  EXPECT_DOUBLE_EQ(t.memory_per_device, one.memory_per_device);  // the whole model on the device
+  EXPECT_NE(tp2.name().find("one-device"), std::string::npos);
+
+  // Two stages on the device: a 2,048-token prompt runs as 8 micro-batches of 256 one after
+  // another, each handing 256 f32 rows to the next stage through host memory (D2H + H2D).
+  Layout pp2{1, 2};
+  pp2.shared_device = true;
+  const PhaseWorkload prefill{Phase::kPrefill, 1, 2048, 0, WeightFormat::kBF16};
+  const PhaseWorkload chunk{Phase::kPrefill, 1, 256, 0, WeightFormat::kBF16};
+  const double handoff = 2.0 * 256.0 * E * 4.0 / (hw.host_to_device_Bps * hw.host_link_efficiency);
+  const Estimate p = value(estimate(llama8, hw, pp2, prefill));
+  EXPECT_NEAR(p.step_seconds,
+              8.0 * (value(estimate(llama8, hw, Layout{1}, chunk)).step_seconds + handoff), 1e-9);
+  EXPECT_DOUBLE_EQ(p.tokens, 2048.0);
+  EXPECT_DOUBLE_EQ(p.bubble_fraction, 0.0);
 }
 
 TEST(CostModel, BadInputIsAnError) {
@@ -280,6 +319,17 @@ TEST(CostModel, BadInputIsAnError) {
       "m.json");
   ASSERT_FALSE(bad_moe.ok());
   EXPECT_NE(bad_moe.status().message().find("moe_exchange"), std::string::npos);
+  auto bad_shared = parse_hardware_profile(
+      base + R"("switch", "bandwidth_GBps": 100, "latency_us": 2}, )"
+             R"("shared_device_collective": {"fixed_us": -1, "GBps": 10}})",
+      "t.json");
+  ASSERT_FALSE(bad_shared.ok());
+  EXPECT_NE(bad_shared.status().message().find("shared_device_collective"), std::string::npos);
+  auto bad_fused = parse_hardware_profile(
+      base + R"("switch", "bandwidth_GBps": 100, "latency_us": 2}, "fused_elementwise": 1})",
+      "t.json");
+  ASSERT_FALSE(bad_fused.ok());
+  EXPECT_NE(bad_fused.status().message().find("fused_elementwise"), std::string::npos);
   // A key with a newline in it (fuzz_hw_profile): the message stays on one line.
   auto odd_key = parse_hardware_profile(
       R"({"memory_GB": 80, "peak_tflops": {"bf16": 100, "i\n_link": 1}})", "k.json");
@@ -322,6 +372,7 @@ std::vector<Prediction> predict(const json& data, const HardwareProfile& hw) {
     l.tp = c.value("tp", int64_t{1});
     l.pp = c.value("pp", int64_t{1});
     l.ep = c.value("ep", int64_t{1});
+    l.shared_device = c.value("shared_device", false);
     if (c.value("residency", std::string("device")) == "host") {
       l.residency = WeightResidency::kHostStreamed;
     }
