@@ -260,8 +260,15 @@ int64_t device_bytes(const ModelConfig& c, const ParallelConfig& par, DType wdt)
   const int64_t V = par.padded_chunk(c.vocab), H = c.hidden;
   const int64_t emb = V * H * 2;  // the embedding table stays bf16
   const int64_t head = c.tie_word_embeddings && wdt == DType::kBF16 ? 0 : V * H * per;
-  int64_t body =
-      (c.parameter_count() - c.vocab * H * (c.tie_word_embeddings ? 1 : 2)) / par.tp_size * per;
+  // Expert parallelism: a rank holds n_experts / ep_size of each sparse layer's experts.
+  int64_t experts = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (c.layer_moe(l)) experts += c.n_experts * 3 * H * c.expert_ffn_dim;
+  }
+  const int64_t ep = std::max<int64_t>(1, par.ep_size);
+  int64_t body = (c.parameter_count() - c.vocab * H * (c.tie_word_embeddings ? 1 : 2) - experts +
+                  experts / ep) /
+                 par.tp_size * per;
   if (c.n_layers > 0) body = body / c.n_layers * (par.stage_end(c.n_layers) - par.first_layer);
   return emb + head + body;
 }
