@@ -29,8 +29,14 @@
 // (serving/scheduler.h).
 //
 // Prefill takes the same path (the seed keeps it head-sharded; one path is simpler, and the KV
-// it writes must land on the owner anyway). The CPU reference (f32 activations) of the dense
-// Llama family only; the runner refuses the device layout (runtime/executor.cpp).
+// it writes must land on the owner anyway). The dense Llama family, on the CPU reference (f32
+// activations) and the device layout (bf16 activations: the CUDA kernels or their CPU twins; the
+// projections stay f32 as ws.qkv is, the workspace gives the dtypes). The plan is host data
+// (step arrays read on the host, counts that vary per step): on a GPU the runner uploads its
+// step arrays every step and runs the layout eagerly, without CUDA graphs, and for in-process
+// ranks on one GPU the all-to-alls go through host memory (blocks::group_all_to_all_v: the
+// one-shot kernels have no variable splits). NCCL / mpirun ranks are refused
+// (runtime/executor.cpp).
 #include <algorithm>
 
 #include "core/status.h"
@@ -134,15 +140,15 @@ Status batch_sharded_attention(const Model& m, ForwardArgs& a, int64_t layer, bo
     STRATA_RETURN_IF_ERROR(ops::copy(a.ctx, qkv.slice_rows(first, first + count), dst));
     o += count;
   }
-  STRATA_RETURN_IF_ERROR(ops::all_to_all_v(a.ctx, a.comm, a.ws.bsa_send, plan->rows_of_rank.data(),
-                                           a.ws.bsa_recv, plan->mine_from_each.data()));
+  STRATA_RETURN_IF_ERROR(group_all_to_all_v(a.ctx, a.comm, a.ws.bsa_send, plan->rows_of_rank.data(),
+                                            a.ws.bsa_recv, plan->mine_from_each.data()));
   Tensor attn =
       Tensor::make(a.ws.bsa_attn.data, a.ws.bsa_attn.dtype, {mine, H * D}, a.ws.bsa_attn.device);
   if (mine > 0) {
     // My tokens with every head: q of rank s at heads [s hq, (s + 1) hq), KV head g from the
     // first rank whose projection holds it.
-    Tensor full =
-        Tensor::make(a.ws.bsa_qkv.data, DType::kF32, {mine, (H + 2 * KV) * D}, a.ws.bsa_qkv.device);
+    Tensor full = Tensor::make(a.ws.bsa_qkv.data, a.ws.bsa_qkv.dtype, {mine, (H + 2 * KV) * D},
+                               a.ws.bsa_qkv.device);
     auto block = [&](int s) { return a.ws.bsa_recv.slice_rows(s * mine, (s + 1) * mine); };
     for (int s = 0; s < N; ++s) {
       Tensor dst = full.slice_cols(s * hq * D, (s + 1) * hq * D);
@@ -173,9 +179,9 @@ Status batch_sharded_attention(const Model& m, ForwardArgs& a, int64_t layer, bo
     Tensor dst = a.ws.bsa_out_send.slice_rows(s * mine, (s + 1) * mine);
     STRATA_RETURN_IF_ERROR(ops::copy(a.ctx, attn.slice_cols(s * hq * D, (s + 1) * hq * D), dst));
   }
-  STRATA_RETURN_IF_ERROR(ops::all_to_all_v(a.ctx, a.comm, a.ws.bsa_out_send,
-                                           plan->mine_from_each.data(), a.ws.bsa_out_recv,
-                                           plan->rows_of_rank.data()));
+  STRATA_RETURN_IF_ERROR(group_all_to_all_v(a.ctx, a.comm, a.ws.bsa_out_send,
+                                            plan->mine_from_each.data(), a.ws.bsa_out_recv,
+                                            plan->rows_of_rank.data()));
   Tensor out = rows(a.ws.attn, n);
   o = 0;
   for (const auto& [first, count] : plan->runs) {

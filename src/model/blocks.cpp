@@ -2,6 +2,8 @@
 // Model::forward, which runs a family's program over a layer range.
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "model/moe_ep.h"
@@ -218,6 +220,47 @@ Status residual_linear_norm(const Model& m, ForwardArgs& a, const Tensor& in,
   return ops::all_reduce_add_norm(a.ctx, a.comm, y, bias, x, next, norm_args(m.config()), h);
 }
 
+// On the tensors directly where the communicator takes the device's memory for all_to_all_v
+// (host memory; NCCL), else staged through host memory: the in-process group of ranks sharing
+// one GPU has no device all_to_all_v (its one-shot kernels have fixed splits), so the rows go
+// down to the host, through the group's host all_to_all_v and back up, with a stream
+// synchronization each way (never a device-wide one: a peer may be inside a device collective,
+// parallel/inproc_comm.h). Eager only: nothing here can be captured in a CUDA graph.
+Status group_all_to_all_v(ops::Context& ctx, Communicator& comm, const Tensor& send,
+                          const int64_t* send_rows, Tensor& recv, const int64_t* recv_rows) {
+  if (comm.supports(ctx.device) &&
+      (ctx.device.is_cpu() || comm.size() == 1 || std::string(comm.name()) != "in-process")) {
+    return ops::all_to_all_v(ctx, comm, send, send_rows, recv, recv_rows);
+  }
+  const int n = comm.size();
+  const int64_t row_bytes = dtype_bytes(send.dtype, send.cols());
+  int64_t s_total = 0, r_total = 0;
+  std::vector<int64_t> sc(static_cast<size_t>(n)), so(static_cast<size_t>(n)),
+      rc(static_cast<size_t>(n)), ro(static_cast<size_t>(n));
+  for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
+    so[r] = s_total * row_bytes;
+    sc[r] = send_rows[r] * row_bytes;
+    ro[r] = r_total * row_bytes;
+    rc[r] = recv_rows[r] * row_bytes;
+    s_total += send_rows[r];
+    r_total += recv_rows[r];
+  }
+  std::vector<uint8_t> hs(static_cast<size_t>(s_total * row_bytes)),
+      hr(static_cast<size_t>(r_total * row_bytes));
+  if (s_total > 0) {
+    STRATA_RETURN_IF_ERROR(ops::download(ctx, send.slice_rows(0, s_total), hs.data()));
+    STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+  }
+  STRATA_RETURN_IF_ERROR(comm.all_to_all_v(hs.data(), sc.data(), so.data(), hr.data(), rc.data(),
+                                           ro.data(), DType::kU8, CommStream::host()));
+  if (r_total > 0) {
+    Tensor dst = recv.slice_rows(0, r_total);
+    STRATA_RETURN_IF_ERROR(ops::upload(ctx, hr.data(), dst));
+    STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
+  }
+  return ok_status();
+}
+
 }  // namespace blocks
 
 const LayerProgram& layer_program(ArchFamily family) {
@@ -266,9 +309,11 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
   const int64_t F = std::max(m.ffn_local(), c.shared_expert_ffn_dim);
   const int tp = m.parallel().tp_size;
   const int64_t chunk = m.parallel().padded_chunk(c.vocab);
+  // The QKV GEMM's output, in both layouts (ops::rope_kv_append reads f32 projections).
+  const DType qkv_dt = DType::kF32;
   std::vector<Slot> s = {
       {&Workspace::x, DType::kF32, {T, H}},   {&Workspace::y, DType::kF32, {T, H}},
-      {&Workspace::h, l.act, {T, H}},         {&Workspace::qkv, DType::kF32, {T, m.qkv_dim()}},
+      {&Workspace::h, l.act, {T, H}},         {&Workspace::qkv, qkv_dt, {T, m.qkv_dim()}},
       {&Workspace::q, l.act, {T, hq, D}},     {&Workspace::attn, l.act, {T, hq * D}},
       {&Workspace::ff, l.act, {T, 2 * F}},    {&Workspace::act, l.act, {T, F}},
       {&Workspace::sel, DType::kF32, {R, H}}, {&Workspace::logits, DType::kF32, {R, c.vocab}},
@@ -338,11 +383,12 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
     s.push_back({&Workspace::ffn_ff, DType::kF32, {T, gu}});
   }
   if (m.parallel().attn_layout == AttnLayout::kBatchSharded) {
-    // Batch-sharded attention (model/attn_layouts.cpp).
+    // Batch-sharded attention (model/attn_layouts.cpp): the projections' rows move in qkv's
+    // dtype, the attention output in the activations'.
     const int64_t N = tp, Wl = m.qkv_dim(), Wf = (c.n_heads + 2 * c.n_heads_kv) * D;
-    s.push_back({&Workspace::bsa_send, DType::kF32, {T, Wl}});
-    s.push_back({&Workspace::bsa_recv, DType::kF32, {N * T, Wl}});
-    s.push_back({&Workspace::bsa_qkv, DType::kF32, {T, Wf}});
+    s.push_back({&Workspace::bsa_send, qkv_dt, {T, Wl}});
+    s.push_back({&Workspace::bsa_recv, qkv_dt, {N * T, Wl}});
+    s.push_back({&Workspace::bsa_qkv, qkv_dt, {T, Wf}});
     s.push_back({&Workspace::bsa_q, l.act, {T, c.n_heads, D}});
     s.push_back({&Workspace::bsa_attn, l.act, {T, c.n_heads * D}});
     s.push_back({&Workspace::bsa_out_send, l.act, {N * T, hq * D}});

@@ -127,6 +127,7 @@ struct Workspace {
   Tensor ffn_w_recv;  // wdt [N hidden, F / N]: every rank's
   // Batch-sharded attention (model/attn_layouts.cpp; hq / hkv = this rank's query / KV heads of
   // the projections, H / KV = all of them, D = head_dim, T tokens, N ranks):
+  // The first three in qkv's dtype (f32 in both layouts), the rest in the activations'.
   Tensor bsa_send;      // f32 [T, (hq + 2 hkv) D]: the projections' rows grouped by owner rank
   Tensor bsa_recv;      // f32 [N T, (hq + 2 hkv) D]: every rank's head shard of my tokens
   Tensor bsa_qkv;       // f32 [T, (H + 2 KV) D]: my tokens, every head
@@ -170,14 +171,16 @@ class LayerWeightHook {
 // a sequence is on one rank, ParallelConfig::attn_owner of its blocks: the block accounting
 // hands them out per owner, memory/block_manager.h): the runs grouped by owner and this rank's
 // runs as a step of their own, their block tables in the rank's local block indices (block b at
-// b / N). Holds the arrays `step` points into: not copyable.
+// b / N). Holds the arrays `step` points into (host memory): not copyable. On a GPU the runner
+// uploads them every step and points `step` at the device copies before the forward pass
+// (runtime/executor.cpp); the ops read `step` on the ops' device.
 struct AttnBatchPlan {
   std::vector<int64_t> rows_of_rank;    // [N] tokens of the runs each rank owns
   std::vector<int64_t> mine_from_each;  // [N] rows_of_rank[rank] each: what every rank sends me
   // (first token, count) of the step's runs grouped by owner rank, in rank order: the rows of
   // the first all-to-all's send buffer (and of the second's receive buffer).
   std::vector<std::pair<int64_t, int64_t>> runs;
-  ops::StepArgs step;  // this rank's runs; n_tokens = rows_of_rank[rank]
+  ops::StepArgs step;  // this rank's runs; n_tokens = rows_of_rank[rank]; the ops' device
   std::vector<int32_t> tokens, token_seq, token_pos, cu_q, kv_len, block_tables;
 
   AttnBatchPlan() = default;

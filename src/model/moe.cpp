@@ -65,45 +65,6 @@ bool group_takes(const ops::Context& ctx, Communicator& comm, int64_t bytes) {
   return bytes <= in_process_device_max_bytes(comm);
 }
 
-// The expert-parallel group's collectives: on the tensors directly where the communicator takes
-// the device's memory (host memory; NCCL), else staged through host memory (the in-process
-// group of ranks sharing one GPU has no device all_to_all_v; its all-gathers above the one-shot
-// staging buffer).
-Status group_all_to_all_v(ops::Context& ctx, Communicator& comm, const Tensor& send,
-                          const int64_t* send_rows, Tensor& recv, const int64_t* recv_rows) {
-  if (comm.supports(ctx.device) &&
-      (ctx.device.is_cpu() || comm.size() == 1 || std::string(comm.name()) != "in-process")) {
-    return ops::all_to_all_v(ctx, comm, send, send_rows, recv, recv_rows);
-  }
-  const int n = comm.size();
-  const int64_t row_bytes = dtype_bytes(send.dtype, send.cols());
-  int64_t s_total = 0, r_total = 0;
-  std::vector<int64_t> sc(static_cast<size_t>(n)), so(static_cast<size_t>(n)),
-      rc(static_cast<size_t>(n)), ro(static_cast<size_t>(n));
-  for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
-    so[r] = s_total * row_bytes;
-    sc[r] = send_rows[r] * row_bytes;
-    ro[r] = r_total * row_bytes;
-    rc[r] = recv_rows[r] * row_bytes;
-    s_total += send_rows[r];
-    r_total += recv_rows[r];
-  }
-  std::vector<uint8_t> hs(static_cast<size_t>(s_total * row_bytes)),
-      hr(static_cast<size_t>(r_total * row_bytes));
-  if (s_total > 0) {
-    STRATA_RETURN_IF_ERROR(ops::download(ctx, send.slice_rows(0, s_total), hs.data()));
-    STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
-  }
-  STRATA_RETURN_IF_ERROR(comm.all_to_all_v(hs.data(), sc.data(), so.data(), hr.data(), rc.data(),
-                                           ro.data(), DType::kU8, CommStream::host()));
-  if (r_total > 0) {
-    Tensor dst = recv.slice_rows(0, r_total);
-    STRATA_RETURN_IF_ERROR(ops::upload(ctx, hr.data(), dst));
-    STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
-  }
-  return ok_status();
-}
-
 Status group_all_gather(ops::Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv) {
   if (group_takes(ctx, comm, dtype_bytes(send.dtype, send.numel()))) {
     return ops::all_gather(ctx, comm, send, recv);
@@ -228,8 +189,8 @@ Status chunk_experts_variable(const Model& m, ForwardArgs& a, const LayerWeights
   }
   const auto R = static_cast<int64_t>(recv_expert.size());
   Tensor recv_x = view(ws.moe_recv_x, R, H);
-  STRATA_RETURN_IF_ERROR(
-      group_all_to_all_v(ctx, group, rows.h_perm, send_rows.data(), recv_x, recv_rows.data()));
+  STRATA_RETURN_IF_ERROR(blocks::group_all_to_all_v(ctx, group, rows.h_perm, send_rows.data(),
+                                                    recv_x, recv_rows.data()));
 
   // This rank's experts over the rows it received, grouped by expert, then back in arrival order.
   ops::section(ctx, "experts");
@@ -259,7 +220,7 @@ Status chunk_experts_variable(const Model& m, ForwardArgs& a, const LayerWeights
   ops::section(ctx, "moe_combine");
   Tensor y_back = view(ws.moe_y, mc * k, H);
   STRATA_RETURN_IF_ERROR(
-      group_all_to_all_v(ctx, group, recv_y, recv_rows.data(), y_back, send_rows.data()));
+      blocks::group_all_to_all_v(ctx, group, recv_y, recv_rows.data(), y_back, send_rows.data()));
   if (mc > 0) {
     Tensor out = mine.slice_rows(0, mc);
     STRATA_RETURN_IF_ERROR(ops::moe_combine(ctx, y_back, rows.perm, rows.w, out, false));

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/env.h"
@@ -115,6 +116,10 @@ class ModelRunner final : public Executor {
       : comm_(comm), pipe_(pipeline), expert_(expert) {}
   Status allocate(const RunnerOptions& o);
   Status run(const ForwardBatch& b, float* out_logits, int32_t* out_ids);
+  // Batch-sharded attention in the device layout: the plan's step arrays (host vectors) into
+  // attn_staging_, uploaded to attn_dev_ on the compute stream, attn_plan_.step pointed at the
+  // device copies.
+  Status upload_attn_plan();
   // KV offload's events: the compute before a store, the end of a store's odd / even layers,
   // the end of the loads so far.
   enum KvEvent { kEvComputed, kEvStoredOdd, kEvStoredEven, kEvLoaded, kNumKvEvents };
@@ -140,10 +145,11 @@ class ModelRunner final : public Executor {
   // of its first block; the block accounting keeps all of a sequence's blocks on one rank).
   AttnBatchPlan attn_plan_;
   std::vector<int> attn_owner_;
-  Buffer host_logits_, host_ids_;             // staging for the results (pinned on a GPU)
-  Buffer host_hidden_;                        // a pipeline stage's hidden states in transit (GPU)
-  double wait_seconds_ = 0.0;                 // time blocked receiving them
-  std::optional<ResidencyPlan> plan_;         // weight streaming asked for
+  Buffer attn_staging_, attn_dev_;     // its step arrays (device layout): staging, device copy
+  Buffer host_logits_, host_ids_;      // staging for the results (pinned on a GPU)
+  Buffer host_hidden_;                 // a pipeline stage's hidden states in transit (GPU)
+  double wait_seconds_ = 0.0;          // time blocked receiving them
+  std::optional<ResidencyPlan> plan_;  // weight streaming asked for
   std::unique_ptr<WeightStreamer> streamer_;  // some layers streamed
   Buffer kv_host_;                            // KV offload's host pool (pinned on a GPU)
   int64_t kv_host_blocks_ = 0;
@@ -154,6 +160,11 @@ class ModelRunner final : public Executor {
 Status ModelRunner::kv_offload_enable(int64_t host_blocks) {
   if (host_blocks < 1) {
     return errorf(StatusCode::kInvalidArgument, "KV offload: {} host blocks", host_blocks);
+  }
+  if (kv_->config().n_owners > 1) {
+    return Status(StatusCode::kUnimplemented,
+                  "--kv-offload with --attn-layout batch-sharded is not built yet (the KV pool is "
+                  "split among the ranks)");
   }
   STRATA_RETURN_IF_ERROR(runtime_->make_current());
   const size_t bytes = kv_->config().block_bytes() * static_cast<size_t>(host_blocks);
@@ -238,10 +249,14 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
     }
   }
   if (par.attn_layout != AttnLayout::kHeadSharded) {
-    if (options.device.is_cuda() || options.act_dtype != DType::kF32) {
-      return Status(StatusCode::kUnimplemented,
-                    "--attn-layout batch-sharded runs on the CPU reference (f32 activations) only; "
-                    "the device layout (CUDA, bf16) is not built for it yet");
+    // The CPU reference (f32) and the device layout (bf16 activations, on the CPU or CUDA). On
+    // CUDA the all-to-alls go through host memory with the in-process group (ranks as threads
+    // on one GPU, model/attn_layouts.cpp); NCCL (mpirun, or GPUs of their own) is not wired.
+    if (options.device.is_cuda() && comm.size() > 1 && std::string(comm.name()) != "in-process") {
+      return errorf(StatusCode::kUnimplemented,
+                    "--attn-layout batch-sharded on CUDA runs the tensor-parallel ranks as threads "
+                    "on one GPU only (not over the {} communicator: mpirun or GPUs of their own)",
+                    comm.name());
     }
     if (comm.size() != par.tp_size || comm.rank() != par.tp_rank) {
       return errorf(StatusCode::kInvalidArgument,
@@ -276,6 +291,9 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   STRATA_ASSIGN_OR_RETURN(r->runtime_, DeviceRuntime::create(o.device, o.profile));
   if (o.plan_barrier) r->runtime_->set_plan_barrier(o.plan_barrier);
   if (o.profile || !r->runtime_->supports_graphs()) o.cuda_graphs = false;
+  // Batch-sharded attention plans every step on the host (which rank owns which runs, how many
+  // rows each all-to-all moves) and stages its all-to-alls through host memory: eager.
+  if (par.attn_layout == AttnLayout::kBatchSharded) o.cuda_graphs = false;
   // Pipeline stages hand hidden states over through host memory between steps: eager for now.
   if (par.pp_size > 1) o.cuda_graphs = false;
   // Expert parallelism: the fixed-capacity exchange (model/moe_ep.h) runs decode steps of up to
@@ -362,8 +380,11 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
   wl.max_logit_rows = R;
   wl.act = o.act_dtype;
   if (m.parallel().ep_size > 1) wl.ep_fixed_tokens = std::min(o.moe_ep_fixed_tokens, T);
+  // Batch-sharded attention runs every query head of the rank's own sequences.
+  const bool batch_sharded = m.parallel().attn_layout == AttnLayout::kBatchSharded;
+  const int64_t attn_heads = batch_sharded ? c.n_heads : m.n_heads_local();
   wl.attn_workspace_bytes =
-      rt.attention_workspace_bytes(std::max(S, T), m.n_heads_local(), c.head_dim, o.max_model_len);
+      rt.attention_workspace_bytes(std::max(S, T), attn_heads, c.head_dim, o.max_model_len);
   {
     Result<Buffer> b = rt.allocator().allocate(m.workspace_bytes(wl));
     if (!b.ok()) return b.status().with_context("activation workspace");
@@ -387,6 +408,15 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
     Result<Buffer> b = rt.allocator().allocate(step_bytes);
     if (!b.ok()) return b.status().with_context("step inputs");
     dev = std::move(b).value();
+  }
+  if (batch_sharded && o.act_dtype == DType::kBF16) {
+    // Batch-sharded attention's per-rank step arrays (AttnBatchPlan), no larger than the step's:
+    // the device layout uploads them (on the CPU twins too, a copy, so that its CPU tests run
+    // the GPU's path); the f32 reference reads the plan's own vectors.
+    STRATA_ASSIGN_OR_RETURN(attn_staging_, rt.allocate_staging(step_bytes));
+    Result<Buffer> b = rt.allocator().allocate(step_bytes);
+    if (!b.ok()) return b.status().with_context("batch-sharded attention's step inputs");
+    attn_dev_ = std::move(b).value();
   }
   STRATA_ASSIGN_OR_RETURN(host_logits_, rt.allocate_staging(static_cast<size_t>(R * c.vocab) * 4));
   STRATA_ASSIGN_OR_RETURN(host_ids_, rt.allocate_staging(static_cast<size_t>(R) * 4));
@@ -453,6 +483,43 @@ Status ModelRunner::allocate(const RunnerOptions& o) {
   return ops::synchronize(rt.ctx());
 }
 
+Status ModelRunner::upload_attn_plan() {
+  AttnBatchPlan& p = attn_plan_;
+  const std::vector<int32_t>* parts[] = {&p.tokens, &p.token_seq, &p.token_pos,
+                                         &p.cu_q,   &p.kv_len,    &p.block_tables};
+  size_t total = 0;
+  for (const std::vector<int32_t>* v : parts) total += v->size();
+  if (total * sizeof(int32_t) > attn_staging_.bytes() ||
+      attn_dev_.bytes() < attn_staging_.bytes()) {
+    return errorf(StatusCode::kInternal,
+                  "batch-sharded attention: {} step ints for a staging buffer of {} bytes", total,
+                  attn_staging_.bytes());
+  }
+  // Packed back to back; the staging is free again: the last step ended with a synchronize.
+  auto* host = static_cast<int32_t*>(attn_staging_.data());
+  const auto* dev = static_cast<const int32_t*>(attn_dev_.data());
+  const int32_t* at[6];
+  size_t off = 0;
+  for (size_t i = 0; i < 6; ++i) {
+    std::copy(parts[i]->begin(), parts[i]->end(), host + off);
+    at[i] = dev + off;
+    off += parts[i]->size();
+  }
+  if (total > 0) {
+    Tensor dst = Tensor::make(attn_dev_.data(), DType::kI32, {static_cast<int64_t>(total)},
+                              runtime_->device());
+    STRATA_RETURN_IF_ERROR(ops::upload(runtime_->ctx(), host, dst));
+  }
+  ops::StepArgs& l = p.step;
+  l.tokens = at[0];
+  l.token_seq = at[1];
+  l.token_pos = at[2];
+  l.cu_q = at[3];
+  l.kv_len = at[4];
+  l.block_tables = at[5];
+  return ok_status();
+}
+
 Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_ids) {
   DeviceRuntime& rt = *runtime_;
   STRATA_RETURN_IF_ERROR(rt.make_current());
@@ -488,8 +555,9 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
   args.ffn_y_comm = opt_.ffn_y_group;
   args.moe_route_trace = opt_.moe_route_trace;
   if (par.attn_layout == AttnLayout::kBatchSharded) {
-    // The step's arrays are host memory: the layout runs on the CPU only (create()).
-    const ops::StepArgs& st = step_.args;
+    // Planned on the host from the packer's staging (on a GPU step_.args points at the device
+    // copy, uploaded above from the same staging), then the plan's step arrays uploaded.
+    const ops::StepArgs st = packer_->host_view(step_.args);
     attn_owner_.resize(static_cast<size_t>(st.n_seqs));
     for (int64_t s = 0; s < st.n_seqs; ++s) {
       attn_owner_[static_cast<size_t>(s)] =
@@ -498,6 +566,7 @@ Status ModelRunner::run(const ForwardBatch& b, float* out_logits, int32_t* out_i
     STRATA_RETURN_IF_ERROR(
         plan_batch_sharded_attention(st, par, attn_owner_, kv_->config().block_size,
                                      static_cast<int32_t>(kv_->scratch_block()), &attn_plan_));
+    if (attn_dev_.data() != nullptr) STRATA_RETURN_IF_ERROR(upload_attn_plan());
     args.attn_batch = &attn_plan_;
   }
   rt.begin_step(step_.args.max_q_len == 1);
@@ -715,13 +784,18 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
                     cfg.parallel.ffn_layout);
     }
   }
+  ParallelConfig attn_probe;  // --attn-layout (the CUDA ranks' RunnerOptions)
   if (cfg.parallel.attn_layout != "head-sharded") {
-    ParallelConfig probe;
+    ParallelConfig& probe = attn_probe;
     STRATA_RETURN_IF_ERROR(apply_attn_layout(cfg.parallel, &probe));
-    if (probe.attn_layout != AttnLayout::kHeadSharded && (cuda || pp > 1 || ep > 1 || dp > 1)) {
+    // On CUDA: --tensor-parallel-size ranks as threads on one GPU (no mpirun: the in-process
+    // communicator; its all-to-alls go through host memory, model/attn_layouts.cpp).
+    if (probe.attn_layout != AttnLayout::kHeadSharded &&
+        ((cuda && env_config().launcher_size > 1) || pp > 1 || ep > 1 || dp > 1)) {
       return errorf(StatusCode::kUnimplemented,
-                    "--attn-layout {} is built for the CPU with --tensor-parallel-size only (not "
-                    "with --device cuda, --pp, --ep or --dp yet)",
+                    "--attn-layout {} is built with --tensor-parallel-size only: on the CPU under "
+                    "mpirun, or with --device cuda as ranks that are threads on one GPU (not under "
+                    "mpirun, nor with --pp, --ep or --dp yet)",
                     cfg.parallel.attn_layout);
     }
   }
@@ -756,6 +830,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     // The in-process ranks' layout (the CPU's comes from load_model, per mpirun rank).
     ro.ffn_layout = ffn_probe.ffn_layout;
     ro.ws2d_x = ffn_probe.ws2d_x;
+    ro.attn_layout = attn_probe.attn_layout;
   }
   ro.residency.gpu_weight_budget = cfg.gpu_weight_budget;
   ro.residency.offload = cfg.offload_weights;

@@ -25,6 +25,21 @@ size_t StepPacker::ints_needed(const StepLimits& l) {
 StepPacker::StepPacker(const StepLimits& limits, Buffer host, Buffer dev)
     : lim_(limits), ints_(ints_needed(limits)), host_(std::move(host)), dev_(std::move(dev)) {}
 
+ops::StepArgs StepPacker::host_view(const ops::StepArgs& a) const {
+  const auto* d = static_cast<const int32_t*>(dev_.data());
+  const auto* h = static_cast<const int32_t*>(host_.data());
+  if (d == h) return a;
+  auto rebase = [&](const int32_t* p) { return p == nullptr ? p : h + (p - d); };
+  ops::StepArgs v = a;
+  v.tokens = rebase(a.tokens);
+  v.token_seq = rebase(a.token_seq);
+  v.token_pos = rebase(a.token_pos);
+  v.cu_q = rebase(a.cu_q);
+  v.kv_len = rebase(a.kv_len);
+  v.block_tables = rebase(a.block_tables);
+  return v;
+}
+
 Status StepPacker::pack(const ForwardBatch& b, PackedStep& st) {
   const int64_t n = static_cast<int64_t>(b.tokens.size());
   const int64_t T = lim_.max_tokens, S = lim_.max_seqs, B = lim_.max_blocks_per_seq;

@@ -48,6 +48,9 @@ class StepPacker {
   // Validates `b` and packs it into the host staging; fills `out` (its args point at the device
   // arrays). The caller then uploads staging() to device() (a no-op on the CPU).
   Status pack(const ForwardBatch& b, PackedStep& out);
+  // `a` (packed by pack()) with its arrays in the host staging instead of the device copy, for
+  // host-side planning (batch-sharded attention); `a` itself on the CPU.
+  ops::StepArgs host_view(const ops::StepArgs& a) const;
   void* staging() const { return host_.data(); }
   void* device() const { return dev_.data(); }
   size_t bytes() const { return ints_ * sizeof(int32_t); }

@@ -4,7 +4,9 @@
 // twin (the in-process host reduce_scatter: reduce_sum_host, bit-exact), eagerly and replayed
 // from a CUDA graph; and the llama fixture at TP = 2 and 4 in each layout against TP = 1 (1d) on
 // the GPU, CUDA graphs on, within the bf16 tolerance of the TP tests (test_tp_cuda.cpp) and with
-// the same greedy tokens.
+// the same greedy tokens. And --attn-layout batch-sharded (model/attn_layouts.cpp) with the
+// ranks as threads on one GPU against TP = 1 (AttnLayoutCuda): batches of sequences of different
+// lengths and one sequence, eager steps.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -12,12 +14,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "../model/fixture_util.h"
+#include "../parallel/ffn_layout_util.h"
 #include "backends/cuda/cuda_device.h"
+#include "core/env.h"
 #include "core/half.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
@@ -190,6 +195,105 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutCuda,
                              if (ch == '-') ch = '_';
                            }
                            return name;
+                         });
+
+// --attn-layout batch-sharded on ONE GPU with the ranks as threads (make_in_process_tp_executor
+// over the in-process communicator): each sequence's KV cache (every KV head) on one rank, the
+// projections and the attention output moved by all-to-alls through host memory, the per-rank
+// step arrays planned on the host and uploaded every step, no CUDA graphs. The llama fixtures
+// (GQA: 4 query heads, 2 KV heads, replicated at 4 ranks under head-sharded attention) at TP = 2
+// and 4 against TP = 1 (head-sharded, graphs on) on the GPU, within the bf16 tolerance of the TP
+// tests and with the same greedy tokens:
+//   - a batch (testing::run_batch_layout): one prefill step of every sequence, prompts of 3 to 13
+//     tokens, then 4 greedy decode steps of one token per sequence, sequence 0 sitting out the
+//     odd ones; each sequence's first block is taken first, so the sequences spread over the
+//     ranks and the ranks own different numbers of them (none, with fewer sequences than ranks);
+//   - one sequence (cuda_tp_logits: a prefill, then 8 forward_argmax decode steps): one rank
+//     owns it, the others run attention for nothing and only move rows.
+struct AttnCudaCase {
+  const char* model;
+  int tp;
+  int n_seqs;
+};
+
+class AttnLayoutCuda : public ::testing::TestWithParam<AttnCudaCase> {};
+
+TEST_P(AttnLayoutCuda, BatchShardedMatchesOneRank) {
+  REQUIRE_GPU();
+  if (cuda::cuda_device_count() > 1 && !env_config().tp_one_gpu) {
+    GTEST_SKIP() << "batch-sharded attention on CUDA runs its ranks on one GPU: set "
+                    "STRATA_TP_ONE_GPU=1 (or CUDA_VISIBLE_DEVICES to one GPU)";
+  }
+  const AttnCudaCase& c = GetParam();
+  const std::string dir = testing::fixture_model(c.model);
+  RunnerOptions o = testing::batch_runner_options();  // blocks of 4 tokens, 64 of them
+  o.device = Device::cuda(0);
+  o.act_dtype = DType::kBF16;
+  o.cuda_graphs = true;
+  const auto prompts = testing::batch_prompts(c.n_seqs);
+  auto one = cuda_test::cuda_tp_executor(dir, 1, o);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto a = testing::run_batch_layout(**one, prompts, 4);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  o.attn_layout = AttnLayout::kBatchSharded;
+  auto many = cuda_test::cuda_tp_executor(dir, c.tp, o);
+  ASSERT_TRUE(many.ok()) << many.status().to_string();
+  const KvPoolConfig& kc = (*many)->cache().config();
+  EXPECT_EQ(kc.n_owners, c.tp);
+  EXPECT_EQ(kc.n_heads_kv, (*many)->config().n_heads_kv);  // every KV head on the owner
+  std::vector<int> seqs_of_rank(static_cast<size_t>(c.tp), 0);
+  auto count_owners = [&](const std::vector<SequenceKv>& seqs) {
+    for (const SequenceKv& q : seqs) {
+      const int owner = (*many)->cache().blocks().owner_of(q.block_table[0]);
+      if (owner >= 0 && owner < c.tp) ++seqs_of_rank[static_cast<size_t>(owner)];
+    }
+  };
+  auto b = testing::run_batch_layout(**many, prompts, 4, count_owners);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const double err = testing::relative_error(b->logits, a->logits);
+  std::string spread;
+  for (int n : seqs_of_rank) spread += (spread.empty() ? "" : "/") + std::to_string(n);
+  std::printf(
+      "[ info ] %s TP=%d --attn-layout batch-sharded on one GPU, %d sequences (%s per rank): "
+      "%.2e of max|logit| from TP=1; greedy %s\n",
+      c.model, c.tp, c.n_seqs, spread.c_str(), err, b->ids == a->ids ? "identical" : "differs");
+  EXPECT_LE(err, 2e-2);
+  EXPECT_EQ(b->ids, a->ids);
+  EXPECT_EQ((*many)->graph_replays(), 0) << "the layout's steps run eagerly";
+  EXPECT_EQ(std::accumulate(seqs_of_rank.begin(), seqs_of_rank.end(), 0), c.n_seqs);
+  if (c.n_seqs < c.tp) {
+    EXPECT_EQ(*std::min_element(seqs_of_rank.begin(), seqs_of_rank.end()), 0);
+  }
+  (*many).reset();
+
+  // One sequence: a prefill, then decode steps through forward_argmax.
+  auto ref = testing::load_reference(dir);
+  ASSERT_TRUE(ref.ok());
+  std::vector<int32_t> g1, gn;
+  int64_t r1 = 0, rn = 0;
+  auto l1 = cuda_test::cuda_tp_logits(dir, 1, ref->inputs[1], 8, &g1, &r1);
+  ASSERT_TRUE(l1.ok()) << l1.status().to_string();
+  auto ln = cuda_test::cuda_tp_logits(dir, c.tp, ref->inputs[1], 8, &gn, &rn, 1, FfnLayout::k1D,
+                                      AttnLayout::kBatchSharded);
+  ASSERT_TRUE(ln.ok()) << ln.status().to_string();
+  const double err1 = testing::relative_error(*ln, *l1);
+  std::printf(
+      "[ info ] %s TP=%d --attn-layout batch-sharded on one GPU, one sequence: %.2e of "
+      "max|logit| from TP=1; greedy %s\n",
+      c.model, c.tp, err1, gn == g1 ? "identical" : "differs");
+  EXPECT_LE(err1, 2e-2);
+  EXPECT_EQ(gn, g1);
+  EXPECT_EQ(rn, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutCuda,
+                         ::testing::Values(AttnCudaCase{"llama", 2, 3}, AttnCudaCase{"llama", 4, 2},
+                                           AttnCudaCase{"llama", 4, 7},
+                                           AttnCudaCase{"llama_bf16", 4, 5}),
+                         [](const auto& info) {
+                           return std::string(info.param.model) + "_tp" +
+                                  std::to_string(info.param.tp) + "_" +
+                                  std::to_string(info.param.n_seqs) + "seqs";
                          });
 
 }  // namespace

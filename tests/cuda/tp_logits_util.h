@@ -50,16 +50,30 @@ inline std::string on_ranks(int n, const std::function<Status(int)>& f) {
   return "";
 }
 
-// A prefill of the fixture's prompt, then greedy decode steps (forward_argmax: graph replays),
-// with tp ranks, or (pp > 1) pp pipeline stages, on GPU 0, the FFN in `layout`.
-inline Result<std::vector<float>> cuda_tp_logits(const std::string& dir, int tp,
-                                                 const std::vector<int32_t>& prompt, int n_decode,
-                                                 std::vector<int32_t>* greedy, int64_t* replays,
-                                                 int pp = 1, FfnLayout layout = FfnLayout::k1D) {
+// The fixture at `dir` with tp ranks as threads on GPU 0, or (pp > 1) pp pipeline stages of tp
+// ranks each; `o` gives the runner options (device and layouts included).
+inline Result<std::unique_ptr<Executor>> cuda_tp_executor(const std::string& dir, int tp,
+                                                          const RunnerOptions& o, int pp = 1) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
   std::shared_ptr<TensorSource> src = ckpt;
+  auto load = [config, src](const ParallelConfig& par) { return Model::load(config, par, src); };
+  if (pp > 1) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds, pipeline_bounds(config.n_layers, pp, {}));
+    return make_in_process_pp_executor(config, load, bounds, o, tp);
+  }
+  return make_in_process_tp_executor(config, load, tp, o);
+}
+
+// A prefill of the fixture's prompt, then greedy decode steps (forward_argmax: graph replays,
+// except with batch-sharded attention, which runs eagerly), with tp ranks, or (pp > 1) pp
+// pipeline stages, on GPU 0, the FFN in `layout`, attention in `attn`.
+inline Result<std::vector<float>> cuda_tp_logits(const std::string& dir, int tp,
+                                                 const std::vector<int32_t>& prompt, int n_decode,
+                                                 std::vector<int32_t>* greedy, int64_t* replays,
+                                                 int pp = 1, FfnLayout layout = FfnLayout::k1D,
+                                                 AttnLayout attn = AttnLayout::kHeadSharded) {
   RunnerOptions o;
   o.device = Device::cuda(0);
   o.act_dtype = DType::kBF16;
@@ -69,21 +83,15 @@ inline Result<std::vector<float>> cuda_tp_logits(const std::string& dir, int tp,
   o.max_num_seqs = 4;
   o.cuda_graphs = true;
   o.ffn_layout = layout;
-  auto load = [&](const ParallelConfig& par) { return Model::load(config, par, src); };
-  std::unique_ptr<Executor> exec;
-  if (pp > 1) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> bounds, pipeline_bounds(config.n_layers, pp, {}));
-    STRATA_ASSIGN_OR_RETURN(exec, make_in_process_pp_executor(config, load, bounds, o, tp));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(exec, make_in_process_tp_executor(config, load, tp, o));
-  }
-  const int64_t V = config.vocab;
+  o.attn_layout = attn;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec, cuda_tp_executor(dir, tp, o, pp));
+  const int64_t V = exec->config().vocab;
   std::vector<float> logits(prompt.size() * static_cast<size_t>(V));
   SequenceKv seq;
   const ForwardFn fn = [&](const ForwardBatch& b, float* out) { return exec->forward(b, out); };
   STRATA_RETURN_IF_ERROR(
       forward_sequence(fn, 128, V, exec->cache(), seq, prompt, true, logits.data(), 16));
-  // Greedy decode through forward_argmax (graph replays).
+  // Greedy decode through forward_argmax (graph replays where the runner captures graphs).
   int32_t tok =
       static_cast<int32_t>(std::max_element(logits.end() - V, logits.end()) - (logits.end() - V));
   for (int i = 0; i < n_decode; ++i) {

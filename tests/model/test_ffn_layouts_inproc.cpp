@@ -216,6 +216,55 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutInProcess,
                            return name;
                          });
 
+// The device layout (bf16 activations, the CPU twins of the GPU kernels): the program the GPU runs
+// (tests/cuda/test_layouts_cuda.cpp, AttnLayoutCuda) with its workspace dtypes (f32 projections,
+// bf16 queries, cache and attention output), against TP = 1 of the same layout within bf16's
+// tolerance (the CUDA TP tests' 2e-2 of max |logit|) and with the same greedy tokens.
+class AttnLayoutInProcessBf16 : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttnLayoutInProcessBf16, MatchesOneRank) {
+  const AttnCase& c = GetParam();
+  const std::string dir = testing::fixture_model(c.model);
+  const auto prompts = testing::batch_prompts(c.n_seqs);
+  auto one = make_attn(dir, 1, AttnLayout::kHeadSharded, FfnLayout::k1D, DType::kBF16);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  auto a = testing::run_batch_layout(**one, prompts, 4, {}, c.swap_step);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  auto many = make_attn(dir, c.tp, AttnLayout::kBatchSharded, c.ffn, DType::kBF16);
+  ASSERT_TRUE(many.ok()) << many.status().to_string();
+  EXPECT_EQ((*many)->cache().config().n_heads_kv, (*one)->config().n_heads_kv);
+  EXPECT_EQ((*many)->cache().config().dtype, DType::kBF16);
+  auto b = testing::run_batch_layout(**many, prompts, 4, {}, c.swap_step);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const double err = testing::relative_error(b->logits, a->logits);
+  std::printf(
+      "[ info ] %s TP=%d, %d sequences%s, --attn-layout batch-sharded --ffn-layout %s, bf16 "
+      "activations: %.2e of max|logit| from TP=1\n",
+      c.model, c.tp, c.n_seqs, c.swap_step >= 0 ? " (swapped)" : "", ffn_layout_name(c.ffn), err);
+  EXPECT_LE(err, 2e-2);
+  EXPECT_EQ(b->ids, a->ids);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutInProcessBf16,
+                         ::testing::Values(AttnCase{"llama", 4, FfnLayout::k1D, 7},
+                                           AttnCase{"llama", 4, FfnLayout::k1D, 2},
+                                           AttnCase{"llama", 2, FfnLayout::k1D, 3},
+                                           AttnCase{"llama", 4, FfnLayout::kWeightGathered, 5},
+                                           AttnCase{"qwen2", 3, FfnLayout::k1D, 5},
+                                           AttnCase{"mistral", 2, FfnLayout::k1D, 7},
+                                           AttnCase{"llama", 4, FfnLayout::k1D, 7, 2}),
+                         [](const auto& info) {
+                           std::string name = std::string(info.param.model) + "_tp" +
+                                              std::to_string(info.param.tp) + "_" +
+                                              ffn_layout_name(info.param.ffn) + "_" +
+                                              std::to_string(info.param.n_seqs) + "seqs" +
+                                              (info.param.swap_step >= 0 ? "_swapped" : "");
+                           for (char& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
+
 // The KV pool is not replicated: each of the 4 ranks holds 1/4 of the block ids (with both KV
 // heads), so under the same memory per rank the engine's pool has twice the blocks of
 // head-sharded attention (which holds 1 KV head of every block on each rank), and a batch that
@@ -274,8 +323,6 @@ TEST(AttnLayoutInProcessPool, PerRankPoolIsAQuarterOfTheBlocksAndFitsMore) {
 
 TEST(AttnLayoutInProcessErrors, NotBuiltYet) {
   const std::string llama = testing::fixture_model("llama");
-  expect_error(make_attn(llama, 2, AttnLayout::kBatchSharded, FfnLayout::k1D, DType::kBF16),
-               "--attn-layout batch-sharded runs on the CPU reference (f32 activations) only");
   expect_error(make_attn(testing::fixture_model("gpt2"), 2, AttnLayout::kBatchSharded),
                "--attn-layout batch-sharded is built for the dense Llama family");
   auto text = read_text_file(llama + "/config.json");
