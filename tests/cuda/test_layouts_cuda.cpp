@@ -210,10 +210,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutCuda,
 //     ranks and the ranks own different numbers of them (none, with fewer sequences than ranks);
 //   - one sequence (cuda_tp_logits: a prefill, then 8 forward_argmax decode steps): one rank
 //     owns it, the others run attention for nothing and only move rows.
+// At TP = 4 the fixture's FFN (176 wide) would be sliced into 44 columns, which the CUDA GEMMs
+// refuse (bf16 rows must be multiples of 8): those cases gather the FFN weights
+// (--ffn-layout weight-gathered, FfnLayoutCuda above), the attention still batch-sharded.
 struct AttnCudaCase {
   const char* model;
   int tp;
   int n_seqs;
+  FfnLayout ffn = FfnLayout::k1D;
 };
 
 class AttnLayoutCuda : public ::testing::TestWithParam<AttnCudaCase> {};
@@ -236,6 +240,7 @@ TEST_P(AttnLayoutCuda, BatchShardedMatchesOneRank) {
   auto a = testing::run_batch_layout(**one, prompts, 4);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   o.attn_layout = AttnLayout::kBatchSharded;
+  o.ffn_layout = c.ffn;
   auto many = cuda_test::cuda_tp_executor(dir, c.tp, o);
   ASSERT_TRUE(many.ok()) << many.status().to_string();
   const KvPoolConfig& kc = (*many)->cache().config();
@@ -273,7 +278,7 @@ TEST_P(AttnLayoutCuda, BatchShardedMatchesOneRank) {
   int64_t r1 = 0, rn = 0;
   auto l1 = cuda_test::cuda_tp_logits(dir, 1, ref->inputs[1], 8, &g1, &r1);
   ASSERT_TRUE(l1.ok()) << l1.status().to_string();
-  auto ln = cuda_test::cuda_tp_logits(dir, c.tp, ref->inputs[1], 8, &gn, &rn, 1, FfnLayout::k1D,
+  auto ln = cuda_test::cuda_tp_logits(dir, c.tp, ref->inputs[1], 8, &gn, &rn, 1, c.ffn,
                                       AttnLayout::kBatchSharded);
   ASSERT_TRUE(ln.ok()) << ln.status().to_string();
   const double err1 = testing::relative_error(*ln, *l1);
@@ -287,13 +292,17 @@ TEST_P(AttnLayoutCuda, BatchShardedMatchesOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutCuda,
-                         ::testing::Values(AttnCudaCase{"llama", 2, 3}, AttnCudaCase{"llama", 4, 2},
-                                           AttnCudaCase{"llama", 4, 7},
-                                           AttnCudaCase{"llama_bf16", 4, 5}),
+                         ::testing::Values(AttnCudaCase{"llama", 2, 3}, AttnCudaCase{"llama", 2, 1},
+                                           AttnCudaCase{"llama_bf16", 2, 5},
+                                           AttnCudaCase{"llama", 4, 2, FfnLayout::kWeightGathered},
+                                           AttnCudaCase{"llama", 4, 7, FfnLayout::kWeightGathered},
+                                           AttnCudaCase{"llama_bf16", 4, 5,
+                                                        FfnLayout::kWeightGathered}),
                          [](const auto& info) {
                            return std::string(info.param.model) + "_tp" +
                                   std::to_string(info.param.tp) + "_" +
-                                  std::to_string(info.param.n_seqs) + "seqs";
+                                  std::to_string(info.param.n_seqs) + "seqs" +
+                                  (info.param.ffn == FfnLayout::kWeightGathered ? "_wg" : "");
                          });
 
 }  // namespace
