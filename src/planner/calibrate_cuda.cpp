@@ -23,7 +23,7 @@
 //     ("collective_probes"). With one GPU the interconnect entry stays at public NVLink 4
 //     figures and "source" says so.
 //   - a collective between two in-process ranks sharing GPU 0 (strata's --tp / --pp / --ep on
-//     one GPU): the one-shot all-reduce at 16 KB and 4 MB, per call of an 8-call graph; a line
+//     one GPU): the one-shot all-reduce at 16 KB and 32 MB, per call of an 8-call graph; a line
 //     through both is "shared_device_collective" (fixed_us, GBps).
 #if defined(STRATA_HAS_CUDA)
 
@@ -549,8 +549,10 @@ Result<std::string> calibrate_profile(const std::string& name) {
     j["attention_tflops"] = flops / *t / 1e12;
   }
   {
-    // A line through the 16 KB and 4 MB points (planner.h: shared_collective_*).
-    auto pts = probe_shared_device({int64_t{16} << 10, int64_t{4} << 20});
+    // A line through the 16 KB and 32 MB points (planner.h: shared_collective_*): 32 MB is a
+    // 2,048-token prefill's all-reduce of f32 rows of 4,096, which moves at about half the rate
+    // of 4 MB (an H100, 2026-11-26: the line through 4 MB priced that prefill 21% fast).
+    auto pts = probe_shared_device({int64_t{16} << 10, int64_t{32} << 20});
     if (!pts.ok()) return pts.status();
     const auto [b0, t0] = pts->front();
     const auto [b1, t1] = pts->back();
