@@ -169,28 +169,46 @@ struct AttnCase {
   int swap_step = -1;  // every sequence swapped out and back in under new blocks before it
 };
 
-class AttnLayoutInProcess : public ::testing::TestWithParam<AttnCase> {};
-
-TEST_P(AttnLayoutInProcess, MatchesOneRank) {
-  const AttnCase& c = GetParam();
+// Batch-sharded attention at TP = c.tp against TP = 1 (head-sharded) of the same activations:
+// logits within `tol` of max |logit|, the same greedy tokens.
+void expect_batch_sharded_matches_one_rank(const AttnCase& c, DType act, double tol) {
   const std::string dir = testing::fixture_model(c.model);
   const auto prompts = testing::batch_prompts(c.n_seqs);
-  auto one = make_attn(dir, 1, AttnLayout::kHeadSharded);
+  auto one = make_attn(dir, 1, AttnLayout::kHeadSharded, FfnLayout::k1D, act);
   ASSERT_TRUE(one.ok()) << one.status().to_string();
   auto a = testing::run_batch_layout(**one, prompts, 4, {}, c.swap_step);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
-  auto many = make_attn(dir, c.tp, AttnLayout::kBatchSharded, c.ffn);
+  auto many = make_attn(dir, c.tp, AttnLayout::kBatchSharded, c.ffn, act);
   ASSERT_TRUE(many.ok()) << many.status().to_string();
   EXPECT_EQ((*many)->cache().config().n_heads_kv, (*one)->config().n_heads_kv);
+  if (act == DType::kBF16) EXPECT_EQ((*many)->cache().config().dtype, DType::kBF16);
   auto b = testing::run_batch_layout(**many, prompts, 4, {}, c.swap_step);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   const double err = testing::relative_error(b->logits, a->logits);
   std::printf(
-      "[ info ] %s TP=%d, %d sequences%s, --attn-layout batch-sharded --ffn-layout %s: %.2e of "
-      "max|logit| from TP=1\n",
-      c.model, c.tp, c.n_seqs, c.swap_step >= 0 ? " (swapped)" : "", ffn_layout_name(c.ffn), err);
-  EXPECT_LE(err, 1e-5);
+      "[ info ] %s TP=%d, %d sequences%s, --attn-layout batch-sharded --ffn-layout %s, %s "
+      "activations: %.2e of max|logit| from TP=1\n",
+      c.model, c.tp, c.n_seqs, c.swap_step >= 0 ? " (swapped)" : "", ffn_layout_name(c.ffn),
+      std::string(dtype_name(act)).c_str(), err);
+  EXPECT_LE(err, tol);
   EXPECT_EQ(b->ids, a->ids);
+}
+
+std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& info) {
+  std::string name = std::string(info.param.model) + "_tp" + std::to_string(info.param.tp) + "_" +
+                     ffn_layout_name(info.param.ffn) + "_" + std::to_string(info.param.n_seqs) +
+                     "seqs" + (info.param.swap_step >= 0 ? "_swapped" : "");
+  for (char& ch : name) {
+    if (ch == '-') ch = '_';
+  }
+  return name;
+}
+
+// The CPU reference (f32 activations): equal to one rank within 1e-5.
+class AttnLayoutInProcess : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttnLayoutInProcess, MatchesOneRank) {
+  expect_batch_sharded_matches_one_rank(GetParam(), DType::kF32, 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutInProcess,
@@ -204,17 +222,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutInProcess,
                                            AttnCase{"mistral", 2, FfnLayout::kWeightGathered, 1},
                                            AttnCase{"llama", 4, FfnLayout::k1D, 7, 2},
                                            AttnCase{"qwen2", 3, FfnLayout::k1D, 5, 2}),
-                         [](const auto& info) {
-                           std::string name = std::string(info.param.model) + "_tp" +
-                                              std::to_string(info.param.tp) + "_" +
-                                              ffn_layout_name(info.param.ffn) + "_" +
-                                              std::to_string(info.param.n_seqs) + "seqs" +
-                                              (info.param.swap_step >= 0 ? "_swapped" : "");
-                           for (char& ch : name) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return name;
-                         });
+                         attn_case_name);
 
 // The device layout (bf16 activations, the CPU twins of the GPU kernels): the program the GPU runs
 // (tests/cuda/test_layouts_cuda.cpp, AttnLayoutCuda) with its workspace dtypes (f32 projections,
@@ -223,26 +231,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutInProcess,
 class AttnLayoutInProcessBf16 : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(AttnLayoutInProcessBf16, MatchesOneRank) {
-  const AttnCase& c = GetParam();
-  const std::string dir = testing::fixture_model(c.model);
-  const auto prompts = testing::batch_prompts(c.n_seqs);
-  auto one = make_attn(dir, 1, AttnLayout::kHeadSharded, FfnLayout::k1D, DType::kBF16);
-  ASSERT_TRUE(one.ok()) << one.status().to_string();
-  auto a = testing::run_batch_layout(**one, prompts, 4, {}, c.swap_step);
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  auto many = make_attn(dir, c.tp, AttnLayout::kBatchSharded, c.ffn, DType::kBF16);
-  ASSERT_TRUE(many.ok()) << many.status().to_string();
-  EXPECT_EQ((*many)->cache().config().n_heads_kv, (*one)->config().n_heads_kv);
-  EXPECT_EQ((*many)->cache().config().dtype, DType::kBF16);
-  auto b = testing::run_batch_layout(**many, prompts, 4, {}, c.swap_step);
-  ASSERT_TRUE(b.ok()) << b.status().to_string();
-  const double err = testing::relative_error(b->logits, a->logits);
-  std::printf(
-      "[ info ] %s TP=%d, %d sequences%s, --attn-layout batch-sharded --ffn-layout %s, bf16 "
-      "activations: %.2e of max|logit| from TP=1\n",
-      c.model, c.tp, c.n_seqs, c.swap_step >= 0 ? " (swapped)" : "", ffn_layout_name(c.ffn), err);
-  EXPECT_LE(err, 2e-2);
-  EXPECT_EQ(b->ids, a->ids);
+  expect_batch_sharded_matches_one_rank(GetParam(), DType::kBF16, 2e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutInProcessBf16,
@@ -253,17 +242,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutInProcessBf16,
                                            AttnCase{"qwen2", 3, FfnLayout::k1D, 5},
                                            AttnCase{"mistral", 2, FfnLayout::k1D, 7},
                                            AttnCase{"llama", 4, FfnLayout::k1D, 7, 2}),
-                         [](const auto& info) {
-                           std::string name = std::string(info.param.model) + "_tp" +
-                                              std::to_string(info.param.tp) + "_" +
-                                              ffn_layout_name(info.param.ffn) + "_" +
-                                              std::to_string(info.param.n_seqs) + "seqs" +
-                                              (info.param.swap_step >= 0 ? "_swapped" : "");
-                           for (char& ch : name) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return name;
-                         });
+                         attn_case_name);
 
 // The KV pool is not replicated: each of the 4 ranks holds 1/4 of the block ids (with both KV
 // heads), so under the same memory per rank the engine's pool has twice the blocks of
