@@ -188,14 +188,24 @@ class BenchmarkImpl final : public Benchmark {
     for (int64_t i = 0; i < batch; ++i)
       toks.push_back(random_tokens(n_context, seed * 7919 + static_cast<uint64_t>(i)));
     std::vector<int32_t> ids;
-    // Prefill the contexts in groups that fit one forward pass.
+    // Prefill the contexts in groups that fit one forward pass; a context longer than a pass
+    // (--max-num-batched-tokens) in chunks of a pass each, one sequence at a time.
     const int64_t per = std::max<int64_t>(1, max_batch_tokens_ / n_context);
+    const int64_t chunk = std::min(n_context, max_batch_tokens_);
     for (int64_t b0 = 0; b0 < batch; b0 += per) {
       const int64_t b1 = std::min(batch, b0 + per);
       std::vector<SequenceKv> part(static_cast<size_t>(b1 - b0));
-      std::vector<std::vector<int32_t>> pt(toks.begin() + b0, toks.begin() + b1);
       std::vector<int32_t> pid;
-      Status st = prefill_batch(part, pt, &pid, nullptr);
+      Status st = ok_status();
+      for (int64_t c0 = 0; c0 < n_context && st.ok(); c0 += chunk) {
+        const int64_t c1 = std::min(n_context, c0 + chunk);
+        std::vector<std::vector<int32_t>> pt;
+        for (int64_t i = b0; i < b1; ++i) {
+          const std::vector<int32_t>& t = toks[static_cast<size_t>(i)];
+          pt.emplace_back(t.begin() + c0, t.begin() + c1);
+        }
+        st = prefill_batch(part, pt, &pid, nullptr);
+      }
       if (!st.ok()) {
         for (auto& q : part) q.release(exec_->cache());
         release();
