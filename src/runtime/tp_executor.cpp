@@ -190,6 +190,18 @@ class InProcessGroupExecutor : public Executor {
             static_cast<int>(ranks_.size()), [this] { abort_all(); },
             std::chrono::seconds(env_config().collective_timeout_s)),
         label_(std::move(label)) {}
+  // The runners first (their CUDA graphs hold NCCL's references to the communicators they
+  // captured), then every communicator on a thread of its own, all at once: tearing down an NCCL
+  // communicator may wait for its peers in the node (as setting one up does), which one thread
+  // destroying them in turn would never let happen. A 70B TP = 2 bench on two H200s printed its
+  // results and did not exit within 150 s (2026-11-26; not diagnosed, this is the likely cause).
+  ~InProcessGroupExecutor() override {
+    ranks_.clear();
+    std::vector<std::thread> threads;
+    threads.reserve(comms_.size());
+    for (auto& c : comms_) threads.emplace_back([&c] { c.reset(); });
+    for (std::thread& t : threads) t.join();
+  }
 
   const ModelConfig& config() const override { return ranks_[0]->config(); }
   KvPool& cache() override { return ranks_[0]->cache(); }
