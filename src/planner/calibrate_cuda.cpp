@@ -22,6 +22,9 @@
 //     reduce-scatter plus an all-gather: 2 (g - 1) hops). The raw points are kept in the profile
 //     ("collective_probes"). With one GPU the interconnect entry stays at public NVLink 4
 //     figures and "source" says so.
+//   - a mixture-of-experts block of a decode step (router, top-k, permute, grouped expert MLP,
+//     combine) for a Qwen3-30B-A3B and a Mixtral-8x7B layer at 1, 8 and 64 tokens, bf16,
+//     replayed from a graph ("moe_block_probes"; the cost model's MoE overhead term).
 //   - a collective between two in-process ranks sharing GPU 0 (strata's --tp / --pp / --ep on
 //     one GPU): the one-shot all-reduce at 16 KB and 32 MB, per call of an 8-call graph; a line
 //     through both is "shared_device_collective" (fixed_us, GBps).
@@ -40,6 +43,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/moe_params.h"
 #include "core/status.h"
 #include "parallel/comm.h"
 #include "parallel/inproc_comm.h"
@@ -181,6 +185,135 @@ Result<double> gemm_curve_point(const LaunchCtx& ctx, DeviceBuffers& mem, DType 
     seconds += *t;
   }
   return flops / seconds;
+}
+
+// ---- mixture of experts ------------------------------------------------------------------------
+
+// One MoE block of a decode step as the engine runs it on one GPU (model/moe.cpp): the router
+// GEMM, top-k, the per-expert offsets, the permute, the grouped SiLU-gated expert MLP and the
+// weighted combine, bf16 weights and random inputs (the routing spreads as a trained router's
+// roughly does), replayed from a CUDA graph. The cost model subtracts its own price of the same
+// block (the expert GEMMs off the curve) and prices the rest per layer and per expert touched
+// (cost_model.cpp, moe_overhead).
+struct MoeShape {
+  int64_t experts, k, hidden, ffn;
+};
+// Qwen3-30B-A3B's (many small experts) and Mixtral-8x7B's (few large ones) blocks.
+constexpr MoeShape kMoeShapes[] = {{128, 8, 2048, 768}, {8, 2, 4096, 14336}};
+constexpr int64_t kMoeTokens[] = {1, 8, 64};
+
+Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_t tokens) {
+  DeviceBuffers mem;
+  const int64_t E = m.experts, H = m.hidden, F = m.ffn, k = m.k, T = tokens, S = T * k;
+  STRATA_ASSIGN_OR_RETURN(void* x, random_bf16(ctx, mem, T * H, 3, 1.0f));
+  STRATA_ASSIGN_OR_RETURN(void* router, random_bf16(ctx, mem, E * H, 7, 0.02f));
+  STRATA_ASSIGN_OR_RETURN(void* gate_up, random_bf16(ctx, mem, E * 2 * F * H, 11, 0.02f));
+  STRATA_ASSIGN_OR_RETURN(void* down, random_bf16(ctx, mem, E * H * F, 13, 0.02f));
+  STRATA_ASSIGN_OR_RETURN(void* logits, mem.device(static_cast<size_t>(T * E) * 4, 0));
+  STRATA_ASSIGN_OR_RETURN(void* ids, mem.device(static_cast<size_t>(S) * 4, 0));
+  STRATA_ASSIGN_OR_RETURN(void* w, mem.device(static_cast<size_t>(S) * 4, 0));
+  STRATA_ASSIGN_OR_RETURN(void* offsets, mem.device(static_cast<size_t>(E + 1) * 4, 0));
+  STRATA_ASSIGN_OR_RETURN(void* x_perm, mem.device(static_cast<size_t>(S * H) * 2, 0));
+  STRATA_ASSIGN_OR_RETURN(void* perm, mem.device(static_cast<size_t>(S) * 4, 0));
+  STRATA_ASSIGN_OR_RETURN(void* act, mem.device(static_cast<size_t>(S * F) * 2, 0));
+  STRATA_ASSIGN_OR_RETURN(void* y_perm, mem.device(static_cast<size_t>(S * H) * 4, 0));
+  STRATA_ASSIGN_OR_RETURN(void* out, mem.device(static_cast<size_t>(T * H) * 4, 0));
+  auto block = [&]() -> Status {
+    GpuLinearParams r;
+    r.x = static_cast<const uint16_t*>(x);
+    r.x_stride = H;
+    r.w = router;
+    r.w_stride = H;
+    r.out = logits;
+    r.out_stride = E;
+    r.n_tokens = T;
+    r.in_features = H;
+    r.out_features = E;
+    STRATA_RETURN_IF_ERROR(cuda::linear(ctx, r));
+    MoeRouteParams rp;
+    rp.logits = static_cast<const float*>(logits);
+    rp.logits_stride = E;
+    rp.topk_ids = static_cast<int32_t*>(ids);
+    rp.topk_w = static_cast<float*>(w);
+    rp.n_tokens = T;
+    rp.n_experts = E;
+    rp.k = k;
+    rp.renormalize = true;
+    STRATA_RETURN_IF_ERROR(cuda::moe_route(ctx, rp));
+    MoeOffsetsParams op;
+    op.topk_ids = static_cast<const int32_t*>(ids);
+    op.n_slots = S;
+    op.n_experts = E;
+    op.offsets = static_cast<int32_t*>(offsets);
+    STRATA_RETURN_IF_ERROR(cuda::moe_offsets(ctx, op));
+    MoePermuteParams pp;
+    pp.x = x;
+    pp.x_stride = H;
+    pp.dtype = DType::kBF16;
+    pp.topk_ids = static_cast<const int32_t*>(ids);
+    pp.offsets = static_cast<const int32_t*>(offsets);
+    pp.n_tokens = T;
+    pp.k = k;
+    pp.n_experts = E;
+    pp.hidden = H;
+    pp.x_perm = x_perm;
+    pp.perm = static_cast<int32_t*>(perm);
+    STRATA_RETURN_IF_ERROR(cuda::moe_permute(ctx, pp));
+    MoeExpertsParams ep;
+    ep.x_perm = static_cast<const uint16_t*>(x_perm);
+    ep.offsets = static_cast<const int32_t*>(offsets);
+    ep.gate_up = gate_up;
+    ep.gate_up_expert_stride = 2 * F * H;
+    ep.down = down;
+    ep.down_expert_stride = H * F;
+    ep.w_dtype = DType::kBF16;
+    ep.act = static_cast<uint16_t*>(act);
+    ep.y_perm = static_cast<float*>(y_perm);
+    ep.n_rows = S;
+    ep.max_rows_per_expert = T;
+    ep.n_experts = E;
+    ep.hidden = H;
+    ep.ffn = F;
+    STRATA_RETURN_IF_ERROR(cuda::moe_experts(ctx, ep));
+    MoeCombineParams cp;
+    cp.y_perm = static_cast<const float*>(y_perm);
+    cp.perm = static_cast<const int32_t*>(perm);
+    cp.topk_w = static_cast<const float*>(w);
+    cp.out = static_cast<float*>(out);
+    cp.out_stride = H;
+    cp.n_tokens = T;
+    cp.k = k;
+    cp.hidden = H;
+    cp.accumulate = true;
+    return cuda::moe_combine(ctx, cp);
+  };
+  // Once eagerly (a GEMM shape's first run may load a library, never inside a capture).
+  STRATA_RETURN_IF_ERROR(block());
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
+  // Eight blocks per graph, as a step's graph runs them back to back.
+  constexpr int kPerGraph = 8;
+  Status st = ok_status();
+  for (int i = 0; i < kPerGraph && st.ok(); ++i) st = block();
+  const cudaError_t end = cudaStreamEndCapture(ctx.stream, &graph);
+  if (!st.ok()) return st;
+  if (end != cudaSuccess || graph == nullptr)
+    return errorf(StatusCode::kInternal, "--calibrate: capturing the MoE block: {}",
+                  cudaGetErrorString(end));
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (inst != cudaSuccess)
+    return errorf(StatusCode::kInternal, "--calibrate: instantiating the MoE block: {}",
+                  cudaGetErrorString(inst));
+  auto t = median_seconds(ctx, 3, 10, [&](int) -> Status {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, ctx.stream));
+    return ok_status();
+  });
+  cudaGraphExecDestroy(exec);
+  if (!t.ok()) return t.status();
+  return *t / kPerGraph;
 }
 
 // ---- collectives --------------------------------------------------------------------------------
@@ -547,6 +680,22 @@ Result<std::string> calibrate_profile(const std::string& name) {
     const double flops = 4.0 * static_cast<double>(L) * static_cast<double>(L + 1) / 2.0 *
                          static_cast<double>(H * D);
     j["attention_tflops"] = flops / *t / 1e12;
+  }
+  {
+    nlohmann::json probes = nlohmann::json::array();
+    for (const MoeShape& m : kMoeShapes) {
+      for (int64_t t : kMoeTokens) {
+        auto s = moe_block_seconds(ctx, m, t);
+        if (!s.ok()) return s.status().with_context("MoE block probe");
+        probes.push_back({{"experts", m.experts},
+                          {"k", m.k},
+                          {"hidden", m.hidden},
+                          {"ffn", m.ffn},
+                          {"tokens", t},
+                          {"us", *s * 1e6}});
+      }
+    }
+    j["moe_block_probes"] = probes;
   }
   {
     // A line through the 16 KB and 32 MB points (planner.h: shared_collective_*): 32 MB is a

@@ -172,6 +172,70 @@ int64_t gather_group(FfnLayout l, int64_t n) {
   return 1;
 }
 
+// The experts' GEMMs of one MoE layer on one device: `touched` experts of `weights` elements
+// each, `per_expert` tokens each. The engine runs a layer's experts as two grouped GEMMs
+// (gate/up, down): two fixed parts per layer, not per expert.
+struct ExpertTime {
+  double memory = 0, compute = 0;
+};
+ExpertTime expert_gemm_seconds(const HardwareProfile& hw, WeightFormat f, double touched,
+                               double per_expert, double weights) {
+  ExpertTime t;
+  for (double i = 0; i < touched; i += 1.0) {
+    const double frac = std::min(1.0, touched - i);
+    const Timed g = gemm_time(hw, f, std::max(1.0, per_expert), weights, 0.0);
+    (g.memory_bound ? t.memory : t.compute) += frac * g.seconds;
+  }
+  if (touched > 0) t.memory += 2.0 * gemm_fixed_seconds(hw, f);
+  return t;
+}
+
+// Expected distinct experts of X that `tokens` tokens routed to k each touch (uniform routing).
+double experts_touched(double X, double k, double tokens) {
+  return X * (1.0 - std::pow(1.0 - k / X, tokens));
+}
+
+// The MoE block's time beyond its expert GEMMs, a + b x (experts touched), least squares over
+// the profile's probes (HardwareProfile::moe_block_probes: measured block less this model's
+// price of its expert GEMMs and of the activation traffic the probe's kernels move). Zero
+// without probes; each part at least zero.
+struct MoeOverhead {
+  double per_layer = 0, per_expert = 0;
+};
+MoeOverhead moe_overhead(const HardwareProfile& hw) {
+  MoeOverhead o;
+  const auto& probes = hw.moe_block_probes;
+  if (probes.empty()) return o;
+  std::vector<double> xs, ys;
+  for (const HardwareProfile::MoeBlockProbe& m : probes) {
+    const double X = as_d(m.experts), k = as_d(m.k), T = as_d(m.tokens);
+    const double touched = experts_touched(X, k, T);
+    const double per_expert = T * k / touched;
+    const double weights = 3.0 * as_d(m.hidden) * as_d(m.ffn);
+    const ExpertTime et =
+        expert_gemm_seconds(hw, WeightFormat::kBF16, touched, per_expert, weights);
+    // Permuted rows in and out (bf16 in, f32 out), the gated activation's bf16 gate, up and out.
+    const double traffic = T * k * (as_d(m.hidden) * (2.0 + 4.0) + 6.0 * as_d(m.ffn)) /
+                           (hw.hbm_read_Bps * hw.memory_efficiency);
+    xs.push_back(touched);
+    ys.push_back(m.seconds - (et.memory + et.compute + traffic));
+  }
+  const double n = as_d(xs.size());
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    mx += xs[i] / n;
+    my += ys[i] / n;
+  }
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    sxy += (xs[i] - mx) * (ys[i] - my);
+    sxx += (xs[i] - mx) * (xs[i] - mx);
+  }
+  o.per_expert = sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0;
+  o.per_layer = std::max(0.0, my - o.per_expert * mx);
+  return o;
+}
+
 // One layer's step for one tensor-parallel group.
 struct LayerCost {
   double compute = 0, memory = 0, comm = 0, host = 0, overhead = 0;
@@ -305,19 +369,19 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
     const int64_t e = l.ep;
     const double k = as_d(s.n_experts_used), X = as_d(s.n_experts);
     const double routed = T * as_d(e);  // the ep group's tokens
-    const double touched_total = X * (1.0 - std::pow(1.0 - k / X, routed));
+    const double touched_total = experts_touched(X, k, routed);
     const double touched_dev = touched_total / as_d(e);
     const double per_expert = touched_total > 0 ? routed * k / touched_total : 0.0;
     expert_local_weights = s.ffn_weights_per_expert() / as_d(n);
-    // The engine runs a layer's experts as two grouped GEMMs (gate/up, down): two fixed parts
-    // per layer, not per expert.
-    for (double i = 0; i < touched_dev; i += 1.0) {
-      const double frac = std::min(1.0, touched_dev - i);
-      const Timed t =
-          gemm_time(hw, w.weights, std::max(1.0, per_expert), expert_local_weights, 0.0);
-      (t.memory_bound ? c.memory : c.compute) += frac * t.seconds;
-    }
-    if (touched_dev > 0) c.memory += 2.0 * gemm_fixed_seconds(hw, w.weights);
+    const ExpertTime et =
+        expert_gemm_seconds(hw, w.weights, touched_dev, per_expert, expert_local_weights);
+    c.memory += et.memory;
+    c.compute += et.compute;
+    // What the measured MoE block (the profile's probes) spends beyond its expert GEMMs: the
+    // router, top-k, permute and combine launches and each touched expert's share of the
+    // grouped kernels.
+    const MoeOverhead mo = moe_overhead(hw);
+    c.overhead += mo.per_layer + mo.per_expert * touched_dev;
     if (e > 1 && w.phase == Phase::kDecode && hw.moe_exchange_Bps > 0) {
       // The engine's decode steps take the fixed-capacity exchange (model/moe_ep.h): each of
       // the n e ranks sends its chunk of P = ceil(T / n) tokens to every ep rank in blocks of
@@ -342,7 +406,7 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
     const double h2d = layer_bytes / (hw.host_to_device_Bps * hw.host_link_efficiency);
     c.host = std::max(0.0, h2d - (c.compute + c.memory + c.comm));
   }
-  c.overhead = hw.layer_overhead_s;
+  c.overhead += hw.layer_overhead_s;
   return c;
 }
 

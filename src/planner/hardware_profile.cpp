@@ -191,6 +191,33 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
     p.shared_collective_fixed_s = m.at("fixed_us").get<double>() * 1e-6;
     p.shared_collective_Bps = m.at("GBps").get<double>() * 1e9;
   }
+  if (j.contains("moe_block_probes")) {
+    const json& a = j.at("moe_block_probes");
+    auto bad = [&] {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: field 'moe_block_probes' must be a list of {{\"experts\", \"k\", "
+                    "\"hidden\", \"ffn\", \"tokens\": whole numbers >= 1 (k <= experts), "
+                    "\"us\": > 0}}",
+                    source);
+    };
+    if (!a.is_array()) return bad();
+    for (const json& e : a) {
+      if (!e.is_object()) return bad();
+      HardwareProfile::MoeBlockProbe m;
+      int64_t* ints[] = {&m.experts, &m.k, &m.hidden, &m.ffn, &m.tokens};
+      const char* names[] = {"experts", "k", "hidden", "ffn", "tokens"};
+      for (size_t i = 0; i < 5; ++i) {
+        if (!e.contains(names[i]) || !e.at(names[i]).is_number_integer()) return bad();
+        const auto v = e.at(names[i]).get<int64_t>();
+        if (v < 1 || v > (int64_t{1} << 24)) return bad();
+        *ints[i] = v;
+      }
+      if (m.k > m.experts || !e.contains("us") || !e.at("us").is_number()) return bad();
+      m.seconds = e.at("us").get<double>() * 1e-6;
+      if (!(m.seconds > 0.0) || !std::isfinite(m.seconds)) return bad();
+      p.moe_block_probes.push_back(m);
+    }
+  }
   if (j.contains("moe_exchange")) {
     const json& m = j.at("moe_exchange");
     if (!m.is_object() || !m.contains("fixed_us") || !m.contains("GBps") ||

@@ -98,6 +98,14 @@ struct HardwareProfile {
   // GPU): a fixed part and the rate of its bytes. 0: priced as the interconnect's.
   double shared_collective_fixed_s = 0;
   double shared_collective_Bps = 0;
+  // The engine's MoE block of a decode step measured whole on one GPU (plan --calibrate:
+  // router, top-k, permute, grouped expert MLP, combine; bf16): the cost model prices what its
+  // expert GEMMs do not explain per layer and per expert touched. Empty: not priced.
+  struct MoeBlockProbe {
+    int64_t experts = 0, k = 0, hidden = 0, ffn = 0, tokens = 0;
+    double seconds = 0;
+  };
+  std::vector<MoeBlockProbe> moe_block_probes;
   // Measured GEMM throughput (FLOP/s) against tokens per GEMM, by weight format; interpolated
   // log-log between points and flat past the last one. Empty: the roofline is used.
   std::map<WeightFormat, std::vector<std::pair<double, double>>> gemm_curve;

@@ -2,6 +2,7 @@
 // latency of PaLM 540B on 64 TPU v4) and Table 1 (context limits), and strata's own H100
 // measurements (tests/planner/data/*.json, each entry naming its source).
 #include <gtest/gtest.h>
+#include <array>
 
 #include <chrono>
 #include <cmath>
@@ -288,6 +289,41 @@ TEST(CostModel, RanksSharingOneDevice) {
   EXPECT_DOUBLE_EQ(p.bubble_fraction, 0.0);
 }
 
+// The profile's measured MoE blocks (plan --calibrate's moe_block_probes) add, per MoE layer,
+// what they spent beyond this model's price of their expert GEMMs: a least-squares line over
+// the experts they touched. Two profiles whose probes differ by a + b x touched predict MoE
+// steps that differ by exactly a + b x (the layer's experts touched) per layer.
+TEST(CostModel, MoeBlockProbesPriceTheOverheadPerExpertTouched) {
+  const HardwareProfile h100 = value(load_hardware_profile("h100"));
+  auto touched = [](double X, double k, double T) { return X * (1.0 - std::pow(1.0 - k / X, T)); };
+  HardwareProfile base = h100, more = h100;
+  for (const auto& [X, k, H, F] :
+       {std::array<int64_t, 4>{128, 8, 2048, 768}, std::array<int64_t, 4>{8, 2, 4096, 14336}}) {
+    for (int64_t T : {1, 8, 64}) {
+      const double u =
+          touched(static_cast<double>(X), static_cast<double>(k), static_cast<double>(T));
+      HardwareProfile::MoeBlockProbe p{X, k, H, F, T, 10e-3 + 1e-3 * u};
+      base.moe_block_probes.push_back(p);
+      p.seconds += 30e-6 + 4e-6 * u;
+      more.moe_block_probes.push_back(p);
+    }
+  }
+  const ModelShape mixtral = value(model_shape_preset("mixtral-8x7b"));
+  const PhaseWorkload decode{Phase::kDecode, 4, 256, 8, WeightFormat::kBF16};
+  const Estimate a = value(estimate(mixtral, base, Layout{1}, decode));
+  const Estimate b = value(estimate(mixtral, more, Layout{1}, decode));
+  const double per_layer = 30e-6 + 4e-6 * touched(8, 2, 4);
+  EXPECT_NEAR(b.step_seconds - a.step_seconds, static_cast<double>(mixtral.n_layers) * per_layer,
+              1e-9);
+  // Without probes there is no such term: the base profile's is large (10 ms a layer).
+  const Estimate none = value(estimate(mixtral, h100, Layout{1}, decode));
+  EXPECT_GT(a.step_seconds - none.step_seconds, static_cast<double>(mixtral.n_layers) * 1e-3);
+  // A dense model has no MoE layer to price.
+  const ModelShape llama8 = value(model_shape_preset("llama3-8b"));
+  EXPECT_DOUBLE_EQ(value(estimate(llama8, more, Layout{1}, decode)).step_seconds,
+                   value(estimate(llama8, h100, Layout{1}, decode)).step_seconds);
+}
+
 TEST(CostModel, BadInputIsAnError) {
   const HardwareProfile h100 = value(load_hardware_profile("h100"));
   const ModelShape llama = value(model_shape_preset("llama3-8b"));
@@ -330,6 +366,18 @@ TEST(CostModel, BadInputIsAnError) {
       "t.json");
   ASSERT_FALSE(bad_fused.ok());
   EXPECT_NE(bad_fused.status().message().find("fused_elementwise"), std::string::npos);
+  for (const char* probes :
+       {R"([{"experts": 8, "k": 9, "hidden": 64, "ffn": 64, "tokens": 1, "us": 5}])",
+        R"([{"experts": 8, "k": 2, "hidden": 64, "ffn": 64, "tokens": 1, "us": 0}])",
+        R"([{"experts": 8, "k": 2, "hidden": 64.5, "ffn": 64, "tokens": 1, "us": 5}])",
+        R"({"experts": 8})"}) {
+    auto bad_probe = parse_hardware_profile(
+        base + R"("switch", "bandwidth_GBps": 100, "latency_us": 2}, "moe_block_probes": )" +
+            probes + "}",
+        "t.json");
+    ASSERT_FALSE(bad_probe.ok()) << probes;
+    EXPECT_NE(bad_probe.status().message().find("moe_block_probes"), std::string::npos);
+  }
   // A key with a newline in it (fuzz_hw_profile): the message stays on one line.
   auto odd_key = parse_hardware_profile(
       R"({"memory_GB": 80, "peak_tflops": {"bf16": 100, "i\n_link": 1}})", "k.json");
