@@ -251,11 +251,12 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   if (par.attn_layout != AttnLayout::kHeadSharded) {
     // The CPU reference (f32) and the device layout (bf16 activations, on the CPU or CUDA). On
     // CUDA the all-to-alls go through host memory with the in-process group (ranks as threads
-    // on one GPU, model/attn_layouts.cpp); NCCL (mpirun, or GPUs of their own) is not wired.
-    if (options.device.is_cuda() && comm.size() > 1 && std::string(comm.name()) != "in-process") {
+    // on one GPU) and are NCCL's device all-to-alls with ranks on GPUs of their own
+    // (model/attn_layouts.cpp, blocks::group_all_to_all_v).
+    if (options.device.is_cuda() && comm.size() > 1 && !comm.supports(options.device)) {
       return errorf(StatusCode::kUnimplemented,
-                    "--attn-layout batch-sharded on CUDA runs the tensor-parallel ranks as threads "
-                    "on one GPU only (not over the {} communicator: mpirun or GPUs of their own)",
+                    "--attn-layout batch-sharded on CUDA needs a communicator that takes device "
+                    "memory (the {} one does not)",
                     comm.name());
     }
     if (comm.size() != par.tp_size || comm.rank() != par.tp_rank) {
@@ -767,14 +768,14 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   if (cfg.parallel.ffn_layout != "1d" || cfg.parallel.ffn_2d_x != 0) {
     ParallelConfig& probe = ffn_probe;
     STRATA_RETURN_IF_ERROR(apply_ffn_layout(cfg.parallel, &probe));
-    // On CUDA: --tensor-parallel-size ranks as threads on one GPU (no mpirun: the one-shot
-    // kernels of the in-process communicator; NCCL and CUDA IPC lack the subgroups and the
-    // reduce-scatter it needs).
+    // On CUDA: --tensor-parallel-size ranks as threads of this process, on one GPU (the
+    // in-process one-shot kernels) or one GPU each (NCCL, its subgroups split from the ranks');
+    // not under mpirun (the IPC communicator has no subgroups or reduce-scatter).
     if (probe.ffn_layout != FfnLayout::k1D &&
         ((cuda && env_config().launcher_size > 1) || pp > 1 || ep > 1 || dp > 1)) {
       return errorf(StatusCode::kUnimplemented,
                     "--ffn-layout {} is built with --tensor-parallel-size only: on the CPU under "
-                    "mpirun, or with --device cuda as ranks that are threads on one GPU (not "
+                    "mpirun, or with --device cuda as ranks that are threads of one process (not "
                     "under mpirun, nor with --pp, --ep or --dp yet)",
                     cfg.parallel.ffn_layout);
     }
@@ -788,14 +789,14 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   if (cfg.parallel.attn_layout != "head-sharded") {
     ParallelConfig& probe = attn_probe;
     STRATA_RETURN_IF_ERROR(apply_attn_layout(cfg.parallel, &probe));
-    // On CUDA: --tensor-parallel-size ranks as threads on one GPU (no mpirun: the in-process
-    // communicator; its all-to-alls go through host memory, model/attn_layouts.cpp).
+    // On CUDA: --tensor-parallel-size ranks as threads of this process (no mpirun): on one GPU
+    // the all-to-alls go through host memory, across GPUs through NCCL (model/attn_layouts.cpp).
     if (probe.attn_layout != AttnLayout::kHeadSharded &&
         ((cuda && env_config().launcher_size > 1) || pp > 1 || ep > 1 || dp > 1)) {
       return errorf(StatusCode::kUnimplemented,
                     "--attn-layout {} is built with --tensor-parallel-size only: on the CPU under "
-                    "mpirun, or with --device cuda as ranks that are threads on one GPU (not under "
-                    "mpirun, nor with --pp, --ep or --dp yet)",
+                    "mpirun, or with --device cuda as ranks that are threads of one process (not "
+                    "under mpirun, nor with --pp, --ep or --dp yet)",
                     cfg.parallel.attn_layout);
     }
   }

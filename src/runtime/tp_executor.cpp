@@ -998,15 +998,10 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     std::function<void()> also_abort) {
   const std::string where_s =
       stage.pp_size > 1 ? "pipeline stage " + std::to_string(stage.pp_rank) + ", " : "";
-  if (where.cuda && tp > 1 && !where.shared_gpu &&
-      (o.ffn_layout != FfnLayout::k1D || o.attn_layout != AttnLayout::kHeadSharded)) {
-    // NCCL's communicator (ranks on GPUs of their own) has no device subgroups for the 2d
-    // layout, and the weight-gathered all-gathers would go through it untested.
-    return errorf(StatusCode::kUnimplemented,
-                  "--ffn-layout {} / --attn-layout {} on CUDA runs the ranks on one GPU only "
-                  "(STRATA_TP_ONE_GPU=1, or a single visible device)",
-                  ffn_layout_name(o.ffn_layout), attn_layout_name(o.attn_layout));
-  }
+  // With the ranks on GPUs of their own the layouts' collectives go through NCCL: the 2d
+  // groups are NCCL communicators split from the rank's (NcclCommunicator::split), the
+  // weight-gathered all-gathers and reduce-scatters and batch-sharded attention's all-to-alls
+  // are NCCL's device collectives (compiled; not yet run on several GPUs, 2026-11-26).
   std::vector<std::unique_ptr<Communicator>> comms = make_in_process_communicators(tp);
   if (where.cuda && tp > 1) {
     // Device collectives, set up on every rank at once: the one-shot kernels (peers' buffers
@@ -1064,7 +1059,8 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
           return;
         }
         groups[i] = std::move(*g);
-        if (where.cuda) {
+        // Across GPUs the groups are NCCL's already (split() of an NCCL communicator).
+        if (where.cuda && where.shared_gpu) {
           // The groups' device collectives (one-shot kernels, one GPU): all-reduces of the
           // partial sums (in pieces when larger) and the X all-gather of [T, hidden / X] f32,
           // which must fit whole: a step's hidden states cover both.

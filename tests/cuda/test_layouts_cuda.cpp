@@ -1,12 +1,13 @@
-// The seed-003 FFN layouts (--ffn-layout 2d | weight-gathered, model/ffn_layouts.cpp) on ONE GPU
-// with the ranks as threads (make_in_process_tp_executor over the in-process communicator's
-// one-shot kernels): the one-shot reduce-scatter the weight-gathered layout needs against its CPU
-// twin (the in-process host reduce_scatter: reduce_sum_host, bit-exact), eagerly and replayed
-// from a CUDA graph; and the llama fixture at TP = 2 and 4 in each layout against TP = 1 (1d) on
-// the GPU, CUDA graphs on, within the bf16 tolerance of the TP tests (test_tp_cuda.cpp) and with
-// the same greedy tokens. And --attn-layout batch-sharded (model/attn_layouts.cpp) with the
-// ranks as threads on one GPU against TP = 1 (AttnLayoutCuda): batches of sequences of different
-// lengths and one sequence, eager steps.
+// The seed-003 FFN layouts (--ffn-layout 2d | weight-gathered, model/ffn_layouts.cpp) with the
+// ranks as threads (make_in_process_tp_executor): on one GPU over the in-process communicator's
+// one-shot kernels, or, where the machine has a GPU per rank, one GPU each over NCCL (its
+// subgroups split from the ranks' communicators): the one-shot reduce-scatter the weight-gathered
+// layout needs against its CPU twin (the in-process host reduce_scatter: reduce_sum_host,
+// bit-exact), eagerly and replayed from a CUDA graph; and the llama fixture at TP = 2 and 4 in each
+// layout against TP = 1 (1d) on the GPU, CUDA graphs on, within the bf16 tolerance of the TP tests
+// (test_tp_cuda.cpp) and with the same greedy tokens. And --attn-layout batch-sharded
+// (model/attn_layouts.cpp) with the ranks as threads (one GPU, or a GPU each through NCCL) against
+// TP = 1 (AttnLayoutCuda): batches of sequences of different lengths and one sequence, eager steps.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -170,7 +171,7 @@ TEST_P(FfnLayoutCuda, MatchesOneRankWithGraphs) {
   ASSERT_TRUE(many.ok()) << many.status().to_string();
   const double err = testing::relative_error(*many, *one);
   std::printf(
-      "[ info ] %s TP=%d --ffn-layout %s on one GPU: %.2e of max|logit| from TP=1; greedy %s; "
+      "[ info ] %s TP=%d --ffn-layout %s: %.2e of max|logit| from TP=1; greedy %s; "
       "%lld graph replays\n",
       c.model, c.tp, ffn_layout_name(c.layout), err, gn == g1 ? "identical" : "differs",
       static_cast<long long>(rn));
@@ -224,10 +225,6 @@ class AttnLayoutCuda : public ::testing::TestWithParam<AttnCudaCase> {};
 
 TEST_P(AttnLayoutCuda, BatchShardedMatchesOneRank) {
   REQUIRE_GPU();
-  if (cuda::cuda_device_count() > 1 && !env_config().tp_one_gpu) {
-    GTEST_SKIP() << "batch-sharded attention on CUDA runs its ranks on one GPU: set "
-                    "STRATA_TP_ONE_GPU=1 (or CUDA_VISIBLE_DEVICES to one GPU)";
-  }
   const AttnCudaCase& c = GetParam();
   const std::string dir = testing::fixture_model(c.model);
   RunnerOptions o = testing::batch_runner_options();  // blocks of 4 tokens, 64 of them
@@ -259,9 +256,10 @@ TEST_P(AttnLayoutCuda, BatchShardedMatchesOneRank) {
   std::string spread;
   for (int n : seqs_of_rank) spread += (spread.empty() ? "" : "/") + std::to_string(n);
   std::printf(
-      "[ info ] %s TP=%d --attn-layout batch-sharded on one GPU, %d sequences (%s per rank): "
+      "[ info ] %s TP=%d --attn-layout batch-sharded on %s, %d sequences (%s per rank): "
       "%.2e of max|logit| from TP=1; greedy %s\n",
-      c.model, c.tp, c.n_seqs, spread.c_str(), err, b->ids == a->ids ? "identical" : "differs");
+      c.model, c.tp, (*many)->device_name().c_str(), c.n_seqs, spread.c_str(), err,
+      b->ids == a->ids ? "identical" : "differs");
   EXPECT_LE(err, 2e-2);
   EXPECT_EQ(b->ids, a->ids);
   EXPECT_EQ((*many)->graph_replays(), 0) << "the layout's steps run eagerly";
@@ -283,7 +281,7 @@ TEST_P(AttnLayoutCuda, BatchShardedMatchesOneRank) {
   ASSERT_TRUE(ln.ok()) << ln.status().to_string();
   const double err1 = testing::relative_error(*ln, *l1);
   std::printf(
-      "[ info ] %s TP=%d --attn-layout batch-sharded on one GPU, one sequence: %.2e of "
+      "[ info ] %s TP=%d --attn-layout batch-sharded, one sequence: %.2e of "
       "max|logit| from TP=1; greedy %s\n",
       c.model, c.tp, err1, gn == g1 ? "identical" : "differs");
   EXPECT_LE(err1, 2e-2);
