@@ -682,35 +682,6 @@ Result<std::string> calibrate_profile(const std::string& name) {
     j["attention_tflops"] = flops / *t / 1e12;
   }
   {
-    // A failed MoE probe leaves the profile without the term (and says why) rather than failing
-    // the calibration.
-    nlohmann::json probes = nlohmann::json::array();
-    Status moe_status = ok_status();
-    for (const MoeShape& m : kMoeShapes) {
-      for (int64_t t : kMoeTokens) {
-        if (!moe_status.ok()) break;
-        auto s = moe_block_seconds(ctx, m, t);
-        if (!s.ok()) {
-          moe_status = s.status();
-          break;
-        }
-        probes.push_back({{"experts", m.experts},
-                          {"k", m.k},
-                          {"hidden", m.hidden},
-                          {"ffn", m.ffn},
-                          {"tokens", t},
-                          {"us", *s * 1e6}});
-      }
-    }
-    if (moe_status.ok()) {
-      j["moe_block_probes"] = probes;
-    } else {
-      j["moe_block_probes_error"] = moe_status.to_string();
-      (void)cudaGetLastError();
-      (void)cudaStreamSynchronize(ctx.stream);
-    }
-  }
-  {
     // A line through the 16 KB and 32 MB points (planner.h: shared_collective_*): 32 MB is a
     // 2,048-token prefill's all-reduce of f32 rows of 4,096, which moves at about half the rate
     // of 4 MB (an H100, 2026-11-26: the line through 4 MB priced that prefill 21% fast).
@@ -738,6 +709,35 @@ Result<std::string> calibrate_profile(const std::string& name) {
     STRATA_RETURN_IF_ERROR(calibrate_interconnect(gpus, j));
   } else {
     j["interconnect"] = {{"topology", "switch"}, {"bandwidth_GBps", 450}, {"latency_us", 2}};
+  }
+  {
+    // Last, so that a failed MoE probe (even one that leaves the context unusable) costs only its
+    // term: the profile then has none and says why, rather than the calibration failing.
+    nlohmann::json probes = nlohmann::json::array();
+    Status moe_status = ok_status();
+    for (const MoeShape& m : kMoeShapes) {
+      for (int64_t t : kMoeTokens) {
+        if (!moe_status.ok()) break;
+        auto s = moe_block_seconds(ctx, m, t);
+        if (!s.ok()) {
+          moe_status = s.status();
+          break;
+        }
+        probes.push_back({{"experts", m.experts},
+                          {"k", m.k},
+                          {"hidden", m.hidden},
+                          {"ffn", m.ffn},
+                          {"tokens", t},
+                          {"us", *s * 1e6}});
+      }
+    }
+    if (moe_status.ok()) {
+      j["moe_block_probes"] = probes;
+    } else {
+      j["moe_block_probes_error"] = moe_status.to_string();
+      (void)cudaGetLastError();
+      (void)cudaStreamSynchronize(ctx.stream);
+    }
   }
   // The curves carry the GEMM efficiency; these apply to the roofline terms (KV streaming). The
   // host link's rate is the probe's pinned copy, the copies weight streaming issues: no
