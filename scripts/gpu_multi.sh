@@ -3,7 +3,9 @@
 # on GPUs", measured on the lent 2/4/8-GPU machines), on the GPUs the machine has:
 #   1. machine facts and the GPU topology (nvidia-smi topo -m)
 #   2. the CUDA tests of the multi-GPU paths: NCCL in-process ranks (one GPU each) against the
-#      host twin, TP = 2 / 3 / 4 fixture models across GPUs against TP = 1, the one-shot kernels
+#      host twin, TP = 2 / 3 / 4 fixture models across GPUs against TP = 1, the one-shot kernels,
+#      the 2d / weight-gathered FFN and batch-sharded attention layouts (a GPU per rank where
+#      there are enough, NCCL groups)
 #   3. all-reduce latency, 1 KB - 256 MB bf16: one-shot vs NCCL, eager and in CUDA graphs, for 2
 #      ranks and for every GPU (bench_allreduce), which gives the one-shot / NCCL crossover
 #   4. Llama-3-8B shape: one GPU vs TP = 2 vs PP = 2 (whole and micro-batched), decode at batch
@@ -54,7 +56,7 @@ B8="--model-config llama3-8b --batch 1,16,64 --ctx 256 --prefill 1x2048 -r 5"
 
 if has tests; then
 stamp "multi-GPU CUDA tests ($NGPU GPUs)"
-"$BUILD/tests/test_cuda" --gtest_filter='NcclCuda.*:Fixtures/TpCuda.*:Fixtures/PpCuda.*:OneShotCuda.*' \
+"$BUILD/tests/test_cuda" --gtest_filter='NcclCuda.*:Fixtures/TpCuda.*:Fixtures/PpCuda.*:OneShotCuda.*:Fixtures/FfnLayoutCuda.*:Fixtures/AttnLayoutCuda.*' \
   > "$OUT/test_multi.log" 2>&1 || rc=1
 grep -E "^\[  FAILED|\[ info \]|PASSED" "$OUT/test_multi.log" | head -n 30
 summary+=("tests: $(grep -E "PASSED|FAILED  \]" "$OUT/test_multi.log" | head -n 2 | tr '\n' ' ')")
