@@ -187,6 +187,59 @@ Result<double> gemm_curve_point(const LaunchCtx& ctx, DeviceBuffers& mem, DType 
   return flops / seconds;
 }
 
+// Median seconds of one call of fn, replayed from a CUDA graph of `calls` calls of it on the
+// stream, divided by `calls`. With several ranks (`barrier` not null) every rank runs it and
+// they meet before the capture and before each replay (rank 0's time is the one kept).
+Result<double> graph_seconds(cudaStream_t stream, Communicator* barrier,
+                             const std::function<Status()>& fn, int reps, int calls = 1) {
+  auto meet = [&] { return barrier != nullptr ? barrier->barrier() : ok_status(); };
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  // One eager call first: NCCL sets up a collective's connections on its first call, and a GEMM
+  // shape's first run may load a library, neither of which may happen inside a capture.
+  STRATA_RETURN_IF_ERROR(fn());
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  STRATA_RETURN_IF_ERROR(meet());
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  Status st = fn();
+  for (int c = 1; c < calls && st.ok(); ++c) st = fn();
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (!st.ok()) return st;
+  if (end != cudaSuccess || graph == nullptr)
+    return errorf(StatusCode::kInternal, "--calibrate: capturing a probe: {}",
+                  cudaGetErrorString(end));
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (inst != cudaSuccess)
+    return errorf(StatusCode::kInternal, "--calibrate: instantiating a probe's graph: {}",
+                  cudaGetErrorString(inst));
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> times;
+  for (int i = 0; i < reps + 3 && st.ok(); ++i) {
+    st = meet();
+    if (!st.ok()) break;
+    cudaEventRecord(e0, stream);
+    cudaGraphLaunch(exec, stream);
+    cudaEventRecord(e1, stream);
+    if (cudaEventSynchronize(e1) != cudaSuccess) {
+      st = errorf(StatusCode::kInternal, "--calibrate: a probe failed: {}",
+                  cudaGetErrorString(cudaGetLastError()));
+      break;
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 3) times.push_back(1e-3 * ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  if (!st.ok()) return st;
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2] / calls;
+}
+
 // ---- mixture of experts ------------------------------------------------------------------------
 
 // One MoE block of a decode step as the engine runs it on one GPU (model/moe.cpp): the router
@@ -287,88 +340,11 @@ Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_
     cp.accumulate = true;
     return cuda::moe_combine(ctx, cp);
   };
-  // Once eagerly (a GEMM shape's first run may load a library, never inside a capture).
-  STRATA_RETURN_IF_ERROR(block());
-  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
   // Eight blocks per graph, as a step's graph runs them back to back.
-  constexpr int kPerGraph = 8;
-  Status st = ok_status();
-  for (int i = 0; i < kPerGraph && st.ok(); ++i) st = block();
-  const cudaError_t end = cudaStreamEndCapture(ctx.stream, &graph);
-  if (!st.ok()) return st;
-  if (end != cudaSuccess || graph == nullptr)
-    return errorf(StatusCode::kInternal, "--calibrate: capturing the MoE block: {}",
-                  cudaGetErrorString(end));
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  if (inst != cudaSuccess)
-    return errorf(StatusCode::kInternal, "--calibrate: instantiating the MoE block: {}",
-                  cudaGetErrorString(inst));
-  auto t = median_seconds(ctx, 3, 10, [&](int) -> Status {
-    STRATA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, ctx.stream));
-    return ok_status();
-  });
-  cudaGraphExecDestroy(exec);
-  if (!t.ok()) return t.status();
-  return *t / kPerGraph;
+  return graph_seconds(ctx.stream, nullptr, block, 10, 8);
 }
 
 // ---- collectives --------------------------------------------------------------------------------
-
-// Median seconds of one call of fn, replayed from a CUDA graph of `calls` calls of it on the
-// rank's stream after a host barrier across the ranks (every rank runs it; rank 0's time is the
-// one kept), divided by `calls`.
-Result<double> graph_seconds(cudaStream_t stream, Communicator& barrier,
-                             const std::function<Status()>& fn, int reps, int calls = 1) {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  // One eager call first: NCCL sets up a collective's connections on its first call, which must
-  // not happen inside a capture.
-  STRATA_RETURN_IF_ERROR(fn());
-  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  STRATA_RETURN_IF_ERROR(barrier.barrier());
-  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  Status st = fn();
-  for (int c = 1; c < calls && st.ok(); ++c) st = fn();
-  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-  if (!st.ok()) return st;
-  if (end != cudaSuccess || graph == nullptr)
-    return errorf(StatusCode::kInternal, "--calibrate: capturing a collective: {}",
-                  cudaGetErrorString(end));
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  if (inst != cudaSuccess)
-    return errorf(StatusCode::kInternal, "--calibrate: instantiating a collective's graph: {}",
-                  cudaGetErrorString(inst));
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<double> times;
-  for (int i = 0; i < reps + 3 && st.ok(); ++i) {
-    st = barrier.barrier();
-    if (!st.ok()) break;
-    cudaEventRecord(e0, stream);
-    cudaGraphLaunch(exec, stream);
-    cudaEventRecord(e1, stream);
-    if (cudaEventSynchronize(e1) != cudaSuccess) {
-      st = errorf(StatusCode::kInternal, "--calibrate: a collective failed: {}",
-                  cudaGetErrorString(cudaGetLastError()));
-      break;
-    }
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (i >= 3) times.push_back(1e-3 * ms);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(exec);
-  if (!st.ok()) return st;
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2] / calls;
-}
 
 struct CollectivePoints {
   std::vector<std::pair<int64_t, double>> all_gather, all_reduce, all_reduce_oneshot;  // bytes, s
@@ -413,11 +389,11 @@ Result<CollectivePoints> probe_collectives(int g, int64_t max_bytes) {
       for (int64_t b = kMin; b <= max_bytes && st.ok(); b *= 4) {
         const int64_t per_rank = b / 2 / g;  // bf16 elements each rank contributes
         auto ag = graph_seconds(
-            stream, os, [&] { return (*nccl)->all_gather(send, per_rank, DType::kBF16, recv, s); },
+            stream, &os, [&] { return (*nccl)->all_gather(send, per_rank, DType::kBF16, recv, s); },
             10);
         if (!ag.ok()) return fail(ag.status());
         auto ar = graph_seconds(
-            stream, os, [&] { return (*nccl)->all_reduce(send, b / 2, DType::kBF16, s); }, 10);
+            stream, &os, [&] { return (*nccl)->all_reduce(send, b / 2, DType::kBF16, s); }, 10);
         if (!ar.ok()) return fail(ar.status());
         if (r == 0) {
           pts.all_gather.emplace_back(b, *ag);
@@ -425,7 +401,7 @@ Result<CollectivePoints> probe_collectives(int g, int64_t max_bytes) {
         }
         if (b <= kOneShotMax) {
           auto one = graph_seconds(
-              stream, os, [&] { return os.all_reduce(send, b / 2, DType::kBF16, s); }, 10);
+              stream, &os, [&] { return os.all_reduce(send, b / 2, DType::kBF16, s); }, 10);
           if (!one.ok()) return fail(one.status());
           if (r == 0) pts.all_reduce_oneshot.emplace_back(b, *one);
         }
@@ -475,7 +451,7 @@ Result<std::vector<std::pair<int64_t, double>>> probe_shared_device(
       s.cuda_stream = stream;
       for (int64_t b : sizes) {
         auto t = graph_seconds(
-            stream, os, [&] { return os.all_reduce(buf, b / 2, DType::kBF16, s); }, 10, 8);
+            stream, &os, [&] { return os.all_reduce(buf, b / 2, DType::kBF16, s); }, 10, 8);
         if (!t.ok()) {
           cudaFree(buf);
           return fail(t.status());
