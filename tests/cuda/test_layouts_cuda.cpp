@@ -161,15 +161,11 @@ TEST_P(FfnLayoutCuda, MatchesOneRankWithGraphs) {
   REQUIRE_GPU();
   const LayoutCase& c = GetParam();
   const std::string dir = testing::fixture_model(c.model);
-  auto ref = testing::load_reference(dir);
-  ASSERT_TRUE(ref.ok());
-  std::vector<int32_t> g1, gn;
-  int64_t r1 = 0, rn = 0;
-  auto one = cuda_test::cuda_tp_logits(dir, 1, ref->inputs[1], 8, &g1, &r1);
-  ASSERT_TRUE(one.ok()) << one.status().to_string();
-  auto many = cuda_test::cuda_tp_logits(dir, c.tp, ref->inputs[1], 8, &gn, &rn, 1, c.layout);
-  ASSERT_TRUE(many.ok()) << many.status().to_string();
-  const double err = testing::relative_error(*many, *one);
+  auto r = cuda_test::against_one_rank(dir, c.tp, 8, 1, c.layout);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const std::vector<int32_t>&g1 = r->one_ids, &gn = r->many_ids;
+  const double err = r->err;
+  const int64_t rn = r->replays;
   std::printf(
       "[ info ] %s TP=%d --ffn-layout %s: %.2e of max|logit| from TP=1; greedy %s; "
       "%lld graph replays\n",
@@ -270,23 +266,15 @@ TEST_P(AttnLayoutCuda, BatchShardedMatchesOneRank) {
   (*many).reset();
 
   // One sequence: a prefill, then decode steps through forward_argmax.
-  auto ref = testing::load_reference(dir);
-  ASSERT_TRUE(ref.ok());
-  std::vector<int32_t> g1, gn;
-  int64_t r1 = 0, rn = 0;
-  auto l1 = cuda_test::cuda_tp_logits(dir, 1, ref->inputs[1], 8, &g1, &r1);
-  ASSERT_TRUE(l1.ok()) << l1.status().to_string();
-  auto ln = cuda_test::cuda_tp_logits(dir, c.tp, ref->inputs[1], 8, &gn, &rn, 1, c.ffn,
-                                      AttnLayout::kBatchSharded);
-  ASSERT_TRUE(ln.ok()) << ln.status().to_string();
-  const double err1 = testing::relative_error(*ln, *l1);
+  auto r = cuda_test::against_one_rank(dir, c.tp, 8, 1, c.ffn, AttnLayout::kBatchSharded);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
   std::printf(
       "[ info ] %s TP=%d --attn-layout batch-sharded, one sequence: %.2e of "
       "max|logit| from TP=1; greedy %s\n",
-      c.model, c.tp, err1, gn == g1 ? "identical" : "differs");
-  EXPECT_LE(err1, 2e-2);
-  EXPECT_EQ(gn, g1);
-  EXPECT_EQ(rn, 0);
+      c.model, c.tp, r->err, r->many_ids == r->one_ids ? "identical" : "differs");
+  EXPECT_LE(r->err, 2e-2);
+  EXPECT_EQ(r->many_ids, r->one_ids);
+  EXPECT_EQ(r->replays, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, AttnLayoutCuda,

@@ -32,7 +32,7 @@
 namespace strata {
 namespace {
 
-using cuda_test::cuda_tp_logits;
+using cuda_test::against_one_rank;
 using cuda_test::on_ranks;
 
 TEST(OneShotCuda, AllReduceAndGatherMatchHostTwin) {
@@ -310,21 +310,16 @@ TEST_P(TpCuda, MatchesOneRankWithGraphs) {
   REQUIRE_GPU();
   const Case& c = GetParam();
   const std::string dir = testing::fixture_model(c.model);
-  auto ref = testing::load_reference(dir);
-  ASSERT_TRUE(ref.ok());
-  std::vector<int32_t> g1, gn;
-  int64_t r1 = 0, rn = 0;
-  auto one = cuda_tp_logits(dir, 1, ref->inputs[1], 12, &g1, &r1);
-  ASSERT_TRUE(one.ok()) << one.status().to_string();
-  auto many = cuda_tp_logits(dir, c.tp, ref->inputs[1], 12, &gn, &rn);
-  ASSERT_TRUE(many.ok()) << many.status().to_string();
-  const double err = testing::relative_error(*many, *one);
+  auto r = against_one_rank(dir, c.tp, 12);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const std::vector<int32_t>&g1 = r->one_ids, &gn = r->many_ids;
   std::printf(
       "[ info ] %s TP=%d on one GPU: %.2e of max|logit| from TP=1; greedy %s; %lld graph "
       "replays\n",
-      c.model, c.tp, err, gn == g1 ? "identical" : "differs", static_cast<long long>(rn));
-  EXPECT_LE(err, 2e-2);
-  EXPECT_GE(rn, 10) << "decode steps should replay graphs";
+      c.model, c.tp, r->err, gn == g1 ? "identical" : "differs",
+      static_cast<long long>(r->replays));
+  EXPECT_LE(r->err, 2e-2);
+  EXPECT_GE(r->replays, 10) << "decode steps should replay graphs";
   size_t same = 0;
   while (same < g1.size() && g1[same] == gn[same]) ++same;
   EXPECT_GE(same, 6u) << "greedy tokens diverge early";
@@ -349,19 +344,12 @@ TEST_P(PpCuda, MatchesOneStage) {
   REQUIRE_GPU();
   const Case& c = GetParam();
   const std::string dir = testing::fixture_model(c.model);
-  auto ref = testing::load_reference(dir);
-  ASSERT_TRUE(ref.ok());
-  std::vector<int32_t> g1, gn;
-  int64_t r1 = 0, rn = 0;
-  auto one = cuda_tp_logits(dir, 1, ref->inputs[1], 12, &g1, &r1);
-  ASSERT_TRUE(one.ok()) << one.status().to_string();
-  auto many = cuda_tp_logits(dir, 1, ref->inputs[1], 12, &gn, &rn, c.tp);
-  ASSERT_TRUE(many.ok()) << many.status().to_string();
-  const double err = testing::relative_error(*many, *one);
+  auto r = against_one_rank(dir, 1, 12, c.tp);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
   std::printf("[ info ] %s PP=%d on one GPU: %.2e of max|logit| from one stage; greedy %s\n",
-              c.model, c.tp, err, gn == g1 ? "identical" : "differs");
-  EXPECT_LE(err, 1e-2);
-  EXPECT_EQ(gn, g1);
+              c.model, c.tp, r->err, r->many_ids == r->one_ids ? "identical" : "differs");
+  EXPECT_LE(r->err, 1e-2);
+  EXPECT_EQ(r->many_ids, r->one_ids);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PpCuda,
@@ -387,18 +375,12 @@ TEST_P(TpPpCuda, MatchesOneRank) {
   REQUIRE_GPU();
   const TpPpCase& c = GetParam();
   const std::string dir = testing::fixture_model(c.model);
-  auto ref = testing::load_reference(dir);
-  ASSERT_TRUE(ref.ok());
-  std::vector<int32_t> g1, gn;
-  int64_t r1 = 0, rn = 0;
-  auto one = cuda_tp_logits(dir, 1, ref->inputs[1], 12, &g1, &r1);
-  ASSERT_TRUE(one.ok()) << one.status().to_string();
-  auto many = cuda_tp_logits(dir, c.tp, ref->inputs[1], 12, &gn, &rn, c.pp);
-  ASSERT_TRUE(many.ok()) << many.status().to_string();
-  const double err = testing::relative_error(*many, *one);
+  auto r = against_one_rank(dir, c.tp, 12, c.pp);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const std::vector<int32_t>&g1 = r->one_ids, &gn = r->many_ids;
   std::printf("[ info ] %s TP=%d x PP=%d on one GPU: %.2e of max|logit| from TP=1; greedy %s\n",
-              c.model, c.tp, c.pp, err, gn == g1 ? "identical" : "differs");
-  EXPECT_LE(err, 2e-2);
+              c.model, c.tp, c.pp, r->err, gn == g1 ? "identical" : "differs");
+  EXPECT_LE(r->err, 2e-2);
   size_t same = 0;
   while (same < g1.size() && g1[same] == gn[same]) ++same;
   EXPECT_GE(same, 6u) << "greedy tokens diverge early";

@@ -1,6 +1,6 @@
 // What the CUDA tests of in-process ranks share (test_tp_cuda.cpp, test_layouts_cuda.cpp): eager
-// kernel loading, the GPU check, running a function on n rank threads, and the multi-rank run of
-// a fixture model.
+// kernel loading, the GPU check, running a function on n rank threads, the multi-rank run of a
+// fixture model and its comparison with one rank.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "../model/fixture_util.h"
 #include "backends/cuda/cuda_device.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
@@ -110,6 +111,31 @@ inline Result<std::vector<float>> cuda_tp_logits(const std::string& dir, int tp,
   }
   *replays = exec->graph_replays();
   return logits;
+}
+
+// The fixture's second reference prompt (a prefill, then n_decode greedy steps) through one rank
+// and through tp ranks x pp stages in the given layouts: how far the many-rank logits are from
+// one rank's (testing::relative_error), both runs' greedy tokens, the many-rank run's graph
+// replays.
+struct AgainstOneRank {
+  double err = 0;
+  std::vector<int32_t> one_ids, many_ids;
+  int64_t replays = 0;
+};
+
+inline Result<AgainstOneRank> against_one_rank(const std::string& dir, int tp, int n_decode,
+                                               int pp = 1, FfnLayout layout = FfnLayout::k1D,
+                                               AttnLayout attn = AttnLayout::kHeadSharded) {
+  STRATA_ASSIGN_OR_RETURN(testing::Reference ref, testing::load_reference(dir));
+  AgainstOneRank r;
+  int64_t one_replays = 0;
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> one, cuda_tp_logits(dir, 1, ref.inputs[1], n_decode,
+                                                                 &r.one_ids, &one_replays));
+  STRATA_ASSIGN_OR_RETURN(
+      std::vector<float> many,
+      cuda_tp_logits(dir, tp, ref.inputs[1], n_decode, &r.many_ids, &r.replays, pp, layout, attn));
+  r.err = testing::relative_error(many, one);
+  return r;
 }
 
 }  // namespace strata::cuda_test
