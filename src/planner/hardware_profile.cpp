@@ -34,6 +34,23 @@ Result<double> positive(const json& j, const char* key, const std::string& where
   return d;
 }
 
+// A field {"fixed_us": >= 0, "GBps": > 0} (a fixed time and a byte rate), when present: into
+// *fixed_s and *bytes_per_s.
+Status fixed_and_rate(const json& j, const char* key, const std::string& source, double* fixed_s,
+                      double* bytes_per_s) {
+  if (!j.contains(key)) return ok_status();
+  const json& m = j.at(key);
+  if (!m.is_object() || !m.contains("fixed_us") || !m.contains("GBps") ||
+      !m.at("fixed_us").is_number() || !m.at("GBps").is_number() ||
+      m.at("fixed_us").get<double>() < 0.0 || m.at("GBps").get<double>() <= 0.0) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: field '{}' must be {{\"fixed_us\": >= 0, \"GBps\": > 0}}", source, key);
+  }
+  *fixed_s = m.at("fixed_us").get<double>() * 1e-6;
+  *bytes_per_s = m.at("GBps").get<double>() * 1e9;
+  return ok_status();
+}
+
 }  // namespace
 
 const char* weight_format_name(WeightFormat f) {
@@ -178,19 +195,8 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
                     "{}: field 'fused_elementwise' must be true or false", source);
     p.fused_elementwise = v.get<bool>();
   }
-  if (j.contains("shared_device_collective")) {
-    const json& m = j.at("shared_device_collective");
-    if (!m.is_object() || !m.contains("fixed_us") || !m.contains("GBps") ||
-        !m.at("fixed_us").is_number() || !m.at("GBps").is_number() ||
-        m.at("fixed_us").get<double>() < 0.0 || m.at("GBps").get<double>() <= 0.0) {
-      return errorf(StatusCode::kInvalidArgument,
-                    "{}: field 'shared_device_collective' must be {{\"fixed_us\": >= 0, "
-                    "\"GBps\": > 0}}",
-                    source);
-    }
-    p.shared_collective_fixed_s = m.at("fixed_us").get<double>() * 1e-6;
-    p.shared_collective_Bps = m.at("GBps").get<double>() * 1e9;
-  }
+  STRATA_RETURN_IF_ERROR(fixed_and_rate(j, "shared_device_collective", source,
+                                        &p.shared_collective_fixed_s, &p.shared_collective_Bps));
   if (j.contains("moe_block_probes")) {
     const json& a = j.at("moe_block_probes");
     auto bad = [&] {
@@ -218,18 +224,8 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
       p.moe_block_probes.push_back(m);
     }
   }
-  if (j.contains("moe_exchange")) {
-    const json& m = j.at("moe_exchange");
-    if (!m.is_object() || !m.contains("fixed_us") || !m.contains("GBps") ||
-        !m.at("fixed_us").is_number() || !m.at("GBps").is_number() ||
-        m.at("fixed_us").get<double>() < 0.0 || m.at("GBps").get<double>() <= 0.0) {
-      return errorf(StatusCode::kInvalidArgument,
-                    "{}: field 'moe_exchange' must be {{\"fixed_us\": >= 0, \"GBps\": > 0}}",
-                    source);
-    }
-    p.moe_exchange_fixed_s = m.at("fixed_us").get<double>() * 1e-6;
-    p.moe_exchange_Bps = m.at("GBps").get<double>() * 1e9;
-  }
+  STRATA_RETURN_IF_ERROR(
+      fixed_and_rate(j, "moe_exchange", source, &p.moe_exchange_fixed_s, &p.moe_exchange_Bps));
   if (j.contains("gemm_tflops")) {
     for (const auto& [key, curve] : j.at("gemm_tflops").items()) {
       auto f = parse_weight_format(key);
