@@ -24,6 +24,7 @@
 
 #include "core/status.h"
 #include "planner/planner.h"
+#include "runtime/pipeline_schedule.h"
 
 namespace strata::planner {
 
@@ -495,10 +496,12 @@ double max_context(const ModelShape& s, const HardwareProfile& hw, AttentionShar
 
 namespace {
 
-// The engine's prompt micro-batches for `tokens` prompt tokens over `stages` stages.
+// The engine's prompt micro-batches for `tokens` prompt tokens over `stages` stages (its own
+// rule, runtime/pipeline_schedule.h, at the default RunnerOptions::pp_min_micro_batch_tokens).
 double prompt_micro_batches(int64_t stages, double tokens) {
-  constexpr double kMinTokens = 256;  // RunnerOptions::pp_min_micro_batch_tokens
-  return std::clamp(std::floor(tokens / kMinTokens), 1.0, 4.0 * as_d(stages));
+  constexpr int64_t kMinTokens = 256;
+  return std::max(1, strata::prompt_micro_batches(static_cast<int>(stages),
+                                                  static_cast<int64_t>(tokens), kMinTokens));
 }
 
 // One collective between ranks sharing the device, `bytes` per rank.
