@@ -14,6 +14,15 @@
 #   recheck (not in the default set) the runs that stopped on 4 x H200 (2026-11-26), after their
 #         fixes: TP = 2 x PP = N/2 throughput (StageGate), TP = 2 x EP = N/2 and EP = N decode at
 #         batch 1 / 8 / 64 (branch epnccl: NCCL expert groups, the first-use barrier)
+#   layouts (not in the default set) issue 18 item 2 on N GPUs: the FFN / attention layout tests
+#         across the GPUs; Llama-3-70B shape TP = N decode at batch 1..256 with --ffn-layout 1d / 2d,
+#         prefill 8 x 2,048 and 64 x 2,048 with 1d (weight-stationary) / weight-gathered;
+#         Llama-3-8B shape TP = N at KV 4,096 with head-sharded (graphs and eager) / batch-sharded
+#         attention; plan --calibrate over all GPUs (the planner's predictions are made from it
+#         afterwards, tests/planner/data/)
+#   pair  (not in the default set) two of the GPUs: the all-reduce inside a graph of 16 and the
+#         fused all-reduce + norm (bench_allreduce --per-graph 16), Llama-3-70B TP = 2 at KV 2,048
+#         (does the process exit?), and the same all-reduce table over all N GPUs
 #   diag  (not in the default set) TP = 2 x PP = 2 and TP = 2 x EP = 2, which stopped on four GPUs:
 #         each with and without CUDA graphs and other switches, under a short collective deadline;
 #         a process still alive after DIAG_WAIT s gets its host stacks dumped by cuda-gdb
@@ -95,6 +104,44 @@ if has plan; then
     "$BUILD/strata" plan --model-config "$m" --gpus "$N" --profile "$prof" --workload "$wl" \
       --top 0 --json > "$OUT/plan/plan_$m.json" 2>/dev/null
   done
+fi
+
+if has layouts; then
+  export STRATA_COLLECTIVE_TIMEOUT=${STRATA_COLLECTIVE_TIMEOUT:-60}
+  step layouts tests 240 "$BUILD/tests/test_cuda" \
+    --gtest_filter='Fixtures/FfnLayoutCuda.*:Fixtures/AttnLayoutCuda.*:OneShotCuda.*'
+  grep -E "OK \]|FAILED  \]|\[ info \]" "$OUT/layouts/tests.txt" | head -n 30
+  M70="--device cuda --load-format dummy --model-config llama3-70b --tp $N"
+  for l in 1d 2d; do
+    # shellcheck disable=SC2086
+    step layouts "70b_decode_$l" 200 "$BUILD/strata" bench $M70 --ffn-layout "$l" \
+      --batch 1,16,64,256 --ctx 256 -r 3 --json "$OUT/layouts/70b_decode_$l.json"
+  done
+  for l in 1d weight-gathered; do
+    # shellcheck disable=SC2086
+    step layouts "70b_prefill_$l" 200 "$BUILD/strata" bench $M70 --ffn-layout "$l" \
+      --prefill 8x2048,64x2048 -r 2 --json "$OUT/layouts/70b_prefill_$l.json"
+  done
+  M8="--device cuda --load-format dummy --model-config llama3-8b --tp $N --batch 1,16,64 --ctx 4096"
+  for cfg in "head:--attn-layout head-sharded" "head_eager:--attn-layout head-sharded --no-cuda-graphs" \
+             "batch:--attn-layout batch-sharded"; do
+    name=${cfg%%:*}; args=${cfg#*:}
+    # shellcheck disable=SC2086
+    step layouts "8b_attn_$name" 150 "$BUILD/strata" bench $M8 $args -r 3 \
+      --json "$OUT/layouts/8b_attn_$name.json"
+  done
+  step layouts calibrate 200 "$BUILD/strata" plan --calibrate "$OUT/layouts/h200x${N}_calibrated.json"
+fi
+
+if has pair; then
+  for n in 2 "$N"; do
+    step pair "allreduce_$n" 150 "$BUILD/bench/bench_allreduce" --ranks "$n" --per-graph 16
+  done
+  s=$(date +%s)
+  step pair 70b_tp2_ctx2048 240 env CUDA_VISIBLE_DEVICES=0,1 "$BUILD/strata" bench --device cuda \
+    --load-format dummy --model-config llama3-70b --tp 2 --batch 1,16,64 --ctx 2048 -r 3 \
+    --json "$OUT/pair/70b_tp2_ctx2048.json"
+  echo "70b_tp2_ctx2048: $(($(date +%s) - s)) s from start to exit" | tee -a "$OUT/pair/70b_tp2_ctx2048.txt"
 fi
 
 if has recheck; then
