@@ -683,6 +683,10 @@ Result<std::string> calibrate_profile(const std::string& name) {
   }
   if (gpus >= 2) {
     STRATA_RETURN_IF_ERROR(calibrate_interconnect(gpus, j));
+    // The collective probes select every GPU in turn (NCCL's init among them); the probes below
+    // run on ctx's stream, which belongs to GPU 0 (on 4 x H200 the MoE probe's first launch
+    // failed with "invalid resource handle" from the last GPU selected).
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   } else {
     j["interconnect"] = {{"topology", "switch"}, {"bandwidth_GBps", 450}, {"latency_us", 2}};
   }
