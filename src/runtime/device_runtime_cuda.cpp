@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -397,6 +398,7 @@ class CudaRuntime final : public DeviceRuntime {
     return std::unique_ptr<DeviceRuntime>(std::move(r));
   }
   void set_plan_barrier(std::function<bool()> f) override {
+    barrier_ = f;
     dev_->set_first_use_barrier(std::move(f));
   }
   Status reserve_linear_workspace(size_t bytes) override {
@@ -441,6 +443,13 @@ class CudaRuntime final : public DeviceRuntime {
       // algorithms for these shapes (neither can happen during capture). It writes the same K/V
       // values the replay will write, so running it is harmless.
       STRATA_RETURN_IF_ERROR(body());
+      // Ranks that meet at first uses (set_plan_barrier) meet around the capture too: every
+      // rank's eager pass drained before any rank instantiates, every graph instantiated before
+      // any is launched. cudaGraphInstantiate can wait for the GPU, which on a shared GPU does not
+      // go idle while a peer's one-shot all-reduce spins for this rank (Llama-3-8B at in-process
+      // TP = 2 on one H100 stopped at its first batch-64 step: one rank in cudaGraphInstantiate,
+      // the other's graph spinning in the all-reduce).
+      STRATA_RETURN_IF_ERROR(meet(stream, "before capturing"));
       cudaGraph_t g = nullptr;
       STRATA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       Status s = body();
@@ -456,12 +465,24 @@ class CudaRuntime final : public DeviceRuntime {
       STRATA_CUDA_RETURN_IF_ERROR(inst);
       it = graphs_.emplace(key, exec).first;
       ++captures_;
+      STRATA_CUDA_RETURN_IF_ERROR(cudaGraphUpload(exec, stream));
+      STRATA_RETURN_IF_ERROR(meet(stream, "after instantiating"));
     }
     STRATA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream));
     ++replays_;
     return ok_status();
   }
   bool supports_graphs() const override { return profiler_ == nullptr; }
+  // Drains this rank's stream, then waits for the ranks of set_plan_barrier (none: returns).
+  Status meet(cudaStream_t stream, const char* when) {
+    if (!barrier_) return ok_status();
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    if (!barrier_()) {
+      return errorf(StatusCode::kCancelled,
+                    "cuda graph: the process's ranks were aborted {} (a rank failed)", when);
+    }
+    return ok_status();
+  }
   Result<double> time_ms(const std::function<Status()>& fn, int warmup, int iters) override {
     const cudaStream_t stream = dev_->launch_ctx().stream;
     for (int i = 0; i < warmup; ++i) STRATA_RETURN_IF_ERROR(fn());
@@ -505,6 +526,7 @@ class CudaRuntime final : public DeviceRuntime {
   std::unique_ptr<cuda::CudaDevice> dev_;
   std::unique_ptr<cuda::CudaMallocAllocator> alloc_;
   std::unique_ptr<EventProfiler> profiler_;
+  std::function<bool()> barrier_;  // set_plan_barrier: the ranks that meet around first uses
   ops::Context ctx_;
   std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs_;
   int64_t captures_ = 0, replays_ = 0;

@@ -911,16 +911,17 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
   if (cuda && ep > 1) {
     STRATA_RETURN_IF_ERROR(with_nccl(ep_comms, ep_oneshot_max, "expert-parallel NCCL"));
   }
-  // On GPUs of their own, every rank meets the others before it first runs a cuBLASLt GEMM shape
+  // Every rank meets the others before (and after) it first runs a cuBLASLt GEMM shape
   // (cuda::LaunchCtx::first_use_barrier): the tensor-parallel groups are not in step between the
   // expert exchanges, so without it one group's GPUs can sit in the exchange waiting for a rank
   // whose host thread waits for cuBLASLt's lock while another rank loads a kernel library (which
   // waits for every GPU to go idle); TP x EP decode stopped at a new batch size on 4 x H200
   // (bench/results/2026-11-26-h200x4-s4/diag). The ranks run the same GEMM shapes in the same
-  // order (every rank routes every token), so they meet at the same shapes.
+  // order (every rank routes every token), so they meet at the same shapes. On a shared GPU
+  // too: a kernel library's load waits for that GPU, where a peer's one-shot exchange may spin.
   std::vector<std::unique_ptr<Communicator>> first_use =
-      cuda && !shared_gpu && W > 1 ? make_in_process_communicators(W)
-                                   : std::vector<std::unique_ptr<Communicator>>{};
+      cuda && W > 1 ? make_in_process_communicators(W)
+                    : std::vector<std::unique_ptr<Communicator>>{};
   std::vector<std::unique_ptr<Executor>> ranks;
   RunnerOptions o = options;
   for (int w = 0; w < W; ++w) {
@@ -1076,6 +1077,16 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     for (std::thread& t : threads) t.join();
     for (const Status& s : st) STRATA_RETURN_IF_ERROR(s);
   }
+  // Ranks sharing one GPU meet before and after each first run of a cuBLASLt GEMM shape
+  // (cuda::LaunchCtx::first_use_barrier): a kernel library loaded then waits for the GPU to go
+  // idle, which it does not while a peer's one-shot collective spins for this rank. With the 1d
+  // FFN and head-sharded attention every rank runs the same GEMM shapes in the same order (the
+  // other layouts split tokens unevenly over the ranks, so their shapes may differ).
+  std::vector<std::unique_ptr<Communicator>> first_use =
+      where.cuda && where.shared_gpu && tp > 1 && o.ffn_layout == FfnLayout::k1D &&
+              o.attn_layout == AttnLayout::kHeadSharded
+          ? make_in_process_communicators(tp)
+          : std::vector<std::unique_ptr<Communicator>>{};
   std::vector<std::unique_ptr<Executor>> ranks;
   const double util = o.gpu_memory_utilization;
   for (int r = 0; r < tp; ++r) {
@@ -1097,6 +1108,10 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     ro.device = where.device(o, w0 + r);
     ro.ffn_x_group = groups[static_cast<size_t>(r)].x.get();
     ro.ffn_y_group = groups[static_cast<size_t>(r)].y.get();
+    if (!first_use.empty()) {
+      Communicator* c = first_use[static_cast<size_t>(r)].get();
+      ro.plan_barrier = [c] { return c->barrier().ok(); };
+    }
     // Rank 0's routing only; every rank eager with it (see make_in_process_ep_executor).
     if (o.moe_route_trace != nullptr) ro.cuda_graphs = false;
     if (r > 0 || w0 > 0) ro.moe_route_trace = nullptr;
@@ -1116,6 +1131,7 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     if (g.x) comms.push_back(std::move(g.x));
     if (g.y) comms.push_back(std::move(g.y));
   }
+  for (std::unique_ptr<Communicator>& c : first_use) comms.push_back(std::move(c));
   return std::make_unique<InProcessTpExecutor>(std::move(comms), std::move(ranks),
                                                std::move(also_abort));
 }

@@ -366,8 +366,23 @@ Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, const fl
                                                sc.beta, d, &s.d, d, &s.d, &plan.algo, workspace,
                                                key.workspace, ctx.stream));
   if (!warmed) {
-    std::lock_guard<std::mutex> lock(ctx.lt_plans->mu);
-    plan.warmed = true;
+    {
+      std::lock_guard<std::mutex> lock(ctx.lt_plans->mu);
+      plan.warmed = true;
+    }
+    // And meet again once this first run (its autotuning included) is done, so that no rank
+    // launches a collective that spins for a peer still in its first use: the peer's autotuning
+    // may load another kernel library, which waits for the spinning kernel on a shared GPU
+    // (Llama-3-8B at in-process TP = 2 on one H100 stopped at its first batch-64 step).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ctx.stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone && ctx.first_use_barrier != nullptr) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+      if (!(*ctx.first_use_barrier)()) {
+        return Status(StatusCode::kCancelled,
+                      "cuBLASLt first use: the process's ranks were aborted before all finished");
+      }
+    }
   }
   return ok_status();
 }
