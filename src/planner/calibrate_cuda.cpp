@@ -135,58 +135,6 @@ struct Shape {
 // The Llama-3-8B layer's GEMMs: what the shipped h100 curve was measured on.
 constexpr Shape kLayerShapes[] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
 
-Result<double> gemm_curve_point(const LaunchCtx& ctx, DeviceBuffers& mem, DType w_dtype,
-                                int64_t tokens) {
-  const size_t wbytes = w_dtype == DType::kBF16 ? 2 : 1;
-  double flops = 0, seconds = 0;
-  for (const Shape& s : kLayerShapes) {
-    const size_t w_size = static_cast<size_t>(s.out * s.in) * wbytes;
-    // Enough copies that the weights stream from HBM (4x the L2 cache).
-    const int copies = static_cast<int>(std::max<size_t>(2, 4 * ctx.l2_bytes / w_size + 1));
-    std::vector<void*> w(static_cast<size_t>(copies));
-    auto scale = mem.device(static_cast<size_t>(s.out) * sizeof(float), 0x3c);
-    if (!scale.ok()) return scale.status();
-    // Random weights (8-bit ones quantized from random bf16 rows, as at load), random inputs.
-    void* src = nullptr;
-    for (size_t c = 0; c < w.size(); ++c) {
-      if (w_dtype == DType::kBF16) {
-        STRATA_ASSIGN_OR_RETURN(w[c], random_bf16(ctx, mem, s.out * s.in, 17 + c, 0.02f));
-        continue;
-      }
-      if (src == nullptr) {
-        STRATA_ASSIGN_OR_RETURN(src, random_bf16(ctx, mem, s.out * s.in, 17, 0.02f));
-      }
-      STRATA_ASSIGN_OR_RETURN(w[c], mem.device(w_size, 0));
-      STRATA_RETURN_IF_ERROR(cuda::quantize_rows(ctx, static_cast<const uint16_t*>(src), s.out,
-                                                 s.in, w_dtype, w[c], static_cast<float*>(*scale)));
-    }
-    auto x = random_bf16(ctx, mem, tokens * s.in, 5, 1.0f);
-    auto out = mem.device(static_cast<size_t>(tokens * s.out) * 4, 0);
-    if (!x.ok()) return x.status();
-    if (!out.ok()) return out.status();
-    auto t = median_seconds(ctx, 3, 10, [&](int i) {
-      GpuLinearParams p;
-      p.x = static_cast<const uint16_t*>(*x);
-      p.x_stride = s.in;
-      p.w = w[static_cast<size_t>(i) % w.size()];
-      p.w_dtype = w_dtype;
-      p.w_stride = s.in;
-      p.w_scale = w_dtype == DType::kBF16 ? nullptr : static_cast<const float*>(*scale);
-      p.out = *out;
-      p.out_dtype = DType::kF32;
-      p.out_stride = s.out;
-      p.n_tokens = tokens;
-      p.in_features = s.in;
-      p.out_features = s.out;
-      return cuda::linear(ctx, p);
-    });
-    if (!t.ok()) return t.status();
-    flops += 2.0 * static_cast<double>(tokens * s.out * s.in);
-    seconds += *t;
-  }
-  return flops / seconds;
-}
-
 // Median seconds of one call of fn, replayed from a CUDA graph of `calls` calls of it on the
 // stream, divided by `calls`. With several ranks (`barrier` not null) every rank runs it and
 // they meet before the capture and before each replay (rank 0's time is the one kept).
@@ -238,6 +186,66 @@ Result<double> graph_seconds(cudaStream_t stream, Communicator* barrier,
   if (!st.ok()) return st;
   std::sort(times.begin(), times.end());
   return times[times.size() / 2] / calls;
+}
+
+Result<double> gemm_curve_point(const LaunchCtx& ctx, DeviceBuffers& mem, DType w_dtype,
+                                int64_t tokens) {
+  const size_t wbytes = w_dtype == DType::kBF16 ? 2 : 1;
+  double flops = 0, seconds = 0;
+  for (const Shape& s : kLayerShapes) {
+    const size_t w_size = static_cast<size_t>(s.out * s.in) * wbytes;
+    // Enough copies that the weights stream from HBM (4x the L2 cache).
+    const int copies = static_cast<int>(std::max<size_t>(2, 4 * ctx.l2_bytes / w_size + 1));
+    std::vector<void*> w(static_cast<size_t>(copies));
+    auto scale = mem.device(static_cast<size_t>(s.out) * sizeof(float), 0x3c);
+    if (!scale.ok()) return scale.status();
+    // Random weights (8-bit ones quantized from random bf16 rows, as at load), random inputs.
+    void* src = nullptr;
+    for (size_t c = 0; c < w.size(); ++c) {
+      if (w_dtype == DType::kBF16) {
+        STRATA_ASSIGN_OR_RETURN(w[c], random_bf16(ctx, mem, s.out * s.in, 17 + c, 0.02f));
+        continue;
+      }
+      if (src == nullptr) {
+        STRATA_ASSIGN_OR_RETURN(src, random_bf16(ctx, mem, s.out * s.in, 17, 0.02f));
+      }
+      STRATA_ASSIGN_OR_RETURN(w[c], mem.device(w_size, 0));
+      STRATA_RETURN_IF_ERROR(cuda::quantize_rows(ctx, static_cast<const uint16_t*>(src), s.out,
+                                                 s.in, w_dtype, w[c], static_cast<float*>(*scale)));
+    }
+    auto x = random_bf16(ctx, mem, tokens * s.in, 5, 1.0f);
+    auto out = mem.device(static_cast<size_t>(tokens * s.out) * 4, 0);
+    if (!x.ok()) return x.status();
+    if (!out.ok()) return out.status();
+    // Timed from a CUDA graph of one call per weight copy, as decode steps run. Event-timed
+    // eager launches count the host's launch latency into the small GEMMs: two calibrations of
+    // one H100 (2026-11-26) differed by 14% at 64 int8 tokens, and int8 decode was predicted up
+    // to 34% slow.
+    size_t call = 0;
+    auto t = graph_seconds(
+        ctx.stream, nullptr,
+        [&]() -> Status {
+          GpuLinearParams p;
+          p.x = static_cast<const uint16_t*>(*x);
+          p.x_stride = s.in;
+          p.w = w[call++ % w.size()];
+          p.w_dtype = w_dtype;
+          p.w_stride = s.in;
+          p.w_scale = w_dtype == DType::kBF16 ? nullptr : static_cast<const float*>(*scale);
+          p.out = *out;
+          p.out_dtype = DType::kF32;
+          p.out_stride = s.out;
+          p.n_tokens = tokens;
+          p.in_features = s.in;
+          p.out_features = s.out;
+          return cuda::linear(ctx, p);
+        },
+        10, copies);
+    if (!t.ok()) return t.status();
+    flops += 2.0 * static_cast<double>(tokens * s.out * s.in);
+    seconds += *t;
+  }
+  return flops / seconds;
 }
 
 // ---- mixture of experts ------------------------------------------------------------------------

@@ -143,6 +143,35 @@ struct Block {
   double f_in = 0, f_out = 0;
 };
 
+// Seconds of a collective of `bytes` (all-reduce: the buffer; all-gather: the output) on a
+// measured NCCL curve: linear between points, along the first / last segment outside them.
+double on_curve(const std::vector<std::pair<double, double>>& pts, double bytes) {
+  if (pts.size() == 1) return pts[0].second;
+  size_t i = 1;
+  while (i + 1 < pts.size() && pts[i].first < bytes) ++i;
+  const auto [b0, t0] = pts[i - 1];
+  const auto [b1, t1] = pts[i];
+  const double t = t0 + (t1 - t0) * (bytes - b0) / (b1 - b0);
+  return std::max(t, std::min(t0, t1) * 0.5);
+}
+
+// The engine's NCCL all-reduce / all-gather over g GPUs: the profile's measured curve for g when
+// it has one, else the ring model (an all-reduce as a reduce-scatter plus an all-gather).
+double nccl_all_reduce(const HardwareProfile& hw, const Comm& comm, double bytes, int64_t g) {
+  if (g <= 1 || bytes <= 0.0) return 0.0;
+  auto it = hw.nccl_curves.find(g);
+  if (it != hw.nccl_curves.end() && !it->second.all_reduce.empty())
+    return on_curve(it->second.all_reduce, bytes);
+  return 2.0 * comm.gather(bytes, g);
+}
+double nccl_all_gather(const HardwareProfile& hw, const Comm& comm, double bytes, int64_t g) {
+  if (g <= 1 || bytes <= 0.0) return 0.0;
+  auto it = hw.nccl_curves.find(g);
+  if (it != hw.nccl_curves.end() && !it->second.all_gather.empty())
+    return on_curve(it->second.all_gather, bytes);
+  return comm.gather(bytes, g);
+}
+
 // The balanced 3D factorisation f1 <= f2 <= f3 of n (the X, Y, Z axes of a mesh).
 void mesh3(int64_t n, int64_t& f1, int64_t& f2, int64_t& f3) {
   f1 = 1;
@@ -278,6 +307,19 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
     return t.seconds;
   };
 
+  // A block's all-reduce over the tensor-parallel group of `elems` partial sums. The paper's: bf16
+  // through the ring. strata's: f32 partial sums (fused with the residual add and the next
+  // RMSNorm), through the one-shot kernels or NCCL, whichever is faster for the size (the
+  // engine's oneshot_max is set where NCCL takes over): the ring model, whose latency is the
+  // one-shot's, or the profile's measured NCCL curve for the group.
+  auto tp_all_reduce = [&](double elems) {
+    if (hw.paper_layouts) return 2.0 * comm.gather(elems * kActBytes, n);
+    const double ring = 2.0 * comm.gather(elems * 4.0, n);
+    auto it = hw.nccl_curves.find(n);
+    if (n <= 1 || it == hw.nccl_curves.end() || it->second.all_reduce.empty()) return ring;
+    return std::min(ring, on_curve(it->second.all_reduce, elems * 4.0));
+  };
+
   // Projections (attention + dense FFN) under the FFN layout.
   const double dense_weights =
       s.attention_weights() + (s.is_moe() ? 0.0 : s.ffn_weights_per_expert());
@@ -285,7 +327,34 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
   if (N <= 1) {
     const double gemm = add_gemm(T, dense_weights / as_d(n));
     (void)gemm;
-    if (l.ffn == FfnLayout::k2DWeightStationary && n > 1) {
+    if (l.ffn == FfnLayout::k2DWeightStationary && n > 1 && !hw.paper_layouts) {
+      // strata's 2D FFN (model/ffn_layouts.cpp) on an X x Y grid (X = the largest divisor of n
+      // up to sqrt(n), as the engine picks, or the layout's): attention keeps the 1D all-reduce;
+      // the FFN all-reduces its f32 gate/up partial sums [T, f_in / Y] over X and its f32
+      // output [T, E / X] over Y, then all-gathers the output over X. The X and Y groups are
+      // NCCL communicators of their own.
+      int64_t x = l.x;
+      if (x <= 1) {
+        x = 1;
+        for (int64_t d = 2; d * d <= n; ++d)
+          if (n % d == 0) x = d;
+      }
+      const int64_t y = n / x;
+      double t = 0;
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        const bool ffn_block = !s.is_moe() && i + 1 == blocks.size() && blocks.size() == 2;
+        if (!ffn_block) {
+          t += tp_all_reduce(T * E);
+          continue;
+        }
+        t += nccl_all_reduce(hw, comm, T * blocks[i].f_in / as_d(y) * 4.0, x);
+        t += nccl_all_reduce(hw, comm, T * E / as_d(x) * 4.0, y);
+        t += nccl_all_gather(hw, comm, T * E * 4.0, x);
+      }
+      c.comm += t;
+      c.x = x;
+      c.yz = y;
+    } else if (l.ffn == FfnLayout::k2DWeightStationary && n > 1) {
       double best = -1;
       // A true 2D split: 1 < X < n (X = 1 is the 1D layout).
       for (int64_t x = 2; x < n; ++x) {
@@ -307,10 +376,23 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
       }
       c.comm += std::max(best, 0.0);
     } else {
-      for (size_t i = 0; i < blocks.size(); ++i) c.comm += 2.0 * comm.gather(T * E * kActBytes, n);
+      for (size_t i = 0; i < blocks.size(); ++i) c.comm += tp_all_reduce(T * E);
       c.x = 1;
       c.yz = n;
     }
+  } else if (!hw.paper_layouts && !s.is_moe() && N == n && blocks.size() == 2) {
+    // strata's weight-gathered FFN (model/ffn_layouts.cpp): attention stays 1D on every token;
+    // its f32 partial sums are reduce-scattered to each rank's 1 / n of the tokens, the FFN runs
+    // there with the layer's FFN weights all-gathered (bf16, in the step's stream: not hidden
+    // behind compute), and the f32 result is all-gathered back to every rank.
+    const double ffn_weights = s.ffn_weights_per_expert();
+    add_gemm(T, s.attention_weights() / as_d(n));
+    add_gemm(T / as_d(n), ffn_weights);
+    c.comm += comm.gather(T * E * 4.0, n);  // reduce-scatter
+    c.comm += nccl_all_gather(hw, comm, ffn_weights * 2.0, n);
+    c.comm += nccl_all_gather(hw, comm, T * E * 4.0, n);
+    c.x = 1;
+    c.yz = n;
   } else {
     const double local_weights = dense_weights * as_d(N) / as_d(n);
     const double gemm = add_gemm(T / as_d(N), local_weights);

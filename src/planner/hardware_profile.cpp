@@ -195,6 +195,52 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
                     "{}: field 'fused_elementwise' must be true or false", source);
     p.fused_elementwise = v.get<bool>();
   }
+  if (j.contains("paper_layouts")) {
+    const json& v = j.at("paper_layouts");
+    if (!v.is_boolean())
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: field 'paper_layouts' must be true or false", source);
+    p.paper_layouts = v.get<bool>();
+  }
+  if (j.contains("collective_probes")) {
+    const json& cp = j.at("collective_probes");
+    auto bad = [&](const std::string& what) {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: collective_probes{}: expected {{\"<GPUs>\": {{\"all_reduce_nccl_us\": "
+                    "[[bytes, us], ...], \"all_gather_nccl_us\": [...]}}}} with GPUs 2..1024 and "
+                    "bytes increasing, us > 0",
+                    source, what);
+    };
+    if (!cp.is_object()) return bad("");
+    for (const auto& [key, group] : cp.items()) {
+      const std::string where = "." + printable_for_message(key, 40);
+      int64_t g = 0;
+      for (char ch : key) {
+        if (ch < '0' || ch > '9' || g > 1024) return bad(where);
+        g = g * 10 + (ch - '0');
+      }
+      if (g < 2 || g > 1024 || !group.is_object()) return bad(where);
+      HardwareProfile::CollectiveCurve curve;
+      const std::pair<const char*, std::vector<std::pair<double, double>>*> fields[] = {
+          {"all_reduce_nccl_us", &curve.all_reduce}, {"all_gather_nccl_us", &curve.all_gather}};
+      for (const auto& [name, out] : fields) {
+        if (!group.contains(name)) continue;
+        const json& pts = group.at(name);
+        if (!pts.is_array()) return bad(where + "." + name);
+        for (const json& pt : pts) {
+          if (!pt.is_array() || pt.size() != 2 || !pt[0].is_number() || !pt[1].is_number())
+            return bad(where + "." + name);
+          const double bytes = pt[0].get<double>(), us = pt[1].get<double>();
+          if (!(bytes > 0.0) || !std::isfinite(bytes) || !(us > 0.0) || !std::isfinite(us) ||
+              (!out->empty() && bytes <= out->back().first))
+            return bad(where + "." + name);
+          out->emplace_back(bytes, us * 1e-6);
+        }
+      }
+      // all_reduce_oneshot_us (the engine's one-shot kernels) is read elsewhere: skipped here.
+      p.nccl_curves[g] = std::move(curve);
+    }
+  }
   STRATA_RETURN_IF_ERROR(fixed_and_rate(j, "shared_device_collective", source,
                                         &p.shared_collective_fixed_s, &p.shared_collective_Bps));
   if (j.contains("moe_block_probes")) {

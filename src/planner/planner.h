@@ -106,6 +106,18 @@ struct HardwareProfile {
     double seconds = 0;
   };
   std::vector<MoeBlockProbe> moe_block_probes;
+  // The layouts' collectives as the paper's TPU implementation runs them (bf16 activations, the
+  // 2D FFN sequence of its Figure 2b for every block). false: as strata's engine runs them
+  // (2D FFN: all-reduces of f32 partial sums over X then Y, an all-gather over X; attention
+  // head-sharded with the 1D all-reduce).
+  bool paper_layouts = false;
+  // NCCL collectives measured over groups of g GPUs (plan --calibrate's collective_probes):
+  // seconds against bytes, interpolated linearly between points and along the last segment past
+  // them. The engine's 2D FFN groups run NCCL; empty for g: priced by the ring model.
+  struct CollectiveCurve {
+    std::vector<std::pair<double, double>> all_reduce, all_gather;  // (bytes, seconds)
+  };
+  std::map<int64_t, CollectiveCurve> nccl_curves;
   // Measured GEMM throughput (FLOP/s) against tokens per GEMM, by weight format; interpolated
   // log-log between points and flat past the last one. Empty: the roofline is used.
   std::map<WeightFormat, std::vector<std::pair<double, double>>> gemm_curve;

@@ -421,6 +421,17 @@ std::vector<Prediction> predict(const json& data, const HardwareProfile& hw) {
     l.pp = c.value("pp", int64_t{1});
     l.ep = c.value("ep", int64_t{1});
     l.shared_device = c.value("shared_device", false);
+    const std::string ffn = c.value("ffn", std::string("1d"));
+    if (ffn == "2d") {
+      l.ffn = FfnLayout::k2DWeightStationary;
+    } else if (ffn == "weight-gathered") {
+      l.ffn = FfnLayout::kWeightGatheredXYZ;  // strata's: the FFN weights of the whole group
+    } else {
+      EXPECT_EQ(ffn, "1d") << c["id"];
+    }
+    if (c.value("attention", std::string("head-sharded")) == "batch-sharded") {
+      l.attention = AttentionSharding::kBatch;
+    }
     if (c.value("residency", std::string("device")) == "host") {
       l.residency = WeightResidency::kHostStreamed;
     }
@@ -477,17 +488,16 @@ TEST(H100Validation, PredictionErrorAgainstMeasurements) {
   EXPECT_LE(worst, 0.20);
 }
 
-// The one-H100 set of scripts/gpu_plan_set.sh (39 configurations from one lease: decode at KV
-// 256, 2,048 and 8,160 up to batch 256, prefill of 128 to 16,384 tokens, int8 and fp8, a 34B
-// model streamed from host memory, in-process TP = 2 and PP = 2 of the 8B shape sharing the GPU,
-// Qwen3-30B-A3B int8 with one rank and EP = 2 sharing it) against the profile plan --calibrate
-// wrote in the same job (bench/results/2026-11-26-h100-s6/planset2/). Issue 14's goals (mean <=
-// 10%, max <= 20%) hold for the 34 dense configurations but for one: mean 5.6%, max 21.0% (TP = 2
-// prefill of 2,048 tokens on one GPU, predicted fast: the shared-GPU all-reduce line runs through
-// 16 KB and 4 MB, and that prefill's 33.5 MB all-reduces move at about half the 4 MB rate). The
-// mixture of experts is far off (mean 49%, predicted 38-56% fast): the engine's MoE layer costs
-// ~70-90 us more per layer than the expert GEMMs it is priced as (routing, permutes, per-expert
-// launches), a term the profile does not measure yet. These bounds guard that state.
+// The one-H100 set of scripts/gpu_plan_set.sh (39 configurations from one device call: decode
+// at KV 256, 2,048 and 8,160 up to batch 256, prefill of 128 to 16,384 tokens, int8 and fp8, a
+// 34B model streamed from host memory, in-process TP = 2 and PP = 2 of the 8B shape sharing the
+// GPU, Qwen3-30B-A3B int8 with one rank and EP = 2 sharing it) against the profile plan
+// --calibrate wrote in the same job (bench/results/2026-11-26-h100-s7/planset3/: GEMM probes
+// timed from CUDA graphs, the MoE block probes). Issue 14's goals (mean <= 10%, max <= 20%) hold
+// for the 34 dense configurations: mean 9.4%, max 18.5% (predicted 7-18% fast in decode: the
+// steps' kernels besides the GEMMs and attention are not probed). The mixture of experts, priced
+// with the measured MoE block: mean 19.2%, max 27.1% (49% / 56% before the probes). These bounds
+// guard that state.
 TEST(H100Validation, CalibratedSetPredictionError) {
   const json data = read_json("h100_planset.json");
   const HardwareProfile hw =
@@ -503,9 +513,9 @@ TEST(H100Validation, CalibratedSetPredictionError) {
   const auto [moe_mean, moe_worst] = print_errors(moe);
   ASSERT_GE(dense.size(), 30u);
   EXPECT_LE(dense_mean, 0.10);
-  EXPECT_LE(dense_worst, 0.22);
-  EXPECT_LE(moe_mean, 0.52);
-  EXPECT_LE(moe_worst, 0.60);
+  EXPECT_LE(dense_worst, 0.20);
+  EXPECT_LE(moe_mean, 0.22);
+  EXPECT_LE(moe_worst, 0.30);
 }
 
 // ---- strata on two H200s: tensor, pipeline and expert layouts ------------------------------
@@ -519,7 +529,8 @@ TEST(H200TwoGpuValidation, PredictionErrorAgainstMeasurements) {
   const auto [mean, worst] = print_errors(preds);
   // Issue 14's goals (mean <= 10%, max <= 20%) on 26 configurations measured in one two-H200 job
   // with the profile calibrated there (the shipped h200 profile; bench/results/
-  // 2026-11-26-h200x2-s6/): mean 7.5%, worst 17.9% (70B prefill at TP = 2, predicted fast).
+  // 2026-11-26-h200x2-s6/): mean 6.5%, worst 14.8% (the all-reduces priced as strata runs them:
+  // f32 partial sums, the one-shot kernels or the measured NCCL curve).
   EXPECT_LE(mean, 0.10);
   EXPECT_LE(worst, 0.20);
 }
@@ -585,6 +596,70 @@ TEST(H200FourGpuValidation, MoeRankingPicksTheMeasuredBest) {
     ++checked;
   }
   EXPECT_GE(checked, 4);
+}
+
+// ---- the layouts of seed 003 on four H200s (issue 18 item 2) ------------------------------
+
+// Each scenario (a model, phase, batch and context) measured under two layouts of the same
+// TP = 4 group: 1d vs 2d FFN in decode, 1d (weight-stationary) vs weight-gathered FFN in
+// prefill, head- vs batch-sharded attention at KV 4,096. Prints every prediction and, per
+// scenario, the planner's pick against the measured best.
+struct LayoutScenarios {
+  std::vector<Prediction> preds;
+  std::map<std::string, std::vector<Prediction>> by_scenario;
+};
+LayoutScenarios four_gpu_layouts() {
+  const json data = read_json("h200x4_layouts.json");
+  const HardwareProfile hw =
+      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  LayoutScenarios out;
+  out.preds = predict(data, hw);
+  EXPECT_EQ(out.preds.size(), data["count"].get<size_t>());
+  for (const Prediction& p : out.preds)
+    out.by_scenario[p.id.substr(0, p.id.rfind('-'))].push_back(p);
+  return out;
+}
+
+TEST(H200FourGpuLayouts, PlannerPicksTheMeasuredBestLayout) {
+  const LayoutScenarios ls = four_gpu_layouts();
+  int checked = 0;
+  for (const auto& [name, ps] : ls.by_scenario) {
+    ASSERT_EQ(ps.size(), 2u) << name;
+    auto by_pred = std::min_element(ps.begin(), ps.end(), [](const auto& a, const auto& b) {
+      return a.predicted < b.predicted;
+    });
+    auto by_meas = std::min_element(
+        ps.begin(), ps.end(), [](const auto& a, const auto& b) { return a.measured < b.measured; });
+    const double gap = by_pred->measured / by_meas->measured - 1.0;
+    std::printf("scenario %-36s pick %-42s best %-42s gap %.1f%%\n", name.c_str(),
+                by_pred->id.c_str(), by_meas->id.c_str(), 100 * gap);
+    EXPECT_LE(gap, 0.05) << name;  // issue 18's goal
+    ++checked;
+  }
+  EXPECT_EQ(checked, 9);
+}
+
+TEST(H200FourGpuLayouts, PredictionError) {
+  const LayoutScenarios ls = four_gpu_layouts();
+  std::vector<Prediction> graphs, eager;
+  for (const Prediction& p : ls.preds)
+    (p.id.find("-batch") != std::string::npos ? eager : graphs).push_back(p);
+  std::printf("layouts the engine runs from CUDA graphs (1d / 2d decode) or as one pass:\n");
+  const auto [mean, worst] = print_errors(graphs);
+  std::printf("batch-sharded attention (the engine's eager correctness path):\n");
+  const auto [bs_mean, bs_worst] = print_errors(eager);
+  (void)bs_worst;
+  // Issue 14 / 18's goals (mean <= 10%; max <= 20%) on the 15 layouts the engine runs as it
+  // would serve: mean 4.8%, max 17.4% (8B head-sharded decode at batch 64, predicted fast). The
+  // engine's 2D FFN all-reduces f32 partial sums over X and Y on NCCL groups (priced from the
+  // profile's measured NCCL curves), its weight-gathered FFN gathers bf16 weights in the step's
+  // stream; priced so, the planner picks the measured best in all 9 scenarios. Batch-sharded
+  // attention is 34-80% slower than predicted: the engine runs it eagerly (no CUDA graphs, the
+  // step's plan uploaded each step), a correctness path; the cost model prices the layout, not
+  // that implementation, so these three are reported, not bounded.
+  EXPECT_LE(mean, 0.10);
+  EXPECT_LE(worst, 0.20);
+  EXPECT_GT(bs_mean, 0.0);
 }
 
 TEST(H100Validation, RankingPicksTheMeasuredBest) {
