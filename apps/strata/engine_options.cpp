@@ -225,21 +225,24 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
                   "= stage * T + tensor-parallel rank. Without mpirun: threads of this process "
                   "(--device cuda: rank r on GPU index+r, all on one GPU when there are fewer); "
                   "on the CPU, mpirun -np T*N runs one process per rank");
-  sub->add_option("--ffn-layout", e.parallel.ffn_layout,
-                  "--tp N on the CPU under mpirun, or with --device cuda as N threads on one GPU "
-                  "(compiled, not yet run on a GPU): how the FFN is partitioned (seed 003 Sec. "
-                  "3.2): 1d (Megatron, default), 2d (weight-stationary over an X x Y grid of the "
-                  "ranks: hidden split X, ffn split Y) or weight-gathered (each rank runs the FFN "
-                  "for 1/N of the tokens with the layer's FFN weights all-gathered). Llama family, "
-                  "f32/f16/bf16 checkpoints; combines with --attn-layout (on CUDA not yet tested "
-                  "together)");
+  sub->add_option(
+      "--ffn-layout", e.parallel.ffn_layout,
+      "--tp N on the CPU under mpirun, or with --device cuda as N threads (on one GPU, or "
+      "one GPU each through NCCL; tested on an H100 and 4 x H200): how the FFN is "
+      "partitioned (seed 003 Sec. "
+      "3.2): 1d (Megatron, default), 2d (weight-stationary over an X x Y grid of the "
+      "ranks: hidden split X, ffn split Y) or weight-gathered (each rank runs the FFN "
+      "for 1/N of the tokens with the layer's FFN weights all-gathered). Llama family, "
+      "f32/f16/bf16 checkpoints; combines with --attn-layout (on CUDA not yet tested "
+      "together)");
   sub->add_option("--ffn-2d-x", e.parallel.ffn_2d_x,
                   "--ffn-layout 2d: ranks along the hidden dimension, X (Y = N / X; default: "
                   "the largest divisor of N up to sqrt(N), e.g. 2 for 4 and 8 ranks)");
   sub->add_option("--attn-layout", e.parallel.attn_layout,
                   "--tp N on the CPU under mpirun, or with --device cuda as N threads on one GPU "
-                  "(eager steps, all-to-alls through host memory; compiled, not yet run on a "
-                  "GPU): how attention is partitioned (seed 003 Sec. 3.3): "
+                  "or one GPU each (eager steps; all-to-alls through host memory on one GPU, NCCL "
+                  "across GPUs; tested on an H100 and 4 x H200): how attention is partitioned "
+                  "(seed 003 Sec. 3.3): "
                   "head-sharded (Megatron, default; KV heads and the KV cache replicated when "
                   "there are fewer KV heads than ranks) or batch-sharded (each rank holds the KV "
                   "cache of its sequences, all KV heads; all-to-alls move q/k/v to the owner and "

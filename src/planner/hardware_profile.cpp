@@ -198,8 +198,8 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
   if (j.contains("paper_layouts")) {
     const json& v = j.at("paper_layouts");
     if (!v.is_boolean())
-      return errorf(StatusCode::kInvalidArgument,
-                    "{}: field 'paper_layouts' must be true or false", source);
+      return errorf(StatusCode::kInvalidArgument, "{}: field 'paper_layouts' must be true or false",
+                    source);
     p.paper_layouts = v.get<bool>();
   }
   if (j.contains("collective_probes")) {

@@ -366,6 +366,31 @@ TEST(CostModel, BadInputIsAnError) {
       "t.json");
   ASSERT_FALSE(bad_fused.ok());
   EXPECT_NE(bad_fused.status().message().find("fused_elementwise"), std::string::npos);
+  const std::string ic = R"("switch", "bandwidth_GBps": 100, "latency_us": 2}, )";
+  auto bad_paper = parse_hardware_profile(base + ic + R"("paper_layouts": "yes"})", "t.json");
+  ASSERT_FALSE(bad_paper.ok());
+  EXPECT_NE(bad_paper.status().message().find("paper_layouts"), std::string::npos);
+  for (const char* probes :
+       {R"([])", R"({"1": {}})", R"({"x2": {}})", R"({"99999": {}})", R"({"2": []})",
+        R"({"2": {"all_reduce_nccl_us": [[1024, 5], [512, 6]]}})",
+        R"({"2": {"all_gather_nccl_us": [[1024, 0]]}})",
+        R"({"2": {"all_reduce_nccl_us": [[1024]]}})", R"({"2\n": {}})"}) {
+    auto r =
+        parse_hardware_profile(base + ic + R"("collective_probes": )" + probes + "}", "c.json");
+    ASSERT_FALSE(r.ok()) << probes;
+    EXPECT_NE(r.status().message().find("c.json: collective_probes"), std::string::npos)
+        << r.status().message();
+    EXPECT_EQ(r.status().message().find('\n'), std::string::npos) << r.status().message();
+  }
+  auto good = parse_hardware_profile(
+      base + ic +
+          R"("collective_probes": {"4": {"all_reduce_nccl_us": [[1024, 10], [1048576, 30]],)"
+          R"( "all_gather_nccl_us": [[1024, 8]], "all_reduce_oneshot_us": [[1024, 6]]}}})",
+      "c.json");
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  ASSERT_EQ(good->nccl_curves.count(4), 1u);
+  EXPECT_EQ(good->nccl_curves.at(4).all_reduce.size(), 2u);
+  EXPECT_DOUBLE_EQ(good->nccl_curves.at(4).all_gather[0].second, 8e-6);
   for (const char* probes :
        {R"([{"experts": 8, "k": 9, "hidden": 64, "ffn": 64, "tokens": 1, "us": 5}])",
         R"([{"experts": 8, "k": 2, "hidden": 64, "ffn": 64, "tokens": 1, "us": 0}])",
