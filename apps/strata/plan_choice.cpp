@@ -1,8 +1,10 @@
-// `--plan auto|FILE`: the world layout (tensor- and pipeline-parallel sizes) chosen by the cost
-// model of `strata plan` instead of --tp / --pp. The engine runs one layout for both phases, so
-// every layout the engine can run (1D weight-stationary FFN, head-sharded attention, serial
+// `--plan auto|FILE`: the world layout (tensor- and pipeline-parallel sizes, the FFN layout)
+// chosen by the cost model of `strata plan` instead of --tp / --pp / --ffn-layout. The engine
+// runs one layout for both phases, so every layout the engine can run (1D weight-stationary FFN,
+// or 2D / weight-gathered with in-process tensor-parallel ranks; head-sharded attention, serial
 // block, no expert / data parallelism, no host streaming) is scored by its predicted prefill
-// phase plus its predicted decode phase for the workload, and the fastest one that fits wins.
+// phase plus its predicted decode phase for the workload, and the fastest one that fits wins
+// (strata/plan.h: choose_engine_layout).
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -31,6 +33,9 @@ Status apply_plan(EngineConfig& e) {
   if (e.parallel.tp != 1 || e.parallel.pp != 1) {
     return Status(StatusCode::kInvalidArgument,
                   "--plan chooses the tensor- and pipeline-parallel sizes: drop --tp / --pp");
+  }
+  if (e.parallel.ffn_layout != "1d") {
+    return Status(StatusCode::kInvalidArgument, "--plan chooses the FFN layout: drop --ffn-layout");
   }
   if (!e.device.is_cuda()) {
     return Status(StatusCode::kInvalidArgument,
@@ -81,14 +86,20 @@ Status apply_plan(EngineConfig& e) {
   const EngineLayoutChoice& best = *chosen;
   e.parallel.tp = static_cast<int>(best.decode.tp);
   e.parallel.pp = static_cast<int>(best.decode.pp);
+  if (best.decode.ffn == "2D-WS") {
+    e.parallel.ffn_layout = "2d";
+    e.parallel.ffn_2d_x = static_cast<int>(best.decode.x);
+  } else if (best.decode.ffn == "WG-XYZ") {
+    e.parallel.ffn_layout = "weight-gathered";
+  }
   if (env_config().launcher_rank <= 0) {
     std::fprintf(stderr,
-                 "strata: --plan %s (%s, %lld GPUs, profile %s): --tp %d --pp %d; predicted "
-                 "prefill %.1f ms (%s), decode %.2f ms/token (%s)\n",
+                 "strata: --plan %s (%s, %lld GPUs, profile %s): --tp %d --pp %d --ffn-layout "
+                 "%s; predicted prefill %.1f ms (%s), decode %.2f ms/token (%s)\n",
                  e.plan.c_str(), rep.model.c_str(), static_cast<long long>(rep.gpus),
-                 rep.profile.c_str(), e.parallel.tp, e.parallel.pp, best.prefill.latency_s * 1e3,
-                 best.prefill.layout.c_str(), best.decode.latency_s * 1e3,
-                 best.decode.layout.c_str());
+                 rep.profile.c_str(), e.parallel.tp, e.parallel.pp, e.parallel.ffn_layout.c_str(),
+                 best.prefill.latency_s * 1e3, best.prefill.layout.c_str(),
+                 best.decode.latency_s * 1e3, best.decode.layout.c_str());
   }
   return ok_status();
 }

@@ -70,12 +70,14 @@ std::string plan_to_json(const PlanReport& report);
 Result<PlanReport> plan_from_json(const std::string& text, const std::string& what);
 
 // The layout the engine runs for a plan (`--plan`): the engine keeps one layout for both phases
-// and runs 1D weight-stationary FFNs with head-sharded attention, tensor and pipeline parallel,
-// no expert / data parallelism and no host streaming. Among those that fit, the (tp, pp) whose
-// best prefill row plus best decode row predict the shortest phases wins. world > 0: an mpirun
-// world of that many GPU processes (tp x pp = world).
+// and runs head-sharded attention, tensor and pipeline parallel, no expert / data parallelism
+// and no host streaming, with 1D weight-stationary FFNs, or (dense models, tensor parallel only,
+// ranks in one process) the 2D weight-stationary or weight-gathered FFN. Among those that fit,
+// the (tp, pp, FFN layout) whose best prefill row plus best decode row predict the shortest
+// phases wins; a 2D or weight-gathered FFN only when at least 5% shorter than the best 1D one.
+// world > 0: an mpirun world of that many GPU processes (tp x pp = world; 1D only).
 struct EngineLayoutChoice {
-  PlanRow prefill, decode;  // the rows the choice rests on (same tp, pp)
+  PlanRow prefill, decode;  // the rows the choice rests on (same tp, pp and FFN layout)
 };
 Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& report, int world);
 

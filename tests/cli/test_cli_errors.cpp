@@ -107,6 +107,9 @@ TEST(Cli, PlanFlagErrors) {
   expect_clean_error(
       run_strata("bench --model-config llama3-8b --device cuda --plan auto --tp 2 -b 1"),
       "drop --tp / --pp");
+  expect_clean_error(
+      run_strata("bench --model-config llama3-8b --device cuda --plan auto --ffn-layout 2d -b 1"),
+      "drop --ffn-layout");
 }
 
 // --dp: data-parallel replicas run on GPUs (the CPU replicas are the library's, for tests), not
