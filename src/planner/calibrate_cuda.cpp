@@ -263,13 +263,32 @@ struct MoeShape {
 constexpr MoeShape kMoeShapes[] = {{128, 8, 2048, 768}, {8, 2, 4096, 14336}};
 constexpr int64_t kMoeTokens[] = {1, 8, 64};
 
-Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_t tokens) {
+// w_dtype: the experts' weights, bf16 or 8-bit with per-row scales (quantized from random bf16
+// rows, as at load); the router stays bf16, as in the engine.
+Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_t tokens,
+                                 DType w_dtype) {
   DeviceBuffers mem;
   const int64_t E = m.experts, H = m.hidden, F = m.ffn, k = m.k, T = tokens, S = T * k;
   STRATA_ASSIGN_OR_RETURN(void* x, random_bf16(ctx, mem, T * H, 3, 1.0f));
   STRATA_ASSIGN_OR_RETURN(void* router, random_bf16(ctx, mem, E * H, 7, 0.02f));
   STRATA_ASSIGN_OR_RETURN(void* gate_up, random_bf16(ctx, mem, E * 2 * F * H, 11, 0.02f));
   STRATA_ASSIGN_OR_RETURN(void* down, random_bf16(ctx, mem, E * H * F, 13, 0.02f));
+  float* gate_up_scale = nullptr;
+  float* down_scale = nullptr;
+  if (w_dtype != DType::kBF16) {
+    STRATA_ASSIGN_OR_RETURN(void* gu_q, mem.device(static_cast<size_t>(E * 2 * F * H), 0));
+    STRATA_ASSIGN_OR_RETURN(void* dn_q, mem.device(static_cast<size_t>(E * H * F), 0));
+    STRATA_ASSIGN_OR_RETURN(void* gu_s, mem.device(static_cast<size_t>(E * 2 * F) * 4, 0));
+    STRATA_ASSIGN_OR_RETURN(void* dn_s, mem.device(static_cast<size_t>(E * H) * 4, 0));
+    gate_up_scale = static_cast<float*>(gu_s);
+    down_scale = static_cast<float*>(dn_s);
+    STRATA_RETURN_IF_ERROR(cuda::quantize_rows(ctx, static_cast<const uint16_t*>(gate_up),
+                                               E * 2 * F, H, w_dtype, gu_q, gate_up_scale));
+    STRATA_RETURN_IF_ERROR(cuda::quantize_rows(ctx, static_cast<const uint16_t*>(down), E * H, F,
+                                               w_dtype, dn_q, down_scale));
+    gate_up = gu_q;
+    down = dn_q;
+  }
   STRATA_ASSIGN_OR_RETURN(void* logits, mem.device(static_cast<size_t>(T * E) * 4, 0));
   STRATA_ASSIGN_OR_RETURN(void* ids, mem.device(static_cast<size_t>(S) * 4, 0));
   STRATA_ASSIGN_OR_RETURN(void* w, mem.device(static_cast<size_t>(S) * 4, 0));
@@ -324,10 +343,12 @@ Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_
     ep.x_perm = static_cast<const uint16_t*>(x_perm);
     ep.offsets = static_cast<const int32_t*>(offsets);
     ep.gate_up = gate_up;
+    ep.gate_up_scale = gate_up_scale;
     ep.gate_up_expert_stride = 2 * F * H;
     ep.down = down;
+    ep.down_scale = down_scale;
     ep.down_expert_stride = H * F;
-    ep.w_dtype = DType::kBF16;
+    ep.w_dtype = w_dtype;
     ep.act = static_cast<uint16_t*>(act);
     ep.y_perm = static_cast<float*>(y_perm);
     ep.n_rows = S;
@@ -703,25 +724,29 @@ Result<std::string> calibrate_profile(const std::string& name) {
     // term: the profile then has none and says why, rather than the calibration failing.
     nlohmann::json probes = nlohmann::json::array();
     Status moe_status = ok_status();
-    for (const MoeShape& m : kMoeShapes) {
-      for (int64_t t : kMoeTokens) {
-        if (!moe_status.ok()) break;
-        auto s = moe_block_seconds(ctx, m, t);
-        if (!s.ok()) {
-          moe_status = s.status();
-          break;
+    for (const auto& [dt, wname] : {std::pair{DType::kBF16, "bf16"}, std::pair{DType::kI8, "int8"},
+                                    std::pair{DType::kFP8E4M3, "fp8"}}) {
+      for (const MoeShape& m : kMoeShapes) {
+        for (int64_t t : kMoeTokens) {
+          if (!moe_status.ok()) break;
+          auto s = moe_block_seconds(ctx, m, t, dt);
+          if (!s.ok()) {
+            moe_status = s.status().with_context(std::string("MoE block, ") + wname);
+            break;
+          }
+          probes.push_back({{"experts", m.experts},
+                            {"k", m.k},
+                            {"hidden", m.hidden},
+                            {"ffn", m.ffn},
+                            {"tokens", t},
+                            {"weights", wname},
+                            {"us", *s * 1e6}});
         }
-        probes.push_back({{"experts", m.experts},
-                          {"k", m.k},
-                          {"hidden", m.hidden},
-                          {"ffn", m.ffn},
-                          {"tokens", t},
-                          {"us", *s * 1e6}});
       }
     }
-    if (moe_status.ok()) {
-      j["moe_block_probes"] = probes;
-    } else {
+    // The probes measured before a failure stay (the cost model fits each weight format's own).
+    if (!probes.empty()) j["moe_block_probes"] = probes;
+    if (!moe_status.ok()) {
       j["moe_block_probes_error"] = moe_status.to_string();
       (void)cudaGetLastError();
       (void)cudaStreamSynchronize(ctx.stream);

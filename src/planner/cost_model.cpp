@@ -232,9 +232,15 @@ double experts_touched(double X, double k, double tokens) {
 struct MoeOverhead {
   double per_layer = 0, per_expert = 0;
 };
-MoeOverhead moe_overhead(const HardwareProfile& hw) {
+MoeOverhead moe_overhead(const HardwareProfile& hw, WeightFormat format) {
   MoeOverhead o;
-  const auto& probes = hw.moe_block_probes;
+  std::vector<HardwareProfile::MoeBlockProbe> probes;
+  for (const auto& m : hw.moe_block_probes)
+    if (m.weights == format) probes.push_back(m);
+  if (probes.empty()) {
+    for (const auto& m : hw.moe_block_probes)
+      if (m.weights == WeightFormat::kBF16) probes.push_back(m);
+  }
   if (probes.empty()) return o;
   std::vector<double> xs, ys;
   for (const HardwareProfile::MoeBlockProbe& m : probes) {
@@ -242,8 +248,7 @@ MoeOverhead moe_overhead(const HardwareProfile& hw) {
     const double touched = experts_touched(X, k, T);
     const double per_expert = T * k / touched;
     const double weights = 3.0 * as_d(m.hidden) * as_d(m.ffn);
-    const ExpertTime et =
-        expert_gemm_seconds(hw, WeightFormat::kBF16, touched, per_expert, weights);
+    const ExpertTime et = expert_gemm_seconds(hw, m.weights, touched, per_expert, weights);
     // Permuted rows in and out (bf16 in, f32 out), the gated activation's bf16 gate, up and out.
     const double traffic = T * k * (as_d(m.hidden) * (2.0 + 4.0) + 6.0 * as_d(m.ffn)) /
                            (hw.hbm_read_Bps * hw.memory_efficiency);
@@ -463,7 +468,7 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
     // What the measured MoE block (the profile's probes) spends beyond its expert GEMMs: the
     // router, top-k, permute and combine launches and each touched expert's share of the
     // grouped kernels.
-    const MoeOverhead mo = moe_overhead(hw);
+    const MoeOverhead mo = moe_overhead(hw, w.weights);
     c.overhead += mo.per_layer + mo.per_expert * touched_dev;
     if (e > 1 && w.phase == Phase::kDecode && hw.moe_exchange_Bps > 0) {
       // The engine's decode steps take the fixed-capacity exchange (model/moe_ep.h): each of

@@ -249,7 +249,7 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
       return errorf(StatusCode::kInvalidArgument,
                     "{}: field 'moe_block_probes' must be a list of {{\"experts\", \"k\", "
                     "\"hidden\", \"ffn\", \"tokens\": whole numbers >= 1 (k <= experts), "
-                    "\"us\": > 0}}",
+                    "\"us\": > 0, optionally \"weights\": bf16|int8|fp8}}",
                     source);
     };
     if (!a.is_array()) return bad();
@@ -265,6 +265,12 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
         *ints[i] = v;
       }
       if (m.k > m.experts || !e.contains("us") || !e.at("us").is_number()) return bad();
+      if (e.contains("weights")) {
+        if (!e.at("weights").is_string()) return bad();
+        auto f = parse_weight_format(e.at("weights").get<std::string>());
+        if (!f.ok()) return f.status().with_context(source + ": moe_block_probes");
+        m.weights = *f;
+      }
       m.seconds = e.at("us").get<double>() * 1e-6;
       if (!(m.seconds > 0.0) || !std::isfinite(m.seconds)) return bad();
       p.moe_block_probes.push_back(m);

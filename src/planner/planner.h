@@ -99,11 +99,13 @@ struct HardwareProfile {
   double shared_collective_fixed_s = 0;
   double shared_collective_Bps = 0;
   // The engine's MoE block of a decode step measured whole on one GPU (plan --calibrate:
-  // router, top-k, permute, grouped expert MLP, combine; bf16): the cost model prices what its
-  // expert GEMMs do not explain per layer and per expert touched. Empty: not priced.
+  // router, top-k, permute, grouped expert MLP, combine; per expert weight format): the cost
+  // model prices what its expert GEMMs do not explain per layer and per expert touched, from the
+  // probes of the workload's weight format (bf16's when it has none). Empty: not priced.
   struct MoeBlockProbe {
     int64_t experts = 0, k = 0, hidden = 0, ffn = 0, tokens = 0;
     double seconds = 0;
+    WeightFormat weights = WeightFormat::kBF16;  // the experts' weights ("weights"; bf16 if absent)
   };
   std::vector<MoeBlockProbe> moe_block_probes;
   // The layouts' collectives as the paper's TPU implementation runs them (bf16 activations, the

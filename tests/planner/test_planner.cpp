@@ -322,6 +322,23 @@ TEST(CostModel, MoeBlockProbesPriceTheOverheadPerExpertTouched) {
   const ModelShape llama8 = value(model_shape_preset("llama3-8b"));
   EXPECT_DOUBLE_EQ(value(estimate(llama8, more, Layout{1}, decode)).step_seconds,
                    value(estimate(llama8, h100, Layout{1}, decode)).step_seconds);
+  // Each weight format is priced from its own probes, bf16's when it has none. int8 probes
+  // faster than any GEMM pricing leave little int8 overhead (the fit is clamped at zero), where
+  // without them int8 steps took bf16's ~10 ms a layer; bf16 steps keep bf16's probes.
+  PhaseWorkload decode8 = decode;
+  decode8.weights = WeightFormat::kInt8;
+  const double bf16_probes = value(estimate(mixtral, base, Layout{1}, decode8)).step_seconds;
+  HardwareProfile int8_zero = base;
+  for (const auto& p : base.moe_block_probes) {
+    HardwareProfile::MoeBlockProbe q = p;
+    q.weights = WeightFormat::kInt8;
+    q.seconds = 1e-9;
+    int8_zero.moe_block_probes.push_back(q);
+  }
+  const double own = value(estimate(mixtral, int8_zero, Layout{1}, decode8)).step_seconds;
+  EXPECT_GT(bf16_probes - own, static_cast<double>(mixtral.n_layers) * 5e-3);
+  EXPECT_DOUBLE_EQ(value(estimate(mixtral, int8_zero, Layout{1}, decode)).step_seconds,
+                   a.step_seconds);
 }
 
 TEST(CostModel, BadInputIsAnError) {
@@ -391,11 +408,14 @@ TEST(CostModel, BadInputIsAnError) {
   ASSERT_EQ(good->nccl_curves.count(4), 1u);
   EXPECT_EQ(good->nccl_curves.at(4).all_reduce.size(), 2u);
   EXPECT_DOUBLE_EQ(good->nccl_curves.at(4).all_gather[0].second, 8e-6);
-  for (const char* probes :
-       {R"([{"experts": 8, "k": 9, "hidden": 64, "ffn": 64, "tokens": 1, "us": 5}])",
-        R"([{"experts": 8, "k": 2, "hidden": 64, "ffn": 64, "tokens": 1, "us": 0}])",
-        R"([{"experts": 8, "k": 2, "hidden": 64.5, "ffn": 64, "tokens": 1, "us": 5}])",
-        R"({"experts": 8})"}) {
+  for (
+      const char* probes :
+      {R"([{"experts": 8, "k": 9, "hidden": 64, "ffn": 64, "tokens": 1, "us": 5}])",
+       R"([{"experts": 8, "k": 2, "hidden": 64, "ffn": 64, "tokens": 1, "us": 5, "weights": 8}])",
+       R"([{"experts": 8, "k": 2, "hidden": 64, "ffn": 64, "tokens": 1, "us": 5, "weights": "q4"}])",
+       R"([{"experts": 8, "k": 2, "hidden": 64, "ffn": 64, "tokens": 1, "us": 0}])",
+       R"([{"experts": 8, "k": 2, "hidden": 64.5, "ffn": 64, "tokens": 1, "us": 5}])",
+       R"({"experts": 8})"}) {
     auto bad_probe = parse_hardware_profile(
         base + R"("switch", "bandwidth_GBps": 100, "latency_us": 2}, "moe_block_probes": )" +
             probes + "}",
