@@ -373,6 +373,101 @@ Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_
   return graph_seconds(ctx.stream, nullptr, block, 10, 8);
 }
 
+// One layer's decode attention as the engine runs it (Llama-3-8B heads: 32 query, 8 KV, 128
+// wide): RoPE + KV append of each sequence's new token, then the split-K flash decode over a
+// paged bf16 cache of kv_len positions per sequence; eight layers per graph, each with its own
+// cache (so the KV comes from HBM, not L2, where it can).
+Result<double> decode_attention_seconds(const LaunchCtx& ctx, int64_t seqs, int64_t kv_len) {
+  DeviceBuffers mem;
+  constexpr int64_t H = 32, Hkv = 8, D = 128, block = 16, kLayers = 8;
+  const int64_t bps = (kv_len + block - 1) / block, blocks = seqs * bps;
+  const int64_t qkv_w = (H + 2 * Hkv) * D;
+  std::vector<void*> k(kLayers), v(kLayers);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    STRATA_ASSIGN_OR_RETURN(k[static_cast<size_t>(l)],
+                            random_bf16(ctx, mem, blocks * block * Hkv * D, 21 + l, 1.0f));
+    STRATA_ASSIGN_OR_RETURN(v[static_cast<size_t>(l)],
+                            random_bf16(ctx, mem, blocks * block * Hkv * D, 41 + l, 1.0f));
+  }
+  STRATA_ASSIGN_OR_RETURN(void* qkv, mem.device(static_cast<size_t>(seqs * qkv_w) * 4, 0));
+  STRATA_ASSIGN_OR_RETURN(void* q, mem.device(static_cast<size_t>(seqs * H * D) * 2, 0));
+  STRATA_ASSIGN_OR_RETURN(void* o, mem.device(static_cast<size_t>(seqs * H * D) * 2, 0));
+  STRATA_ASSIGN_OR_RETURN(void* inv_freq, mem.device(static_cast<size_t>(D / 2) * 4, 0));
+  // Device arrays: cu_q [seqs + 1], kv_len [seqs], token_seq [seqs], token_pos [seqs], then the
+  // block tables [seqs, bps].
+  std::vector<int32_t> host(static_cast<size_t>((seqs + 1) + 3 * seqs + blocks));
+  int32_t* cu_q = host.data();
+  int32_t* lens = cu_q + seqs + 1;
+  int32_t* tseq = lens + seqs;
+  int32_t* tpos = tseq + seqs;
+  int32_t* tables = tpos + seqs;
+  for (int64_t i = 0; i <= seqs; ++i) cu_q[i] = static_cast<int32_t>(i);
+  for (int64_t i = 0; i < seqs; ++i) {
+    lens[i] = static_cast<int32_t>(kv_len);
+    tseq[i] = static_cast<int32_t>(i);
+    tpos[i] = static_cast<int32_t>(kv_len - 1);
+  }
+  for (int64_t b = 0; b < blocks; ++b) tables[b] = static_cast<int32_t>(b);
+  STRATA_ASSIGN_OR_RETURN(void* meta, mem.device(host.size() * sizeof(int32_t), 0));
+  STRATA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(meta, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  const auto* dev = static_cast<const int32_t*>(meta);
+  const int32_t* d_cu_q = dev;
+  const int32_t* d_lens = d_cu_q + seqs + 1;
+  const int32_t* d_tseq = d_lens + seqs;
+  const int32_t* d_tpos = d_tseq + seqs;
+  const int32_t* d_tables = d_tpos + seqs;
+  const size_t ws_bytes = cuda::varlen_attention_workspace_bytes(seqs, H, D, kv_len);
+  void* ws = nullptr;
+  if (ws_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(ws, mem.device(ws_bytes, 0));
+  }
+  int64_t layer = 0;
+  auto step = [&]() -> Status {
+    const auto l = static_cast<size_t>(layer++ % kLayers);
+    PagedKvBf16Params cache;
+    cache.k_cache = static_cast<uint16_t*>(k[l]);
+    cache.v_cache = static_cast<uint16_t*>(v[l]);
+    cache.block_tables = d_tables;
+    cache.max_blocks_per_seq = bps;
+    cache.n_seqs = seqs;
+    cache.n_blocks = blocks;
+    cache.block_size = block;
+    cache.n_heads_kv = Hkv;
+    cache.head_dim = D;
+    RopeKvAppendParams r;
+    r.qkv = static_cast<const float*>(qkv);
+    r.qkv_stride = qkv_w;
+    r.q_out = static_cast<uint16_t*>(q);
+    r.q_out_stride = H * D;
+    r.token_seq = d_tseq;
+    r.token_pos = d_tpos;
+    r.n_tokens = seqs;
+    r.n_heads = H;
+    r.inv_freq = static_cast<const float*>(inv_freq);
+    r.rotary_dim = D;
+    r.cache = cache;
+    STRATA_RETURN_IF_ERROR(cuda::rope_kv_append(ctx, r));
+    VarlenAttentionParams a;
+    a.q = static_cast<const uint16_t*>(q);
+    a.q_stride = H * D;
+    a.out = static_cast<uint16_t*>(o);
+    a.out_stride = H * D;
+    a.cu_q = d_cu_q;
+    a.kv_len = d_lens;
+    a.n_seqs = seqs;
+    a.n_heads = H;
+    a.max_q_len = 1;
+    a.max_kv_len = kv_len;
+    a.cache = cache;
+    a.scale = 0.088f;
+    a.workspace = ws;
+    a.workspace_bytes = ws_bytes;
+    return cuda::varlen_attention(ctx, a);
+  };
+  return graph_seconds(ctx.stream, nullptr, step, 10, kLayers);
+}
+
 // ---- collectives --------------------------------------------------------------------------------
 
 struct CollectivePoints {
@@ -718,6 +813,30 @@ Result<std::string> calibrate_profile(const std::string& name) {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   } else {
     j["interconnect"] = {{"topology", "switch"}, {"bandwidth_GBps", 450}, {"latency_us", 2}};
+  }
+  {
+    // Decode attention (the cost model's decode attention overhead); a failure leaves the
+    // probes measured before it and says why.
+    nlohmann::json probes = nlohmann::json::array();
+    Status st = ok_status();
+    for (int64_t kv : {256, 2048}) {
+      for (int64_t seqs : {1, 16, 64}) {
+        if (!st.ok()) break;
+        auto t = decode_attention_seconds(ctx, seqs, kv);
+        if (!t.ok()) {
+          st = t.status();
+          break;
+        }
+        probes.push_back(
+            {{"seqs", seqs}, {"kv_len", kv}, {"kv_heads", 8}, {"head_dim", 128}, {"us", *t * 1e6}});
+      }
+    }
+    if (!probes.empty()) j["decode_attention_probes"] = probes;
+    if (!st.ok()) {
+      j["decode_attention_probes_error"] = st.to_string();
+      (void)cudaGetLastError();
+      (void)cudaStreamSynchronize(ctx.stream);
+    }
   }
   {
     // Last, so that a failed MoE probe (even one that leaves the context unusable) costs only its

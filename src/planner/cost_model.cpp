@@ -225,6 +225,30 @@ double experts_touched(double X, double k, double tokens) {
   return X * (1.0 - std::pow(1.0 - k / X, tokens));
 }
 
+// y = a + b x by least squares, each part at least zero (a fixed cost and a rate); zero
+// without points.
+struct Line {
+  double a = 0, b = 0;
+};
+Line fit_line(const std::vector<double>& xs, const std::vector<double>& ys) {
+  Line l;
+  if (xs.empty()) return l;
+  const double n = as_d(xs.size());
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    mx += xs[i] / n;
+    my += ys[i] / n;
+  }
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    sxy += (xs[i] - mx) * (ys[i] - my);
+    sxx += (xs[i] - mx) * (xs[i] - mx);
+  }
+  l.b = sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0;
+  l.a = std::max(0.0, my - l.b * mx);
+  return l;
+}
+
 // The MoE block's time beyond its expert GEMMs, a + b x (experts touched), least squares over
 // the profile's probes (HardwareProfile::moe_block_probes: measured block less this model's
 // price of its expert GEMMs and of the activation traffic the probe's kernels move). Zero
@@ -255,20 +279,23 @@ MoeOverhead moe_overhead(const HardwareProfile& hw, WeightFormat format) {
     xs.push_back(touched);
     ys.push_back(m.seconds - (et.memory + et.compute + traffic));
   }
-  const double n = as_d(xs.size());
-  double mx = 0, my = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    mx += xs[i] / n;
-    my += ys[i] / n;
-  }
-  double sxy = 0, sxx = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    sxy += (xs[i] - mx) * (ys[i] - my);
-    sxx += (xs[i] - mx) * (xs[i] - mx);
-  }
-  o.per_expert = sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0;
-  o.per_layer = std::max(0.0, my - o.per_expert * mx);
+  const Line l = fit_line(xs, ys);
+  o.per_layer = l.a;
+  o.per_expert = l.b;
   return o;
+}
+
+// The engine's decode attention of a layer beyond its KV read, a + b x (sequences), least squares
+// over the profile's probes (HardwareProfile::decode_attention_probes). Zero without probes.
+Line decode_attention_overhead(const HardwareProfile& hw) {
+  std::vector<double> xs, ys;
+  for (const HardwareProfile::DecodeAttentionProbe& d : hw.decode_attention_probes) {
+    const double kv =
+        as_d(d.seqs) * as_d(d.kv_len) * 2.0 * as_d(d.kv_heads) * as_d(d.head_dim) * kKvBytes;
+    xs.push_back(as_d(d.seqs));
+    ys.push_back(d.seconds - kv / (hw.hbm_read_Bps * hw.memory_efficiency));
+  }
+  return fit_line(xs, ys);
 }
 
 // One layer's step for one tensor-parallel group.
@@ -429,6 +456,10 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
   const double attn_c = attn_flops / attn_rate;
   const double attn_m = kv_bytes / (hw.hbm_read_Bps * hw.memory_efficiency);
   (attn_m >= attn_c ? c.memory : c.compute) += std::max(attn_c, attn_m);
+  if (w.phase == Phase::kDecode) {
+    const Line da = decode_attention_overhead(hw);
+    c.overhead += da.a + da.b * seqs_dev;
+  }
 
   // Activations the engine's elementwise kernels move through HBM (the GEMM curve times each GEMM
   // alone, f32 out), per token of this chip: the two RMSNorms (f32 residual in, bf16 out: 6 E

@@ -276,6 +276,32 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
       p.moe_block_probes.push_back(m);
     }
   }
+  if (j.contains("decode_attention_probes")) {
+    const json& a = j.at("decode_attention_probes");
+    auto bad = [&] {
+      return errorf(StatusCode::kInvalidArgument,
+                    "{}: field 'decode_attention_probes' must be a list of {{\"seqs\", "
+                    "\"kv_len\", \"kv_heads\", \"head_dim\": whole numbers >= 1, \"us\": > 0}}",
+                    source);
+    };
+    if (!a.is_array()) return bad();
+    for (const json& e : a) {
+      if (!e.is_object()) return bad();
+      HardwareProfile::DecodeAttentionProbe d;
+      int64_t* ints[] = {&d.seqs, &d.kv_len, &d.kv_heads, &d.head_dim};
+      const char* names[] = {"seqs", "kv_len", "kv_heads", "head_dim"};
+      for (size_t i = 0; i < 4; ++i) {
+        if (!e.contains(names[i]) || !e.at(names[i]).is_number_integer()) return bad();
+        const auto v = e.at(names[i]).get<int64_t>();
+        if (v < 1 || v > (int64_t{1} << 24)) return bad();
+        *ints[i] = v;
+      }
+      if (!e.contains("us") || !e.at("us").is_number()) return bad();
+      d.seconds = e.at("us").get<double>() * 1e-6;
+      if (!(d.seconds > 0.0) || !std::isfinite(d.seconds)) return bad();
+      p.decode_attention_probes.push_back(d);
+    }
+  }
   STRATA_RETURN_IF_ERROR(
       fixed_and_rate(j, "moe_exchange", source, &p.moe_exchange_fixed_s, &p.moe_exchange_Bps));
   if (j.contains("gemm_tflops")) {

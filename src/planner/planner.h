@@ -108,6 +108,15 @@ struct HardwareProfile {
     WeightFormat weights = WeightFormat::kBF16;  // the experts' weights ("weights"; bf16 if absent)
   };
   std::vector<MoeBlockProbe> moe_block_probes;
+  // The engine's decode attention of one layer measured on one GPU (plan --calibrate: RoPE + KV
+  // append and the split-K flash decode over a paged bf16 cache, from a graph): the cost model
+  // prices what the KV read does not explain (launches, the split-K combine) as a line in the
+  // sequences. Empty: the roofline alone.
+  struct DecodeAttentionProbe {
+    int64_t seqs = 0, kv_len = 0, kv_heads = 0, head_dim = 0;
+    double seconds = 0;
+  };
+  std::vector<DecodeAttentionProbe> decode_attention_probes;
   // The layouts' collectives as the paper's TPU implementation runs them (bf16 activations, the
   // 2D FFN sequence of its Figure 2b for every block). false: as strata's engine runs them
   // (2D FFN: all-reduces of f32 partial sums over X then Y, an all-gather over X; attention

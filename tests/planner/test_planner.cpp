@@ -341,6 +341,57 @@ TEST(CostModel, MoeBlockProbesPriceTheOverheadPerExpertTouched) {
                    a.step_seconds);
 }
 
+// The decode attention probes (the engine's RoPE + KV append and flash decode of one layer):
+// what the KV read at the profile's HBM rate does not explain, a + b x sequences, is added to
+// each layer of a decode step, and nothing to prefill.
+TEST(CostModel, DecodeAttentionProbesPriceTheFixedCost) {
+  const HardwareProfile h100 = value(load_hardware_profile("h100"));
+  HardwareProfile probed = h100;
+  const double a = 20e-6, b = 0.5e-6;
+  for (int64_t kv : {256, 2048}) {
+    for (int64_t seqs : {1, 16, 64}) {
+      const double bytes = static_cast<double>(seqs * kv) * 2.0 * 8 * 128 * 2.0;
+      probed.decode_attention_probes.push_back(
+          {seqs, kv, 8, 128,
+           bytes / (h100.hbm_read_Bps * h100.memory_efficiency) + a +
+               b * static_cast<double>(seqs)});
+    }
+  }
+  const ModelShape llama = value(model_shape_preset("llama3-8b"));
+  for (int64_t batch : {1, 16}) {
+    const PhaseWorkload decode{Phase::kDecode, batch, 256, 8, WeightFormat::kBF16};
+    const double with = value(estimate(llama, probed, Layout{1}, decode)).step_seconds;
+    const double without = value(estimate(llama, h100, Layout{1}, decode)).step_seconds;
+    EXPECT_NEAR(with - without,
+                static_cast<double>(llama.n_layers) * (a + b * static_cast<double>(batch)), 1e-9)
+        << batch;
+  }
+  const PhaseWorkload prefill{Phase::kPrefill, 1, 512, 0, WeightFormat::kBF16};
+  EXPECT_DOUBLE_EQ(value(estimate(llama, probed, Layout{1}, prefill)).seconds,
+                   value(estimate(llama, h100, Layout{1}, prefill)).seconds);
+  // Parsed from a profile, with one-line errors.
+  const std::string base =
+      R"({"memory_GB": 80, "peak_tflops": {"bf16": 100}, "hbm_read_GBps": 1000,
+          "host_to_device_GBps": 10, "interconnect": {"topology": "switch", "bandwidth_GBps": 100,
+          "latency_us": 2}, "decode_attention_probes": )";
+  auto good = parse_hardware_profile(
+      base + R"([{"seqs": 1, "kv_len": 256, "kv_heads": 8, "head_dim": 128, "us": 12.5}]})",
+      "d.json");
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  ASSERT_EQ(good->decode_attention_probes.size(), 1u);
+  EXPECT_DOUBLE_EQ(good->decode_attention_probes[0].seconds, 12.5e-6);
+  for (const char* bad :
+       {R"({})", R"([{"seqs": 1}])",
+        R"([{"seqs": 0, "kv_len": 256, "kv_heads": 8, "head_dim": 128, "us": 1}])",
+        R"([{"seqs": 1, "kv_len": 256, "kv_heads": 8, "head_dim": 128, "us": -1}])"}) {
+    auto r = parse_hardware_profile(base + bad + "}", "d.json");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("d.json: field 'decode_attention_probes'"),
+              std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(CostModel, BadInputIsAnError) {
   const HardwareProfile h100 = value(load_hardware_profile("h100"));
   const ModelShape llama = value(model_shape_preset("llama3-8b"));
