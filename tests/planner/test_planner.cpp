@@ -915,6 +915,17 @@ TEST(EngineLayout, OtherFfnLayoutOnlyWhenFivePercentFaster) {
   auto serving = choose_engine_layout(plan("llama3-70b", 512, 128), 0);
   ASSERT_TRUE(serving.ok());
   EXPECT_EQ(serving->decode.ffn, "1D-WS");
+  // The README's example (8 x H100, shipped profile: 2D ranked first in decode by 2%) keeps 1D.
+  PlanRequest readme;
+  readme.model_config = "llama3-70b";
+  readme.gpus = 8;
+  readme.batch = 64;
+  readme.prompt = 2048;
+  readme.gen = 128;
+  readme.top = 0;
+  auto ex = choose_engine_layout(value(make_plan(readme)), 0);
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  EXPECT_EQ(ex->decode.ffn, "1D-WS");
   auto moe = choose_engine_layout(plan("mixtral-8x7b", 2048, 1), 0);
   ASSERT_TRUE(moe.ok()) << moe.status().to_string();
   EXPECT_EQ(moe->decode.ffn, "1D-WS");
