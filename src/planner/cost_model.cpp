@@ -346,10 +346,7 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
   // one-shot's, or the profile's measured NCCL curve for the group.
   auto tp_all_reduce = [&](double elems) {
     if (hw.paper_layouts) return 2.0 * comm.gather(elems * kActBytes, n);
-    const double ring = 2.0 * comm.gather(elems * 4.0, n);
-    auto it = hw.nccl_curves.find(n);
-    if (n <= 1 || it == hw.nccl_curves.end() || it->second.all_reduce.empty()) return ring;
-    return std::min(ring, on_curve(it->second.all_reduce, elems * 4.0));
+    return std::min(2.0 * comm.gather(elems * 4.0, n), nccl_all_reduce(hw, comm, elems * 4.0, n));
   };
 
   // Projections (attention + dense FFN) under the FFN layout.

@@ -3,9 +3,11 @@
 // plan"); a missing required field or a non-positive number is an error naming the field.
 #include <cmath>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -49,6 +51,22 @@ Status fixed_and_rate(const json& j, const char* key, const std::string& source,
   *fixed_s = m.at("fixed_us").get<double>() * 1e-6;
   *bytes_per_s = m.at("GBps").get<double>() * 1e9;
   return ok_status();
+}
+
+// One measured probe of a profile's list (moe_block_probes, decode_attention_probes): the named
+// whole-number fields (1 .. 2^24) and "us" (> 0, finite) into *seconds. false: a field is
+// missing or out of range.
+bool probe_fields(const json& e, std::initializer_list<std::pair<const char*, int64_t*>> ints,
+                  double* seconds) {
+  for (const auto& [name, out] : ints) {
+    if (!e.contains(name) || !e.at(name).is_number_integer()) return false;
+    const auto v = e.at(name).get<int64_t>();
+    if (v < 1 || v > (int64_t{1} << 24)) return false;
+    *out = v;
+  }
+  if (!e.contains("us") || !e.at("us").is_number()) return false;
+  *seconds = e.at("us").get<double>() * 1e-6;
+  return *seconds > 0.0 && std::isfinite(*seconds);
 }
 
 }  // namespace
@@ -256,23 +274,22 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
     for (const json& e : a) {
       if (!e.is_object()) return bad();
       HardwareProfile::MoeBlockProbe m;
-      int64_t* ints[] = {&m.experts, &m.k, &m.hidden, &m.ffn, &m.tokens};
-      const char* names[] = {"experts", "k", "hidden", "ffn", "tokens"};
-      for (size_t i = 0; i < 5; ++i) {
-        if (!e.contains(names[i]) || !e.at(names[i]).is_number_integer()) return bad();
-        const auto v = e.at(names[i]).get<int64_t>();
-        if (v < 1 || v > (int64_t{1} << 24)) return bad();
-        *ints[i] = v;
+      if (!probe_fields(e,
+                        {{"experts", &m.experts},
+                         {"k", &m.k},
+                         {"hidden", &m.hidden},
+                         {"ffn", &m.ffn},
+                         {"tokens", &m.tokens}},
+                        &m.seconds) ||
+          m.k > m.experts) {
+        return bad();
       }
-      if (m.k > m.experts || !e.contains("us") || !e.at("us").is_number()) return bad();
       if (e.contains("weights")) {
         if (!e.at("weights").is_string()) return bad();
         auto f = parse_weight_format(e.at("weights").get<std::string>());
         if (!f.ok()) return f.status().with_context(source + ": moe_block_probes");
         m.weights = *f;
       }
-      m.seconds = e.at("us").get<double>() * 1e-6;
-      if (!(m.seconds > 0.0) || !std::isfinite(m.seconds)) return bad();
       p.moe_block_probes.push_back(m);
     }
   }
@@ -288,17 +305,14 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
     for (const json& e : a) {
       if (!e.is_object()) return bad();
       HardwareProfile::DecodeAttentionProbe d;
-      int64_t* ints[] = {&d.seqs, &d.kv_len, &d.kv_heads, &d.head_dim};
-      const char* names[] = {"seqs", "kv_len", "kv_heads", "head_dim"};
-      for (size_t i = 0; i < 4; ++i) {
-        if (!e.contains(names[i]) || !e.at(names[i]).is_number_integer()) return bad();
-        const auto v = e.at(names[i]).get<int64_t>();
-        if (v < 1 || v > (int64_t{1} << 24)) return bad();
-        *ints[i] = v;
+      if (!probe_fields(e,
+                        {{"seqs", &d.seqs},
+                         {"kv_len", &d.kv_len},
+                         {"kv_heads", &d.kv_heads},
+                         {"head_dim", &d.head_dim}},
+                        &d.seconds)) {
+        return bad();
       }
-      if (!e.contains("us") || !e.at("us").is_number()) return bad();
-      d.seconds = e.at("us").get<double>() * 1e-6;
-      if (!(d.seconds > 0.0) || !std::isfinite(d.seconds)) return bad();
       p.decode_attention_probes.push_back(d);
     }
   }

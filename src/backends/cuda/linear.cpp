@@ -331,6 +331,23 @@ Status autotune(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, Descs& s, 
   return ok_status();
 }
 
+// Outside a capture: drains ctx's stream (always with drain_alone, else only when there is a
+// first-use barrier) and meets the process's other ranks at LaunchCtx::first_use_barrier, if
+// any. `what`: how far the ranks got, for the message when they were aborted.
+Status drain_and_meet(const LaunchCtx& ctx, bool drain_alone, const char* what) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ctx.stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return ok_status();
+  if (ctx.first_use_barrier == nullptr && !drain_alone) return ok_status();
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+  if (ctx.first_use_barrier != nullptr && !(*ctx.first_use_barrier)()) {
+    return Status(
+        StatusCode::kCancelled,
+        std::string("cuBLASLt first use: the process's ranks were aborted before all ") + what);
+  }
+  return ok_status();
+}
+
 Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, const float* bias,
                   const void* a, const void* b, void* d, void* workspace) {
   Descs s;
@@ -348,17 +365,9 @@ Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, const fl
     // host thread waits for the lock (seen with NCCL on two H200s: one rank in
     // cuLibraryLoadData, the other in cublasLtMatmul's mutex). So the stream is drained first,
     // once per plan (never inside a capture: a captured shape has run eagerly before).
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ctx.stream, &capture));
-    if (capture == cudaStreamCaptureStatusNone) {
-      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
-      // Ranks whose GPUs could otherwise sit in a collective waiting for this one meet here
-      // first, every stream drained (LaunchCtx::first_use_barrier).
-      if (ctx.first_use_barrier != nullptr && !(*ctx.first_use_barrier)()) {
-        return Status(StatusCode::kCancelled,
-                      "cuBLASLt first use: the process's ranks were aborted before all arrived");
-      }
-    }
+    // Ranks whose GPUs could otherwise sit in a collective waiting for this one meet here
+    // first, every stream drained (LaunchCtx::first_use_barrier).
+    STRATA_RETURN_IF_ERROR(drain_and_meet(ctx, /*drain_alone=*/true, "arrived"));
   }
   if (!plan.tuned) STRATA_RETURN_IF_ERROR(autotune(ctx, key, plan, s, a, b, d, workspace));
   const Scalars sc(key);
@@ -374,15 +383,7 @@ Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, const fl
     // launches a collective that spins for a peer still in its first use: the peer's autotuning
     // may load another kernel library, which waits for the spinning kernel on a shared GPU
     // (Llama-3-8B at in-process TP = 2 on one H100 stopped at its first batch-64 step).
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ctx.stream, &capture));
-    if (capture == cudaStreamCaptureStatusNone && ctx.first_use_barrier != nullptr) {
-      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
-      if (!(*ctx.first_use_barrier)()) {
-        return Status(StatusCode::kCancelled,
-                      "cuBLASLt first use: the process's ranks were aborted before all finished");
-      }
-    }
+    STRATA_RETURN_IF_ERROR(drain_and_meet(ctx, /*drain_alone=*/false, "finished"));
   }
   return ok_status();
 }
