@@ -171,7 +171,8 @@ Result<HardwareProfile> parse_profile_object(const json& j, const std::string& s
     p.topology = Topology::kTorus3d;
   } else {
     return errorf(StatusCode::kInvalidArgument,
-                  "{}: interconnect.topology '{}' (expected switch or torus3d)", source, topo);
+                  "{}: interconnect.topology '{}' (expected switch or torus3d)", source,
+                  printable_for_message(topo, 40));
   }
   auto bw = positive(ic, "bandwidth_GBps", source + ": interconnect", true, 0);
   if (!bw.ok()) return bw.status();

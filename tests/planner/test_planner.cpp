@@ -482,6 +482,16 @@ TEST(CostModel, BadInputIsAnError) {
             std::string::npos)
       << odd_key.status().message();
   EXPECT_EQ(odd_key.status().message().find('\n'), std::string::npos);
+  // An unknown topology with a newline in it (fuzz_hw_profile): named, on one line.
+  auto odd_topo = parse_hardware_profile(
+      R"({"memory_GB": 80, "peak_tflops": {"bf16": 100}, "hbm_read_GBps": 1000,
+          "host_to_device_GBps": 10, "interconnect": {"topology": "sy\nah"}})",
+      "k.json");
+  ASSERT_FALSE(odd_topo.ok());
+  EXPECT_NE(odd_topo.status().message().find("k.json: interconnect.topology 'sy\\x0aah'"),
+            std::string::npos)
+      << odd_topo.status().message();
+  EXPECT_EQ(odd_topo.status().message().find('\n'), std::string::npos);
   EXPECT_FALSE(model_shape_preset("no-such-model").ok());
   const HardwareProfile a100 = value(load_hardware_profile("a100"));
   EXPECT_FALSE(
