@@ -34,8 +34,9 @@
 // projections stay f32 as ws.qkv is, the workspace gives the dtypes). The plan is host data
 // (step arrays read on the host, counts that vary per step): on a GPU the runner uploads its
 // step arrays every step and runs the layout eagerly, without CUDA graphs, and for in-process
-// ranks on one GPU the all-to-alls go through host memory (blocks::group_all_to_all_v: the
-// one-shot kernels have no variable splits). NCCL / mpirun ranks are refused
+// ranks on one GPU the all-to-alls are device-to-device copies between the ranks' buffers
+// (blocks::group_all_to_all_v: the one-shot kernels have no variable splits). NCCL / mpirun ranks
+// are refused
 // (runtime/executor.cpp).
 #include <algorithm>
 

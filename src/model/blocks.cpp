@@ -220,16 +220,15 @@ Status residual_linear_norm(const Model& m, ForwardArgs& a, const Tensor& in,
   return ops::all_reduce_add_norm(a.ctx, a.comm, y, bias, x, next, norm_args(m.config()), h);
 }
 
-// On the tensors directly where the communicator takes the device's memory for all_to_all_v
-// (host memory; NCCL), else staged through host memory: the in-process group of ranks sharing
-// one GPU has no device all_to_all_v (its one-shot kernels have fixed splits), so the rows go
-// down to the host, through the group's host all_to_all_v and back up, with a stream
-// synchronization each way (never a device-wide one: a peer may be inside a device collective,
-// parallel/inproc_comm.h). Eager only: nothing here can be captured in a CUDA graph.
+// On the tensors directly where the communicator takes the device's memory (host memory; NCCL;
+// the in-process group with its device state, whose ranks copy from each other's buffers), else
+// staged through host memory: the rows go down to the host, through the group's host
+// all_to_all_v and back up, with a stream synchronization each way (never a device-wide one: a
+// peer may be inside a device collective, parallel/inproc_comm.h). Eager only: nothing here can
+// be captured in a CUDA graph.
 Status group_all_to_all_v(ops::Context& ctx, Communicator& comm, const Tensor& send,
                           const int64_t* send_rows, Tensor& recv, const int64_t* recv_rows) {
-  if (comm.supports(ctx.device) &&
-      (ctx.device.is_cpu() || comm.size() == 1 || std::string(comm.name()) != "in-process")) {
+  if (comm.supports(ctx.device)) {
     return ops::all_to_all_v(ctx, comm, send, send_rows, recv, recv_rows);
   }
   const int n = comm.size();

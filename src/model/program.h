@@ -57,8 +57,8 @@ ops::AttentionArgs attention_args(const Model& m, const ForwardArgs& a, bool sli
 Status batch_sharded_attention(const Model& m, ForwardArgs& a, int64_t layer, bool sliding);
 // ops::all_to_all_v of a contiguous 2-D tensor's rows (send_rows / recv_rows: host arrays of
 // comm.size() entries) for any communicator: through host memory, eagerly (two stream
-// synchronizations), where it takes no device buffers for it (the in-process group of ranks on
-// one GPU). The mixture-of-experts exchange and batch-sharded attention.
+// synchronizations), where it takes no device buffers (an in-process group without its device
+// state). The mixture-of-experts exchange and batch-sharded attention.
 Status group_all_to_all_v(ops::Context& ctx, Communicator& comm, const Tensor& send,
                           const int64_t* send_rows, Tensor& recv, const int64_t* recv_rows);
 // ws.act = act(h W1^T) (gated: act(h Wg^T) * (h Wu^T)).

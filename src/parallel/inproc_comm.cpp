@@ -31,6 +31,8 @@ Status inproc_device_all_reduce_add_norm(InProcessGroup& g, int rank, const AllR
                                          void* stream);
 void destroy_in_process_device(InProcessDeviceState* s);
 Status inproc_device_health(InProcessGroup& g, int rank);
+Status inproc_device_copy(void* dst, const void* src, int64_t bytes, void* stream);
+Status inproc_device_sync(void* stream);
 #endif
 
 InProcessGroup::InProcessGroup(int n_ranks)
@@ -248,13 +250,23 @@ class InProcessCommunicator final : public Communicator {
   Status all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
                       void* recv, const int64_t* recv_counts, const int64_t* recv_offsets, DType dt,
                       const CommStream& s) override {
-    if (!s.device.is_cpu()) return no_device("all-to-all-v");
+    // Device buffers (one address space): each rank pulls its blocks from the peers' send
+    // buffers with copies on its stream. Its stream is drained before the first barrier (the
+    // peers read its send buffer from theirs) and after its copies (after the second barrier a
+    // peer may overwrite its send buffer). No staging through host memory, no registration.
+    const bool device = !s.device.is_cpu();
+#if !STRATA_HAS_CUDA
+    if (device) return no_device("all-to-all-v");
+#endif
     const size_t me = static_cast<size_t>(rank_);
+    Status st = ok_status();
+#if STRATA_HAS_CUDA
+    if (device) st = inproc_device_sync(s.cuda_stream);
+#endif
     g_->in[me] = send;
     g_->counts[me] = send_counts;
     g_->offsets[me] = send_offsets;
     STRATA_RETURN_IF_ERROR(g_->barrier(rank_));
-    Status st = ok_status();
     for (int r = 0; r < g_->n && st.ok(); ++r) {
       const size_t p = static_cast<size_t>(r);
       const int64_t n = g_->counts[p][me];
@@ -264,10 +276,20 @@ class InProcessCommunicator final : public Communicator {
                     rank_, recv_counts[p]);
         break;
       }
-      std::memcpy(static_cast<char*>(recv) + dtype_bytes(dt, recv_offsets[p]),
-                  static_cast<const char*>(g_->in[p]) + dtype_bytes(dt, g_->offsets[p][me]),
-                  static_cast<size_t>(dtype_bytes(dt, n)));
+      char* dst = static_cast<char*>(recv) + dtype_bytes(dt, recv_offsets[p]);
+      const char* src = static_cast<const char*>(g_->in[p]) + dtype_bytes(dt, g_->offsets[p][me]);
+      if (n == 0) continue;
+#if STRATA_HAS_CUDA
+      if (device) {
+        st = inproc_device_copy(dst, src, dtype_bytes(dt, n), s.cuda_stream);
+        continue;
+      }
+#endif
+      std::memcpy(dst, src, static_cast<size_t>(dtype_bytes(dt, n)));
     }
+#if STRATA_HAS_CUDA
+    if (device && st.ok()) st = inproc_device_sync(s.cuda_stream);
+#endif
     STRATA_RETURN_IF_ERROR(g_->barrier(rank_));
     return st;
   }

@@ -5,7 +5,9 @@
 // (backends/cuda/kernels/oneshot.cu): every rank registers a staging buffer and a flag array
 // once (init_in_process_device), and each collective is one kernel per rank that copies its input
 // to its staging buffer, raises its flags, waits for its peers' flags and reads their staging
-// buffers — no host synchronization, so it can be captured in a CUDA graph.
+// buffers — no host synchronization, so it can be captured in a CUDA graph. all_to_all_v on
+// device buffers is eager instead: each rank waits for its stream, meets its peers and copies its
+// blocks straight from their send buffers (cudaMemcpyAsync, one address space).
 //
 // Ranks sharing one GPU share its CUDA context: a rank must not wait for the whole device
 // (cudaDeviceSynchronize, cudaFree, a lazy kernel load) while a peer may be inside a device

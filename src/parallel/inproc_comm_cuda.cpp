@@ -210,6 +210,20 @@ Status inproc_device_all_to_all_rows(InProcessGroup& g, int rank, const void* se
   return oneshot_all_to_all_rows(v, send, capacity, cols, dt, recv, send_rows, recv_rows, stream);
 }
 
+// all_to_all_v's device path (inproc_comm.cpp): a copy between two ranks' device buffers
+// (cudaMemcpyDefault: one GPU, or two with peer access or staged by the driver) and the wait for
+// the rank's stream (not the device: a peer sharing the GPU may be inside a device collective).
+Status inproc_device_copy(void* dst, const void* src, int64_t bytes, void* stream) {
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+  return ok_status();
+}
+
+Status inproc_device_sync(void* stream) {
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  return ok_status();
+}
+
 int64_t in_process_device_max_bytes(Communicator& c) {
   InProcessGroup* g = in_process_group(c);
   if (g == nullptr || g->device == nullptr) return 0;

@@ -250,8 +250,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   }
   if (par.attn_layout != AttnLayout::kHeadSharded) {
     // The CPU reference (f32) and the device layout (bf16 activations, on the CPU or CUDA). On
-    // CUDA the all-to-alls go through host memory with the in-process group (ranks as threads
-    // on one GPU) and are NCCL's device all-to-alls with ranks on GPUs of their own
+    // CUDA the all-to-alls are copies between the ranks' device buffers with the in-process group
+    // (ranks as threads on one GPU) and NCCL's device all-to-alls with ranks on GPUs of their own
     // (model/attn_layouts.cpp, blocks::group_all_to_all_v).
     if (options.device.is_cuda() && comm.size() > 1 && !comm.supports(options.device)) {
       return errorf(StatusCode::kUnimplemented,
@@ -293,7 +293,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
   if (o.plan_barrier) r->runtime_->set_plan_barrier(o.plan_barrier);
   if (o.profile || !r->runtime_->supports_graphs()) o.cuda_graphs = false;
   // Batch-sharded attention plans every step on the host (which rank owns which runs, how many
-  // rows each all-to-all moves) and stages its all-to-alls through host memory: eager.
+  // rows each all-to-all moves), and its all-to-alls wait on the host: eager.
   if (par.attn_layout == AttnLayout::kBatchSharded) o.cuda_graphs = false;
   // Pipeline stages hand hidden states over through host memory between steps: eager for now.
   if (par.pp_size > 1) o.cuda_graphs = false;
@@ -790,7 +790,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     ParallelConfig& probe = attn_probe;
     STRATA_RETURN_IF_ERROR(apply_attn_layout(cfg.parallel, &probe));
     // On CUDA: --tensor-parallel-size ranks as threads of this process (no mpirun): on one GPU
-    // the all-to-alls go through host memory, across GPUs through NCCL (model/attn_layouts.cpp).
+    // the all-to-alls are device-to-device copies, across GPUs NCCL's (model/attn_layouts.cpp).
     if (probe.attn_layout != AttnLayout::kHeadSharded &&
         ((cuda && env_config().launcher_size > 1) || pp > 1 || ep > 1 || dp > 1)) {
       return errorf(StatusCode::kUnimplemented,

@@ -786,8 +786,9 @@ namespace {
 // group (the ranks of its tp_rank) are in-process communicators of their own. On a GPU both get
 // the one-shot device collectives (the expert-parallel groups' sized for the fixed-capacity
 // exchange of decode steps), so every rank may share one GPU and decode steps run in CUDA
-// graphs. On a shared GPU prefill's variable splits go through host memory (model/moe.cpp); on
-// GPUs of their own both groups are NCCL above the one-shot sizes, so they stay on the device.
+// graphs. On a shared GPU prefill's variable splits are copies between the ranks' device buffers
+// (the in-process all_to_all_v); on GPUs of their own both groups are NCCL above the one-shot
+// sizes. Either way they stay on the device.
 Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
     const ModelConfig& config,
     const std::function<Result<std::unique_ptr<Model>>(const ParallelConfig&)>& load, int tp,
@@ -819,8 +820,8 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
     return lazy_loading_error("expert", "--ep");
   }
   // On GPUs of their own, each group's device collectives are NCCL above the one-shot kernels'
-  // sizes (as make_tp_group's): prefill's all-gathers and variable-split all-to-alls then stay
-  // on the device instead of going through host memory (model/moe.cpp). Ranks sharing a GPU
+  // sizes (as make_tp_group's): prefill's all-gathers and variable-split all-to-alls then run
+  // as NCCL collectives (model/moe.cpp). Ranks sharing a GPU
   // cannot run NCCL: the one-shot kernels take every size there. Every rank of every group at
   // once (NCCL's init is collective within a group).
   auto with_nccl = [&](std::vector<std::unique_ptr<Communicator>>& comms, int64_t oneshot_max,
@@ -874,9 +875,9 @@ Result<std::unique_ptr<Executor>> make_in_process_ep_executor(
   }
   // The expert-parallel groups' device collectives (the one-shot kernels) for the fixed-capacity
   // exchange of decode-sized steps (model/moe_ep.h): its f32 rows back, the largest message, are
-  // ep blocks of C = P min(k, E / ep) rows for chunks of P = ceil(Tf / W) tokens. Larger steps'
-  // collectives go through host memory on a shared GPU (model/moe.cpp; NCCL on GPUs of their
-  // own), so these runs can be graph-captured.
+  // ep blocks of C = P min(k, E / ep) rows for chunks of P = ceil(Tf / W) tokens, so these runs
+  // can be graph-captured. Larger steps take the eager variable exchange (model/moe.cpp:
+  // device-to-device copies on a shared GPU, NCCL on GPUs of their own).
   const int64_t fixed_tokens =
       std::min(options.moe_ep_fixed_tokens < 0 ? options.max_num_seqs : options.moe_ep_fixed_tokens,
                options.max_num_tokens);

@@ -3,8 +3,8 @@
 // rank on the GPU (Mixtral's 6 experts, 3 per rank; Qwen2-MoE's 44 features are not a
 // multiple of 8, which the CUDA expert kernels need), the CUDA twin of
 // tests/model/test_ep_inproc.cpp. The route trace keeps these runs eager: decode steps take the
-// fixed-capacity exchange (one-shot all-to-alls), prefill the variable splits through host
-// memory. The graph-replayed decode is tests/cuda/test_ep_fixed_cuda.cpp.
+// fixed-capacity exchange (one-shot all-to-alls), prefill the variable splits (copies between
+// the ranks' device buffers). The graph-replayed decode is tests/cuda/test_ep_fixed_cuda.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -196,7 +196,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutCuda,
 
 // --attn-layout batch-sharded on ONE GPU with the ranks as threads (make_in_process_tp_executor
 // over the in-process communicator): each sequence's KV cache (every KV head) on one rank, the
-// projections and the attention output moved by all-to-alls through host memory, the per-rank
+// projections and the attention output moved by all-to-alls (device-to-device copies), the per-rank
 // step arrays planned on the host and uploaded every step, no CUDA graphs. The llama fixtures
 // (GQA: 4 query heads, 2 KV heads, replicated at 4 ranks under head-sharded attention) at TP = 2
 // and 4 against TP = 1 (head-sharded, graphs on) on the GPU, within the bf16 tolerance of the TP

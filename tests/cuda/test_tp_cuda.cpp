@@ -152,6 +152,72 @@ TEST(OneShotCuda, AllReduceAndGatherMatchHostTwin) {
   }
 }
 
+// all_to_all_v on device buffers (each rank copies its blocks from its peers' send buffers)
+// against the same communicator's host all_to_all_v, with uneven and empty blocks: rank r sends
+// (r + 2q) % 4 rows of 5 bf16 values to rank q, 0 where that is 0.
+TEST(OneShotCuda, AllToAllVOnDeviceMatchesHost) {
+  REQUIRE_GPU();
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(std::to_string(n) + " ranks");
+    auto comms = make_in_process_communicators(n);
+    constexpr int64_t kCols = 5;
+    auto rows_to = [](int r, int q) { return int64_t{(r + 2 * q) % 4}; };
+    const std::string err = on_ranks(n, [&](int r) -> Status {
+      Communicator& c = *comms[static_cast<size_t>(r)];
+      auto dev = cuda::CudaDevice::create(0);
+      if (!dev.ok()) return dev.status();
+      STRATA_RETURN_IF_ERROR(init_in_process_device(c, 0, 4096));
+      std::vector<int64_t> sc(static_cast<size_t>(n)), so(static_cast<size_t>(n)),
+          rc(static_cast<size_t>(n)), ro(static_cast<size_t>(n));
+      int64_t st_total = 0, rt_total = 0;
+      for (int q = 0; q < n; ++q) {
+        const auto i = static_cast<size_t>(q);
+        so[i] = st_total;
+        sc[i] = rows_to(r, q) * kCols;
+        ro[i] = rt_total;
+        rc[i] = rows_to(q, r) * kCols;
+        st_total += sc[i];
+        rt_total += rc[i];
+      }
+      std::vector<uint16_t> send(static_cast<size_t>(st_total));
+      for (size_t i = 0; i < send.size(); ++i) {
+        send[i] = f32_to_bf16(static_cast<float>(r * 1000 + static_cast<int>(i)));
+      }
+      std::vector<uint16_t> want(static_cast<size_t>(rt_total) + 1, 0xffff),
+          got(static_cast<size_t>(rt_total) + 1, 0);
+      CommStream host;
+      STRATA_RETURN_IF_ERROR(c.all_to_all_v(send.data(), sc.data(), so.data(), want.data(),
+                                            rc.data(), ro.data(), DType::kBF16, host));
+      cudaStream_t stream = (*dev)->launch_ctx().stream;
+      void *dsend = nullptr, *drecv = nullptr;
+      const size_t sb = 2 * send.size() + 2, rb = 2 * got.size();
+      const bool allocated =
+          cudaMalloc(&dsend, sb) == cudaSuccess && cudaMalloc(&drecv, rb) == cudaSuccess;
+      if (allocated) {
+        cudaMemcpy(dsend, send.data(), 2 * send.size(), cudaMemcpyHostToDevice);
+        cudaMemset(drecv, 0xff, rb);  // the slot past the received rows must stay untouched
+      }
+      STRATA_RETURN_IF_ERROR(c.barrier());
+      if (!allocated) return Status(StatusCode::kOutOfMemory, "cudaMalloc");
+      CommStream s;
+      s.device = Device::cuda(0);
+      s.cuda_stream = stream;
+      Status st =
+          c.all_to_all_v(dsend, sc.data(), so.data(), drecv, rc.data(), ro.data(), DType::kBF16, s);
+      cudaMemcpyAsync(got.data(), drecv, rb, cudaMemcpyDeviceToHost, stream);
+      cudaStreamSynchronize(stream);
+      if (st.ok() && got != want) {
+        st = Status(StatusCode::kInternal, "device all-to-all-v differs from the host one");
+      }
+      const Status met = c.barrier();
+      cudaFree(dsend);
+      cudaFree(drecv);
+      return st.ok() ? met : st;
+    });
+    EXPECT_EQ(err, "");
+  }
+}
+
 // The fused all-reduce + bias + residual + RMSNorm (one kernel per rank) against a host
 // reference written out here: the rank-order f32 sum (reduce_sum_host), the bias, x += y exactly,
 // and h from a double sum of squares (within one bf16 ulp). Two calls per case, so both staging
