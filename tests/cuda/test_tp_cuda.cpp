@@ -230,12 +230,14 @@ TEST(OneShotCuda, AllReduceAddNormMatchesHostReference) {
     bool bias;
     float offset;
   };
-  // Rows of 4096 / 4100 / 1000 features take the float4 path, 1002 the scalar one; 32 rows is
-  // the most the fused kernel takes (40 are refused: the caller composes the separate ops).
-  for (const Shape& sh :
-       {Shape{2, 1, 64, false, 0.0f}, Shape{2, 7, 4100, true, 0.0f}, Shape{3, 32, 256, true, 1.0f},
-        Shape{4, 3, 1000, false, 0.0f}, Shape{2, 5, 4096, true, 0.0f},
-        Shape{2, 3, 1002, true, 1.0f}, Shape{2, 40, 256, false, 0.0f}}) {
+  // Rows of 4096 / 4100 / 1000 / 8192 / 12288 features take the float4 path (two, four, eight
+  // ranks: the unrolled reads, two column steps a round), 1002 the scalar one; 32 rows is the most
+  // the fused kernel takes (40 are refused: the caller composes the separate ops).
+  for (const Shape& sh : {Shape{2, 1, 64, false, 0.0f}, Shape{2, 7, 4100, true, 0.0f},
+                          Shape{3, 32, 256, true, 1.0f}, Shape{4, 3, 1000, false, 0.0f},
+                          Shape{2, 5, 4096, true, 0.0f}, Shape{2, 3, 1002, true, 1.0f},
+                          Shape{2, 2, 8192, true, 0.0f}, Shape{4, 1, 12288, false, 0.0f},
+                          Shape{8, 2, 4096, true, 0.0f}, Shape{2, 40, 256, false, 0.0f}}) {
     const int n = sh.n;
     const int64_t R = sh.rows, C = sh.cols, count = R * C;
     SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(R) + "x" + std::to_string(C));

@@ -238,11 +238,21 @@ __device__ __forceinline__ float load_as_f32(const void* p, DType dt, int64_t i)
 // the peers' rows, adds the bias and the residual, and normalizes the row. 1024 threads: a
 // decode row of 4096 features is one float4 per thread (kVec4: cols % 4 == 0 and every row
 // 16-byte aligned), so the row's reads, adds and stores are one wide access each.
+//
+// A decode step has one row, so one block reads every peer's staging over NVLink: the reads'
+// latency, not their bandwidth, sets the time. With the group size known at compile time (kR =
+// 2, 4 or 8; 0: any, read rank after rank) a thread issues all its peer loads of kIt column
+// steps (2 up to four ranks: a row of 8,192 f32) before the first add, so they are in flight
+// together. The sum is taken in rank order either way (bit-identical to reduce_sum_host).
 constexpr int kNormThreads = 1024;
 
-template <class W, bool kVec4>
+template <class W, bool kVec4, int kR>
 __global__ void __launch_bounds__(kNormThreads)
     oneshot_add_norm_kernel(const OneShotParams p, const OneShotAddNormParams f) {
+  static_assert(kR == 0 || kVec4, "the unrolled reads are float4 rows");
+  constexpr int kN = kVec4 ? 4 : 1;
+  constexpr int kIt = kR > 0 && kR <= 4 ? 2 : 1;  // column steps per round
+  constexpr int kLoads = kR > 0 ? kR : 1;         // peer values held per column step
   const int b = static_cast<int>(blockIdx.x);
   const int nb = static_cast<int>(gridDim.x);
   const uint32_t epoch = *p.epoch + 1;
@@ -266,43 +276,73 @@ __global__ void __launch_bounds__(kNormThreads)
   __syncthreads();
   arrive_and_wait(p, b, epoch);
   const W* w = static_cast<const W*>(f.weight);
+  auto peer = [&](int q, int64_t r, int64_t i) {
+    return reinterpret_cast<const float*>(static_cast<const char*>(p.staging[q]) + off) + r * cols +
+           i;
+  };
   for (int64_t r = b; r < f.rows; r += nb) {
     float* x = f.x + r * cols;
     float sum_sq = 0.0f;
-    for (int64_t i = first; i < cols; i += step) {
-      constexpr int kN = kVec4 ? 4 : 1;
-      float s[kN];
-      for (int q = 0; q < p.n_ranks; ++q) {
-        const float* src =
-            reinterpret_cast<const float*>(static_cast<const char*>(p.staging[q]) + off) +
-            r * cols + i;
-        float v[kN];
-        if constexpr (kVec4) {
-          const float4 t = __ldcg(reinterpret_cast<const float4*>(src));
-          v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    for (int64_t i0 = first; i0 < cols; i0 += kIt * step) {
+      float v[kIt][kLoads][kN];
+      // Every load of the round first (rows past cols are skipped).
+      if constexpr (kR > 0) {
+#pragma unroll
+        for (int u = 0; u < kIt; ++u) {
+          const int64_t i = i0 + u * step;
+          if (i >= cols) continue;
+#pragma unroll
+          for (int q = 0; q < kR; ++q) {
+            const float4 t = __ldcg(reinterpret_cast<const float4*>(peer(q, r, i)));
+            v[u][q][0] = t.x, v[u][q][1] = t.y, v[u][q][2] = t.z, v[u][q][3] = t.w;
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kIt; ++u) {
+        const int64_t i = i0 + u * step;
+        if (i >= cols) continue;
+        float s[kN];
+        if constexpr (kR > 0) {
+#pragma unroll
+          for (int k = 0; k < kN; ++k) s[k] = v[u][0][k];
+#pragma unroll
+          for (int q = 1; q < kR; ++q) {
+#pragma unroll
+            for (int k = 0; k < kN; ++k) s[k] = __fadd_rn(s[k], v[u][q][k]);
+          }
         } else {
-          v[0] = __ldcg(src);
+          for (int q = 0; q < p.n_ranks; ++q) {
+            const float* src = peer(q, r, i);
+            float t[kN];
+            if constexpr (kVec4) {
+              const float4 l = __ldcg(reinterpret_cast<const float4*>(src));
+              t[0] = l.x, t[1] = l.y, t[2] = l.z, t[3] = l.w;
+            } else {
+              t[0] = __ldcg(src);
+            }
+#pragma unroll
+            for (int k = 0; k < kN; ++k) s[k] = q == 0 ? t[k] : __fadd_rn(s[k], t[k]);
+          }
+        }
+        float xv[kN];
+        if constexpr (kVec4) {
+          const float4 t = *reinterpret_cast<const float4*>(x + i);
+          xv[0] = t.x, xv[1] = t.y, xv[2] = t.z, xv[3] = t.w;
+        } else {
+          xv[0] = x[i];
         }
 #pragma unroll
-        for (int k = 0; k < kN; ++k) s[k] = q == 0 ? v[k] : __fadd_rn(s[k], v[k]);
-      }
-      float xv[kN];
-      if constexpr (kVec4) {
-        const float4 t = *reinterpret_cast<const float4*>(x + i);
-        xv[0] = t.x, xv[1] = t.y, xv[2] = t.z, xv[3] = t.w;
-      } else {
-        xv[0] = x[i];
-      }
-#pragma unroll
-      for (int k = 0; k < kN; ++k) {
-        if (f.bias != nullptr) s[k] = __fadd_rn(s[k], load_as_f32(f.bias, f.bias_dtype, i + k));
-        xv[k] = __fadd_rn(xv[k], s[k]);
-        sum_sq += xv[k] * xv[k];
-      }
-      if constexpr (kVec4) {
-        *reinterpret_cast<float4*>(x + i) = make_float4(xv[0], xv[1], xv[2], xv[3]);
-      } else {
-        x[i] = xv[0];
+        for (int k = 0; k < kN; ++k) {
+          if (f.bias != nullptr) s[k] = __fadd_rn(s[k], load_as_f32(f.bias, f.bias_dtype, i + k));
+          xv[k] = __fadd_rn(xv[k], s[k]);
+          sum_sq += xv[k] * xv[k];
+        }
+        if constexpr (kVec4) {
+          *reinterpret_cast<float4*>(x + i) = make_float4(xv[0], xv[1], xv[2], xv[3]);
+        } else {
+          x[i] = xv[0];
+        }
       }
     }
     const float mean_sq = block_reduce_sum(sum_sq) / static_cast<float>(cols);
@@ -331,11 +371,28 @@ template <class W>
 void launch_add_norm(const LaunchCtx& ctx, const OneShotParams& p, const OneShotAddNormParams& f,
                      bool vec4) {
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(f.rows, kOneShotMaxBlocks)));
-  if (vec4) {
-    oneshot_add_norm_kernel<W, true><<<grid, kNormThreads, 0, ctx.stream>>>(p, f);
+  if (!vec4) {
+    oneshot_add_norm_kernel<W, false, 0><<<grid, kNormThreads, 0, ctx.stream>>>(p, f);
+  } else if (p.n_ranks == 2) {
+    oneshot_add_norm_kernel<W, true, 2><<<grid, kNormThreads, 0, ctx.stream>>>(p, f);
+  } else if (p.n_ranks == 4) {
+    oneshot_add_norm_kernel<W, true, 4><<<grid, kNormThreads, 0, ctx.stream>>>(p, f);
+  } else if (p.n_ranks == 8) {
+    oneshot_add_norm_kernel<W, true, 8><<<grid, kNormThreads, 0, ctx.stream>>>(p, f);
   } else {
-    oneshot_add_norm_kernel<W, false><<<grid, kNormThreads, 0, ctx.stream>>>(p, f);
+    oneshot_add_norm_kernel<W, true, 0><<<grid, kNormThreads, 0, ctx.stream>>>(p, f);
   }
+}
+
+template <class W>
+Status preload_add_norm() {
+  cudaFuncAttributes a{};
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<W, false, 0>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<W, true, 0>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<W, true, 2>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<W, true, 4>));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<W, true, 8>));
+  return ok_status();
 }
 
 }  // namespace
@@ -362,14 +419,9 @@ Status oneshot_preload() {
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_all_to_all_kernel<true>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_all_to_all_rows_kernel<false>));
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_all_to_all_rows_kernel<true>));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<float, false>));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<float, true>));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__half, false>));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__half, true>));
-  STRATA_CUDA_RETURN_IF_ERROR(
-      cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__nv_bfloat16, false>));
-  STRATA_CUDA_RETURN_IF_ERROR(
-      cudaFuncGetAttributes(&a, oneshot_add_norm_kernel<__nv_bfloat16, true>));
+  STRATA_RETURN_IF_ERROR(preload_add_norm<float>());
+  STRATA_RETURN_IF_ERROR(preload_add_norm<__half>());
+  STRATA_RETURN_IF_ERROR(preload_add_norm<__nv_bfloat16>());
   return oneshot_reduce_scatter_preload();
 }
 
