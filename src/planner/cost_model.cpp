@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "core/status.h"
 #include "planner/planner.h"
@@ -249,15 +250,15 @@ Line fit_line(const std::vector<double>& xs, const std::vector<double>& ys) {
   return l;
 }
 
-// The MoE block's time beyond its expert GEMMs, a + b x (experts touched), least squares over
-// the profile's probes (HardwareProfile::moe_block_probes: measured block less this model's
-// price of its expert GEMMs and of the activation traffic the probe's kernels move). Zero
-// without probes; each part at least zero.
-struct MoeOverhead {
-  double per_layer = 0, per_expert = 0;
-};
-MoeOverhead moe_overhead(const HardwareProfile& hw, WeightFormat format) {
-  MoeOverhead o;
+// The MoE block's time beyond its expert GEMMs at `touched` experts, from the profile's probes
+// (HardwareProfile::moe_block_probes: measured block less this model's price of its expert GEMMs
+// and of the activation traffic the probe's kernels move), of the model's weight format (else
+// bf16). Probes of the model's own block shape (experts, k, hidden, expert FFN) are interpolated
+// piecewise-linearly in the experts touched (the end values beyond them): what the GEMM curve
+// misprices in a shape's small grouped GEMMs is not a line across shapes. Other shapes get the
+// least-squares line a + b x over every probe. Zero without probes; never below zero.
+double moe_overhead_seconds(const HardwareProfile& hw, WeightFormat format, const ModelShape& s,
+                            double touched) {
   std::vector<HardwareProfile::MoeBlockProbe> probes;
   for (const auto& m : hw.moe_block_probes)
     if (m.weights == format) probes.push_back(m);
@@ -265,24 +266,48 @@ MoeOverhead moe_overhead(const HardwareProfile& hw, WeightFormat format) {
     for (const auto& m : hw.moe_block_probes)
       if (m.weights == WeightFormat::kBF16) probes.push_back(m);
   }
-  if (probes.empty()) return o;
-  std::vector<double> xs, ys;
+  if (probes.empty()) return 0.0;
+  std::vector<std::pair<double, double>> all, same;  // (touched, residual seconds)
   for (const HardwareProfile::MoeBlockProbe& m : probes) {
     const double X = as_d(m.experts), k = as_d(m.k), T = as_d(m.tokens);
-    const double touched = experts_touched(X, k, T);
-    const double per_expert = T * k / touched;
+    const double probe_touched = experts_touched(X, k, T);
+    const double per_expert = T * k / probe_touched;
     const double weights = 3.0 * as_d(m.hidden) * as_d(m.ffn);
-    const ExpertTime et = expert_gemm_seconds(hw, m.weights, touched, per_expert, weights);
+    const ExpertTime et = expert_gemm_seconds(hw, m.weights, probe_touched, per_expert, weights);
     // Permuted rows in and out (bf16 in, f32 out), the gated activation's bf16 gate, up and out.
     const double traffic = T * k * (as_d(m.hidden) * (2.0 + 4.0) + 6.0 * as_d(m.ffn)) /
                            (hw.hbm_read_Bps * hw.memory_efficiency);
-    xs.push_back(touched);
-    ys.push_back(m.seconds - (et.memory + et.compute + traffic));
+    const std::pair<double, double> point{probe_touched,
+                                          m.seconds - (et.memory + et.compute + traffic)};
+    all.push_back(point);
+    if (m.experts == s.n_experts && m.k == s.n_experts_used && m.hidden == s.hidden &&
+        m.ffn == s.expert_ffn_dim) {
+      same.push_back(point);
+    }
   }
-  const Line l = fit_line(xs, ys);
-  o.per_layer = l.a;
-  o.per_expert = l.b;
-  return o;
+  if (same.empty()) {
+    std::vector<double> xs, ys;
+    for (const auto& [x, y] : all) {
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+    const Line l = fit_line(xs, ys);
+    return l.a + l.b * touched;
+  }
+  std::sort(same.begin(), same.end());
+  double y = same.front().second;
+  if (touched >= same.back().first) {
+    y = same.back().second;
+  } else {
+    for (size_t i = 1; i < same.size(); ++i) {
+      const auto& [x0, y0] = same[i - 1];
+      const auto& [x1, y1] = same[i];
+      if (touched > x1) continue;
+      if (touched > x0) y = x1 > x0 ? y0 + (y1 - y0) * (touched - x0) / (x1 - x0) : y1;
+      break;
+    }
+  }
+  return std::max(0.0, y);
 }
 
 // The engine's decode attention of a layer beyond its KV read, a + b x (sequences), least squares
@@ -496,8 +521,7 @@ LayerCost layer_cost(const ModelShape& s, const HardwareProfile& hw, const Layou
     // What the measured MoE block (the profile's probes) spends beyond its expert GEMMs: the
     // router, top-k, permute and combine launches and each touched expert's share of the
     // grouped kernels.
-    const MoeOverhead mo = moe_overhead(hw, w.weights);
-    c.overhead += mo.per_layer + mo.per_expert * touched_dev;
+    c.overhead += moe_overhead_seconds(hw, w.weights, s, touched_dev);
     if (e > 1 && w.phase == Phase::kDecode && hw.moe_exchange_Bps > 0) {
       // The engine's decode steps take the fixed-capacity exchange (model/moe_ep.h): each of
       // the n e ranks sends its chunk of P = ceil(T / n) tokens to every ep rank in blocks of
@@ -666,9 +690,31 @@ static Result<Estimate> estimate_shared_device(const ModelShape& s, const Hardwa
     extra += shared_collective_seconds(hw, as_d(w.batch) * as_d(s.vocab) * 4.0 / as_d(l.tp));
   }
   if (l.ep > 1 && s.is_moe()) {
-    // Dispatch and combine per MoE layer: every routed row out (bf16) and back (f32).
-    const double rows = (prefill ? tokens : as_d(w.batch)) * as_d(s.n_experts_used);
-    extra += as_d(s.n_layers) * shared_collective_seconds(hw, rows * E * (kActBytes + 4.0));
+    const double layers = as_d(s.n_layers), k = as_d(s.n_experts_used);
+    if (prefill) {
+      // Dispatch and combine per MoE layer: every routed row out (bf16) and back (f32).
+      extra += layers * shared_collective_seconds(hw, tokens * k * E * (kActBytes + 4.0));
+    } else {
+      // Decode takes the fixed-capacity exchange (model/moe_ep.h): each of the W ranks' chunks
+      // of P = ceil(batch / W) tokens goes to every ep rank as a block of C = P min(k, X / ep)
+      // rows (bf16 out, f32 back), then the ep group all-gathers its chunks (f32): three
+      // collectives per MoE layer.
+      const double ep = as_d(l.ep);
+      const double P = std::ceil(as_d(w.batch) / as_d(l.tp * l.ep));
+      const double C = P * std::min(k, as_d(s.n_experts) / ep);
+      extra += layers * (shared_collective_seconds(hw, ep * C * E * kActBytes) +
+                         shared_collective_seconds(hw, ep * C * E * 4.0) +
+                         shared_collective_seconds(hw, ep * P * E * 4.0));
+    }
+    // Every expert-parallel rank runs the attention and the LM head over all the tokens (only
+    // the experts are split): the other ep - 1 ranks' copies read and compute on the one device
+    // too (tensor parallelism within the ep group splits them).
+    const double rows = prefill ? tokens : as_d(w.batch);
+    const double head_rows = as_d(w.batch);
+    const double copy =
+        layers * gemm_time(hw, w.weights, rows, s.attention_weights() / as_d(l.tp), 2).seconds +
+        gemm_time(hw, w.weights, head_rows, as_d(s.vocab * s.hidden) / as_d(l.tp)).seconds;
+    extra += (as_d(l.ep) - 1.0) * copy;
   }
   if (l.pp > 1) {
     const double bytes = tokens / micro * E * 4.0;  // f32 hidden rows per micro-batch

@@ -607,16 +607,14 @@ TEST(H100Validation, PredictionErrorAgainstMeasurements) {
   EXPECT_LE(worst, 0.20);
 }
 
-// The one-H100 set of scripts/gpu_plan_set.sh (39 configurations from one device call: decode
+// The one-H100 set of scripts/gpu_plan_set.sh (40 configurations from one device call: decode
 // at KV 256, 2,048 and 8,160 up to batch 256, prefill of 128 to 16,384 tokens, int8 and fp8, a
 // 34B model streamed from host memory, in-process TP = 2 and PP = 2 of the 8B shape sharing the
 // GPU, Qwen3-30B-A3B int8 with one rank and EP = 2 sharing it) against the profile plan
-// --calibrate wrote in the same job (bench/results/2026-11-26-h100-s7/planset3/: GEMM probes
-// timed from CUDA graphs, the MoE block probes). Issue 14's goals (mean <= 10%, max <= 20%) hold
-// for the 34 dense configurations: mean 9.4%, max 18.5% (predicted 7-18% fast in decode: the
-// steps' kernels besides the GEMMs and attention are not probed). The mixture of experts, priced
-// with the measured MoE block: mean 19.2%, max 27.1% (49% / 56% before the probes). These bounds
-// guard that state.
+// --calibrate wrote in the same job (bench/results/2026-11-27-h100-s8/planset/: GEMM probes
+// timed from CUDA graphs, the MoE block probes of bf16, int8 and fp8 experts, the decode
+// attention probes). Issue 14's goals: mean |error| <= 10%, max <= 20%. Measured: all 40 at
+// 4.5% / 12.4% (dense 34: 4.5% / 10.7%; MoE 6: 4.8% / 12.4%).
 TEST(H100Validation, CalibratedSetPredictionError) {
   const json data = read_json("h100_planset.json");
   const HardwareProfile hw =
@@ -630,11 +628,43 @@ TEST(H100Validation, CalibratedSetPredictionError) {
   const auto [dense_mean, dense_worst] = print_errors(dense);
   std::printf("mixture of experts:\n");
   const auto [moe_mean, moe_worst] = print_errors(moe);
+  std::printf("all:\n");
+  const auto [mean, worst] = print_errors(preds);
   ASSERT_GE(dense.size(), 30u);
+  ASSERT_GE(moe.size(), 6u);
+  EXPECT_LE(mean, 0.10);
+  EXPECT_LE(worst, 0.20);
   EXPECT_LE(dense_mean, 0.10);
-  EXPECT_LE(dense_worst, 0.20);
-  EXPECT_LE(moe_mean, 0.22);
-  EXPECT_LE(moe_worst, 0.30);
+  EXPECT_LE(moe_mean, 0.10);
+}
+
+// The same set as scenarios: the configurations of one model, phase, batch and context (bf16 /
+// int8 / fp8, TP = 2 or PP = 2 on the GPU, EP = 2 on the GPU). Issue 14's goal: the planner's
+// fastest is within 5% of the measured fastest in >= 90% of the scenarios (measured: 8 of 8;
+// prefill 1 x 2,048 picks int8, 5.0% slower than fp8, the others the measured best).
+TEST(H100Validation, CalibratedSetRankingPicksWithinFivePercent) {
+  const json data = read_json("h100_planset.json");
+  const HardwareProfile hw =
+      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  const auto preds = predict(data, hw);
+  ASSERT_EQ(preds.size(), data["configurations"].size());
+  std::map<std::string, std::vector<Prediction>> scenarios;
+  for (size_t i = 0; i < preds.size(); ++i) {
+    const json& c = data["configurations"][i];
+    ASSERT_EQ(c["id"].get<std::string>(), preds[i].id);
+    const std::string key = c["model"].get<std::string>() + "-" + c["kind"].get<std::string>() +
+                            "-b" + std::to_string(c["batch"].get<int64_t>()) + "-ctx" +
+                            std::to_string(c["prompt"].get<int64_t>());
+    scenarios[key].push_back(preds[i]);
+  }
+  int checked = 0, within = 0;
+  for (const auto& [name, ps] : scenarios) {
+    if (ps.size() < 2) continue;
+    ++checked;
+    if (pick_gap(name, ps) <= 0.05 + 1e-9) ++within;
+  }
+  ASSERT_GE(checked, 8);
+  EXPECT_GE(within, static_cast<int>(std::ceil(0.9 * checked)));
 }
 
 // ---- strata on two H200s: tensor, pipeline and expert layouts ------------------------------
