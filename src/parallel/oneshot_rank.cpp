@@ -145,9 +145,17 @@ Status oneshot_collective_add_norm(const OneShotRank& v, const AllReduceAddNorm&
 
 Status oneshot_health(const OneShotRank& v, const char* who) {
   if (v.counters == nullptr) return ok_status();
+  // Read on this thread's own default stream, never with cudaMemcpy: that runs on the legacy
+  // default stream, which waits for every blocking stream of the device. On a GPU shared by
+  // ranks that includes a peer's one-shot kernel spinning for this rank's next collective, and
+  // the peer's next launch queued behind the copy: TP = 2 x EP = 2 on one H100 stalled until the
+  // ~10 s deadline in ~1% of test runs, two ranks in this cudaMemcpy, a third in cuLaunchKernel of
+  // its LM head's all-gather (bench/results/2026-11-27-h100-s8/stall/). The callers have
+  // synchronized the rank's stream, so the counters are final.
   uint32_t error = 0;
-  STRATA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(&error, v.counters + 2, sizeof(error), cudaMemcpyDeviceToHost));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&error, v.counters + 2, sizeof(error),
+                                              cudaMemcpyDeviceToHost, cudaStreamPerThread));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamPerThread));
   if (error != 0) {
     return errorf(StatusCode::kDeadlineExceeded,
                   "{} on rank {}: a peer did not arrive within ~10 s (the results of that step "
