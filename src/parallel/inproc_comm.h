@@ -14,7 +14,8 @@
 // stream) while a peer may be inside a device collective. That wait includes the peer's kernel,
 // which spins until this rank's kernel raises its flags, which it cannot launch until the wait
 // returns: the peer gives up after ~10 s (health() reports kDeadlineExceeded) and its
-// collective's results are stale staging data. Wait on streams (cudaStreamSynchronize, ops::synchronize), or meet at a barrier first.
+// collective's results are stale staging data. Wait on streams (cudaStreamSynchronize,
+// ops::synchronize), or meet at a barrier first.
 #pragma once
 
 #include <chrono>
