@@ -578,6 +578,11 @@ double pick_gap(const std::string& name, const std::vector<Prediction>& ps) {
   return gap;
 }
 
+// The profile a measured set names as calibrated in its own job ("profile_file", beside it).
+HardwareProfile set_profile(const json& data) {
+  return value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+}
+
 std::vector<Prediction> predict_h100(const json& data) {
   return predict(data, value(load_hardware_profile(data["profile"])));
 }
@@ -617,8 +622,7 @@ TEST(H100Validation, PredictionErrorAgainstMeasurements) {
 // 4.5% / 12.4% (dense 34: 4.5% / 10.7%; MoE 6: 4.8% / 12.4%).
 TEST(H100Validation, CalibratedSetPredictionError) {
   const json data = read_json("h100_planset.json");
-  const HardwareProfile hw =
-      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  const HardwareProfile hw = set_profile(data);
   const auto preds = predict(data, hw);
   ASSERT_EQ(preds.size(), data["count"].get<size_t>());
   ASSERT_GE(preds.size(), 20u);
@@ -644,8 +648,7 @@ TEST(H100Validation, CalibratedSetPredictionError) {
 // prefill 1 x 2,048 picks int8, 5.0% slower than fp8, the others the measured best).
 TEST(H100Validation, CalibratedSetRankingPicksWithinFivePercent) {
   const json data = read_json("h100_planset.json");
-  const HardwareProfile hw =
-      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  const HardwareProfile hw = set_profile(data);
   const auto preds = predict(data, hw);
   ASSERT_EQ(preds.size(), data["configurations"].size());
   std::map<std::string, std::vector<Prediction>> scenarios;
@@ -688,8 +691,7 @@ TEST(H200TwoGpuValidation, PredictionErrorAgainstMeasurements) {
 
 TEST(H200FourGpuValidation, PredictionErrorAgainstMeasurements) {
   const json data = read_json("h200x4_measured.json");
-  const HardwareProfile hw =
-      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  const HardwareProfile hw = set_profile(data);
   const auto preds = predict(data, hw);
   ASSERT_EQ(preds.size(), data["count"].get<size_t>());
   ASSERT_GE(preds.size(), 20u);
@@ -723,8 +725,7 @@ TEST(H200FourGpuValidation, PredictionErrorAgainstMeasurements) {
 // the planner's fastest is the measured fastest (within 5%).
 TEST(H200FourGpuValidation, MoeRankingPicksTheMeasuredBest) {
   const json data = read_json("h200x4_measured.json");
-  const HardwareProfile hw =
-      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  const HardwareProfile hw = set_profile(data);
   std::map<std::string, std::vector<Prediction>> scenarios;
   for (const Prediction& p : predict(data, hw)) {
     if (p.id.rfind("mixtral", 0) != 0 && p.id.rfind("qwen3", 0) != 0) continue;
@@ -751,8 +752,7 @@ struct LayoutScenarios {
 };
 LayoutScenarios four_gpu_layouts() {
   const json data = read_json("h200x4_layouts.json");
-  const HardwareProfile hw =
-      value(load_hardware_profile(kDataDir + "/" + data["profile_file"].get<std::string>()));
+  const HardwareProfile hw = set_profile(data);
   LayoutScenarios out;
   out.preds = predict(data, hw);
   EXPECT_EQ(out.preds.size(), data["count"].get<size_t>());
