@@ -14,11 +14,13 @@
 // writes each row once), 16-byte vectors when rows and strides allow, else element by element;
 // a row index outside [0, n k) (ids outside [0, E), which the device cannot report) is skipped.
 //
-// moe_combine_kernel: one block per token; out[t, i] (+)= sum_j w[t, j] y_perm[perm[t k + j], i]
+// moe_combine_kernel: a block per (token, 128 columns) -- decode's few tokens still spread over
+// hidden / 128 blocks; out[t, i] (+)= sum_j w[t, j] y_perm[perm[t k + j], i]
 // in slot order with separate f32 multiplies and adds (__fmul_rn / __fadd_rn: no fma
 // contraction), the twin's arithmetic bit for bit.
 // sigmoid_gate_add_kernel: one block per token, out += sigmoid(gate[t]) * y (expf vs libm exp:
 // the gate may differ in its last ulp).
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -86,7 +88,8 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_kernel(const MoeCombi
   const int32_t* rows = p.perm + t * p.k;
   const float* w = p.topk_w + t * p.k;
   const int64_t n_slots = p.n_tokens * p.k;
-  for (int64_t i = threadIdx.x; i < p.hidden; i += kRowThreads) {
+  for (int64_t i = int64_t{blockIdx.y} * kRowThreads + threadIdx.x; i < p.hidden;
+       i += int64_t{gridDim.y} * kRowThreads) {
     float acc = 0.0f;
     for (int64_t j = 0; j < p.k; ++j) {
       const int32_t r = rows[j];
@@ -156,7 +159,10 @@ Status moe_combine(const LaunchCtx& ctx, const MoeCombineParams& p) {
   if (p.y_perm == nullptr || p.perm == nullptr || p.topk_w == nullptr) {
     return invalid_argument(kOp, "null y_perm, perm or topk_w");
   }
-  moe_combine_kernel<<<static_cast<unsigned>(p.n_tokens), kRowThreads, 0, ctx.stream>>>(p);
+  const dim3 grid(
+      static_cast<unsigned>(p.n_tokens),
+      static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(p.hidden, kRowThreads), 64)));
+  moe_combine_kernel<<<grid, kRowThreads, 0, ctx.stream>>>(p);
   return kernel_launch_status("moe_combine_kernel");
 }
 
