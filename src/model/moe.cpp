@@ -79,17 +79,27 @@ Status group_all_gather(ops::Context& ctx, Communicator& comm, const Tensor& sen
   return ops::synchronize(ctx);
 }
 
+// Appends a step's routing decisions to the trace the tests read (model/model.h), if any.
+Status trace_routes(ForwardArgs& a, const Tensor& ids, int64_t slots) {
+  if (a.moe_route_trace == nullptr) return ok_status();
+  std::vector<int32_t>& t = *a.moe_route_trace;
+  t.resize(t.size() + static_cast<size_t>(slots));
+  STRATA_RETURN_IF_ERROR(ops::download(a.ctx, ids, t.data() + t.size() - slots));
+  return ops::synchronize(a.ctx);
+}
+
 // The routed experts on this rank: every expert, whole (one rank) or its FFN slice (expert
-// slicing: the partial outputs are all-reduced over the tensor-parallel group).
+// slicing: the partial outputs are all-reduced over the tensor-parallel group). The router's
+// logits are routed, counted and permuted in one op (one launch for a decode step on CUDA).
 Status experts_local(const Model& m, ForwardArgs& a, const LayerWeights& L, const Tensor& h,
-                     const Tensor& ids, const Tensor& w, Tensor& x) {
+                     const Tensor& logits, const ops::MoeRouteArgs& route, Tensor& ids, Tensor& w,
+                     Tensor& x) {
   const ModelConfig& c = m.config();
   const int64_t n = a.step.n_tokens, H = c.hidden, E = c.n_experts, S = n * c.n_experts_used;
-  ops::section(a.ctx, "moe_permute");
   Tensor offsets = view(a.ws.moe_offsets, 1, E + 1);
-  STRATA_RETURN_IF_ERROR(ops::moe_offsets(a.ctx, ids, E, offsets));
   Tensor h_perm = view(a.ws.moe_x, S, H), perm = view(a.ws.moe_perm, 1, S);
-  STRATA_RETURN_IF_ERROR(ops::moe_permute(a.ctx, h, ids, offsets, h_perm, perm));
+  STRATA_RETURN_IF_ERROR(ops::moe_dispatch(a.ctx, logits, route, h, ids, w, offsets, h_perm, perm));
+  STRATA_RETURN_IF_ERROR(trace_routes(a, ids, n * c.n_experts_used));
   ops::section(a.ctx, "experts");
   // The experts' FFN size as stored: the device layout pads it (model.h, expert_ffn_padded).
   const int64_t Fe = L.expert_gate_up[0].rows() / 2;
@@ -344,17 +354,13 @@ Status moe_layer(const Model& m, ForwardArgs& a, int64_t layer) {
   ops::MoeRouteArgs route;
   route.k = k;
   route.renormalize = c.moe_renormalize;
-  STRATA_RETURN_IF_ERROR(ops::moe_route(a.ctx, logits, route, ids, w));
-  if (a.moe_route_trace != nullptr) {
-    std::vector<int32_t>& t = *a.moe_route_trace;
-    t.resize(t.size() + static_cast<size_t>(n * k));
-    STRATA_RETURN_IF_ERROR(ops::download(a.ctx, ids, t.data() + t.size() - n * k));
-    STRATA_RETURN_IF_ERROR(ops::synchronize(a.ctx));
-  }
   if (m.parallel().ep_size > 1) {
+    STRATA_RETURN_IF_ERROR(ops::moe_route(a.ctx, logits, route, ids, w));
+    STRATA_RETURN_IF_ERROR(trace_routes(a, ids, n * k));
     STRATA_RETURN_IF_ERROR(experts_parallel(m, a, L, h, ids, w, x));
   } else {
-    STRATA_RETURN_IF_ERROR(experts_local(m, a, L, h, ids, w, x));
+    ops::section(a.ctx, "moe_dispatch");
+    STRATA_RETURN_IF_ERROR(experts_local(m, a, L, h, logits, route, ids, w, x));
   }
   if (L.shared_gate_up.defined()) {
     ops::section(a.ctx, "shared_expert");

@@ -1236,10 +1236,11 @@ Status moe_experts_bf16(Context& ctx, const Tensor& x_perm, const Tensor& offset
 
 }  // namespace
 
-Status moe_route(Context& ctx, const Tensor& logits, const MoeRouteArgs& args, Tensor& topk_ids,
-                 Tensor& topk_w) {
+namespace {
+
+Result<MoeRouteParams> route_params(const Tensor& logits, const MoeRouteArgs& args,
+                                    Tensor& topk_ids, Tensor& topk_w) {
   constexpr const char* kOp = "moe_route";
-  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&logits, &topk_ids, &topk_w}));
   STRATA_ASSIGN_OR_RETURN(Mat lm, mat(logits, kOp, "logits"));
   STRATA_RETURN_IF_ERROR(want_dtype(logits, DType::kF32, kOp, "logits"));
   if (args.k < 1 || args.k > lm.cols) {
@@ -1256,17 +1257,12 @@ Status moe_route(Context& ctx, const Tensor& logits, const MoeRouteArgs& args, T
   p.n_experts = lm.cols;
   p.k = args.k;
   p.renormalize = args.renormalize;
-  if (ctx.device.is_cpu()) return cpu::moe_route(p);
-#if STRATA_HAS_CUDA
-  return cuda::moe_route(*ctx.cuda, p);
-#else
-  return no_cuda(kOp);
-#endif
+  return p;
 }
 
-Status moe_offsets(Context& ctx, const Tensor& topk_ids, int64_t n_experts, Tensor& offsets) {
+Result<MoeOffsetsParams> offsets_params(const Tensor& topk_ids, int64_t n_experts,
+                                        Tensor& offsets) {
   constexpr const char* kOp = "moe_offsets";
-  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&topk_ids, &offsets}));
   if (!topk_ids.defined() || !topk_ids.is_contiguous() || topk_ids.dtype != DType::kI32) {
     return invalid(kOp, "topk_ids must be contiguous i32");
   }
@@ -1277,18 +1273,12 @@ Status moe_offsets(Context& ctx, const Tensor& topk_ids, int64_t n_experts, Tens
   p.n_slots = topk_ids.numel();
   p.n_experts = n_experts;
   p.offsets = static_cast<int32_t*>(offsets.data);
-  if (ctx.device.is_cpu()) return cpu::moe_offsets(p);
-#if STRATA_HAS_CUDA
-  return cuda::moe_offsets(*ctx.cuda, p);
-#else
-  return no_cuda(kOp);
-#endif
+  return p;
 }
 
-Status moe_permute(Context& ctx, const Tensor& x, const Tensor& topk_ids, const Tensor& offsets,
-                   Tensor& x_perm, Tensor& perm) {
+Result<MoePermuteParams> permute_params(const Tensor& x, const Tensor& topk_ids,
+                                        const Tensor& offsets, Tensor& x_perm, Tensor& perm) {
   constexpr const char* kOp = "moe_permute";
-  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &topk_ids, &offsets, &x_perm, &perm}));
   STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
   STRATA_RETURN_IF_ERROR(act_dtype(x, kOp, "x"));
   if (topk_ids.ndim != 2 || topk_ids.dim(0) != xm.rows) {
@@ -1313,9 +1303,65 @@ Status moe_permute(Context& ctx, const Tensor& x, const Tensor& topk_ids, const 
   p.hidden = xm.cols;
   p.x_perm = x_perm.data;
   p.perm = static_cast<int32_t*>(perm.data);
+  return p;
+}
+
+}  // namespace
+
+Status moe_route(Context& ctx, const Tensor& logits, const MoeRouteArgs& args, Tensor& topk_ids,
+                 Tensor& topk_w) {
+  constexpr const char* kOp = "moe_route";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&logits, &topk_ids, &topk_w}));
+  STRATA_ASSIGN_OR_RETURN(MoeRouteParams p, route_params(logits, args, topk_ids, topk_w));
+  if (ctx.device.is_cpu()) return cpu::moe_route(p);
+#if STRATA_HAS_CUDA
+  return cuda::moe_route(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status moe_offsets(Context& ctx, const Tensor& topk_ids, int64_t n_experts, Tensor& offsets) {
+  constexpr const char* kOp = "moe_offsets";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&topk_ids, &offsets}));
+  STRATA_ASSIGN_OR_RETURN(MoeOffsetsParams p, offsets_params(topk_ids, n_experts, offsets));
+  if (ctx.device.is_cpu()) return cpu::moe_offsets(p);
+#if STRATA_HAS_CUDA
+  return cuda::moe_offsets(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status moe_permute(Context& ctx, const Tensor& x, const Tensor& topk_ids, const Tensor& offsets,
+                   Tensor& x_perm, Tensor& perm) {
+  constexpr const char* kOp = "moe_permute";
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &topk_ids, &offsets, &x_perm, &perm}));
+  STRATA_ASSIGN_OR_RETURN(MoePermuteParams p, permute_params(x, topk_ids, offsets, x_perm, perm));
   if (ctx.device.is_cpu()) return cpu::moe_permute(p);
 #if STRATA_HAS_CUDA
   return cuda::moe_permute(*ctx.cuda, p);
+#else
+  return no_cuda(kOp);
+#endif
+}
+
+Status moe_dispatch(Context& ctx, const Tensor& logits, const MoeRouteArgs& args, const Tensor& x,
+                    Tensor& topk_ids, Tensor& topk_w, Tensor& offsets, Tensor& x_perm,
+                    Tensor& perm) {
+  constexpr const char* kOp = "moe_dispatch";
+  STRATA_RETURN_IF_ERROR(
+      on_device(ctx, kOp, {&logits, &x, &topk_ids, &topk_w, &offsets, &x_perm, &perm}));
+  STRATA_ASSIGN_OR_RETURN(MoeRouteParams r, route_params(logits, args, topk_ids, topk_w));
+  STRATA_ASSIGN_OR_RETURN(MoeOffsetsParams o, offsets_params(topk_ids, r.n_experts, offsets));
+  STRATA_ASSIGN_OR_RETURN(MoePermuteParams q, permute_params(x, topk_ids, offsets, x_perm, perm));
+  if (ctx.device.is_cpu()) {
+    STRATA_RETURN_IF_ERROR(cpu::moe_route(r));
+    STRATA_RETURN_IF_ERROR(cpu::moe_offsets(o));
+    return cpu::moe_permute(q);
+  }
+#if STRATA_HAS_CUDA
+  return cuda::moe_dispatch(*ctx.cuda, r, q, o.offsets);
 #else
   return no_cuda(kOp);
 #endif

@@ -230,6 +230,11 @@ Status moe_route(Context& ctx, const Tensor& logits, const MoeRouteArgs& args, T
 Status moe_offsets(Context& ctx, const Tensor& topk_ids, int64_t n_experts, Tensor& offsets);
 Status moe_permute(Context& ctx, const Tensor& x, const Tensor& topk_ids, const Tensor& offsets,
                    Tensor& x_perm, Tensor& perm);
+// moe_route, moe_offsets and moe_permute in one call (one launch on CUDA for decode-size steps):
+// offsets [1, E + 1] with E the logits' columns.
+Status moe_dispatch(Context& ctx, const Tensor& logits, const MoeRouteArgs& args, const Tensor& x,
+                    Tensor& topk_ids, Tensor& topk_w, Tensor& offsets, Tensor& x_perm,
+                    Tensor& perm);
 
 // The experts of one layer: expert e's gated MLP is gate_up[e] ([gate; up], 2 F rows, as
 // ops::linear_act reads it) then down[e] ([H, F]).

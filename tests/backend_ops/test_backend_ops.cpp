@@ -800,6 +800,48 @@ void add_moe_permute_cases(std::vector<Case>& cases) {
   }
 }
 
+// route + offsets + permute in one op: one launch for decode-size steps on CUDA (n k <= 64,
+// E <= 1024), the three kernels above that; the CPU twin runs the three twins.
+void add_moe_dispatch_cases(std::vector<Case>& cases) {
+  struct D {
+    int64_t n, E, k, H;
+    bool renorm;
+  };
+  for (const D& d : {D{1, 128, 8, 2048, true}, D{8, 128, 8, 64, true}, D{3, 60, 4, 37, false},
+                     D{5, 7, 7, 72, true}, D{9, 128, 8, 64, false}, D{1, 1500, 2, 16, true},
+                     D{16, 8, 2, 8, false}}) {
+    Case c;
+    c.name = "moe_dispatch " + shape_name({d.n, d.E, d.k, d.H}) + (d.renorm ? " renorm" : "");
+    // ids, offsets, perm and the rows exactly; weights: expf's last ulp.
+    c.tol_ref = c.tol_twin = 2e-6;
+    c.prepare = [=](Arena& a) -> Result<Prepared> {
+      std::vector<float> l = randoms(static_cast<size_t>(d.n * d.E), 111, -4, 4);
+      if (d.n > 1 && d.E > 3) {  // token 1: its two best tie (the lower index first)
+        l[static_cast<size_t>(d.E + d.E - 1)] = 9.0f;
+        l[static_cast<size_t>(d.E + 1)] = 9.0f;
+      }
+      if (d.n > 2) l[static_cast<size_t>(2 * d.E + d.E / 2)] = NAN;  // never chosen
+      const int64_t S = d.n * d.k;
+      STRATA_ASSIGN_OR_RETURN(Tensor logits, a.put(DType::kF32, {d.n, d.E}, l));
+      STRATA_ASSIGN_OR_RETURN(Tensor x, a.put(a.act(), {d.n, d.H},
+                                              randoms(static_cast<size_t>(d.n * d.H), 112, -2, 2)));
+      STRATA_ASSIGN_OR_RETURN(Tensor ids, a.output(DType::kI32, {d.n, d.k}));
+      STRATA_ASSIGN_OR_RETURN(Tensor w, a.output(DType::kF32, {d.n, d.k}));
+      STRATA_ASSIGN_OR_RETURN(Tensor offsets, a.output(DType::kI32, {1, d.E + 1}));
+      STRATA_ASSIGN_OR_RETURN(Tensor xp, a.output(a.act(), {S, d.H}));
+      STRATA_ASSIGN_OR_RETURN(Tensor perm, a.output(DType::kI32, {1, S}));
+      Prepared p;
+      p.outputs = {ids, w, offsets, xp, perm};
+      p.bytes = static_cast<double>(d.n * d.E * 4 + S * d.H * dtype_bytes(a.act(), 2) * 2);
+      p.run = [&a, logits, x, ids, w, offsets, xp, perm, d]() mutable {
+        return ops::moe_dispatch(a.ctx(), logits, {d.k, d.renorm}, x, ids, w, offsets, xp, perm);
+      };
+      return p;
+    };
+    cases.push_back(c);
+  }
+}
+
 // E experts' gate/up ([2F, H]) or down ([H, F]) matrices: the reference gets each expert as its
 // own f32 weight (gate and up as two parts), the device layout one stacked [E rows, cols] array
 // (bf16, or quantized per row) with a view per expert, holding the same values.
@@ -943,6 +985,7 @@ std::vector<Case> all_cases() {
   add_elementwise_cases(c);
   add_moe_route_cases(c);
   add_moe_permute_cases(c);
+  add_moe_dispatch_cases(c);
   add_moe_experts_cases(c);
   add_moe_combine_cases(c);
   return c;

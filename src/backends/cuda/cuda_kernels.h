@@ -78,6 +78,10 @@ size_t varlen_attention_workspace_bytes(int64_t n_seqs, int64_t n_heads, int64_t
 // bit) and the per-expert offset table (one block: histogram, prefix sum); n_experts <= 4096.
 Status moe_route(const LaunchCtx& ctx, const MoeRouteParams& p);
 Status moe_offsets(const LaunchCtx& ctx, const MoeOffsetsParams& p);
+// moe_route, moe_offsets (into `offsets`, which q.offsets must name) and moe_permute: one launch
+// when n_tokens k <= 64 and n_experts <= 1024 (decode), else the three.
+Status moe_dispatch(const LaunchCtx& ctx, const MoeRouteParams& r, const MoePermuteParams& q,
+                    int32_t* offsets);
 // kernels/moe_permute.cu: the stable permute (a block per expert numbers its slots, then one
 // row copy per slot), the weighted combine (a block per token, slot order: bit-exact with the
 // twin) and Qwen2-MoE's sigmoid-gated shared-expert add.
