@@ -55,6 +55,7 @@ constexpr const char* kOp = "rope_kv_append";
 constexpr int64_t kMaxRotaryDim = 1024;  // as rope.cu and the CPU twin
 constexpr int kMaxThreads = 256;
 constexpr int kVecWidth = 4;
+constexpr int64_t kNormHeadsPerBlock = 4;
 
 __device__ __forceinline__ void rotate(float& a, float& b, float c, float s) {
   const float a0 = a;
@@ -163,7 +164,8 @@ __global__ void __launch_bounds__(kMaxThreads) rope_kv_append_kernel(const RopeK
 // cache slot, each k head) is first RMS-normalised over head_dim, x * inv_rms * (w + offset), as
 // the twin computes it (its sum of squares in double, here a warp's f32 sum: the same few-ulp
 // caveat as norm_bf16), then rotated and rounded like the plain kernel. Scalar accesses: these
-// families are small (one warp per head for the norms, one thread per pair after).
+// families are small (one warp per head for the norms, one thread per pair after). A token's
+// heads are split over gridDim.y blocks (each computes the cos / sin table itself).
 template <bool kNeox>
 __global__ void __launch_bounds__(kMaxThreads)
     rope_kv_append_norm_kernel(const RopeKvAppendParams p) {
@@ -198,8 +200,14 @@ __global__ void __launch_bounds__(kMaxThreads)
       sin_t[i] = __fmul_rn(static_cast<float>(s), p.attention_factor);
     }
   }
+  // This block's heads [h0, h1) of the token (blockIdx.y of gridDim.y groups), and its share of v.
+  const int per_block =
+      (n_q + n_kv + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+  const int h0 = static_cast<int>(blockIdx.y) * per_block;
+  const int h1 = min(n_rot_heads, h0 + per_block);
+  const int n_mine = max(h1 - h0, 0);
   const int lane = tid % kWarpSize, warp = tid / kWarpSize, n_warps = n_threads / kWarpSize;
-  for (int h = warp; h < n_rot_heads; h += n_warps) {
+  for (int h = h0 + warp; h < h1; h += n_warps) {
     const float* w = h < n_q ? p.q_norm : p.k_norm;
     const float* x = row + h * d;
     float ss = 0.0f;
@@ -208,8 +216,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     ss = warp_reduce_sum(ss);
     if (lane == 0) {
-      inv_t[h] = w != nullptr ? 1.0f / sqrtf(__fadd_rn(ss / static_cast<float>(d), p.norm_eps))
-                              : 1.0f;
+      inv_t[h] =
+          w != nullptr ? 1.0f / sqrtf(__fadd_rn(ss / static_cast<float>(d), p.norm_eps)) : 1.0f;
     }
   }
   __syncthreads();
@@ -220,8 +228,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     return w != nullptr ? __fmul_rn(__fmul_rn(x, inv_t[h]), __fadd_rn(w[j], p.norm_weight_offset))
                         : x;
   };
-  for (int item = tid; item < n_rot_heads * half; item += n_threads) {
-    const int h = item / half;
+  for (int item = tid; item < n_mine * half; item += n_threads) {
+    const int h = h0 + item / half;
     const int i = item % half;
     const int ia = kNeox ? i : 2 * i;
     const int ib = kNeox ? i + half : 2 * i + 1;
@@ -233,15 +241,19 @@ __global__ void __launch_bounds__(kMaxThreads)
     dst[ib] = bf16_bits(b);
   }
   const int rot = 2 * half;
-  for (int item = tid; item < n_rot_heads * (d - rot); item += n_threads) {
-    const int h = item / (d - rot);
+  for (int item = tid; item < n_mine * (d - rot); item += n_threads) {
+    const int h = h0 + item / (d - rot);
     const int j = rot + item % (d - rot);
     uint16_t* dst = h < n_q ? q_dst + h * d : k_dst + (h - n_q) * d;
     dst[j] = bf16_bits(value(h, j));
   }
   if (slot >= 0) {
     const float* v = row + (n_q + n_kv) * d;
-    for (int j = tid; j < n_kv * d; j += n_threads) v_dst[j] = bf16_bits(v[j]);
+    const int chunk = (n_kv * d + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+    const int j1 = min(n_kv * d, (static_cast<int>(blockIdx.y) + 1) * chunk);
+    for (int j = static_cast<int>(blockIdx.y) * chunk + tid; j < j1; j += n_threads) {
+      v_dst[j] = bf16_bits(v[j]);
+    }
   }
 }
 
@@ -333,7 +345,10 @@ Status rope_kv_append(const LaunchCtx& ctx, const RopeKvAppendParams& p) {
     if (smem > 48 * 1024) {
       return invalid_argument(kOp, "too many heads for the q/k-norm kernel's shared table");
     }
-    const dim3 grid(static_cast<unsigned>(p.n_tokens));
+    // kNormHeadsPerBlock heads per block: a decode token's 30-40 heads spread over ~10 SMs
+    // instead of one block walking them all.
+    const int64_t groups = ceil_div<int64_t>(p.n_heads + c.n_heads_kv, kNormHeadsPerBlock);
+    const dim3 grid(static_cast<unsigned>(p.n_tokens), static_cast<unsigned>(groups));
     const bool pdl = p.n_tokens > kPdlMinTokens;
     if (p.neox_style) {
       (void)launch_pdl(ctx, pdl, rope_kv_append_norm_kernel<true>, grid, dim3(threads), smem, p);
