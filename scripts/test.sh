@@ -47,7 +47,7 @@ stamp "sanitizer + fuzz build (clang, address,undefined)"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DSTRATA_CUDA=OFF -DSTRATA_MPI=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_MODEL_TESTS=OFF -DSTRATA_FUZZ=ON \
-  -DSTRATA_SANITIZE=address,undefined >/dev/null
+  -DSTRATA_SANITIZE=address,undefined -DSTRATA_TEST_CXX_FLAGS=-O0 >/dev/null
 cmake --build build-asan -j "$JOBS"
 stamp "tests: cpu under ASan + UBSan"
 OMP_WAIT_POLICY=$PARALLEL_OMP ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
