@@ -9,7 +9,10 @@ steps), and the bandwidth it reached. The kernels' sum against the step time mea
 profiler (--step-ms): what the step spends between kernels, or, when the kernels alone (ncu
 serializes them and flushes the caches) sum to more, how much the graph's overlap saves.
 
-  scripts/ncu_decode_summary.py ncu.csv [--step-ms 5.87] [--top 25]
+  scripts/ncu_decode_summary.py ncu.csv [--step-ms 5.87] [--top 25] [--window]
+
+--window: the CSV covers a window of the run (ncu --launch-skip / --launch-count): the passes cut
+by its ends (the first unless it starts with the embedding, always the last) are dropped.
 """
 import argparse
 import csv
@@ -30,6 +33,7 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--step-ms", type=float, default=0.0)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--window", action="store_true")
     o = ap.parse_args()
     kernels = collections.OrderedDict()  # id -> [name, us, bytes]
     with open(o.csv, newline="") as f:
@@ -64,6 +68,10 @@ def main():
         cur.append((short(name), us, b))
     if cur:
         passes.append(cur)
+    if o.window and passes:
+        passes = passes[:-1]
+        if passes and "embedding_kernel" not in passes[0][0][0]:
+            passes = passes[1:]
     decode = [p for p in passes
               if any("flash_decode_kernel" in n for n, _, _ in p)
               and not any(("flash_prefill" in n or "varlen" in n) for n, _, _ in p)]
