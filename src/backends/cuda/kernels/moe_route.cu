@@ -32,6 +32,10 @@ constexpr int kOffsetsThreads = 1024;
 constexpr int kDispatchThreads = 256;
 constexpr int kDispatchSlots = 64;
 constexpr int kDispatchExperts = 1024;
+// Up to kRankTokens tokens over at most kRankExperts experts are routed by the whole block
+// (route_token_block: E / 256 rank loops of E steps a thread), more by a warp per token.
+constexpr int kRankTokens = 4;
+constexpr int kRankExperts = 256;
 
 // The better of two (logit, index) candidates in the order (logit descending, index ascending);
 // index INT_MAX is "none".
@@ -95,13 +99,78 @@ __global__ void __launch_bounds__(kRouteWarps* kWarpSize) moe_route_kernel(const
               p.renormalize, p.topk_ids + t * p.k, p.topk_w + t * p.k);
 }
 
+// Token t's routing by the whole block (kDispatchThreads), for the few tokens of a decode step:
+// route_token's k dependent passes on one warp took ~10 us; here each thread ranks its experts
+// against all E in one pass (rank = the experts before it in the order logit descending, index
+// ascending, NaN as -inf) and the expert of rank j is pick j. Max and sum as route_token (the
+// sum in double, reduced in another order: the weights may differ in their last ulp); thread 0
+// forms the k weights in pick order. raw / key: two shared arrays of E floats.
+__device__ void route_token_block(const MoeRouteParams& r, int t, float* raw, float* key,
+                                  int32_t* ids, float* w) {
+  __shared__ float red_f[kDispatchThreads / kWarpSize];
+  __shared__ double red_d[kDispatchThreads / kWarpSize];
+  __shared__ int32_t pick[kRankExperts];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / kWarpSize, lane = tid % kWarpSize;
+  constexpr int kWarps = kDispatchThreads / kWarpSize;
+  const int E = static_cast<int>(r.n_experts), k = static_cast<int>(r.k);
+  const float* l = r.logits + int64_t{t} * r.logits_stride;
+  float m = -INFINITY;
+  for (int e = tid; e < E; e += kDispatchThreads) {
+    const float x = l[e];
+    raw[e] = x;
+    key[e] = isnan(x) ? -INFINITY : x;
+    m = x > m ? x : m;  // NaN never the max
+  }
+  m = warp_reduce_max(m);
+  if (lane == 0) red_f[warp] = m;
+  __syncthreads();
+  m = red_f[0];
+#pragma unroll
+  for (int i = 1; i < kWarps; ++i) m = red_f[i] > m ? red_f[i] : m;
+  double sum = 0.0;
+  for (int e = tid; e < E; e += kDispatchThreads) sum += static_cast<double>(expf(raw[e] - m));
+#pragma unroll
+  for (int off = kWarpSize / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) red_d[warp] = sum;
+  for (int e = tid; e < E; e += kDispatchThreads) {
+    const float v = key[e];
+    int rank = 0;
+#pragma unroll 4
+    for (int e2 = 0; e2 < E; ++e2) {
+      const float v2 = key[e2];
+      rank += (v2 > v || (v2 == v && e2 < e)) ? 1 : 0;
+    }
+    if (rank < k) pick[rank] = e;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    sum = 0.0;
+    for (int i = 0; i < kWarps; ++i) sum += red_d[i];
+    const float inv = static_cast<float>(1.0 / sum);
+    float picked = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int e = pick[j];
+      const float wj = expf(raw[e] - m) * inv;
+      picked += wj;
+      ids[t * k + j] = e;
+      w[t * k + j] = wj;
+    }
+    if (r.renormalize) {
+      for (int j = 0; j < k; ++j) w[t * k + j] /= picked;
+    }
+  }
+  __syncthreads();  // the next token reuses raw, key, pick and the reductions
+}
+
 // route + offsets + permute of a decode step in one launch (n k <= kDispatchSlots slots,
-// E <= kDispatchExperts). Every block routes all tokens into shared memory (a warp per token,
-// route_token), counts the slots per expert, scans the counts (warp 0: a chunk of experts per
-// lane, then a shuffle scan), numbers the slots in the stable order (a slot counts the earlier
-// slots of its expert), and copies the rows of its slots (s = block, block + grid, ...) to
-// x_perm. Block 0 alone writes ids, w, offsets and perm. The same arithmetic as the three
-// kernels, so the same outputs.
+// E <= kDispatchExperts). Every block routes all tokens into shared memory (the whole block per
+// token for a few tokens, route_token_block; else a warp per token, route_token), counts the slots
+// per expert, scans the counts (warp 0: a chunk of experts per lane, then a shuffle scan), numbers
+// the slots in the stable order (a slot counts the earlier slots of its expert), and copies the
+// rows of its slots (s = block, block + grid, ...) to x_perm. Block 0 alone writes ids, w, offsets
+// and perm. The same arithmetic as the three kernels (but for the block-wide router's sum order:
+// route_token_block), so the same outputs.
 __global__ void __launch_bounds__(kDispatchThreads)
     moe_dispatch_kernel(const MoeRouteParams r, const MoePermuteParams q, int32_t* offsets,
                         bool vec) {
@@ -114,13 +183,17 @@ __global__ void __launch_bounds__(kDispatchThreads)
   const int warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int E = static_cast<int>(r.n_experts), k = static_cast<int>(r.k);
   const int n = static_cast<int>(r.n_tokens), S = n * k;
-  for (int t = warp; t < n; t += kDispatchThreads / kWarpSize) {
-    // The k passes of route_token read each logit k times: from shared memory, not global.
-    const float* l = r.logits + int64_t{t} * r.logits_stride;
-    for (int e = lane; e < E; e += kWarpSize) s_logits[warp][e] = l[e];
-    __syncwarp();
-    route_token(s_logits[warp], E, k, r.renormalize, s_ids + t * k, s_w + t * k);
-    __syncwarp();  // the next token overwrites the buffer
+  if (n <= kRankTokens && E <= kRankExperts) {
+    for (int t = 0; t < n; ++t) route_token_block(r, t, s_logits[0], s_logits[1], s_ids, s_w);
+  } else {
+    for (int t = warp; t < n; t += kDispatchThreads / kWarpSize) {
+      // The k passes of route_token read each logit k times: from shared memory, not global.
+      const float* l = r.logits + int64_t{t} * r.logits_stride;
+      for (int e = lane; e < E; e += kWarpSize) s_logits[warp][e] = l[e];
+      __syncwarp();
+      route_token(s_logits[warp], E, k, r.renormalize, s_ids + t * k, s_w + t * k);
+      __syncwarp();  // the next token overwrites the buffer
+    }
   }
   __syncthreads();
   for (int e = tid; e < E; e += kDispatchThreads) {
