@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Pipeline parallelism's generation schedule on two GPUs (issues 11 / 17), one device call:
-# offline throughput through the serving engine (bench-throughput: 1,000 requests of 128 prompt
-# + 128 generated tokens, Llama-3-8B shape, random weights) on one GPU, TP = 2 and PP = 2 (one
-# step per stage in flight), then the timed decode steps of `bench --pp 2` (one step at a time,
-# with the measured bubble) for contrast. With four GPUs or more, TP = 4 and PP = 4 too.
+# offline throughput through the serving engine (bench-throughput, random weights; by default
+# issue 11's workload: Llama-3-8B shape, 512 requests of 512 prompt + 128 generated tokens, at most
+# 64 running) on one GPU, TP = 2 and PP = 2 (one step per stage in flight; the JSON has the
+# measured bubble), then the timed decode steps of `bench --pp 2` (one step at a time) for
+# contrast. With four GPUs or more, TP = 4 and PP = 4 too.
 #   BUILD=<dir with strata> scripts/gpu_pp_throughput.sh
+#   MODEL=llama3-70b ONE_GPU_ARGS="--quantization fp8" ...   (bf16 70B does not fit one GPU)
+#   N, IN_LEN, OUT_LEN, MAX_SEQS: the workload (defaults 512, 512, 128, 64)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
@@ -17,19 +20,23 @@ if [ -z "${STRATA_NCCL_LIBRARY:-}" ]; then
   [ -n "$lib" ] && [ -f "$lib" ] && export STRATA_NCCL_LIBRARY="$lib"
 fi
 MODEL=${MODEL:-llama3-8b}
-N=${N:-1000}
+N=${N:-512}
+IN_LEN=${IN_LEN:-512}
+OUT_LEN=${OUT_LEN:-128}
+MAX_SEQS=${MAX_SEQS:-64}
 rc=0
 NGPU=$(nvidia-smi -L | wc -l)
-CFGS=("1gpu:" "tp2:--tp 2" "pp2:--pp 2")
+CFGS=("1gpu:${ONE_GPU_ARGS:-}" "tp2:--tp 2" "pp2:--pp 2")
 [ "$NGPU" -ge 4 ] && CFGS+=("tp4:--tp 4" "pp4:--pp 4")
 for cfg in "${CFGS[@]}"; do
   name=${cfg%%:*}; args=${cfg#*:}
   echo "== bench-throughput $MODEL $name"
   # shellcheck disable=SC2086
   timeout 300 "$BUILD/strata" bench-throughput --device cuda --load-format dummy \
-    --model-config "$MODEL" $args --num-prompts "$N" --input-len 128 --output-len 128 \
+    --model-config "$MODEL" $args --num-prompts "$N" --input-len "$IN_LEN" --output-len "$OUT_LEN" \
+    --max-num-seqs "$MAX_SEQS" \
     --json "$OUT/throughput_${name}.json" > "$OUT/throughput_${name}.txt" 2>&1 || { echo "rc=$?"; rc=1; }
-  grep -E "tok/s|tokens/s|requests/s|error" "$OUT/throughput_${name}.txt" | head -n 6
+  grep -E "tok/s|tokens/s|requests/s|bubble|error" "$OUT/throughput_${name}.txt" | head -n 6
 done
 echo "== bench --pp 2 (one step at a time)"
 timeout 200 "$BUILD/strata" bench --device cuda --model-config "$MODEL" --pp 2 --batch 1,64 \
