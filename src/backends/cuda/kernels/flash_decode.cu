@@ -343,7 +343,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M) over the splits with l_s > 0; a NaN
-// partial (invalid data) makes the row NaN. One warp per (query, head), lanes over head_dim.
+// partial (invalid data) makes the row NaN. One warp per (query, head), lanes over head_dim
+// (and over the splits for the max).
 template <int D>
 __global__ void flash_decode_combine_kernel(const __grid_constant__ VarlenAttentionParams p,
                                             const int n_splits, const int64_t n_slots,
@@ -361,25 +362,41 @@ __global__ void flash_decode_combine_kernel(const __grid_constant__ VarlenAttent
   const SeqView sv = seq_view(p, s);
   if (qi >= min(sv.n_q, mq)) return;
   const int64_t slot = (int64_t{s} * mq + qi) * p.n_heads + head;
+  // The max over the splits: the lanes read 32 splits' (m, l) at a time (fmaxf: any order).
   float mx = -INFINITY;
   bool nan = false;
-  for (int sp = 0; sp < n_splits; ++sp) {
+  for (int sp = lane; sp < n_splits; sp += kWarpSize) {
     const float2 ml = *reinterpret_cast<const float2*>(ws_ml + 2 * (int64_t{sp} * n_slots + slot));
     nan |= ml.y != ml.y;
     if (ml.y > 0.0f) mx = fmaxf(mx, ml.x);
   }
+  mx = warp_reduce_max(mx);
+  nan = __any_sync(0xffffffffu, nan);
+  // The sums in split order, kUnroll splits' loads issued before their adds (a latency chain
+  // of one load per split before).
+  constexpr int kUnroll = 4;
   float acc[kPer] = {};
   float sum = 0.0f;
-  for (int sp = 0; sp < n_splits && !nan; ++sp) {
-    const int64_t at = int64_t{sp} * n_slots + slot;
-    const float2 ml = *reinterpret_cast<const float2*>(ws_ml + 2 * at);
-    if (!(ml.y > 0.0f)) continue;
-    const float w = fast_exp2(ml.x - mx);
-    sum += ml.y * w;
-    float v[kPer];
-    load_f32<kPer>(ws_acc + at * D + lane * kPer, v);
+  for (int sp0 = 0; sp0 < n_splits && !nan; sp0 += kUnroll) {
+    float2 ml[kUnroll];
+    float v[kUnroll][kPer];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) acc[i] += v[i] * w;
+    for (int u = 0; u < kUnroll; ++u) {
+      ml[u] = make_float2(0.0f, 0.0f);
+      if (sp0 + u < n_splits) {
+        const int64_t at = int64_t{sp0 + u} * n_slots + slot;
+        ml[u] = *reinterpret_cast<const float2*>(ws_ml + 2 * at);
+        load_f32<kPer>(ws_acc + at * D + lane * kPer, v[u]);  // unused for an empty split
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (!(ml[u].y > 0.0f)) continue;
+      const float w = fast_exp2(ml[u].x - mx);
+      sum += ml[u].y * w;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) acc[i] += v[u][i] * w;
+    }
   }
   uint16_t* out = p.out + int64_t{sv.q0 + qi} * p.out_stride + int64_t{head} * D + lane * kPer;
   const float inv = 1.0f / sum;
