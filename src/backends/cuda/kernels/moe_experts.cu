@@ -5,8 +5,9 @@
 //   down     y_perm = (act Wd^T) s                        f32
 // Decode-size groups (the host bound max_rows_per_expert <= kMoeSbiMaxRows) run on the grouped
 // SBI-GeMM (moe_sbi.cuh: blocks for the experts with rows only, each chosen expert's weights read
-// once); larger ones on the tiled tensor-core GEMM (moe_gemm.cu). Both round where the twin
-// does (f32 sums, one bf16 rounding of act), so they differ from it only in summation order.
+// once); larger ones on the tiled tensor-core GEMMs (moe_gemm_bf16.cu for bf16 weights,
+// moe_gemm.cu for 8-bit ones). All round where the twin does (f32 sums, one bf16 rounding of
+// act), so they differ from it only in summation order.
 #include <cstdint>
 #include <string>
 
@@ -132,7 +133,12 @@ Status moe_experts(const LaunchCtx& ctx, const MoeExpertsParams& p) {
   a.k = static_cast<int>(p.hidden);
   a.m = static_cast<int>(p.ffn);
   a.gated = true;
-  STRATA_RETURN_IF_ERROR(moe_gemm(ctx, a, p.w_dtype));
+  // bf16 experts on the pipelined tile (moe_gemm_bf16.cu), 8-bit ones converted on the way into
+  // the plain tile (moe_gemm.cu).
+  auto gemm = [&](const MoeGemmArgs& g) {
+    return p.w_dtype == DType::kBF16 ? moe_gemm_bf16(ctx, g) : moe_gemm(ctx, g, p.w_dtype);
+  };
+  STRATA_RETURN_IF_ERROR(gemm(a));
   a.x = p.act;
   a.w = static_cast<const uint8_t*>(p.down);
   a.w_row_bytes = p.ffn * esize;
@@ -143,7 +149,7 @@ Status moe_experts(const LaunchCtx& ctx, const MoeExpertsParams& p) {
   a.k = static_cast<int>(p.ffn);
   a.m = static_cast<int>(p.hidden);
   a.gated = false;
-  return moe_gemm(ctx, a, p.w_dtype);
+  return gemm(a);
 }
 
 }  // namespace strata::cuda

@@ -56,5 +56,8 @@ struct MoeGemmArgs {
   bool gated = false;
 };
 Status moe_gemm(const LaunchCtx& ctx, const MoeGemmArgs& a, DType w_dtype);
+// kernels/moe_gemm_bf16.cu: the same for bf16 weights (no scales) on a pipelined tile (cp.async
+// stages, ldmatrix fragments, 128 x 128 blocks).
+Status moe_gemm_bf16(const LaunchCtx& ctx, const MoeGemmArgs& a);
 
 }  // namespace strata::cuda
