@@ -302,6 +302,43 @@ TEST(MoeOffsets, RejectsOutOfRangeExpert) {
   EXPECT_EQ(ops::moe_offsets(ctx, it, 3, small).code(), StatusCode::kOutOfRange);
 }
 
+// ops::moe_dispatch (route + offsets + permute in one call) against the naive router above and a
+// stable grouping written here; and a clear error when offsets is sized for other experts.
+TEST(MoeDispatch, MatchesReferenceRoutingAndStableLayout) {
+  const int64_t n = 5, E = 7, k = 3, H = 13;
+  std::vector<float> logits = random_floats(static_cast<size_t>(n * E), 41, -3, 3);
+  logits[E + 2] = logits[E + 5];  // a tie in token 1: the lower index first
+  const std::vector<float> x = random_floats(static_cast<size_t>(n * H), 42, -1, 1);
+  std::vector<int32_t> ids(static_cast<size_t>(n * k)), off(static_cast<size_t>(E + 1)),
+      perm(static_cast<size_t>(n * k));
+  std::vector<float> w(static_cast<size_t>(n * k)), xp(static_cast<size_t>(n * k * H));
+  ops::Context ctx{Device::cpu()};
+  Tensor lt = t2(logits.data(), DType::kF32, n, E);
+  Tensor xt = t2(const_cast<float*>(x.data()), DType::kF32, n, H);
+  Tensor it = t2(ids.data(), DType::kI32, n, k), wt = t2(w.data(), DType::kF32, n, k);
+  Tensor ot = t2(off.data(), DType::kI32, 1, E + 1), pt = t2(perm.data(), DType::kI32, 1, n * k);
+  Tensor xpt = t2(xp.data(), DType::kF32, n * k, H);
+  ASSERT_TRUE(ops::moe_dispatch(ctx, lt, {k, true}, xt, it, wt, ot, xpt, pt).ok());
+  const RefRoute ref = ref_route(logits, n, E, k, true);
+  EXPECT_EQ(ids, ref.ids);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(w[i], ref.w[i], 1e-6) << i;
+  // Stable grouping: expert by expert, slots in order within an expert.
+  std::vector<int32_t> want_off(static_cast<size_t>(E + 1), 0);
+  for (int32_t e : ref.ids) ++want_off[static_cast<size_t>(e) + 1];
+  for (int64_t e = 0; e < E; ++e) want_off[e + 1] += want_off[e];
+  EXPECT_EQ(off, want_off);
+  std::vector<int32_t> next(want_off.begin(), want_off.end() - 1);
+  for (int64_t s = 0; s < n * k; ++s) {
+    const int32_t r = next[static_cast<size_t>(ref.ids[s])]++;
+    EXPECT_EQ(perm[s], r) << "slot " << s;
+    for (int64_t i = 0; i < H; ++i) EXPECT_EQ(xp[r * H + i], x[(s / k) * H + i]);
+  }
+  Tensor wrong = t2(off.data(), DType::kI32, 1, E);
+  const Status bad = ops::moe_dispatch(ctx, lt, {k, true}, xt, it, wt, wrong, xpt, pt);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("offsets"), std::string::npos) << bad.to_string();
+}
+
 TEST(SigmoidGateAdd, MatchesReference) {
   ops::Context ctx{Device::cpu()};
   const int64_t n = 5, H = 7;
