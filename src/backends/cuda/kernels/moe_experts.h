@@ -56,6 +56,28 @@ struct MoeGemmArgs {
   bool gated = false;
 };
 Status moe_gemm(const LaunchCtx& ctx, const MoeGemmArgs& a, DType w_dtype);
+
+#ifdef __CUDACC__
+// The expert and row range of row tile `tile` of a tiled grouped GEMM (kRows rows a tile, tiles
+// numbered expert by expert, the launch's grid.x bounds them by ceil(n_rows / kRows) +
+// n_experts): false past the last tile (block-uniform). Rows [r0, r1) of expert e, r1 its end.
+template <int kRows>
+__device__ __forceinline__ bool moe_row_tile(const MoeGemmArgs& a, int tile, int& e, int& r0,
+                                             int& r1) {
+  for (e = 0; e < a.n_experts; ++e) {
+    const int b = max(a.offsets[e], 0);
+    const int c = min(a.offsets[e + 1], a.n_rows);
+    const int tiles = c > b ? (c - b + kRows - 1) / kRows : 0;
+    if (tile < tiles) {
+      r0 = b + tile * kRows;
+      r1 = c;
+      return true;
+    }
+    tile -= tiles;
+  }
+  return false;
+}
+#endif
 // kernels/moe_gemm_bf16.cu: the same for bf16 weights (no scales) on a pipelined tile (cp.async
 // stages, ldmatrix fragments, 128 x 128 blocks).
 Status moe_gemm_bf16(const LaunchCtx& ctx, const MoeGemmArgs& a);

@@ -72,22 +72,10 @@ __global__ void __launch_bounds__(kThreads) moe_gemm_kernel(const MoeGemmArgs a)
   __shared__ __align__(16) uint16_t ws[kMats][kBN][kLd];
 
   // This block's expert and row tile.
-  int tile = static_cast<int>(blockIdx.x);
   int e = 0;
   int r0 = 0;
   int r1 = 0;
-  for (; e < a.n_experts; ++e) {
-    const int b = max(a.offsets[e], 0);
-    const int c = min(a.offsets[e + 1], a.n_rows);
-    const int tiles = c > b ? (c - b + kBM - 1) / kBM : 0;
-    if (tile < tiles) {
-      r0 = b + tile * kBM;
-      r1 = c;
-      break;
-    }
-    tile -= tiles;
-  }
-  if (e >= a.n_experts) return;  // block-uniform
+  if (!moe_row_tile<kBM>(a, static_cast<int>(blockIdx.x), e, r0, r1)) return;  // block-uniform
   const int n0 = static_cast<int>(blockIdx.y) * kBN;
   const uint8_t* w = a.w + static_cast<int64_t>(e) * a.w_expert_bytes;
   const float* scale =
