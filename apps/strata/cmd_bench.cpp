@@ -528,7 +528,6 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
   commands.push_back(
       {sub, [opt]() -> int {
          BenchOptions& o = *opt;
-         if (Status s = check_before_load(o.engine, nullptr); !s.ok()) return report(s);
          if (o.repetitions < 1) {
            return report(Status(StatusCode::kInvalidArgument, "--repetitions must be >= 1"));
          }
@@ -586,6 +585,8 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
          if (engine_mode) {
            o.engine.max_num_seqs = std::max(o.engine.max_num_seqs, most_seqs);
          }
+         // After the step size above: --plan prices weight-gathered prefill per step.
+         if (Status s = check_before_load(o.engine, nullptr); !s.ok()) return report(s);
          if (o.offload) return run_offload_choices(o, most_seqs);
          auto engine = Benchmark::create(o.engine);
          if (!engine.ok()) return report(engine.status());

@@ -238,6 +238,12 @@ void add_engine_device_options(CLI::App* sub, EngineConfig& e, bool with_dummy,
   sub->add_option("--ffn-2d-x", e.parallel.ffn_2d_x,
                   "--ffn-layout 2d: ranks along the hidden dimension, X (Y = N / X; default: "
                   "the largest divisor of N up to sqrt(N), e.g. 2 for 4 and 8 ranks)");
+  sub->add_option("--ffn-gather-min-tokens", e.parallel.ffn_gather_min_tokens,
+                  "With --ffn-layout 1d and --tp N (where weight-gathered runs): the FFN layout "
+                  "per phase, as seed 003 picks it. Steps of at least this many tokens "
+                  "(prefill) run the weight-gathered FFN, smaller ones (decode) the 1d one, from "
+                  "the same bf16 shards (default 0: always 1d). --plan sets it when the cost "
+                  "model prices weight-gathered prefill faster");
   sub->add_option("--attn-layout", e.parallel.attn_layout,
                   "--tp N on the CPU under mpirun, or with --device cuda as N threads on one GPU "
                   "or one GPU each (eager steps; all-to-alls through host memory on one GPU, NCCL "

@@ -1,10 +1,10 @@
-// `--plan auto|FILE`: the world layout (tensor- and pipeline-parallel sizes, the FFN layout)
-// chosen by the cost model of `strata plan` instead of --tp / --pp / --ffn-layout. The engine
-// runs one layout for both phases, so every layout the engine can run (1D weight-stationary FFN,
-// or 2D / weight-gathered with in-process tensor-parallel ranks; head-sharded attention, serial
-// block, no expert / data parallelism, no host streaming) is scored by its predicted prefill
-// phase plus its predicted decode phase for the workload, and the fastest one that fits wins
-// (strata/plan.h: choose_engine_layout).
+// `--plan auto|FILE`: the world layout (tensor- and pipeline-parallel sizes, the FFN layout per
+// phase) chosen by the cost model of `strata plan` instead of --tp / --pp / --ffn-layout /
+// --ffn-gather-min-tokens. Every layout the engine can run (1D weight-stationary FFN, or 2D /
+// weight-gathered with in-process tensor-parallel ranks, or weight-gathered prefill with 1D
+// decode; head-sharded attention, serial block, no expert / data parallelism, no host streaming)
+// is scored by its predicted prefill phase plus its predicted decode phase for the workload, and
+// the fastest one that fits wins (strata/plan.h: choose_engine_layout).
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -34,8 +34,9 @@ Status apply_plan(EngineConfig& e) {
     return Status(StatusCode::kInvalidArgument,
                   "--plan chooses the tensor- and pipeline-parallel sizes: drop --tp / --pp");
   }
-  if (e.parallel.ffn_layout != "1d") {
-    return Status(StatusCode::kInvalidArgument, "--plan chooses the FFN layout: drop --ffn-layout");
+  if (e.parallel.ffn_layout != "1d" || e.parallel.ffn_gather_min_tokens != 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--plan chooses the FFN layout: drop --ffn-layout / --ffn-gather-min-tokens");
   }
   if (!e.device.is_cuda()) {
     return Status(StatusCode::kInvalidArgument,
@@ -79,7 +80,8 @@ Status apply_plan(EngineConfig& e) {
     ss << in.rdbuf();
     STRATA_ASSIGN_OR_RETURN(rep, plan_from_json(ss.str(), "--plan " + e.plan));
   }
-  Result<EngineLayoutChoice> chosen = choose_engine_layout(rep, launched > 1 ? launched : 0);
+  Result<EngineLayoutChoice> chosen =
+      choose_engine_layout(rep, launched > 1 ? launched : 0, e.max_num_batched_tokens);
   if (!chosen.ok()) {
     return Status(chosen.status().code(), "--plan " + e.plan + ": " + chosen.status().message());
   }
@@ -92,13 +94,17 @@ Status apply_plan(EngineConfig& e) {
   } else if (best.decode.ffn == "WG-XYZ") {
     e.parallel.ffn_layout = "weight-gathered";
   }
+  e.parallel.ffn_gather_min_tokens = best.gather_min_tokens;
+  const std::string gather = best.gather_min_tokens > 0 ? " --ffn-gather-min-tokens " +
+                                                              std::to_string(best.gather_min_tokens)
+                                                        : std::string();
   if (env_config().launcher_rank <= 0) {
     std::fprintf(stderr,
                  "strata: --plan %s (%s, %lld GPUs, profile %s): --tp %d --pp %d --ffn-layout "
-                 "%s; predicted prefill %.1f ms (%s), decode %.2f ms/token (%s)\n",
+                 "%s%s; predicted prefill %.1f ms (%s), decode %.2f ms/token (%s)\n",
                  e.plan.c_str(), rep.model.c_str(), static_cast<long long>(rep.gpus),
                  rep.profile.c_str(), e.parallel.tp, e.parallel.pp, e.parallel.ffn_layout.c_str(),
-                 best.prefill.latency_s * 1e3, best.prefill.layout.c_str(),
+                 gather.c_str(), best.prefill.latency_s * 1e3, best.prefill.layout.c_str(),
                  best.decode.latency_s * 1e3, best.decode.layout.c_str());
   }
   return ok_status();

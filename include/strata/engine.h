@@ -54,6 +54,9 @@ struct ParallelSizes {
   // 003 Sec. 3.2) and the 2d grid's hidden split X (--ffn-2d-x; 0: the default for --tp).
   std::string ffn_layout = "1d";
   int ffn_2d_x = 0;
+  // With --ffn-layout 1d: steps of at least this many tokens (prefill) run the weight-gathered
+  // FFN, smaller ones (decode) the 1d one (--ffn-gather-min-tokens; 0: never).
+  int64_t ffn_gather_min_tokens = 0;
   // Attention's layout over the tensor-parallel group (--attn-layout head-sharded |
   // batch-sharded; seed 003 Sec. 3.3).
   std::string attn_layout = "head-sharded";

@@ -44,6 +44,10 @@ struct PlanRow {
   std::string bottleneck;  // compute | memory | communication | host link
   bool fits = true;
   bool meets_target = true;
+  // Weight-gathered prefill rows (WG-XYZ): the fewest tokens in one step at which this layout's
+  // FFN is predicted faster than 1D weight-stationary's on the same ranks (0: at no size up to
+  // 2^20), the engine's --ffn-gather-min-tokens when it runs 1D decode and this prefill.
+  int64_t gather_min_tokens = 0;
 };
 
 struct PhasePlan {
@@ -60,6 +64,9 @@ struct PlanReport {
   std::string weights;
   std::vector<PhasePlan> phases;
   double plan_seconds = 0;  // time the search took
+  // make_plan: what `--plan` would run with ranks in one process (choose_engine_layout over
+  // every row, before --top cuts them), as flags and predictions; empty when none runs.
+  std::string engine_layout;
 };
 
 Result<PlanReport> make_plan(const PlanRequest& request);
@@ -69,17 +76,22 @@ std::string plan_to_json(const PlanReport& report);
 // A plan read back from plan_to_json's text (`what` names it in errors: "--plan FILE").
 Result<PlanReport> plan_from_json(const std::string& text, const std::string& what);
 
-// The layout the engine runs for a plan (`--plan`): the engine keeps one layout for both phases
-// and runs head-sharded attention, tensor and pipeline parallel, no expert / data parallelism
-// and no host streaming, with 1D weight-stationary FFNs, or (dense models, tensor parallel only,
-// ranks in one process) the 2D weight-stationary or weight-gathered FFN. Among those that fit,
-// the (tp, pp, FFN layout) whose best prefill row plus best decode row predict the shortest
-// phases wins; a 2D or weight-gathered FFN only when at least 5% shorter than the best 1D one.
+// The layout the engine runs for a plan (`--plan`): head-sharded attention, tensor and pipeline
+// parallel, no expert / data parallelism and no host streaming, with 1D weight-stationary FFNs,
+// or (dense models, bf16 weights, tensor parallel only, ranks in one process) the 2D
+// weight-stationary or weight-gathered FFN in both phases, or the seed's pair: weight-gathered
+// prefill and 1D decode (--ffn-gather-min-tokens). Among those that fit, the (tp, pp, FFN
+// layouts) whose best prefill row plus best decode row predict the shortest phases wins; one
+// with another FFN than 1D in both phases only when at least 5% shorter than the best 1D one.
 // world > 0: an mpirun world of that many GPU processes (tp x pp = world; 1D only).
+// max_step_tokens > 0: the engine's largest step (--max-num-batched-tokens); the pair is taken
+// only when its weight-gathered prefill starts at a step size the engine reaches.
 struct EngineLayoutChoice {
-  PlanRow prefill, decode;  // the rows the choice rests on (same tp, pp and FFN layout)
+  PlanRow prefill, decode;        // the rows the choice rests on (same tp and pp)
+  int64_t gather_min_tokens = 0;  // > 0: 1D decode, weight-gathered prefill from this step size
 };
-Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& report, int world);
+Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& report, int world,
+                                                int64_t max_step_tokens = 0);
 
 // `--workload prompt=2048,gen=64,batch=64`: keys prompt, gen, batch in any order (each optional).
 Status parse_plan_workload(const std::string& text, PlanRequest& request);

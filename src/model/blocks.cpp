@@ -363,7 +363,7 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
     }
   }
   const FfnLayout ffn_layout = m.parallel().ffn_layout;
-  if (ffn_layout == FfnLayout::kWeightGathered) {
+  if (m.parallel().gathers_ffn()) {
     // Weight-gathered FFN (model/ffn_layouts.cpp): P tokens per rank, the layer's whole FFN.
     const int64_t N = tp, P = (T + N - 1) / N, F = c.ffn_dim;
     const DType wdt = ffn_weight_dtype(m);

@@ -550,12 +550,14 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
     }
     // Weight-gathered: the shards stay bf16 (the layout gathers them whole each layer; row
     // scales are not gathered) and the GEMMs read the gathered [F, hidden] only.
-    const bool gathered = par.ffn_layout == FfnLayout::kWeightGathered;
+    // With --ffn-gather-min-tokens the 1d steps' GEMMs read the same bf16 shards.
+    const bool gathered = par.gathers_ffn();
+    const bool shard_gemm = par.ffn_layout != FfnLayout::kWeightGathered;
     STRATA_ASSIGN_OR_RETURN(
         d.gate_up, up.linear(L ? &L->gate_up : nullptr, gu_rows, ffn_hidden, mlp_bias, !gathered,
-                             "gate/up weights", !gathered));
+                             "gate/up weights", shard_gemm));
     STRATA_ASSIGN_OR_RETURN(d.down, up.linear(L ? &L->down : nullptr, ffn_hidden, F, down_bias,
-                                              !gathered, "down_proj weights", !gathered));
+                                              !gathered, "down_proj weights", shard_gemm));
     if (streamed) {
       up.set_temp(nullptr);
       STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));

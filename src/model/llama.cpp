@@ -28,7 +28,7 @@ Status llama_layer(const Model& m, ForwardArgs& a, int64_t layer) {
     STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, blocks::norm_args(c), h));
   }
   STRATA_RETURN_IF_ERROR(blocks::self_attention(m, a, layer, sliding));
-  const FfnLayout ffn_layout = m.parallel().ffn_layout;
+  const FfnLayout ffn_layout = m.parallel().ffn_layout_for(n);
   if (ffn_layout == FfnLayout::kWeightGathered) return blocks::weight_gathered_ffn(m, a, layer);
   ops::section(a.ctx, "o_proj");
   STRATA_RETURN_IF_ERROR(

@@ -48,8 +48,10 @@ Result<Tensor> fetch(const TensorSource& src, const std::string& name,
 Status Model::check_ffn_layout(const std::string& where) const {
   const ModelConfig& c = config_;
   const ParallelConfig& par = par_;
-  if (par.ffn_layout == FfnLayout::k1D) return ok_status();
-  const char* name = ffn_layout_name(par.ffn_layout);
+  if (par.ffn_layout == FfnLayout::k1D && !par.gathers_ffn()) return ok_status();
+  // The weight-gathered prefill of --ffn-gather-min-tokens has weight-gathered's constraints.
+  const char* name = par.ffn_layout == FfnLayout::k1D ? "1d --ffn-gather-min-tokens"
+                                                      : ffn_layout_name(par.ffn_layout);
   if (c.family != ArchFamily::kLlama) {
     return errorf(StatusCode::kUnimplemented,
                   "{}: --ffn-layout {} is built for the Llama family (Llama, Mistral, Qwen2) "
@@ -66,10 +68,10 @@ Status Model::check_ffn_layout(const std::string& where) const {
                   "{}: --ffn-layout {} with pipeline or expert parallelism is not built yet", where,
                   name);
   }
-  if (par.ffn_layout == FfnLayout::kWeightGathered) {
+  if (par.gathers_ffn()) {
     if (c.mlp_bias) {
       return errorf(StatusCode::kUnimplemented,
-                    "{}: --ffn-layout weight-gathered with MLP biases is not built yet", where);
+                    "{}: --ffn-layout {} with MLP biases is not built yet", where, name);
     }
     return ok_status();
   }
@@ -471,16 +473,18 @@ Status Model::load_weights() {
     }
   }
 
-  if (par_.ffn_layout != FfnLayout::k1D) {
+  if (par_.ffn_layout != FfnLayout::k1D || par_.gathers_ffn()) {
     for (const LayerWeights& L : w_.layers) {
       for (const ops::LinearWeight* lw : {&L.gate_up, &L.down}) {
         for (int i = 0; i < lw->n_parts; ++i) {
           const DType dt = lw->parts[static_cast<size_t>(i)].w.dtype;
           if (!dtype_info(dt).is_quantized) continue;
           return errorf(StatusCode::kUnimplemented,
-                        "{}: --ffn-layout {} with {} (GGUF-quantized) FFN weights is not built "
-                        "yet (use --ffn-layout 1d)",
-                        src.describe(), ffn_layout_name(par_.ffn_layout), dtype_info(dt).name);
+                        "{}: --ffn-layout {}{} with {} (GGUF-quantized) FFN weights is not "
+                        "built yet (use --ffn-layout 1d)",
+                        src.describe(), ffn_layout_name(par_.ffn_layout),
+                        par_.ffn_layout == FfnLayout::k1D ? " --ffn-gather-min-tokens" : "",
+                        dtype_info(dt).name);
         }
       }
     }

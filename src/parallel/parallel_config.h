@@ -15,6 +15,10 @@
 //                   slice j]; collectives within the X group (same j) and the Y group (same i).
 //   weight-gathered stored as 1d; in the layer each rank runs the FFN for its slice of the
 //                   tokens with the layer's whole FFN weights all-gathered just in time.
+// The layout may change with the phase, as the seed's does (weight-gathered prefill, weight-
+// stationary decode): with 1d and ffn_gather_min_tokens > 0 the shards are stored as 1d (bf16,
+// as weight-gathered keeps them) and every step of at least that many tokens runs the
+// weight-gathered FFN, the smaller ones (decode) the 1d one (ffn_layout_for).
 #pragma once
 
 #include <algorithm>
@@ -103,6 +107,8 @@ struct ParallelConfig {
   // grid's X (hidden split; Y = tp_size / X is the ffn split). ws2d_x 0: default_grid_x.
   FfnLayout ffn_layout = FfnLayout::k1D;
   int ws2d_x = 0;
+  // With ffn_layout 1d: steps of at least this many tokens run the weight-gathered FFN (0: none).
+  int64_t ffn_gather_min_tokens = 0;
   // Attention's layout (see the top of this file).
   AttnLayout attn_layout = AttnLayout::kHeadSharded;
 
@@ -112,6 +118,20 @@ struct ParallelConfig {
   // (memory/block_manager.h, KvPoolConfig::n_owners).
   int attn_owner(int32_t block) const {
     return static_cast<int>(static_cast<uint32_t>(block) % static_cast<uint32_t>(tp_size));
+  }
+
+  // The FFN layout a step of n_tokens runs.
+  FfnLayout ffn_layout_for(int64_t n_tokens) const {
+    if (ffn_layout == FfnLayout::k1D && ffn_gather_min_tokens > 0 &&
+        n_tokens >= ffn_gather_min_tokens) {
+      return FfnLayout::kWeightGathered;
+    }
+    return ffn_layout;
+  }
+  // Whether any step may run the weight-gathered FFN (its weights' format and its scratch).
+  bool gathers_ffn() const {
+    return ffn_layout == FfnLayout::kWeightGathered ||
+           (ffn_layout == FfnLayout::k1D && ffn_gather_min_tokens > 0);
   }
 
   // The 2D grid: X, Y and this rank's (i, j), i fastest.

@@ -8,6 +8,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "core/status.h"
 #include "planner/planner.h"
@@ -62,6 +63,37 @@ PlanRow to_row(const planner::RankedLayout& r) {
   row.fits = e.fits;
   row.meets_target = r.meets_target;
   return row;
+}
+
+// The fewest tokens in one prefill step at which `wg` (a weight-gathered layout) is predicted
+// faster than the same ranks with the 1D weight-stationary FFN; 0 when it is not up to 2^20.
+// The FFN's cost is what differs: 1D's collectives grow with the tokens, weight-gathered's
+// all-gather of the weights does not.
+Result<int64_t> gather_crossover(const planner::ModelShape& shape,
+                                 const planner::HardwareProfile& hw, const planner::Layout& wg,
+                                 planner::WeightFormat weights) {
+  planner::Layout one = wg;
+  one.ffn = planner::FfnLayout::k1DWeightStationary;
+  auto wins = [&](int64_t tokens) -> Result<bool> {
+    planner::PhaseWorkload w{Phase::kPrefill, 1, tokens, 1, weights};
+    STRATA_ASSIGN_OR_RETURN(planner::Estimate a, planner::estimate(shape, hw, wg, w));
+    STRATA_ASSIGN_OR_RETURN(planner::Estimate b, planner::estimate(shape, hw, one, w));
+    return a.seconds < b.seconds;
+  };
+  constexpr int64_t kMax = int64_t{1} << 20;
+  int64_t hi = 1;
+  for (;; hi *= 2) {
+    STRATA_ASSIGN_OR_RETURN(bool w, wins(hi));
+    if (w) break;
+    if (hi >= kMax) return int64_t{0};
+  }
+  int64_t lo = hi / 2;  // loses (or 0); hi wins: the first win in (lo, hi]
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    STRATA_ASSIGN_OR_RETURN(bool w, wins(mid));
+    (w ? hi : lo) = mid;
+  }
+  return hi;
 }
 
 std::string human_time(double s) {
@@ -137,12 +169,35 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     p.phase = phase == Phase::kPrefill ? "prefill" : "decode";
     p.considered = static_cast<int64_t>(ranked->size());
     for (const planner::RankedLayout& rl : *ranked) {
-      if (r.top > 0 && static_cast<int64_t>(p.rows.size()) >= r.top) break;
       PlanRow row = to_row(rl);
       row.latency_s = phase == Phase::kPrefill ? rl.estimate.seconds : rl.estimate.step_seconds;
+      const planner::Layout& l = rl.layout;
+      if (phase == Phase::kPrefill && l.ffn == planner::FfnLayout::kWeightGatheredXYZ && l.tp > 1 &&
+          l.ep == 1 && l.residency == planner::WeightResidency::kDevice) {
+        auto t = gather_crossover(*shape, *hw, l, *weights);
+        if (!t.ok()) return t.status();
+        row.gather_min_tokens = *t;
+      }
       p.rows.push_back(row);
     }
     report.phases.push_back(std::move(p));
+  }
+  if (Result<EngineLayoutChoice> c = choose_engine_layout(report, 0); c.ok()) {
+    std::string ffn = "1d";
+    if (c->decode.ffn == "2D-WS") ffn = fmt::format("2d --ffn-2d-x {}", c->decode.x);
+    if (c->decode.ffn == "WG-XYZ") ffn = "weight-gathered";
+    if (c->gather_min_tokens > 0) {
+      ffn += fmt::format(" --ffn-gather-min-tokens {}", c->gather_min_tokens);
+    }
+    report.engine_layout =
+        fmt::format("--tp {} --pp {} --ffn-layout {}; prefill {} ({}), decode {} per token ({})",
+                    c->decode.tp, c->decode.pp, ffn, human_time(c->prefill.latency_s),
+                    c->prefill.layout, human_time(c->decode.latency_s), c->decode.layout);
+  }
+  if (r.top > 0) {
+    for (PhasePlan& p : report.phases) {
+      if (static_cast<int64_t>(p.rows.size()) > r.top) p.rows.resize(static_cast<size_t>(r.top));
+    }
   }
   report.plan_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -175,6 +230,9 @@ std::string format_plan(const PlanReport& rep) {
                          row.memory_per_device / 1e9, note);
     }
   }
+  if (!rep.engine_layout.empty()) {
+    out += "\nthe engine's layout (--plan, ranks in one process): " + rep.engine_layout + "\n";
+  }
   out += fmt::format("\nplanned in {:.1f} ms\n", rep.plan_seconds * 1e3);
   return out;
 }
@@ -190,6 +248,7 @@ std::string plan_to_json(const PlanReport& rep) {
   j["workload"] = {
       {"batch", rep.batch}, {"prompt", rep.prompt}, {"gen", rep.gen}, {"weights", rep.weights}};
   j["plan_seconds"] = rep.plan_seconds;
+  if (!rep.engine_layout.empty()) j["engine_layout"] = rep.engine_layout;
   for (const PhasePlan& p : rep.phases) {
     nlohmann::json rows = nlohmann::json::array();
     for (const PlanRow& r : p.rows) {
@@ -218,7 +277,8 @@ std::string plan_to_json(const PlanReport& rep) {
                       {"bubble", r.bubble},
                       {"bottleneck", r.bottleneck},
                       {"fits", r.fits},
-                      {"meets_target", r.meets_target}});
+                      {"meets_target", r.meets_target},
+                      {"gather_min_tokens", r.gather_min_tokens}});
     }
     j["phases"][p.phase] = {{"considered", p.considered}, {"layouts", rows}};
   }
@@ -256,6 +316,11 @@ Result<PlanReport> plan_from_json(const std::string& text, const std::string& wh
   try {
     rep.model = j.value("model", "");
     rep.profile = j.value("profile", "");
+    rep.n_params = j.value("n_params", 0.0);
+    rep.n_active_params = j.value("n_active_params", rep.n_params);
+    if (j.contains("workload") && j["workload"].is_object()) {
+      rep.weights = j["workload"].value("weights", "");
+    }
     constexpr int64_t kMaxSize = int64_t{1} << 20;  // devices or ranks along any axis
     if (j.contains("gpus")) {
       STRATA_ASSIGN_OR_RETURN(rep.gpus, plan_int(j["gpus"], "gpus", 1, kMaxSize, what));
@@ -285,6 +350,14 @@ Result<PlanReport> plan_from_json(const std::string& text, const std::string& wh
         row.fits = r.at("fits").get<bool>();
         row.latency_s = r.at("latency_s").get<double>();
         row.phase_s = r.at("phase_s").get<double>();
+        if (r.contains("gather_min_tokens")) {  // plans written before it have none
+          auto n = plan_int(r["gather_min_tokens"], "gather_min_tokens", 0, kMaxSize, what);
+          if (!n.ok()) {
+            return errorf(StatusCode::kInvalidArgument, "{} (layout '{}')", n.status().message(),
+                          row.layout);
+          }
+          row.gather_min_tokens = *n;
+        }
         p.rows.push_back(std::move(row));
       }
       rep.phases.push_back(std::move(p));
@@ -296,12 +369,15 @@ Result<PlanReport> plan_from_json(const std::string& text, const std::string& wh
   return rep;
 }
 
-Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world) {
+Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world,
+                                                int64_t max_step_tokens) {
   // The 2D and weight-gathered FFN run with in-process tensor-parallel ranks (not under mpirun,
-  // not with pipeline stages) on dense models.
+  // not with pipeline stages) on dense models; weight-gathered gathers bf16 shards.
   const bool moe = rep.n_active_params < rep.n_params;
+  const bool bf16 = rep.weights.empty() || rep.weights == "bf16";
   auto other_ffn = [&](const PlanRow& r) {
-    return (r.ffn == "2D-WS" || r.ffn == "WG-XYZ") && world == 0 && r.pp == 1 && r.tp >= 2 && !moe;
+    return (r.ffn == "2D-WS" || (r.ffn == "WG-XYZ" && bf16)) && world == 0 && r.pp == 1 &&
+           r.tp >= 2 && !moe;
   };
   auto runs = [&](const PlanRow& r) {
     if (!r.fits || (r.ffn != "1D-WS" && !other_ffn(r)) || r.attention != "head-sharded" ||
@@ -316,8 +392,10 @@ Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world
     const PlanRow* prefill = nullptr;
     const PlanRow* decode = nullptr;
   };
-  // The engine runs one FFN layout for both phases: picks per (tp, pp, FFN layout).
+  // Picks per (tp, pp, FFN layout) in both phases, and the seed's pair per (tp, pp): a
+  // weight-gathered prefill with a 1D decode (the same shards).
   std::map<std::tuple<int64_t, int64_t, std::string>, Pick> picks;
+  std::map<std::pair<int64_t, int64_t>, const PlanRow*> gathered_prefill;
   for (const PhasePlan& p : rep.phases) {
     if (p.phase != "prefill" && p.phase != "decode") continue;
     for (const PlanRow& r : p.rows) {
@@ -325,6 +403,11 @@ Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world
       Pick& k = picks[{r.tp, r.pp, r.ffn}];
       const PlanRow*& slot = p.phase == "prefill" ? k.prefill : k.decode;
       if (slot == nullptr || r.phase_s < slot->phase_s) slot = &r;
+      if (p.phase == "prefill" && r.ffn == "WG-XYZ" && r.gather_min_tokens > 0 &&
+          (max_step_tokens <= 0 || r.gather_min_tokens <= max_step_tokens)) {
+        const PlanRow*& g = gathered_prefill[{r.tp, r.pp}];
+        if (g == nullptr || r.phase_s < g->phase_s) g = &r;
+      }
     }
   }
   auto total = [](const Pick& k) { return k.prefill->phase_s + k.decode->phase_s; };
@@ -333,12 +416,22 @@ Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world
     if (k.prefill == nullptr || k.decode == nullptr || std::get<2>(key) != "1D-WS") continue;
     if (best == nullptr || total(k) < total(*best)) best = &k;
   }
-  // A 2D or weight-gathered FFN replaces the 1D one only when predicted at least 5% faster for
-  // the workload: about the planner's error on the layouts measured (4 x H200, 2026-11-26), and
-  // a profile without measured NCCL curves prices their collectives from the ring model alone.
-  const Pick* other = nullptr;
+  // Any other FFN replaces the 1D one only when predicted at least 5% faster for the workload:
+  // about the planner's error on the layouts measured (4 x H200, 2026-11-26), and a profile
+  // without measured NCCL curves prices their collectives from the ring model alone.
+  std::vector<Pick> others;
   for (const auto& [key, k] : picks) {
     if (k.prefill == nullptr || k.decode == nullptr || std::get<2>(key) == "1D-WS") continue;
+    others.push_back(k);
+  }
+  for (const auto& [key, g] : gathered_prefill) {
+    auto one = picks.find({key.first, key.second, "1D-WS"});
+    if (one != picks.end() && one->second.decode != nullptr) {
+      others.push_back(Pick{g, one->second.decode});
+    }
+  }
+  const Pick* other = nullptr;
+  for (const Pick& k : others) {
     if (other == nullptr || total(k) < total(*other)) other = &k;
   }
   if (other != nullptr && (best == nullptr || total(*other) < 0.95 * total(*best))) best = other;
@@ -351,7 +444,11 @@ Result<EngineLayoutChoice> choose_engine_layout(const PlanReport& rep, int world
         rep.model, rep.gpus, rep.profile,
         world > 0 ? ", tp = the mpirun world of " + std::to_string(world) : std::string());
   }
-  return EngineLayoutChoice{*best->prefill, *best->decode};
+  EngineLayoutChoice c{*best->prefill, *best->decode};
+  if (c.prefill.ffn == "WG-XYZ" && c.decode.ffn == "1D-WS") {
+    c.gather_min_tokens = c.prefill.gather_min_tokens;
+  }
+  return c;
 }
 
 #if !defined(STRATA_HAS_CUDA)

@@ -228,7 +228,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const ModelConfig& conf
     return Status(StatusCode::kUnimplemented,
                   "expert parallelism with pipeline stages is not built yet");
   }
-  if (par.ffn_layout != FfnLayout::k1D) {
+  if (par.ffn_layout != FfnLayout::k1D || par.gathers_ffn()) {
     // Both the CPU reference (f32) and the device layout (bf16 activations, on the CPU or CUDA):
     // the program's ops all have both (model/ffn_layouts.cpp).
     const char* name = ffn_layout_name(par.ffn_layout);
@@ -626,7 +626,9 @@ OneShotSizes oneshot_sizes(const ModelConfig& config, const RunnerOptions& o, in
   const int64_t T = o.max_num_tokens, R = std::max(o.max_logit_rows, o.max_num_seqs);
   OneShotSizes s;
   s.largest = std::max<int64_t>(T * config.hidden * 4, R * ((config.vocab + tp - 1) / tp) * 4);
-  if (o.ffn_layout == FfnLayout::kWeightGathered && tp > 1) {
+  const bool gathers = o.ffn_layout == FfnLayout::kWeightGathered ||
+                       (o.ffn_layout == FfnLayout::k1D && o.ffn_gather_min_tokens > 0);
+  if (gathers && tp > 1) {
     // Its reduce-scatter stages o_proj's padded partial sums [N P, hidden] f32 (P = ceil(T /
     // N)) whole, and its all-gathers of a layer's FFN shards are not split: [F / N, hidden]
     // bf16 each (model/ffn_layouts.cpp).
@@ -765,24 +767,34 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   }
   if (pp < 1) return errorf(StatusCode::kInvalidArgument, "--pipeline-parallel-size must be >= 1");
   ParallelConfig ffn_probe;  // --ffn-layout and --ffn-2d-x (the CUDA ranks' RunnerOptions)
-  if (cfg.parallel.ffn_layout != "1d" || cfg.parallel.ffn_2d_x != 0) {
+  if (cfg.parallel.ffn_layout != "1d" || cfg.parallel.ffn_2d_x != 0 ||
+      cfg.parallel.ffn_gather_min_tokens != 0) {
     ParallelConfig& probe = ffn_probe;
     STRATA_RETURN_IF_ERROR(apply_ffn_layout(cfg.parallel, &probe));
     // On CUDA: --tensor-parallel-size ranks as threads of this process, on one GPU (the
     // in-process one-shot kernels) or one GPU each (NCCL, its subgroups split from the ranks');
     // not under mpirun (the IPC communicator has no subgroups or reduce-scatter).
-    if (probe.ffn_layout != FfnLayout::k1D &&
-        ((cuda && env_config().launcher_size > 1) || pp > 1 || ep > 1 || dp > 1)) {
+    const bool other = probe.ffn_layout != FfnLayout::k1D || probe.gathers_ffn();
+    const std::string name = probe.ffn_layout == FfnLayout::k1D
+                                 ? std::string("1d --ffn-gather-min-tokens")
+                                 : cfg.parallel.ffn_layout;
+    if (other && ((cuda && env_config().launcher_size > 1) || pp > 1 || ep > 1 || dp > 1)) {
       return errorf(StatusCode::kUnimplemented,
                     "--ffn-layout {} is built with --tensor-parallel-size only: on the CPU under "
                     "mpirun, or with --device cuda as ranks that are threads of one process (not "
                     "under mpirun, nor with --pp, --ep or --dp yet)",
-                    cfg.parallel.ffn_layout);
+                    name);
     }
-    if (probe.ffn_layout != FfnLayout::k1D && cuda && cfg.parallel.tp < 2) {
+    if ((probe.ffn_layout == FfnLayout::kWeightGathered || probe.gathers_ffn()) &&
+        cfg.quantization != Quantization::kNone) {
+      return errorf(StatusCode::kUnimplemented,
+                    "--ffn-layout {} gathers bf16 FFN shards: --quantization {} is not built for "
+                    "it yet",
+                    name, to_string(cfg.quantization));
+    }
+    if (other && cuda && cfg.parallel.tp < 2) {
       return errorf(StatusCode::kInvalidArgument,
-                    "--ffn-layout {} with --device cuda needs --tensor-parallel-size > 1",
-                    cfg.parallel.ffn_layout);
+                    "--ffn-layout {} with --device cuda needs --tensor-parallel-size > 1", name);
     }
   }
   ParallelConfig attn_probe;  // --attn-layout (the CUDA ranks' RunnerOptions)
@@ -831,6 +843,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     // The in-process ranks' layout (the CPU's comes from load_model, per mpirun rank).
     ro.ffn_layout = ffn_probe.ffn_layout;
     ro.ws2d_x = ffn_probe.ws2d_x;
+    ro.ffn_gather_min_tokens = ffn_probe.ffn_gather_min_tokens;
     ro.attn_layout = attn_probe.attn_layout;
   }
   ro.residency.gpu_weight_budget = cfg.gpu_weight_budget;

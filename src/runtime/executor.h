@@ -177,6 +177,7 @@ struct RunnerOptions {
   Communicator* ffn_y_group = nullptr;
   FfnLayout ffn_layout = FfnLayout::k1D;
   int ws2d_x = 0;
+  int64_t ffn_gather_min_tokens = 0;  // --ffn-gather-min-tokens (ParallelConfig's)
   // The in-process executors give it to their ranks' ParallelConfig (--attn-layout).
   AttnLayout attn_layout = AttnLayout::kHeadSharded;
 };

@@ -256,6 +256,18 @@ Status apply_ffn_layout(const ParallelSizes& sizes, ParallelConfig* par) {
                   "--ffn-2d-x {} goes with --ffn-layout 2d (and must be >= 2)", sizes.ffn_2d_x);
   }
   par->ws2d_x = sizes.ffn_2d_x;
+  if (sizes.ffn_gather_min_tokens < 0 ||
+      (sizes.ffn_gather_min_tokens > 0 && par->ffn_layout != FfnLayout::k1D)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--ffn-gather-min-tokens {} goes with --ffn-layout 1d (and must be >= 1)",
+                  sizes.ffn_gather_min_tokens);
+  }
+  if (sizes.ffn_gather_min_tokens > 0 && sizes.tp < 2) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--ffn-gather-min-tokens {} needs --tensor-parallel-size > 1",
+                  sizes.ffn_gather_min_tokens);
+  }
+  par->ffn_gather_min_tokens = sizes.ffn_gather_min_tokens;
   return ok_status();
 }
 

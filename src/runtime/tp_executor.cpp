@@ -1085,7 +1085,7 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
   // other layouts split tokens unevenly over the ranks, so their shapes may differ).
   std::vector<std::unique_ptr<Communicator>> first_use =
       where.cuda && where.shared_gpu && tp > 1 && o.ffn_layout == FfnLayout::k1D &&
-              o.attn_layout == AttnLayout::kHeadSharded
+              o.ffn_gather_min_tokens == 0 && o.attn_layout == AttnLayout::kHeadSharded
           ? make_in_process_communicators(tp)
           : std::vector<std::unique_ptr<Communicator>>{};
   std::vector<std::unique_ptr<Executor>> ranks;
@@ -1096,6 +1096,7 @@ Result<std::unique_ptr<InProcessTpExecutor>> make_tp_group(
     par.tp_rank = r;
     par.ffn_layout = o.ffn_layout;
     par.ws2d_x = o.ws2d_x;
+    par.ffn_gather_min_tokens = o.ffn_gather_min_tokens;
     par.attn_layout = o.attn_layout;
     std::unique_ptr<Model> host;
     if (load) {
@@ -1145,7 +1146,11 @@ Status only_1d_ffn(const RunnerOptions& o, const char* what) {
     return errorf(StatusCode::kUnimplemented, "--attn-layout {} with {} is not built yet",
                   attn_layout_name(o.attn_layout), what);
   }
-  if (o.ffn_layout == FfnLayout::k1D) return ok_status();
+  if (o.ffn_layout == FfnLayout::k1D && o.ffn_gather_min_tokens == 0) return ok_status();
+  if (o.ffn_layout == FfnLayout::k1D) {
+    return errorf(StatusCode::kUnimplemented, "--ffn-gather-min-tokens with {} is not built yet",
+                  what);
+  }
   return errorf(StatusCode::kUnimplemented, "--ffn-layout {} with {} is not built yet",
                 ffn_layout_name(o.ffn_layout), what);
 }

@@ -110,6 +110,21 @@ TEST(Cli, PlanFlagErrors) {
   expect_clean_error(
       run_strata("bench --model-config llama3-8b --device cuda --plan auto --ffn-layout 2d -b 1"),
       "drop --ffn-layout");
+  expect_clean_error(run_strata("bench --model-config llama3-8b --device cuda --plan auto "
+                                "--ffn-gather-min-tokens 512 -b 1"),
+                     "drop --ffn-layout / --ffn-gather-min-tokens");
+}
+
+// --ffn-gather-min-tokens: weight-gathered prefill with 1d decode, for tensor-parallel ranks.
+TEST(Cli, FfnGatherFlagErrors) {
+  expect_clean_error(run_strata("run -m " + fixture("llama") + " -p hi --ffn-gather-min-tokens 4"),
+                     "--ffn-gather-min-tokens 4 needs --tensor-parallel-size > 1");
+  expect_clean_error(run_strata("run -m " + fixture("llama") +
+                                " -p hi --tp 2 --ffn-layout 2d --ffn-gather-min-tokens 4"),
+                     "--ffn-gather-min-tokens 4 goes with --ffn-layout 1d");
+  expect_clean_error(run_strata("bench --model-config llama3-8b --device cuda --tp 2 "
+                                "--quantization int8 --ffn-gather-min-tokens 512 -b 1"),
+                     "--quantization int8 is not built for it yet");
 }
 
 // --dp: data-parallel replicas run on GPUs (the CPU replicas are the library's, for tests), not

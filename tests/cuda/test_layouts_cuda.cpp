@@ -153,7 +153,18 @@ struct LayoutCase {
   const char* model;
   int tp;
   FfnLayout layout;
+  int64_t gather = 0;  // 1d: --ffn-gather-min-tokens (the prompt's 16-token chunks gather)
 };
+
+std::string layout_case_name(const LayoutCase& c) {
+  std::string name =
+      std::string(c.model) + "_tp" + std::to_string(c.tp) + "_" + ffn_layout_name(c.layout);
+  if (c.gather > 0) name += "_gather" + std::to_string(c.gather);
+  for (char& ch : name) {
+    if (ch == '-') ch = '_';
+  }
+  return name;
+}
 
 class FfnLayoutCuda : public ::testing::TestWithParam<LayoutCase> {};
 
@@ -161,16 +172,15 @@ TEST_P(FfnLayoutCuda, MatchesOneRankWithGraphs) {
   REQUIRE_GPU();
   const LayoutCase& c = GetParam();
   const std::string dir = testing::fixture_model(c.model);
-  auto r = cuda_test::against_one_rank(dir, c.tp, 8, 1, c.layout);
+  auto r =
+      cuda_test::against_one_rank(dir, c.tp, 8, 1, c.layout, AttnLayout::kHeadSharded, c.gather);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   const std::vector<int32_t>&g1 = r->one_ids, &gn = r->many_ids;
   const double err = r->err;
   const int64_t rn = r->replays;
-  std::printf(
-      "[ info ] %s TP=%d --ffn-layout %s: %.2e of max|logit| from TP=1; greedy %s; "
-      "%lld graph replays\n",
-      c.model, c.tp, ffn_layout_name(c.layout), err, gn == g1 ? "identical" : "differs",
-      static_cast<long long>(rn));
+  std::printf("[ info ] %s: %.2e of max|logit| from TP=1; greedy %s; %lld graph replays\n",
+              layout_case_name(c).c_str(), err, gn == g1 ? "identical" : "differs",
+              static_cast<long long>(rn));
   EXPECT_LE(err, 2e-2);
   EXPECT_EQ(gn, g1);
   EXPECT_GE(rn, 6) << "decode steps should replay graphs";
@@ -183,16 +193,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutCuda,
                                            LayoutCase{"llama", 2, FfnLayout::kWeightGathered},
                                            LayoutCase{"llama", 4, FfnLayout::kWeightGathered},
                                            LayoutCase{"llama_bf16", 4, FfnLayout::k2D},
-                                           LayoutCase{"llama_bf16", 4, FfnLayout::kWeightGathered}),
-                         [](const auto& info) {
-                           std::string name = std::string(info.param.model) + "_tp" +
-                                              std::to_string(info.param.tp) + "_" +
-                                              ffn_layout_name(info.param.layout);
-                           for (char& ch : name) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return name;
-                         });
+                                           LayoutCase{"llama_bf16", 4, FfnLayout::kWeightGathered},
+                                           LayoutCase{"llama", 2, FfnLayout::k1D, 8},
+                                           LayoutCase{"llama", 4, FfnLayout::k1D, 8}),
+                         [](const auto& info) { return layout_case_name(info.param); });
 
 // --attn-layout batch-sharded on ONE GPU with the ranks as threads (make_in_process_tp_executor
 // over the in-process communicator): each sequence's KV cache (every KV head) on one rank, the

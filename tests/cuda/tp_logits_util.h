@@ -74,7 +74,8 @@ inline Result<std::vector<float>> cuda_tp_logits(const std::string& dir, int tp,
                                                  const std::vector<int32_t>& prompt, int n_decode,
                                                  std::vector<int32_t>* greedy, int64_t* replays,
                                                  int pp = 1, FfnLayout layout = FfnLayout::k1D,
-                                                 AttnLayout attn = AttnLayout::kHeadSharded) {
+                                                 AttnLayout attn = AttnLayout::kHeadSharded,
+                                                 int64_t gather = 0) {
   RunnerOptions o;
   o.device = Device::cuda(0);
   o.act_dtype = DType::kBF16;
@@ -85,6 +86,7 @@ inline Result<std::vector<float>> cuda_tp_logits(const std::string& dir, int tp,
   o.cuda_graphs = true;
   o.ffn_layout = layout;
   o.attn_layout = attn;
+  o.ffn_gather_min_tokens = gather;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec, cuda_tp_executor(dir, tp, o, pp));
   const int64_t V = exec->config().vocab;
   std::vector<float> logits(prompt.size() * static_cast<size_t>(V));
@@ -125,15 +127,16 @@ struct AgainstOneRank {
 
 inline Result<AgainstOneRank> against_one_rank(const std::string& dir, int tp, int n_decode,
                                                int pp = 1, FfnLayout layout = FfnLayout::k1D,
-                                               AttnLayout attn = AttnLayout::kHeadSharded) {
+                                               AttnLayout attn = AttnLayout::kHeadSharded,
+                                               int64_t gather = 0) {
   STRATA_ASSIGN_OR_RETURN(testing::Reference ref, testing::load_reference(dir));
   AgainstOneRank r;
   int64_t one_replays = 0;
   STRATA_ASSIGN_OR_RETURN(std::vector<float> one, cuda_tp_logits(dir, 1, ref.inputs[1], n_decode,
                                                                  &r.one_ids, &one_replays));
-  STRATA_ASSIGN_OR_RETURN(
-      std::vector<float> many,
-      cuda_tp_logits(dir, tp, ref.inputs[1], n_decode, &r.many_ids, &r.replays, pp, layout, attn));
+  STRATA_ASSIGN_OR_RETURN(std::vector<float> many,
+                          cuda_tp_logits(dir, tp, ref.inputs[1], n_decode, &r.many_ids, &r.replays,
+                                         pp, layout, attn, gather));
   r.err = testing::relative_error(many, one);
   return r;
 }

@@ -4,7 +4,9 @@
 // padded sizes) against TP = 1 on the llama fixtures, f32 reference, within 1e-5 of max |logit|
 // over a chunked prefill and greedy decode steps, with the same greedy tokens; the same with the
 // device layout (bf16 activations through the CPU twins of the GPU kernels) within bf16's
-// tolerance. And what is not built yet fails with one line naming the flag: families other than
+// tolerance. The seed's pair, weight-gathered prefill with 1d decode (--ffn-gather-min-tokens 4:
+// the prompt's 5-token chunks gather, its 3-token tail and the decode steps run 1d), the same
+// way. And what is not built yet fails with one line naming the flag: families other than
 // Llama, a world size without a 2D grid.
 #include <gtest/gtest.h>
 
@@ -17,7 +19,7 @@ namespace strata {
 namespace {
 
 Result<std::unique_ptr<Executor>> make(const std::string& dir, int tp, FfnLayout layout,
-                                       DType act = DType::kF32, int x = 0) {
+                                       DType act = DType::kF32, int x = 0, int64_t gather = 0) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(ModelConfig config, parse_hf_config(text, dir + "/config.json"));
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Checkpoint> ckpt, Checkpoint::open(dir));
@@ -26,6 +28,7 @@ Result<std::unique_ptr<Executor>> make(const std::string& dir, int tp, FfnLayout
   o.act_dtype = act;
   o.ffn_layout = layout;
   o.ws2d_x = x;
+  o.ffn_gather_min_tokens = gather;
   auto load = [config, src](const ParallelConfig& par) { return Model::load(config, par, src); };
   return make_in_process_tp_executor(config, load, tp, o);
 }
@@ -34,7 +37,18 @@ struct Case {
   const char* model;
   int tp;
   FfnLayout layout;
+  int64_t gather = 0;  // --ffn-gather-min-tokens (with 1d)
 };
+
+std::string case_name(const Case& c) {
+  std::string name =
+      std::string(c.model) + "_tp" + std::to_string(c.tp) + "_" + ffn_layout_name(c.layout);
+  if (c.gather > 0) name += "_gather" + std::to_string(c.gather);
+  for (char& ch : name) {
+    if (ch == '-') ch = '_';
+  }
+  return name;
+}
 
 class FfnLayoutInProcess : public ::testing::TestWithParam<Case> {};
 
@@ -45,13 +59,12 @@ TEST_P(FfnLayoutInProcess, MatchesOneRank) {
   ASSERT_TRUE(one.ok()) << one.status().to_string();
   auto a = testing::run_layout(**one, testing::layout_prompt(), 4);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
-  auto many = make(dir, c.tp, c.layout);
+  auto many = make(dir, c.tp, c.layout, DType::kF32, 0, c.gather);
   ASSERT_TRUE(many.ok()) << many.status().to_string();
   auto b = testing::run_layout(**many, testing::layout_prompt(), 4);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   const double err = testing::relative_error(b->logits, a->logits);
-  std::printf("[ info ] %s TP=%d --ffn-layout %s: %.2e of max|logit| from TP=1\n", c.model, c.tp,
-              ffn_layout_name(c.layout), err);
+  std::printf("[ info ] %s: %.2e of max|logit| from TP=1\n", case_name(c).c_str(), err);
   EXPECT_LE(err, 1e-5);
   EXPECT_EQ(b->ids, a->ids);
 }
@@ -63,16 +76,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutInProcess,
                                            Case{"llama_bf16", 4, FfnLayout::k2D},
                                            Case{"llama_bf16", 4, FfnLayout::kWeightGathered},
                                            Case{"qwen2", 3, FfnLayout::kWeightGathered},
-                                           Case{"mistral", 2, FfnLayout::kWeightGathered}),
-                         [](const auto& info) {
-                           std::string name = std::string(info.param.model) + "_tp" +
-                                              std::to_string(info.param.tp) + "_" +
-                                              ffn_layout_name(info.param.layout);
-                           for (char& ch : name) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return name;
-                         });
+                                           Case{"mistral", 2, FfnLayout::kWeightGathered},
+                                           Case{"llama", 4, FfnLayout::k1D, 4},
+                                           Case{"qwen2", 3, FfnLayout::k1D, 4}),
+                         [](const auto& info) { return case_name(info.param); });
 
 // The device layout (bf16 activations, one fused gate/up matrix per rank, the CPU twins of the
 // GPU kernels): the program the GPU runs, here on the CPU, against TP = 1 of the same layout
@@ -87,13 +94,13 @@ TEST_P(FfnLayoutInProcessBf16, MatchesOneRank) {
   ASSERT_TRUE(one.ok()) << one.status().to_string();
   auto a = testing::run_layout(**one, testing::layout_prompt(), 4);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
-  auto many = make(dir, c.tp, c.layout, DType::kBF16);
+  auto many = make(dir, c.tp, c.layout, DType::kBF16, 0, c.gather);
   ASSERT_TRUE(many.ok()) << many.status().to_string();
   auto b = testing::run_layout(**many, testing::layout_prompt(), 4);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   const double err = testing::relative_error(b->logits, a->logits);
-  std::printf("[ info ] %s TP=%d --ffn-layout %s, bf16 activations: %.2e of max|logit| from TP=1\n",
-              c.model, c.tp, ffn_layout_name(c.layout), err);
+  std::printf("[ info ] %s, bf16 activations: %.2e of max|logit| from TP=1\n", case_name(c).c_str(),
+              err);
   EXPECT_LE(err, 2e-2);
   EXPECT_EQ(b->ids, a->ids);
 }
@@ -102,16 +109,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutInProcessBf16,
                          ::testing::Values(Case{"llama", 4, FfnLayout::k2D},
                                            Case{"llama", 4, FfnLayout::kWeightGathered},
                                            Case{"llama", 2, FfnLayout::kWeightGathered},
-                                           Case{"qwen2", 3, FfnLayout::kWeightGathered}),
-                         [](const auto& info) {
-                           std::string name = std::string(info.param.model) + "_tp" +
-                                              std::to_string(info.param.tp) + "_" +
-                                              ffn_layout_name(info.param.layout);
-                           for (char& ch : name) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return name;
-                         });
+                                           Case{"qwen2", 3, FfnLayout::kWeightGathered},
+                                           Case{"llama", 4, FfnLayout::k1D, 4}),
+                         [](const auto& info) { return case_name(info.param); });
 
 void expect_error(const Result<std::unique_ptr<Executor>>& e, const std::string& part) {
   ASSERT_FALSE(e.ok());
@@ -135,6 +135,13 @@ TEST(FfnLayoutInProcessErrors, NotBuiltYet) {
                "--ffn-layout 2d with pipeline stages is not built yet");
   expect_error(make_in_process_dp_executor(*config, nullptr, 2, o),
                "--ffn-layout 2d with data-parallel replicas is not built yet");
+  // The weight-gathered prefill of --ffn-gather-min-tokens: weight-gathered's constraints.
+  expect_error(make(testing::fixture_model("gpt2"), 2, FfnLayout::k1D, DType::kF32, 0, 16),
+               "--ffn-layout 1d --ffn-gather-min-tokens is built for the Llama family");
+  o.ffn_layout = FfnLayout::k1D;
+  o.ffn_gather_min_tokens = 16;
+  expect_error(make_in_process_pp_executor(*config, nullptr, {0, 1, 3}, o, 2),
+               "--ffn-gather-min-tokens with pipeline stages is not built yet");
 }
 
 // ---- attention layouts (seed 003 Sec. 3.3) -----------------------------------------------------

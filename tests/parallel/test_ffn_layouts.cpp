@@ -1,6 +1,7 @@
 // The FFN layouts of seed 003 (Sec. 3.2) on the CPU under mpirun, one process per rank: with
 // --ffn-layout 2d (X x Y = this run's world size, the default grid and, at 8 ranks, X = 4 too)
-// and weight-gathered, the logits of a prompt (prefill in chunks of 5 tokens: step sizes not a
+// and weight-gathered (and the pair of weight-gathered prefill and 1d decode,
+// --ffn-gather-min-tokens), the logits of a prompt (prefill in chunks of 5 tokens: step sizes not a
 // multiple of the ranks) and of greedy decode steps (one token per step: ranks without tokens)
 // must equal one rank's, computed in the same process, within 1e-5 of max |logit|, with the same
 // greedy tokens. Models: the llama fixture (f32) and its bf16 twin where the world size divides
@@ -26,12 +27,14 @@ namespace {
 
 struct Layout {
   FfnLayout ffn;
-  int x;  // 2d: the grid's X (0: the default)
+  int x;               // 2d: the grid's X (0: the default)
+  int64_t gather = 0;  // 1d: --ffn-gather-min-tokens
 };
 
 std::string layout_name(const Layout& l) {
   std::string s = ffn_layout_name(l.ffn);
   if (l.x > 0) s += " X=" + std::to_string(l.x);
+  if (l.gather > 0) s += " --ffn-gather-min-tokens " + std::to_string(l.gather);
   return s;
 }
 
@@ -72,7 +75,9 @@ void expect_layouts_match_one_rank(const std::string& dir, const std::string& wh
   auto single = make_single_rank_communicator();
   auto one = run(dir, ParallelConfig{}, *single);
   ASSERT_TRUE(one.ok()) << one.status().to_string();
-  std::vector<Layout> layouts = {{FfnLayout::kWeightGathered, 0}};
+  // 1d with weight-gathered prefill from 4 tokens: the prompt's 5-token chunks gather, its
+  // 3-token tail and the decode steps run 1d.
+  std::vector<Layout> layouts = {{FfnLayout::kWeightGathered, 0}, {FfnLayout::k1D, 0, 4}};
   if (default_grid_x(n) > 0) layouts.push_back({FfnLayout::k2D, 0});
   if (n == 8) layouts.push_back({FfnLayout::k2D, 4});
   for (const Layout& l : layouts) {
@@ -81,6 +86,7 @@ void expect_layouts_match_one_rank(const std::string& dir, const std::string& wh
     par.tp_rank = g_comm->rank();
     par.ffn_layout = l.ffn;
     par.ws2d_x = l.x;
+    par.ffn_gather_min_tokens = l.gather;
     auto many = run(dir, par, *g_comm);
     ASSERT_TRUE(many.ok()) << many.status().to_string();
     const double err = testing::relative_error(many->logits, one->logits);

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "planner/planner.h"
 #include "strata/plan.h"
@@ -969,6 +971,95 @@ TEST(EngineLayout, OtherFfnLayoutOnlyWhenFivePercentFaster) {
   auto moe = choose_engine_layout(plan("mixtral-8x7b", 2048, 1), 0);
   ASSERT_TRUE(moe.ok()) << moe.status().to_string();
   EXPECT_EQ(moe->decode.ffn, "1D-WS");
+}
+
+// The seed's pair (Sec. 3.2.2 / Table 2): weight-gathered prefill and weight-stationary decode
+// from the same shards. The engine runs it as 1D with --ffn-gather-min-tokens T: steps of T tokens
+// or more gather. T is where the cost model turns: one step of T tokens is predicted faster
+// weight-gathered than 1D on the same ranks, T - 1 is not.
+TEST(EngineLayout, WeightGatheredPrefillWithOneDDecode) {
+  // Rows by hand: 1D (10 s + 1 s), weight-gathered in both phases (8 s + 3 s), and the pair
+  // (8 s + 1 s) wins when the engine's steps reach its 4,096 tokens.
+  auto synthetic = [](const std::string& weights) {
+    PlanReport rep;
+    rep.model = "m";
+    rep.n_params = rep.n_active_params = 7e10;
+    rep.weights = weights;
+    for (const char* phase : {"prefill", "decode"}) {
+      PhasePlan p;
+      p.phase = phase;
+      for (const char* ffn : {"1D-WS", "WG-XYZ"}) {
+        PlanRow r;
+        r.tp = 4;
+        r.ffn = ffn;
+        r.layout = std::string("tp4 ") + ffn;
+        r.attention = "head-sharded";
+        const bool one = std::string(ffn) == "1D-WS";
+        if (std::string(phase) == "prefill") {
+          r.phase_s = one ? 10.0 : 8.0;
+          if (!one) r.gather_min_tokens = 4096;
+        } else {
+          r.phase_s = one ? 1.0 : 3.0;
+        }
+        p.rows.push_back(r);
+      }
+      rep.phases.push_back(p);
+    }
+    return rep;
+  };
+  auto pair = choose_engine_layout(synthetic("bf16"), 0);
+  ASSERT_TRUE(pair.ok()) << pair.status().to_string();
+  EXPECT_EQ(pair->prefill.ffn, "WG-XYZ");
+  EXPECT_EQ(pair->decode.ffn, "1D-WS");
+  EXPECT_EQ(pair->gather_min_tokens, 4096);
+  EXPECT_EQ(value(choose_engine_layout(synthetic("bf16"), 0, 8192)).gather_min_tokens, 4096);
+  // Not taken: steps that never reach 4,096 tokens, 8-bit weights (the gathers move bf16
+  // shards), an mpirun world, a mixture of experts.
+  for (const auto& [rep, world, step] : std::vector<std::tuple<PlanReport, int, int64_t>>{
+           {synthetic("bf16"), 0, 2048}, {synthetic("int8"), 0, 0}, {synthetic("bf16"), 4, 0}}) {
+    auto c = choose_engine_layout(rep, world, step);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_EQ(c->prefill.ffn, "1D-WS") << rep.weights << " " << world << " " << step;
+    EXPECT_EQ(c->gather_min_tokens, 0);
+  }
+  PlanReport moe = synthetic("bf16");
+  moe.n_active_params = 1e10;
+  EXPECT_EQ(value(choose_engine_layout(moe, 0)).gather_min_tokens, 0);
+  // The crossover the plan reports, checked against the plan's own rows at T and T - 1 tokens:
+  // Llama-3-70B on four H100s (NVLink ring: the weight gathers pay off only at large steps).
+  auto one_step = [](int64_t tokens) {
+    PlanRequest req;
+    req.model_config = "llama3-70b";
+    req.gpus = 4;
+    req.batch = 1;
+    req.prompt = tokens;
+    req.gen = 1;
+    req.top = 0;
+    return value(make_plan(req));
+  };
+  auto prefill_s = [](const PlanReport& rep, const std::string& ffn) {
+    for (const PhasePlan& p : rep.phases) {
+      for (const PlanRow& r : p.rows) {
+        if (p.phase == "prefill" && r.tp == 4 && r.pp == 1 && r.ffn == ffn &&
+            r.attention == "head-sharded" && !r.host_streamed) {
+          return std::make_pair(r.phase_s, r.gather_min_tokens);
+        }
+      }
+    }
+    return std::make_pair(-1.0, int64_t{-1});
+  };
+  const int64_t t = prefill_s(one_step(2048), "WG-XYZ").second;
+  ASSERT_GT(t, 1);
+  std::printf("[ info ] llama3-70b, 4 x H100 profile: weight-gathered prefill from %lld tokens\n",
+              static_cast<long long>(t));
+  EXPECT_LT(prefill_s(one_step(t), "WG-XYZ").first, prefill_s(one_step(t), "1D-WS").first);
+  EXPECT_GE(prefill_s(one_step(t - 1), "WG-XYZ").first, prefill_s(one_step(t - 1), "1D-WS").first);
+  // The plan file keeps it.
+  const PlanReport rep = one_step(2048);
+  auto back = plan_from_json(plan_to_json(rep), "--plan p.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(prefill_s(*back, "WG-XYZ").second, t);
+  EXPECT_EQ(back->weights, "bf16");
 }
 
 TEST(EngineLayout, WorldOfMpirunAndNothingThatFits) {
