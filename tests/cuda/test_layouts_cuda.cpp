@@ -188,14 +188,15 @@ TEST_P(FfnLayoutCuda, MatchesOneRankWithGraphs) {
 
 // llama: hidden 64, intermediate 176: the 2d grid at 4 ranks is 2 x 2 (GEMM inputs of 32 and 88
 // features, multiples of 8 as the CUDA GEMMs need); weight-gathered GEMMs read the whole FFN.
+// The pair (1d decode, weight-gathered prefill) runs 1d GEMMs too, whose down input at 4 ranks
+// (44 features) the CUDA GEMMs refuse: 2 ranks (88).
 INSTANTIATE_TEST_SUITE_P(Fixtures, FfnLayoutCuda,
                          ::testing::Values(LayoutCase{"llama", 4, FfnLayout::k2D},
                                            LayoutCase{"llama", 2, FfnLayout::kWeightGathered},
                                            LayoutCase{"llama", 4, FfnLayout::kWeightGathered},
                                            LayoutCase{"llama_bf16", 4, FfnLayout::k2D},
                                            LayoutCase{"llama_bf16", 4, FfnLayout::kWeightGathered},
-                                           LayoutCase{"llama", 2, FfnLayout::k1D, 8},
-                                           LayoutCase{"llama", 4, FfnLayout::k1D, 8}),
+                                           LayoutCase{"llama", 2, FfnLayout::k1D, 8}),
                          [](const auto& info) { return layout_case_name(info.param); });
 
 // --attn-layout batch-sharded on ONE GPU with the ranks as threads (make_in_process_tp_executor

@@ -797,6 +797,72 @@ TEST(H200FourGpuLayouts, PredictionError) {
   EXPECT_GT(bs_mean, 0.0);
 }
 
+// The FFN layout per phase, measured (issue 14): Llama-3-70B at TP = 4 on four H200s, bf16,
+// with 1d, weight-gathered and the pair (weight-gathered prefill from the crossover, 1d decode)
+// in one job. With the profile calibrated on that machine the planner puts the crossover
+// between the two prefill sizes measured (weight-gathered slower at 16,384 tokens a step, faster
+// at 131,072), --plan takes the pair for a 64 x 2,048 prompt + 128-token workload when the
+// engine's steps hold a whole prefill (and not at the default 2,048-token steps), and the pair is
+// the measured best of the three for that workload.
+TEST(H200FourGpuLayouts, FfnLayoutPerPhaseIsTheMeasuredBest) {
+  const json data = read_json("h200x4_ffn_per_phase.json");
+  PlanRequest req;
+  req.model_config = data["model"].get<std::string>();
+  req.gpus = data["gpus"].get<int64_t>();
+  req.profile = kDataDir + "/" + data["profile"].get<std::string>();
+  req.batch = 64;
+  req.prompt = 2048;
+  req.gen = 128;
+  req.top = 0;
+  const PlanReport rep = value(make_plan(req));
+  auto c = choose_engine_layout(rep, 0, 64 * 2048);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->decode.tp, 4);
+  EXPECT_EQ(c->prefill.ffn, "WG-XYZ");
+  EXPECT_EQ(c->decode.ffn, "1D-WS");
+  const int64_t t = c->gather_min_tokens;
+  EXPECT_EQ(t, data["pair_min_tokens"].get<int64_t>());  // the T the job ran with
+  EXPECT_GT(t, 8 * 2048);
+  EXPECT_LE(t, 64 * 2048);
+  EXPECT_EQ(value(choose_engine_layout(rep, 0, 2048)).gather_min_tokens, 0);
+  const json& m = data["measured"];
+  auto ms = [&](const char* layout, const char* what) { return m[layout][what].get<double>(); };
+  // Measured on each side of the crossover as predicted.
+  EXPECT_GT(ms("wg", "prefill_8x2048_ms"), ms("1d", "prefill_8x2048_ms"));
+  EXPECT_LT(ms("wg", "prefill_64x2048_ms"), ms("1d", "prefill_64x2048_ms"));
+  // The pair runs each step as the layout for its size: within 2% of the faster one.
+  for (const char* what : {"prefill_8x2048_ms", "prefill_64x2048_ms"}) {
+    const double best = std::min(ms("1d", what), ms("wg", what));
+    EXPECT_LE(ms("pair", what), 1.02 * best) << what;
+  }
+  for (const char* what : {"decode_b1_ms", "decode_b64_ms"}) {
+    EXPECT_LE(ms("pair", what), 1.02 * ms("1d", what)) << what;
+  }
+  // The workload: one prefill of 64 x 2,048 tokens, then 128 decode steps of 64 sequences.
+  std::map<std::string, double> total;
+  for (const char* l : {"1d", "wg", "pair"}) {
+    total[l] = ms(l, "prefill_64x2048_ms") + 128 * ms(l, "decode_b64_ms");
+  }
+  std::printf("64 x 2,048 + 128 steps, measured: 1d %.0f ms, weight-gathered %.0f ms, pair %.0f ms\n",
+              total["1d"], total["wg"], total["pair"]);
+  EXPECT_LT(total["pair"], total["1d"]);
+  EXPECT_LT(total["pair"], total["wg"]);
+  // The plan's own prices of the two prefill passes against the measured ones (within 10%).
+  auto predicted = [&](const char* ffn) {
+    for (const PhasePlan& p : rep.phases) {
+      for (const PlanRow& r : p.rows) {
+        if (p.phase == "prefill" && r.tp == 4 && r.pp == 1 && r.ffn == ffn &&
+            r.attention == "head-sharded" && !r.host_streamed) {
+          return r.latency_s * 1e3;
+        }
+      }
+    }
+    return 0.0;
+  };
+  EXPECT_NEAR(predicted("1D-WS") / ms("1d", "prefill_64x2048_ms"), 1.0, 0.10);
+  EXPECT_NEAR(predicted("WG-XYZ") / ms("wg", "prefill_64x2048_ms"), 1.0, 0.10);
+}
+
 TEST(H100Validation, RankingPicksTheMeasuredBest) {
   // A scenario is a workload measured under several weight formats; the planner's fastest
   // prediction must be within 5% of the measured best.
