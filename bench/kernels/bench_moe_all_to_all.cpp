@@ -25,7 +25,11 @@
 // counts read on the device; fixed_MB_sent is then the routed rows' bytes) or nccl (grouped
 // send/recv, whole blocks; one GPU per rank).
 //
-//   bench_moe_all_to_all --device cuda [--ranks 2] [--transport oneshot|counted|nccl]
+// --transport fused: the counted exchange as the communicator's two fused kernels
+// (Communicator::expert_dispatch / expert_combine: rows written straight into the peers'
+// grouped rows and outputs; the model's default for in-process ranks).
+//
+//   bench_moe_all_to_all --device cuda [--ranks 2] [--transport oneshot|counted|fused|nccl]
 //                        [--iters 50]
 #include <algorithm>
 #include <chrono>
@@ -60,6 +64,7 @@ struct Options {
   int ranks = 0;  // GPU mode: 0 = the GPUs present, at least 2
   bool nccl = false;
   bool counted = false;  // --transport counted: the one-shot counted all-to-all
+  bool fused = false;    // --transport fused: the fused dispatch and combine kernels
 };
 
 // Each token's k distinct experts, uniform, seeded by (rank, tokens).
@@ -262,7 +267,9 @@ int run_cuda(const Options& o) {
         ex.ep = n;
         ex.experts_per_rank = El;
         ex.capacity = C;
-        ex.counted = o.counted;
+        ex.counted = o.counted || o.fused;
+        ex.fused = o.fused;
+        ex.y_back = yp;
         ex.send_x = Tensor::make(send_x.data, DType::kBF16, {n * C, H}, ctx.device);
         ex.recv_x = Tensor::make(recv_x.data, DType::kBF16, {n * C, H}, ctx.device);
         ex.offsets = roff;
@@ -304,6 +311,7 @@ int run_cuda(const Options& o) {
       n, one_gpu ? "ONE GPU" : "one GPU each", static_cast<long long>(H), static_cast<long long>(E),
       static_cast<long long>(El), static_cast<long long>(k),
       o.nccl      ? ("NCCL " + nccl_version()).c_str()
+      : o.fused   ? "fused dispatch and combine kernels (routed rows only)"
       : o.counted ? "one-shot counted all-to-all (routed rows only)"
                   : "one-shot all-to-all",
       o.iters);
@@ -312,7 +320,7 @@ int run_cuda(const Options& o) {
   for (size_t si = 0; si < sizes.size(); ++si) {
     const int64_t T = sizes[si], C = T * std::min(k, El);
     // Counted: the rows really routed (T k of them out, as many back).
-    const int64_t sent = o.counted ? T * k : n * C;
+    const int64_t sent = o.counted || o.fused ? T * k : n * C;
     const double mb = static_cast<double>(sent * H * 2 + sent * H * 4 + n * El * 4) / 1e6;
     std::printf("%8lld %10lld %8lld %12.1f %12.1f %12.1f %14.3f\n", static_cast<long long>(T),
                 static_cast<long long>(T * k), static_cast<long long>(C), rows[si].us[0],
@@ -428,12 +436,13 @@ int main(int argc, char** argv) {
       o.cuda = std::string(argv[i + 1]) == "cuda";
     } else if (a == "--transport") {
       const std::string t = argv[i + 1];
-      if (t != "oneshot" && t != "counted" && t != "nccl") {
-        std::fprintf(stderr, "bench_moe_all_to_all: --transport oneshot, counted or nccl\n");
+      if (t != "oneshot" && t != "counted" && t != "fused" && t != "nccl") {
+        std::fprintf(stderr, "bench_moe_all_to_all: --transport oneshot, counted, fused or nccl\n");
         return 2;
       }
       o.nccl = t == "nccl";
       o.counted = t == "counted";
+      o.fused = t == "fused";
     } else if (a == "--ranks") {
       o.ranks = static_cast<int>(v);
     } else if (a == "--hidden") {

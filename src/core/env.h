@@ -46,6 +46,9 @@ struct EnvConfig {
   // STRATA_MOE_EP_NO_COUNTED=1: the fixed-capacity exchange moves whole C-row blocks instead of
   // only the rows really routed (EpExchange::counted; A/B of the counted all-to-all).
   bool moe_ep_no_counted = false;
+  // STRATA_MOE_EP_NO_FUSED=1: the counted exchange is composed from plans, packs and
+  // all_to_all_rows even where the communicator has fused kernels (EpExchange::fused; A/B).
+  bool moe_ep_no_fused = false;
   // STRATA_COLLECTIVE_TIMEOUT=S: a forward pass of in-process ranks / stages (or a wait for a
   // peer) that takes longer than S seconds aborts the communicators and fails with an error
   // naming the ranks still running, instead of hanging (default 300).

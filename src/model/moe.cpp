@@ -255,12 +255,15 @@ Status chunk_experts_fixed(const Model& m, ForwardArgs& a, const LayerWeights& L
   ex.experts_per_rank = El;
   ex.capacity = C;
   ex.counted = !env_config().moe_ep_no_counted;
+  ex.fused = !env_config().moe_ep_no_fused;
   ex.send_x = view(ws.moe_ep_x, ep * C, H);
   ex.recv_x = view(ws.moe_ep_recv_x, ep * C, H);
   ex.offsets = view(ws.moe_recv_offsets, 1, El + 1);
   ex.y = view(ws.moe_ep_y, ep * C, H);
   ex.recv_y = view(ws.moe_ep_recv_y, ep * C, H);
   carve_ep_index(ex, static_cast<int32_t*>(ws.moe_ep_index.data), per * k, ctx.device);
+  Tensor y_perm = view(ws.moe_y, mc * k, H);
+  ex.y_back = y_perm;  // the fused combine writes the outputs straight here
 
   ops::section(ctx, "moe_dispatch");
   ChunkRows rows;
@@ -277,7 +280,6 @@ Status chunk_experts_fixed(const Model& m, ForwardArgs& a, const LayerWeights& L
       ops::moe_experts(ctx, ex.grouped(), ex.offsets, experts, c.activation, ff, act, ex.y));
 
   ops::section(ctx, "moe_combine");
-  Tensor y_perm = view(ws.moe_y, mc * k, H);
   STRATA_RETURN_IF_ERROR(ep_combine(ctx, *a.expert_comm, ex, y_perm));
   if (mc > 0) {
     Tensor out = mine.slice_rows(0, mc);

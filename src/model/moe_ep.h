@@ -29,6 +29,12 @@
 // and back_map only name rows below them, and the grouped rows past offsets[El] are still
 // zeroed. Communicators without a counted transport (NCCL, MPI) move whole blocks, with the
 // same results. counted = false (STRATA_MOE_EP_NO_COUNTED=1 in the model) is the fixed path.
+// Fused (EpExchange::fused, the default with counted): where the communicator has its own
+// exchange kernels (Communicator::expert_dispatch / expert_combine: the in-process
+// communicator's device path), the dispatch is one kernel that writes each row straight into
+// its owner's grouped rows and offsets, and the combine one kernel that writes each output into
+// its sender's y_back (ex.y_back, given before the dispatch); the same layout and results as the
+// composition, which runs wherever the communicator has none (kUnimplemented).
 #pragma once
 
 #include <cstdint>
@@ -51,7 +57,11 @@ struct EpExchange {
   Tensor send_map, group_map, ungroup_map;  // i32 [1, ep C]
   Tensor back_map;                          // i32 [1, >= the chunk's rows]
   Tensor send_rows, recv_rows;              // i32 [1, ep]: rows per block sent / received
-  bool counted = true;                      // all_to_all_rows (else whole blocks)
+  Tensor fused_counts;                      // i32 [1, ep ep El]: the fused exchange's counts
+  Tensor fused_tables;                      // i32 [1, 4 ep]: its buffer addresses (u64)
+  Tensor y_back;        // f32 [the chunk's rows, H]: the combine's output (set before the dispatch)
+  bool counted = true;  // all_to_all_rows (else whole blocks)
+  bool fused = true;    // the communicator's kernels where it has them
   // The grouped rows [ep C, H] (the first offsets[El] valid; the rest zeros).
   Tensor grouped() const { return send_x; }
 };

@@ -1598,4 +1598,18 @@ Status all_to_all_rows(Context& ctx, Communicator& comm, const Tensor& send, Ten
       .with_context(kOp);
 }
 
+Status expert_dispatch(Context& ctx, Communicator& comm, const ExpertExchangeArgs& a) {
+  if (ctx.device.is_cpu() || comm.size() == 1 || !comm.supports(ctx.device)) {
+    return Status(StatusCode::kUnimplemented, "expert_dispatch: no fused exchange here");
+  }
+  return comm.expert_dispatch(a, comm_stream(ctx));
+}
+
+Status expert_combine(Context& ctx, Communicator& comm, const ExpertExchangeArgs& a) {
+  if (ctx.device.is_cpu() || comm.size() == 1 || !comm.supports(ctx.device)) {
+    return Status(StatusCode::kUnimplemented, "expert_combine: no fused exchange here");
+  }
+  return comm.expert_combine(a, comm_stream(ctx));
+}
+
 }  // namespace strata::ops

@@ -32,7 +32,8 @@ struct LaunchCtx;
 
 namespace strata {
 class Communicator;
-}
+struct ExpertExchangeArgs;
+}  // namespace strata
 
 namespace strata::ops {
 
@@ -281,6 +282,11 @@ Status gather_rows(Context& ctx, const Tensor& src, const Tensor& map, Tensor& d
                    bool zero_unmapped = true);
 Status all_to_all_rows(Context& ctx, Communicator& comm, const Tensor& send, Tensor& recv,
                        const Tensor& send_rows, const Tensor& recv_rows);
+// The communicator's fused expert exchange (Communicator::expert_dispatch / expert_combine) on
+// the ops' stream: kUnimplemented on the CPU and where the communicator has none (the caller
+// composes the exchange instead: model/moe_ep.cpp, whose layout the fused kernels reproduce).
+Status expert_dispatch(Context& ctx, Communicator& comm, const ExpertExchangeArgs& a);
+Status expert_combine(Context& ctx, Communicator& comm, const ExpertExchangeArgs& a);
 
 // ---- memory ---------------------------------------------------------------------------------
 // Copies between the host and a contiguous tensor on the ops' device, ordered on its stream

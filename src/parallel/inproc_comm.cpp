@@ -29,6 +29,8 @@ Status inproc_device_all_to_all_rows(InProcessGroup& g, int rank, const void* se
                                      void* stream);
 Status inproc_device_all_reduce_add_norm(InProcessGroup& g, int rank, const AllReduceAddNorm& a,
                                          void* stream);
+Status inproc_device_expert_exchange(InProcessGroup& g, int rank, const ExpertExchangeArgs& a,
+                                     bool combine, void* stream);
 void destroy_in_process_device(InProcessDeviceState* s);
 Status inproc_device_health(InProcessGroup& g, int rank);
 Status inproc_device_copy(void* dst, const void* src, int64_t bytes, void* stream);
@@ -203,6 +205,25 @@ class InProcessCommunicator final : public Communicator {
                   static_cast<size_t>(bytes));
     }
     return g_->barrier(rank_);
+  }
+
+  // Device memory only (host ranks compose the exchange from all_to_all_rows).
+  Status expert_dispatch(const ExpertExchangeArgs& a, const CommStream& s) override {
+    return expert_exchange(a, false, s);
+  }
+  Status expert_combine(const ExpertExchangeArgs& a, const CommStream& s) override {
+    return expert_exchange(a, true, s);
+  }
+  Status expert_exchange(const ExpertExchangeArgs& a, bool combine, const CommStream& s) {
+#if STRATA_HAS_CUDA
+    if (!s.device.is_cpu()) {
+      return inproc_device_expert_exchange(*g_, rank_, a, combine, s.cuda_stream);
+    }
+#endif
+    (void)a;
+    (void)combine;
+    (void)s;
+    return Status(StatusCode::kUnimplemented, "no fused expert exchange in host memory");
   }
 
   // Host memory: the first recv_rows[q] rows of every peer's block rank() (checked against the

@@ -210,6 +210,16 @@ Status inproc_device_all_to_all_rows(InProcessGroup& g, int rank, const void* se
   return oneshot_all_to_all_rows(v, send, capacity, cols, dt, recv, send_rows, recv_rows, stream);
 }
 
+Status inproc_device_expert_exchange(InProcessGroup& g, int rank, const ExpertExchangeArgs& a,
+                                     bool combine, void* stream) {
+  const OneShotRank v = view(g, rank);
+  if (!v.ready()) {
+    return Status(StatusCode::kUnimplemented,
+                  "in-process device collective before init_in_process_device");
+  }
+  return oneshot_expert_exchange(v, a, combine, stream);
+}
+
 // all_to_all_v's device path (inproc_comm.cpp): a copy between two ranks' device buffers
 // (cudaMemcpyDefault: one GPU, or two with peer access or staged by the driver) and the wait for
 // the rank's stream (not the device: a peer sharing the GPU may be inside a device collective).

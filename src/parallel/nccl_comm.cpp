@@ -208,6 +208,17 @@ class NcclCommunicator final : public Communicator {
     }
     return Communicator::all_to_all_rows(send, capacity, cols, dt, recv, send_rows, recv_rows, s);
   }
+  // The fused expert exchange: the host communicator's (the in-process one-shot kernels write
+  // the rows over NVLink, counts read on the device) where it takes device memory; NCCL has
+  // none (the caller composes the exchange).
+  Status expert_dispatch(const ExpertExchangeArgs& a, const CommStream& s) override {
+    if (!s.device.is_cpu() && host_->supports(s.device)) return host_->expert_dispatch(a, s);
+    return Communicator::expert_dispatch(a, s);
+  }
+  Status expert_combine(const ExpertExchangeArgs& a, const CommStream& s) override {
+    if (!s.device.is_cpu() && host_->supports(s.device)) return host_->expert_combine(a, s);
+    return Communicator::expert_combine(a, s);
+  }
   Status all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets,
                       void* recv, const int64_t* recv_counts, const int64_t* recv_offsets, DType dt,
                       const CommStream& s) override {

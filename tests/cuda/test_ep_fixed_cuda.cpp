@@ -645,5 +645,146 @@ INSTANTIATE_TEST_SUITE_P(Layouts, EpFixedGraphCuda,
                                   std::to_string(info.param.ep);
                          });
 
+// The fused exchange (Communicator::expert_dispatch / expert_combine: one kernel each way,
+// writing into the peers' buffers) against the composition it replaces (plans, packs and the
+// counted all-to-all), both captured once and replayed with a new routing per round (round 1:
+// every row to the last rank), then once more eagerly with rank 0's chunk empty. The grouped
+// rows (up to offsets[El]; the fused path leaves the padding alone) and the offsets must be
+// bit-identical, and each round trip through an identity expert must return every row.
+TEST(EpFixedCuda, FusedExchangeMatchesComposition) {
+  REQUIRE_GPU();
+  for (int ep : {2, 3, 4}) {
+    SCOPED_TRACE(std::to_string(ep) + " ranks");
+    const int64_t El = 4, E = ep * El, k = 3, H = 64, T = 5, C = T * std::min(k, El);
+    auto comms = make_in_process_communicators(ep);
+    const std::string err = on_ranks(ep, [&](int r) -> std::string {
+      auto dev = cuda::CudaDevice::create(0);
+      if (!dev.ok()) return dev.status().to_string();
+      Communicator& c = *comms[static_cast<size_t>(r)];
+      Status st = init_in_process_device(c, 0, ep * C * H * 4);
+      if (!st.ok()) return st.to_string();
+      cudaStream_t stream = (*dev)->launch_ctx().stream;
+      ops::Context ctx{Device::cuda(0), &(*dev)->launch_ctx()};
+      DeviceMem m;
+      auto tensor = [&](DType dt, int64_t rows_, int64_t cols) {
+        return Tensor::make(m.alloc(dtype_bytes(dt, rows_ * cols)), dt, {rows_, cols}, ctx.device);
+      };
+      std::vector<float> xh(static_cast<size_t>(T * H));
+      for (size_t i = 0; i < xh.size(); ++i) xh[i] = static_cast<float>(r * 100000 + i);
+      Tensor x = tensor(DType::kF32, T, H), ids = tensor(DType::kI32, T, k);
+      Tensor offsets = tensor(DType::kI32, 1, E + 1), x_perm = tensor(DType::kF32, T * k, H);
+      Tensor perm = tensor(DType::kI32, 1, T * k);
+      EpExchange ex[2];
+      Tensor y_perm[2];
+      for (int v = 0; v < 2; ++v) {  // 0: fused, 1: composed
+        ex[v].ep = ep;
+        ex[v].experts_per_rank = El;
+        ex[v].capacity = C;
+        ex[v].counted = true;
+        ex[v].fused = v == 0;
+        ex[v].send_x = tensor(DType::kF32, ep * C, H);
+        ex[v].recv_x = tensor(DType::kF32, ep * C, H);
+        ex[v].offsets = tensor(DType::kI32, 1, El + 1);
+        ex[v].y = tensor(DType::kF32, ep * C, H);
+        ex[v].recv_y = tensor(DType::kF32, ep * C, H);
+        carve_ep_index(ex[v],
+                       static_cast<int32_t*>(m.alloc(4 * ep_index_entries(ep, El, C, T * k))),
+                       T * k, ctx.device);
+        y_perm[v] = tensor(DType::kF32, T * k, H);
+        ex[v].y_back = y_perm[v];
+      }
+      st = ops::upload(ctx, xh.data(), x);
+      if (st.ok()) st = ops::synchronize(ctx);
+      if (st.ok()) st = c.barrier();
+      // One step of variant v over `rows` permuted rows (0: an empty chunk).
+      auto step = [&](int v, int64_t rows) {
+        Tensor xp = Tensor::make(x_perm.data, x_perm.dtype, {rows, H}, x_perm.device);
+        Tensor yp = Tensor::make(y_perm[v].data, DType::kF32, {rows, H}, ctx.device);
+        Status s = ep_dispatch(ctx, c, xp, offsets, ex[v]);
+        Tensor grouped = ex[v].grouped();
+        if (s.ok()) s = ops::copy(ctx, grouped, ex[v].y);  // the identity expert
+        if (s.ok()) s = ep_combine(ctx, c, ex[v], yp);
+        return s;
+      };
+      cudaGraphExec_t exec[2] = {nullptr, nullptr};
+      for (int v = 0; v < 2 && st.ok(); ++v) {
+        cudaGraph_t g = nullptr;
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+        st = step(v, T * k);
+        cudaStreamEndCapture(stream, &g);
+        if (g != nullptr) {
+          cudaGraphInstantiate(&exec[v], g, 0);
+          cudaGraphDestroy(g);
+        }
+        if (st.ok() && exec[v] == nullptr) st = Status(StatusCode::kInternal, "graph");
+      }
+      if (st.ok() && !ex[0].fused) st = Status(StatusCode::kInternal, "the fused path did not run");
+      const Status met = c.barrier();
+      if (st.ok()) st = met;
+      std::mt19937 rng(static_cast<uint32_t>(4321 + r));
+      for (int round = 0; round < 5 && st.ok(); ++round) {
+        const bool eager_empty = round == 4;  // rank 0 sends nothing, eagerly
+        std::vector<int32_t> idh;
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<int32_t> pool;
+          for (int32_t e = 0; e < E; ++e) {
+            if (round == 1 && e / El != ep - 1) continue;
+            pool.push_back(e);
+          }
+          std::shuffle(pool.begin(), pool.end(), rng);
+          for (int64_t j = 0; j < k; ++j) idh.push_back(pool[static_cast<size_t>(j)]);
+        }
+        st = ops::upload(ctx, idh.data(), ids);
+        if (st.ok()) st = ops::moe_offsets(ctx, ids, E, offsets);
+        if (st.ok()) st = ops::moe_permute(ctx, x, ids, offsets, x_perm, perm);
+        if (st.ok()) st = ops::synchronize(ctx);
+        if (st.ok()) st = c.barrier();
+        const int64_t rows = eager_empty && r == 0 ? 0 : T * k;
+        std::vector<float> got[2], grouped[2];
+        std::vector<int32_t> off[2];
+        for (int v = 0; v < 2 && st.ok(); ++v) {
+          if (eager_empty) {
+            st = step(v, rows);
+          } else if (cudaGraphLaunch(exec[v], stream) != cudaSuccess) {
+            st = Status(StatusCode::kInternal, "graph launch");
+          }
+          if (!st.ok()) break;
+          cudaStreamSynchronize(stream);
+          got[v] = download(static_cast<const float*>(y_perm[v].data),
+                            static_cast<size_t>(rows * H), stream);
+          off[v] = download(static_cast<const int32_t*>(ex[v].offsets.data),
+                            static_cast<size_t>(El + 1), stream);
+          grouped[v] = download(static_cast<const float*>(ex[v].send_x.data),
+                                static_cast<size_t>(off[v][static_cast<size_t>(El)] * H), stream);
+        }
+        if (!st.ok()) break;
+        const std::vector<float> want =
+            download(static_cast<const float*>(x_perm.data), static_cast<size_t>(rows * H), stream);
+        const std::string at = "round " + std::to_string(round) + ": ";
+        if (eager_empty && !ex[0].fused) st = Status(StatusCode::kInternal, at + "not fused");
+        if (st.ok() && off[0] != off[1]) st = Status(StatusCode::kInternal, at + "offsets differ");
+        if (st.ok() && grouped[0] != grouped[1]) {
+          st = Status(StatusCode::kInternal, at + "grouped rows differ");
+        }
+        for (int v = 0; v < 2 && st.ok(); ++v) {
+          if (got[v] != want) {
+            st = Status(StatusCode::kInternal,
+                        at + (v == 0 ? "fused" : "composed") + " round trip lost rows");
+          }
+        }
+        const Status b = c.barrier();
+        if (st.ok()) st = b;
+      }
+      for (cudaGraphExec_t e : exec) {
+        if (e != nullptr) cudaGraphExecDestroy(e);
+      }
+      const Status done = c.barrier();
+      const std::string verdict = with_health(st, c, done);
+      return verdict.empty() ? verdict : "rank " + std::to_string(r) + ": " + verdict;
+    });
+    EXPECT_EQ(err, "");
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -422,6 +422,7 @@ Status oneshot_preload() {
   STRATA_RETURN_IF_ERROR(preload_add_norm<float>());
   STRATA_RETURN_IF_ERROR(preload_add_norm<__half>());
   STRATA_RETURN_IF_ERROR(preload_add_norm<__nv_bfloat16>());
+  STRATA_RETURN_IF_ERROR(oneshot_expert_preload());
   return oneshot_reduce_scatter_preload();
 }
 
