@@ -843,8 +843,9 @@ TEST(H200FourGpuLayouts, FfnLayoutPerPhaseIsTheMeasuredBest) {
   for (const char* l : {"1d", "wg", "pair"}) {
     total[l] = ms(l, "prefill_64x2048_ms") + 128 * ms(l, "decode_b64_ms");
   }
-  std::printf("64 x 2,048 + 128 steps, measured: 1d %.0f ms, weight-gathered %.0f ms, pair %.0f ms\n",
-              total["1d"], total["wg"], total["pair"]);
+  std::printf(
+      "64 x 2,048 + 128 steps, measured: 1d %.0f ms, weight-gathered %.0f ms, pair %.0f ms\n",
+      total["1d"], total["wg"], total["pair"]);
   EXPECT_LT(total["pair"], total["1d"]);
   EXPECT_LT(total["pair"], total["wg"]);
   // The plan's own prices of the two prefill passes against the measured ones (within 10%).
@@ -962,6 +963,34 @@ TEST(EngineLayout, MatchesBruteForceOverShapesAndWorlds) {
   }
 }
 
+// A report by hand: 1D-WS and WG-XYZ at TP = 4 with the given phase seconds (the weight-gathered
+// prefill row carrying gather_min_tokens), for choose_engine_layout.
+PlanReport two_layouts(double prefill_1d, double prefill_wg, double decode_1d, double decode_wg,
+                       int64_t gather_min_tokens = 0, const std::string& weights = "") {
+  PlanReport rep;
+  rep.model = "m";
+  rep.n_params = rep.n_active_params = 7e10;
+  rep.weights = weights;
+  for (const char* phase : {"prefill", "decode"}) {
+    PhasePlan p;
+    p.phase = phase;
+    const bool prefill = std::string(phase) == "prefill";
+    for (const char* ffn : {"1D-WS", "WG-XYZ"}) {
+      PlanRow r;
+      r.tp = 4;
+      r.ffn = ffn;
+      r.layout = std::string("tp4 ") + ffn;
+      r.attention = "head-sharded";
+      const bool one = std::string(ffn) == "1D-WS";
+      r.phase_s = prefill ? (one ? prefill_1d : prefill_wg) : (one ? decode_1d : decode_wg);
+      if (prefill && !one) r.gather_min_tokens = gather_min_tokens;
+      p.rows.push_back(r);
+    }
+    rep.phases.push_back(p);
+  }
+  return rep;
+}
+
 // The engine runs one FFN layout for both phases; a 2D or weight-gathered one replaces 1D only
 // when predicted >= 5% faster for the whole workload, with in-process ranks (not mpirun) and a
 // dense model. With the profile calibrated on 4 x H200 a serving workload keeps 1D there
@@ -979,27 +1008,7 @@ TEST(EngineLayout, OtherFfnLayoutOnlyWhenFivePercentFaster) {
     return value(make_plan(req));
   };
   // Rows by hand: 1D TP = 4 (10 s + 1 s) against weight-gathered (prefill t s + 1 s).
-  auto synthetic = [](double wg_prefill_s) {
-    PlanReport rep;
-    rep.model = "m";
-    rep.n_params = rep.n_active_params = 7e10;
-    for (const char* phase : {"prefill", "decode"}) {
-      PhasePlan p;
-      p.phase = phase;
-      for (const char* ffn : {"1D-WS", "WG-XYZ"}) {
-        PlanRow r;
-        r.tp = 4;
-        r.ffn = ffn;
-        r.attention = "head-sharded";
-        r.phase_s = std::string(phase) == "decode" ? 1.0
-                    : std::string(ffn) == "1D-WS"  ? 10.0
-                                                   : wg_prefill_s;
-        p.rows.push_back(r);
-      }
-      rep.phases.push_back(p);
-    }
-    return rep;
-  };
+  auto synthetic = [](double wg_prefill_s) { return two_layouts(10.0, wg_prefill_s, 1.0, 1.0); };
   for (const auto& [wg_s, want] : std::vector<std::pair<double, std::string>>{
            {9.0, "WG-XYZ"}, {10.4, "1D-WS"}, {10.5, "1D-WS"}, {12.0, "1D-WS"}}) {
     auto pick = choose_engine_layout(synthetic(wg_s), 0);
@@ -1047,31 +1056,7 @@ TEST(EngineLayout, WeightGatheredPrefillWithOneDDecode) {
   // Rows by hand: 1D (10 s + 1 s), weight-gathered in both phases (8 s + 3 s), and the pair
   // (8 s + 1 s) wins when the engine's steps reach its 4,096 tokens.
   auto synthetic = [](const std::string& weights) {
-    PlanReport rep;
-    rep.model = "m";
-    rep.n_params = rep.n_active_params = 7e10;
-    rep.weights = weights;
-    for (const char* phase : {"prefill", "decode"}) {
-      PhasePlan p;
-      p.phase = phase;
-      for (const char* ffn : {"1D-WS", "WG-XYZ"}) {
-        PlanRow r;
-        r.tp = 4;
-        r.ffn = ffn;
-        r.layout = std::string("tp4 ") + ffn;
-        r.attention = "head-sharded";
-        const bool one = std::string(ffn) == "1D-WS";
-        if (std::string(phase) == "prefill") {
-          r.phase_s = one ? 10.0 : 8.0;
-          if (!one) r.gather_min_tokens = 4096;
-        } else {
-          r.phase_s = one ? 1.0 : 3.0;
-        }
-        p.rows.push_back(r);
-      }
-      rep.phases.push_back(p);
-    }
-    return rep;
+    return two_layouts(10.0, 8.0, 1.0, 3.0, 4096, weights);
   };
   auto pair = choose_engine_layout(synthetic("bf16"), 0);
   ASSERT_TRUE(pair.ok()) << pair.status().to_string();

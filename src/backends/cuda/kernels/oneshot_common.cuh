@@ -12,9 +12,11 @@ __device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
 }
 
 // Steps 2 and 3 of the protocol for block b (after the block staged its chunk and synchronized):
-// raise my flag for b at every peer, wait for every peer's flag for b, then order the reads.
-__device__ __forceinline__ void arrive_and_wait(const OneShotParams& p, int b, uint32_t epoch) {
-  if (threadIdx.x == 0) {
+// raise my flag for b at every peer (unless !signal: another block raises it), wait for every
+// peer's flag for b, then order the reads.
+__device__ __forceinline__ void arrive_and_wait(const OneShotParams& p, int b, uint32_t epoch,
+                                                bool signal = true) {
+  if (signal && threadIdx.x == 0) {
     __threadfence_system();
     for (int q = 0; q < p.n_ranks; ++q) {
       *reinterpret_cast<volatile uint32_t*>(p.flags[q] + p.rank * kOneShotMaxBlocks + b) = epoch;

@@ -52,31 +52,12 @@ __host__ __device__ inline int64_t slot_bytes(int64_t experts) {
   return (experts * 4 + 16 + 15) / 16 * 16;
 }
 
-// Thread 0 raises flag `slot` of this rank at every peer (after a system fence; only when
-// `signal`); threads < n wait for every peer's flag `slot`; then the block's reads are ordered
-// after the waits.
+// After the block's writes: raise flag `slot` at every peer (only when `signal`) and wait for
+// every peer's (oneshot_common.cuh).
 __device__ __forceinline__ void signal_and_wait(const OneShotParams& p, int slot, uint32_t epoch,
                                                 bool signal = true) {
   __syncthreads();
-  if (signal && threadIdx.x == 0) {
-    __threadfence_system();
-    for (int q = 0; q < p.n_ranks; ++q) {
-      *reinterpret_cast<volatile uint32_t*>(p.flags[q] + p.rank * kOneShotMaxBlocks + slot) = epoch;
-    }
-  }
-  if (threadIdx.x < p.n_ranks) {
-    const uint32_t* f = p.flags[p.rank] + threadIdx.x * kOneShotMaxBlocks + slot;
-    const int64_t t0 = clock64();
-    while (static_cast<int32_t>(load_volatile(f) - epoch) < 0) {
-      if (clock64() - t0 > kSpinLimit) {
-        atomicExch(p.error, 1u);
-        break;
-      }
-      __nanosleep(64);
-    }
-  }
-  __syncthreads();
-  __threadfence();
+  arrive_and_wait(p, slot, epoch, signal);
 }
 
 // One warp: out[i] = carry + the sum of in[0..i) for i < len; returns carry + the sum of all.
