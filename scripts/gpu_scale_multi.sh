@@ -11,6 +11,9 @@
 #   fetch partitioned weight fetch across all GPUs (scripts/gpu_partitioned_fetch.sh, DP = N)
 #   counted (not in the default set) the counted expert exchange: EP tests, the all-to-all bench
 #         per transport, EP = N and TP = 2 x EP = N/2 decode, EP = N with whole blocks (A/B)
+#   fused (not in the default set) the fused expert exchange (two kernels; model/moe_ep.h): the
+#         EP tests, the all-to-all bench fused / counted / NCCL, EP = N decode fused against
+#         STRATA_MOE_EP_NO_FUSED=1, TP = 2 x EP = N/2 fused
 #   recheck (not in the default set) the runs that stopped on 4 x H200 (2026-11-26), after their
 #         fixes: TP = 2 x PP = N/2 throughput (StageGate), TP = 2 x EP = N/2 and EP = N decode at
 #         batch 1 / 8 / 64 (branch epnccl: NCCL expert groups, the first-use barrier)
@@ -56,7 +59,7 @@ mkdir -p "$OUT"
   > "$OUT/machine.txt" 2>&1
 
 if has moe; then
-  for t in oneshot nccl; do
+  for t in fused oneshot nccl; do
     step moe "a2a_$t" 120 "$BUILD/bench/bench_moe_all_to_all" --device cuda --ranks "$N" \
       --transport "$t" --iters 50
   done
@@ -90,6 +93,23 @@ if has counted; then
   step counted "mixtral-8x7b_ep${N}_whole" 100 env STRATA_MOE_EP_NO_COUNTED=1 "$BUILD/strata" bench \
     --device cuda --model-config mixtral-8x7b --ep "$N" --batch 1,8,64 --ctx 256 -r 5 \
     --json "$OUT/counted/mixtral-8x7b_ep${N}_whole.json"
+fi
+
+if has fused; then
+  step fused tests 200 "$BUILD/tests/test_cuda" --gtest_filter='EpFixedCuda.*:EpCuda.*:Layouts/EpFixedGraphCuda.*'
+  for t in fused counted nccl; do
+    step fused "a2a_$t" 100 "$BUILD/bench/bench_moe_all_to_all" --device cuda --ranks "$N" \
+      --transport "$t" --iters 50
+  done
+  for m in mixtral-8x7b qwen3-30b-a3b; do
+    step fused "${m}_ep$N" 100 "$BUILD/strata" bench --device cuda --model-config "$m" --ep "$N" \
+      --batch 1,8,64 --ctx 256 -r 5 --json "$OUT/fused/${m}_ep$N.json"
+    step fused "${m}_ep${N}_composed" 100 env STRATA_MOE_EP_NO_FUSED=1 "$BUILD/strata" bench \
+      --device cuda --model-config "$m" --ep "$N" --batch 1,8,64 --ctx 256 -r 5 \
+      --json "$OUT/fused/${m}_ep${N}_composed.json"
+    step fused "${m}_tp2_ep$H" 100 "$BUILD/strata" bench --device cuda --model-config "$m" --tp 2 \
+      --ep "$H" --batch 1,8,64 --ctx 256 -r 5 --json "$OUT/fused/${m}_tp2_ep$H.json"
+  done
 fi
 
 if has plan; then
