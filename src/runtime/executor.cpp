@@ -626,9 +626,10 @@ OneShotSizes oneshot_sizes(const ModelConfig& config, const RunnerOptions& o, in
   const int64_t T = o.max_num_tokens, R = std::max(o.max_logit_rows, o.max_num_seqs);
   OneShotSizes s;
   s.largest = std::max<int64_t>(T * config.hidden * 4, R * ((config.vocab + tp - 1) / tp) * 4);
-  const bool gathers = o.ffn_layout == FfnLayout::kWeightGathered ||
-                       (o.ffn_layout == FfnLayout::k1D && o.ffn_gather_min_tokens > 0);
-  if (gathers && tp > 1) {
+  ParallelConfig ffn;  // the ranks' FFN layout (ParallelConfig::gathers_ffn)
+  ffn.ffn_layout = o.ffn_layout;
+  ffn.ffn_gather_min_tokens = o.ffn_gather_min_tokens;
+  if (ffn.gathers_ffn() && tp > 1) {
     // Its reduce-scatter stages o_proj's padded partial sums [N P, hidden] f32 (P = ceil(T /
     // N)) whole, and its all-gathers of a layer's FFN shards are not split: [F / N, hidden]
     // bf16 each (model/ffn_layouts.cpp).

@@ -391,6 +391,42 @@ TEST(EpFixedCuda, CountedAllToAllMatchesHostTwinAcrossReplays) {
   }
 }
 
+// The f32 buffers of one exchange (ep ranks, El experts each, capacity C, H columns, a chunk
+// of up to `rows` permuted rows), from m.
+void alloc_exchange(EpExchange& ex, DeviceMem& m, int ep, int64_t El, int64_t C, int64_t H,
+                    int64_t rows, Device device) {
+  auto tensor = [&](DType dt, int64_t r, int64_t cols) {
+    return Tensor::make(m.alloc(dtype_bytes(dt, r * cols)), dt, {r, cols}, device);
+  };
+  ex.ep = ep;
+  ex.experts_per_rank = El;
+  ex.capacity = C;
+  ex.send_x = tensor(DType::kF32, ep * C, H);
+  ex.recv_x = tensor(DType::kF32, ep * C, H);
+  ex.offsets = tensor(DType::kI32, 1, El + 1);
+  ex.y = tensor(DType::kF32, ep * C, H);
+  ex.recv_y = tensor(DType::kF32, ep * C, H);
+  carve_ep_index(ex, static_cast<int32_t*>(m.alloc(4 * ep_index_entries(ep, El, C, rows))), rows,
+                 device);
+}
+
+// Round `round`'s routing of T tokens, k distinct experts each out of ep * El: uniform, except
+// round 1, where every token goes to the last rank's experts (skewed).
+std::vector<int32_t> round_routing(std::mt19937& rng, int round, int ep, int64_t El, int64_t T,
+                                   int64_t k) {
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> pool;
+    for (int32_t e = 0; e < ep * El; ++e) {
+      if (round == 1 && e / El != ep - 1) continue;
+      pool.push_back(e);
+    }
+    std::shuffle(pool.begin(), pool.end(), rng);
+    for (int64_t j = 0; j < k; ++j) ids.push_back(pool[static_cast<size_t>(j)]);
+  }
+  return ids;
+}
+
 // ep_dispatch + an identity "expert" (the grouped f32 rows copied to y) + ep_combine, captured
 // once per exchange (counted, whole blocks) on every rank and replayed with a new routing per
 // round written into the same buffers (round 1: every row to the last rank). Each replay must
@@ -422,21 +458,11 @@ TEST(EpFixedCuda, CountedGraphMatchesWholeBlocksAcrossRoutings) {
       EpExchange ex[2];
       Tensor y_perm[2];
       for (int v = 0; v < 2; ++v) {
-        ex[v].ep = ep;
-        ex[v].experts_per_rank = El;
-        ex[v].capacity = C;
         // STRATA_TEST_EP_MODES (diagnosis): the two graphs' exchanges, c(ounted) / w(hole), in
         // launch order; default "cw".
         const char* modes = std::getenv("STRATA_TEST_EP_MODES");
         ex[v].counted = modes != nullptr && std::strlen(modes) == 2 ? modes[v] == 'c' : v == 0;
-        ex[v].send_x = tensor(DType::kF32, ep * C, H);
-        ex[v].recv_x = tensor(DType::kF32, ep * C, H);
-        ex[v].offsets = tensor(DType::kI32, 1, El + 1);
-        ex[v].y = tensor(DType::kF32, ep * C, H);
-        ex[v].recv_y = tensor(DType::kF32, ep * C, H);
-        carve_ep_index(ex[v],
-                       static_cast<int32_t*>(m.alloc(4 * ep_index_entries(ep, El, C, T * k))),
-                       T * k, ctx.device);
+        alloc_exchange(ex[v], m, ep, El, C, H, T * k, ctx.device);
         y_perm[v] = tensor(DType::kF32, T * k, H);
       }
       st = ops::upload(ctx, xh.data(), x);
@@ -461,16 +487,7 @@ TEST(EpFixedCuda, CountedGraphMatchesWholeBlocksAcrossRoutings) {
       if (st.ok()) st = met;
       std::mt19937 rng(static_cast<uint32_t>(1234 + r));
       for (int round = 0; round < 4 && st.ok(); ++round) {
-        std::vector<int32_t> idh;
-        for (int64_t t = 0; t < T; ++t) {
-          std::vector<int32_t> pool;
-          for (int32_t e = 0; e < E; ++e) {
-            if (round == 1 && e / El != ep - 1) continue;  // skewed: all to the last rank
-            pool.push_back(e);
-          }
-          std::shuffle(pool.begin(), pool.end(), rng);
-          for (int64_t j = 0; j < k; ++j) idh.push_back(pool[static_cast<size_t>(j)]);
-        }
+        const std::vector<int32_t> idh = round_routing(rng, round, ep, El, T, k);
         st = ops::upload(ctx, idh.data(), ids);
         if (st.ok()) st = ops::moe_offsets(ctx, ids, E, offsets);
         if (st.ok()) st = ops::moe_permute(ctx, x, ids, offsets, x_perm, perm);
@@ -677,19 +694,9 @@ TEST(EpFixedCuda, FusedExchangeMatchesComposition) {
       EpExchange ex[2];
       Tensor y_perm[2];
       for (int v = 0; v < 2; ++v) {  // 0: fused, 1: composed
-        ex[v].ep = ep;
-        ex[v].experts_per_rank = El;
-        ex[v].capacity = C;
         ex[v].counted = true;
         ex[v].fused = v == 0;
-        ex[v].send_x = tensor(DType::kF32, ep * C, H);
-        ex[v].recv_x = tensor(DType::kF32, ep * C, H);
-        ex[v].offsets = tensor(DType::kI32, 1, El + 1);
-        ex[v].y = tensor(DType::kF32, ep * C, H);
-        ex[v].recv_y = tensor(DType::kF32, ep * C, H);
-        carve_ep_index(ex[v],
-                       static_cast<int32_t*>(m.alloc(4 * ep_index_entries(ep, El, C, T * k))),
-                       T * k, ctx.device);
+        alloc_exchange(ex[v], m, ep, El, C, H, T * k, ctx.device);
         y_perm[v] = tensor(DType::kF32, T * k, H);
         ex[v].y_back = y_perm[v];
       }
@@ -724,16 +731,7 @@ TEST(EpFixedCuda, FusedExchangeMatchesComposition) {
       std::mt19937 rng(static_cast<uint32_t>(4321 + r));
       for (int round = 0; round < 5 && st.ok(); ++round) {
         const bool eager_empty = round == 4;  // rank 0 sends nothing, eagerly
-        std::vector<int32_t> idh;
-        for (int64_t t = 0; t < T; ++t) {
-          std::vector<int32_t> pool;
-          for (int32_t e = 0; e < E; ++e) {
-            if (round == 1 && e / El != ep - 1) continue;
-            pool.push_back(e);
-          }
-          std::shuffle(pool.begin(), pool.end(), rng);
-          for (int64_t j = 0; j < k; ++j) idh.push_back(pool[static_cast<size_t>(j)]);
-        }
+        const std::vector<int32_t> idh = round_routing(rng, round, ep, El, T, k);
         st = ops::upload(ctx, idh.data(), ids);
         if (st.ok()) st = ops::moe_offsets(ctx, ids, E, offsets);
         if (st.ok()) st = ops::moe_permute(ctx, x, ids, offsets, x_perm, perm);

@@ -41,13 +41,7 @@ struct Case {
 };
 
 std::string case_name(const Case& c) {
-  std::string name =
-      std::string(c.model) + "_tp" + std::to_string(c.tp) + "_" + ffn_layout_name(c.layout);
-  if (c.gather > 0) name += "_gather" + std::to_string(c.gather);
-  for (char& ch : name) {
-    if (ch == '-') ch = '_';
-  }
-  return name;
+  return testing::layout_case_name(c.model, c.tp, c.layout, c.gather);
 }
 
 class FfnLayoutInProcess : public ::testing::TestWithParam<Case> {};

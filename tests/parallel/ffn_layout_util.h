@@ -184,6 +184,18 @@ inline RunnerOptions layout_runner_options() {
   return ro;
 }
 
+// A test case's name for gtest: model_tpN_layout[_gatherT], '-' as '_'.
+inline std::string layout_case_name(const char* model, int tp, FfnLayout layout,
+                                    int64_t gather = 0) {
+  std::string name =
+      std::string(model) + "_tp" + std::to_string(tp) + "_" + ffn_layout_name(layout);
+  if (gather > 0) name += "_gather" + std::to_string(gather);
+  for (char& ch : name) {
+    if (ch == '-') ch = '_';
+  }
+  return name;
+}
+
 inline const std::vector<int32_t>& layout_prompt() {
   static const std::vector<int32_t> p = {1, 17, 33, 80, 5, 9, 120, 44, 3, 61, 7, 250, 19};
   return p;
