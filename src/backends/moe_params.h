@@ -181,4 +181,32 @@ struct GatherRowsParams {
   bool zero_unmapped = true;
 };
 
+// The expert-parallel exchange of one sparse layer, both ways, as device kernels that write into
+// the peers' buffers (Communicator::expert_dispatch / expert_combine; the CUDA kernels:
+// cuda::oneshot_expert_dispatch / oneshot_expert_combine in kernels/oneshot_expert.cu). Device
+// pointers; every size the same on every rank, the row counts read on the device
+// (graph-capturable).
+//   dispatch: x holds this rank's rows grouped by global expert (offsets [E + 1]; null: this rank
+//             has no rows); every owner's `grouped` receives the rows of its experts, grouped by
+//             local expert, sources in rank order, each source's rows in its order (the layout
+//             of model/moe_ep.cpp), with grouped_offsets [E / ranks + 1]; the count matrix
+//             [ranks][E] and the ranks' buffer addresses [2 ranks] go to counts / tables for the
+//             combine;
+//   combine:  y's rows (the outputs of grouped) go back to their senders' y_back, in x's order.
+// Rows are whole 16-byte vectors.
+struct ExpertExchangeParams {
+  int64_t experts = 0;                 // E over all ranks (E / ranks per rank, contiguous)
+  int64_t capacity = 0;                // rows `grouped` (and y) holds
+  int64_t x_row_bytes = 0;             // x and grouped
+  int64_t y_row_bytes = 0;             // y and y_back
+  const void* x = nullptr;             // this rank's rows grouped by global expert
+  const int32_t* offsets = nullptr;    // [E + 1], or null
+  void* grouped = nullptr;             // out (dispatch): the rows for this rank's experts
+  int32_t* grouped_offsets = nullptr;  // out (dispatch): [E / ranks + 1]
+  int32_t* counts = nullptr;           // scratch [ranks * E], dispatch to combine
+  uint64_t* tables = nullptr;          // scratch [2 * ranks], dispatch to combine
+  const void* y = nullptr;             // in (combine): grouped's outputs
+  void* y_back = nullptr;              // out (combine): the outputs of x's rows, in x's order
+};
+
 }  // namespace strata

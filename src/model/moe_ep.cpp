@@ -42,8 +42,8 @@ void carve_ep_index(EpExchange& ex, int32_t* base, int64_t max_rows, Device devi
 }
 
 // The fused exchange's arguments (Communicator::expert_dispatch / expert_combine).
-ExpertExchangeArgs fused_args(const EpExchange& ex, const Tensor& x_perm, const Tensor& offsets) {
-  ExpertExchangeArgs a;
+ExpertExchangeParams fused_args(const EpExchange& ex, const Tensor& x_perm, const Tensor& offsets) {
+  ExpertExchangeParams a;
   a.experts = ex.ep * ex.experts_per_rank;
   a.capacity = ex.send_x.rows();
   a.x_row_bytes = dtype_bytes(ex.send_x.dtype, ex.send_x.cols());
@@ -112,7 +112,7 @@ Status ep_combine(ops::Context& ctx, Communicator& group, EpExchange& ex, Tensor
     if (y_perm.data != ex.y_back.data) {
       return Status(StatusCode::kInvalidArgument, "ep_combine: y_perm is not the y_back given");
     }
-    ExpertExchangeArgs a = fused_args(ex, Tensor{}, Tensor{});
+    ExpertExchangeParams a = fused_args(ex, Tensor{}, Tensor{});
     return ops::expert_combine(ctx, group, a);
   }
   STRATA_RETURN_IF_ERROR(ops::gather_rows(ctx, ex.y, ex.ungroup_map, ex.recv_y, !ex.counted));

@@ -1598,14 +1598,14 @@ Status all_to_all_rows(Context& ctx, Communicator& comm, const Tensor& send, Ten
       .with_context(kOp);
 }
 
-Status expert_dispatch(Context& ctx, Communicator& comm, const ExpertExchangeArgs& a) {
+Status expert_dispatch(Context& ctx, Communicator& comm, const ExpertExchangeParams& a) {
   if (ctx.device.is_cpu() || comm.size() == 1 || !comm.supports(ctx.device)) {
     return Status(StatusCode::kUnimplemented, "expert_dispatch: no fused exchange here");
   }
   return comm.expert_dispatch(a, comm_stream(ctx));
 }
 
-Status expert_combine(Context& ctx, Communicator& comm, const ExpertExchangeArgs& a) {
+Status expert_combine(Context& ctx, Communicator& comm, const ExpertExchangeParams& a) {
   if (ctx.device.is_cpu() || comm.size() == 1 || !comm.supports(ctx.device)) {
     return Status(StatusCode::kUnimplemented, "expert_combine: no fused exchange here");
   }

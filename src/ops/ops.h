@@ -32,7 +32,7 @@ struct LaunchCtx;
 
 namespace strata {
 class Communicator;
-struct ExpertExchangeArgs;
+struct ExpertExchangeParams;
 }  // namespace strata
 
 namespace strata::ops {
@@ -285,8 +285,8 @@ Status all_to_all_rows(Context& ctx, Communicator& comm, const Tensor& send, Ten
 // The communicator's fused expert exchange (Communicator::expert_dispatch / expert_combine) on
 // the ops' stream: kUnimplemented on the CPU and where the communicator has none (the caller
 // composes the exchange instead: model/moe_ep.cpp, whose layout the fused kernels reproduce).
-Status expert_dispatch(Context& ctx, Communicator& comm, const ExpertExchangeArgs& a);
-Status expert_combine(Context& ctx, Communicator& comm, const ExpertExchangeArgs& a);
+Status expert_dispatch(Context& ctx, Communicator& comm, const ExpertExchangeParams& a);
+Status expert_combine(Context& ctx, Communicator& comm, const ExpertExchangeParams& a);
 
 // ---- memory ---------------------------------------------------------------------------------
 // Copies between the host and a contiguous tensor on the ops' device, ordered on its stream

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/moe_params.h"
 #include "core/device.h"
 #include "strata/status.h"
 #include "strata/types.h"
@@ -46,25 +47,6 @@ struct AllReduceAddNorm {
   float eps = 1e-6f;
   uint16_t* h = nullptr;
   int64_t rows = 0, cols = 0;
-};
-
-// The expert-parallel exchange of one sparse layer as the communicator's own device kernels
-// (Communicator::expert_dispatch / expert_combine; cuda::OneShotExpertParams says what each
-// buffer holds). Device pointers on the communicator's stream; every size the same on every
-// rank, the row counts read on the device (graph-capturable).
-struct ExpertExchangeArgs {
-  int64_t experts = 0;                 // E over all ranks (E / size() per rank, contiguous)
-  int64_t capacity = 0;                // rows `grouped` holds
-  int64_t x_row_bytes = 0;             // x and grouped
-  int64_t y_row_bytes = 0;             // y and y_back
-  const void* x = nullptr;             // this rank's rows grouped by global expert
-  const int32_t* offsets = nullptr;    // [E + 1]
-  void* grouped = nullptr;             // out (dispatch): the rows for this rank's experts
-  int32_t* grouped_offsets = nullptr;  // out (dispatch): [E / size() + 1]
-  int32_t* counts = nullptr;           // scratch [size() * E], dispatch to combine
-  uint64_t* tables = nullptr;          // scratch [2 * size()], dispatch to combine
-  const void* y = nullptr;             // in (combine): grouped's outputs
-  void* y_back = nullptr;              // out (combine): the outputs of x's rows, in x's order
 };
 
 class Communicator {
@@ -110,15 +92,15 @@ class Communicator {
     (void)recv_rows;
     return all_to_all(send, capacity * cols, dt, recv, s);
   }
-  // The expert exchange in one kernel each way (ExpertExchangeArgs), where the communicator has
+  // The expert exchange in one kernel each way (ExpertExchangeParams), where the communicator has
   // one: the in-process communicator's device path. kUnimplemented elsewhere (and on the host),
   // where the caller composes plans and all_to_all_rows (model/moe_ep.cpp, the same layout).
-  virtual Status expert_dispatch(const ExpertExchangeArgs& a, const CommStream& s) {
+  virtual Status expert_dispatch(const ExpertExchangeParams& a, const CommStream& s) {
     (void)a;
     (void)s;
     return Status(StatusCode::kUnimplemented, "no fused expert dispatch");
   }
-  virtual Status expert_combine(const ExpertExchangeArgs& a, const CommStream& s) {
+  virtual Status expert_combine(const ExpertExchangeParams& a, const CommStream& s) {
     (void)a;
     (void)s;
     return Status(StatusCode::kUnimplemented, "no fused expert combine");

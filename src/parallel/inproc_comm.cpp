@@ -29,7 +29,7 @@ Status inproc_device_all_to_all_rows(InProcessGroup& g, int rank, const void* se
                                      void* stream);
 Status inproc_device_all_reduce_add_norm(InProcessGroup& g, int rank, const AllReduceAddNorm& a,
                                          void* stream);
-Status inproc_device_expert_exchange(InProcessGroup& g, int rank, const ExpertExchangeArgs& a,
+Status inproc_device_expert_exchange(InProcessGroup& g, int rank, const ExpertExchangeParams& a,
                                      bool combine, void* stream);
 void destroy_in_process_device(InProcessDeviceState* s);
 Status inproc_device_health(InProcessGroup& g, int rank);
@@ -208,13 +208,13 @@ class InProcessCommunicator final : public Communicator {
   }
 
   // Device memory only (host ranks compose the exchange from all_to_all_rows).
-  Status expert_dispatch(const ExpertExchangeArgs& a, const CommStream& s) override {
+  Status expert_dispatch(const ExpertExchangeParams& a, const CommStream& s) override {
     return expert_exchange(a, false, s);
   }
-  Status expert_combine(const ExpertExchangeArgs& a, const CommStream& s) override {
+  Status expert_combine(const ExpertExchangeParams& a, const CommStream& s) override {
     return expert_exchange(a, true, s);
   }
-  Status expert_exchange(const ExpertExchangeArgs& a, bool combine, const CommStream& s) {
+  Status expert_exchange(const ExpertExchangeParams& a, bool combine, const CommStream& s) {
 #if STRATA_HAS_CUDA
     if (!s.device.is_cpu()) {
       return inproc_device_expert_exchange(*g_, rank_, a, combine, s.cuda_stream);

@@ -210,7 +210,7 @@ Status inproc_device_all_to_all_rows(InProcessGroup& g, int rank, const void* se
   return oneshot_all_to_all_rows(v, send, capacity, cols, dt, recv, send_rows, recv_rows, stream);
 }
 
-Status inproc_device_expert_exchange(InProcessGroup& g, int rank, const ExpertExchangeArgs& a,
+Status inproc_device_expert_exchange(InProcessGroup& g, int rank, const ExpertExchangeParams& a,
                                      bool combine, void* stream) {
   const OneShotRank v = view(g, rank);
   if (!v.ready()) {

@@ -211,11 +211,11 @@ class NcclCommunicator final : public Communicator {
   // The fused expert exchange: the host communicator's (the in-process one-shot kernels write
   // the rows over NVLink, counts read on the device) where it takes device memory; NCCL has
   // none (the caller composes the exchange).
-  Status expert_dispatch(const ExpertExchangeArgs& a, const CommStream& s) override {
+  Status expert_dispatch(const ExpertExchangeParams& a, const CommStream& s) override {
     if (!s.device.is_cpu() && host_->supports(s.device)) return host_->expert_dispatch(a, s);
     return Communicator::expert_dispatch(a, s);
   }
-  Status expert_combine(const ExpertExchangeArgs& a, const CommStream& s) override {
+  Status expert_combine(const ExpertExchangeParams& a, const CommStream& s) override {
     if (!s.device.is_cpu() && host_->supports(s.device)) return host_->expert_combine(a, s);
     return Communicator::expert_combine(a, s);
   }

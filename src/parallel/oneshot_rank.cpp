@@ -115,26 +115,13 @@ Status oneshot_all_to_all_rows(const OneShotRank& v, const void* send, int64_t c
   return cuda::oneshot_all_to_all_rows(ctx, p, r);
 }
 
-Status oneshot_expert_exchange(const OneShotRank& v, const ExpertExchangeArgs& a, bool combine,
+Status oneshot_expert_exchange(const OneShotRank& v, const ExpertExchangeParams& a, bool combine,
                                void* stream) {
   cuda::LaunchCtx ctx;
   ctx.stream = static_cast<cudaStream_t>(stream);
   const cuda::OneShotParams p = params(v, DType::kU8);
-  cuda::OneShotExpertParams e;
-  e.experts = a.experts;
-  e.capacity = a.capacity;
-  e.x_row_bytes = a.x_row_bytes;
-  e.y_row_bytes = a.y_row_bytes;
-  e.x = a.x;
-  e.offsets = a.offsets;
-  e.grouped = a.grouped;
-  e.grouped_offsets = a.grouped_offsets;
-  e.counts = a.counts;
-  e.tables = a.tables;
-  e.y = a.y;
-  e.y_back = a.y_back;
-  return combine ? cuda::oneshot_expert_combine(ctx, p, e)
-                 : cuda::oneshot_expert_dispatch(ctx, p, e);
+  return combine ? cuda::oneshot_expert_combine(ctx, p, a)
+                 : cuda::oneshot_expert_dispatch(ctx, p, a);
 }
 
 Status oneshot_collective_add_norm(const OneShotRank& v, const AllReduceAddNorm& a, void* stream) {

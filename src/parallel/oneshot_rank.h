@@ -42,7 +42,7 @@ Status oneshot_all_to_all_rows(const OneShotRank& v, const void* send, int64_t c
                                const int32_t* recv_rows, void* stream);
 // Communicator::expert_dispatch / expert_combine (cuda::oneshot_expert_*): peers' buffers as
 // raw device pointers, so for ranks in one address space only.
-Status oneshot_expert_exchange(const OneShotRank& v, const ExpertExchangeArgs& a, bool combine,
+Status oneshot_expert_exchange(const OneShotRank& v, const ExpertExchangeParams& a, bool combine,
                                void* stream);
 // The fused all-reduce + bias + residual add + RMSNorm (decode-sized: at most 32 rows).
 Status oneshot_collective_add_norm(const OneShotRank& v, const AllReduceAddNorm& a, void* stream);

@@ -148,34 +148,15 @@ struct OneShotRowsParams {
 Status oneshot_all_to_all_rows(const LaunchCtx& ctx, const OneShotParams& p,
                                const OneShotRowsParams& r);
 // kernels/oneshot_expert.cu: the expert-parallel exchange of a sparse layer as two kernels that
-// write into the peers' buffers (see the file header). x: this rank's rows grouped by global
-// expert (offsets [E + 1]); dispatch fills every owner's `grouped` (rows grouped by local
-// expert, sources in rank order, each source's rows in its order: model/moe_ep.cpp's layout)
-// and grouped_offsets [E / n + 1], and copies the count matrix [n][E] and the ranks' buffer
-// addresses [2 n] into counts / tables for the combine; combine writes y's rows (the outputs
-// of grouped) back to their senders' y_back, in x's order. Same epochs and flags as the other
-// one-shot kernels (dispatch takes two); peers' buffers are raw device pointers, so the ranks
-// must share an address space (in-process ranks). At most 16 ranks and 1,024 experts; rows
-// whole 16-byte vectors; capacity: the rows `grouped` holds (the same on every rank).
+// write into the peers' buffers (semantics: ExpertExchangeParams in backends/moe_params.h; see
+// the file header). Same epochs and flags as the other one-shot kernels (dispatch takes two);
+// peers' buffers are raw device pointers, so the ranks must share an address space (in-process
+// ranks). At most 16 ranks and 1,024 experts.
 constexpr int64_t kOneShotExpertMax = 1024;
-struct OneShotExpertParams {
-  int64_t experts = 0;
-  int64_t capacity = 0;
-  int64_t x_row_bytes = 0;  // grouped too
-  int64_t y_row_bytes = 0;  // y_back too
-  const void* x = nullptr;
-  const int32_t* offsets = nullptr;  // device [experts + 1]; null: this rank has no rows
-  void* grouped = nullptr;           // [capacity rows]
-  int32_t* grouped_offsets = nullptr;
-  int32_t* counts = nullptr;   // device [n_ranks * experts]
-  uint64_t* tables = nullptr;  // device [2 * n_ranks]
-  const void* y = nullptr;     // [capacity rows]
-  void* y_back = nullptr;      // [x's rows]
-};
 Status oneshot_expert_dispatch(const LaunchCtx& ctx, const OneShotParams& p,
-                               const OneShotExpertParams& e);
+                               const ExpertExchangeParams& e);
 Status oneshot_expert_combine(const LaunchCtx& ctx, const OneShotParams& p,
-                              const OneShotExpertParams& e);
+                              const ExpertExchangeParams& e);
 Status oneshot_expert_preload();
 // The all-reduce of a row-parallel layer's f32 partial sums fused with what follows it
 // (TensorRT-LLM's and FlashInfer's all-reduce + residual + RMSNorm fusion): per row r,

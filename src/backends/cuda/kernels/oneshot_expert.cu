@@ -106,7 +106,7 @@ __device__ __forceinline__ void warp_copy(uint4* dst, const uint4* src, int64_t 
 }
 
 __global__ void __launch_bounds__(kExThreads, 2)
-    expert_dispatch_kernel(const OneShotParams p, const OneShotExpertParams e) {
+    expert_dispatch_kernel(const OneShotParams p, const ExpertExchangeParams e) {
   __shared__ int s_off[kOneShotExpertMax + 1];  // this rank's rows of each global expert
   __shared__ int s_tot[kOneShotExpertMax];      // rows every rank sends each expert
   __shared__ int s_pre[kOneShotExpertMax];      // rows of ranks before this one, per expert
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kExThreads, 2)
 }
 
 __global__ void __launch_bounds__(kExThreads, 2)
-    expert_combine_kernel(const OneShotParams p, const OneShotExpertParams e) {
+    expert_combine_kernel(const OneShotParams p, const ExpertExchangeParams e) {
   __shared__ int s_loff[kOneShotExpertMax + 1];  // this rank's grouped offsets
   __shared__ int s_cnt[kOneShotExpertMax];       // [source][local expert] rows
   __shared__ int s_src[kOneShotExpertMax];       // [source][local expert]: index at the source
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kExThreads, 2)
   publish_epoch(p, static_cast<int>(gridDim.x), ep_c);
 }
 
-Status check(const char* op, const OneShotParams& p, const OneShotExpertParams& e, bool rows_in) {
+Status check(const char* op, const OneShotParams& p, const ExpertExchangeParams& e, bool rows_in) {
   if (p.n_ranks < 1 || p.n_ranks > kExMaxRanks || p.rank < 0 || p.rank >= p.n_ranks ||
       p.staging == nullptr || p.flags == nullptr || p.epoch == nullptr || p.done == nullptr ||
       p.error == nullptr) {
@@ -269,7 +269,7 @@ Status check(const char* op, const OneShotParams& p, const OneShotExpertParams& 
 }
 
 // 32 blocks when the rows may be many (bandwidth across NVLink), else 8 (fewer flags).
-dim3 expert_grid(const OneShotExpertParams& e, int64_t row_bytes) {
+dim3 expert_grid(const ExpertExchangeParams& e, int64_t row_bytes) {
   return dim3(e.capacity * row_bytes >= (int64_t{1} << 20) ? kOneShotMaxBlocks : 8);
 }
 
@@ -283,14 +283,14 @@ Status oneshot_expert_preload() {
 }
 
 Status oneshot_expert_dispatch(const LaunchCtx& ctx, const OneShotParams& p,
-                               const OneShotExpertParams& e) {
+                               const ExpertExchangeParams& e) {
   STRATA_RETURN_IF_ERROR(check("oneshot_expert_dispatch", p, e, true));
   expert_dispatch_kernel<<<expert_grid(e, e.x_row_bytes), kExThreads, 0, ctx.stream>>>(p, e);
   return kernel_launch_status("expert_dispatch_kernel");
 }
 
 Status oneshot_expert_combine(const LaunchCtx& ctx, const OneShotParams& p,
-                              const OneShotExpertParams& e) {
+                              const ExpertExchangeParams& e) {
   STRATA_RETURN_IF_ERROR(check("oneshot_expert_combine", p, e, false));
   expert_combine_kernel<<<expert_grid(e, e.y_row_bytes), kExThreads, 0, ctx.stream>>>(p, e);
   return kernel_launch_status("expert_combine_kernel");
