@@ -52,6 +52,7 @@ EnvConfig read_env() {
   c.no_autotune = flag("STRATA_NO_AUTOTUNE");
   c.no_pdl = flag("STRATA_NO_PDL");
   c.no_i8_gemm = flag("STRATA_NO_I8_GEMM");
+  c.no_fp8_scaled_gemm = flag("STRATA_NO_FP8_SCALED_GEMM");
   if (get("STRATA_SBI_PREFETCH") != nullptr) {
     c.sbi_prefetch = std::min(8, get_int({"STRATA_SBI_PREFETCH"}, 0));
   }

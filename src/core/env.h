@@ -33,6 +33,10 @@ struct EnvConfig {
   // STRATA_NO_I8_GEMM=1: int8 weights above the SBI crossover run SBI-GeMM in 64-token slices
   // (bf16 activations) instead of the int8 x int8 cuBLASLt GEMM with int8 activations (A/B).
   bool no_i8_gemm = false;
+  // STRATA_NO_FP8_SCALED_GEMM=1: fp8 GEMMs above the SBI crossover write an f32 scratch and
+  // apply the per-token and per-row scales in a separate epilogue kernel instead of inside
+  // cuBLASLt (outer-vector scaling; A/B).
+  bool no_fp8_scaled_gemm = false;
   // Tensor parallelism on GPUs.
   std::string nccl_library;  // STRATA_NCCL_LIBRARY: path of libnccl.so.2 (default: the loader's)
   // STRATA_ONESHOT_MAX_BYTES: device all-reduces / all-gathers up to this size take the one-shot

@@ -251,11 +251,13 @@ TEST_P(GpuLinearCudaTest, MatchesCpuTwin) {
     case Path::kLt: {
       LtRoute route = LtRoute::kSbi;
       ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
-      fp8_activations = c.w_dtype == DType::kFP8E4M3 && route == LtRoute::kScratch;
+      fp8_activations = c.w_dtype == DType::kFP8E4M3 &&
+                        (route == LtRoute::kScratch || route == LtRoute::kFp8Scaled);
       i8_activations = c.w_dtype == DType::kI8 && route == LtRoute::kScratch;
-      RecordProperty("route", route == LtRoute::kDirect    ? "direct"
-                              : route == LtRoute::kScratch ? "scratch"
-                                                           : "sbi");
+      RecordProperty("route", route == LtRoute::kDirect      ? "direct"
+                              : route == LtRoute::kFp8Scaled ? "fp8-scaled"
+                              : route == LtRoute::kScratch   ? "scratch"
+                                                             : "sbi");
       s = cublaslt_linear(ctx(), p);
       break;
     }
@@ -263,7 +265,8 @@ TEST_P(GpuLinearCudaTest, MatchesCpuTwin) {
       if (c.w_dtype != DType::kBF16 && c.n > sbi_max_tokens() && !c.gated) {
         LtRoute route = LtRoute::kSbi;
         ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
-        fp8_activations = c.w_dtype == DType::kFP8E4M3 && route == LtRoute::kScratch;
+        fp8_activations = c.w_dtype == DType::kFP8E4M3 &&
+                          (route == LtRoute::kScratch || route == LtRoute::kFp8Scaled);
         i8_activations = c.w_dtype == DType::kI8 && route == LtRoute::kScratch;
       }
       s = linear(ctx(), p);
@@ -392,6 +395,31 @@ std::vector<Case> all_cases() {
                     .accumulate = n == 100,
                     .out_dtype = n == 17 || n == 64 ? DType::kBF16 : DType::kF32,
                     .pad = n == 33});
+    }
+    // fp8 without a bias above the crossover: the scaled GEMM (both scales inside cuBLASLt,
+    // out written directly). bf16 and f32 out, accumulate, padded strides, several slices.
+    if (dt == DType::kFP8E4M3) {
+      struct F8 {
+        int64_t n, k, m;
+        bool acc;
+        DType out;
+        bool pad;
+      };
+      for (const F8& q : {F8{17, 256, 432, false, DType::kBF16, false},
+                          F8{64, 1024, 2048, true, DType::kF32, false},
+                          F8{100, 4096, 1024, false, DType::kF32, true},
+                          F8{257, 1024, 2048, false, DType::kBF16, true},
+                          F8{1031, 2048, 1024, true, DType::kF32, false}}) {
+        cs.push_back({.path = Path::kLt,
+                      .n = q.n,
+                      .k = q.k,
+                      .m = q.m,
+                      .w_dtype = dt,
+                      .bias = false,
+                      .accumulate = q.acc,
+                      .out_dtype = q.out,
+                      .pad = q.pad});
+      }
     }
     // int8 above the crossover with out_features a multiple of 4: the A8W8 path. Odd token
     // counts, k not a multiple of 16 (x rows padded in the scratch), bias, accumulate, bf16 out,
@@ -650,6 +678,49 @@ TEST_F(GpuLinearGraphTest, Int8AboveCrossoverRoutesToA8W8) {
   LtRoute route = LtRoute::kDirect;
   ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
   EXPECT_EQ(route, LtRoute::kSbi);
+}
+
+TEST_F(GpuLinearGraphTest, Fp8AboveCrossoverTakesScaledGemm) {
+  // The same projections with fp8 weights: on Hopper cuBLASLt must take both scales itself
+  // (outer-vector scaling; route kFp8Scaled) for bf16 out and for the f32 residual accumulated
+  // into, or every fp8 GEMM pays an f32 scratch and an epilogue kernel. A bias keeps the
+  // scratch path (its epilogue adds the f32 bias).
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "fp8 GEMMs need compute capability 9.0";
+  const cudaStream_t st = ctx().stream;
+  DeviceArray<uint8_t> buf(std::vector<uint8_t>(256, 0), st);
+  DeviceArray<float> scale(std::vector<float>(1, 1.0f), st);
+  const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+  for (const auto& mk : shapes) {
+    for (int64_t n : {17, 64, 256, 2048}) {
+      for (const bool residual : {false, true}) {
+        GpuLinearParams p{.x = reinterpret_cast<const uint16_t*>(buf.get()),
+                          .x_stride = mk[1],
+                          .w = buf.get(),
+                          .w_dtype = DType::kFP8E4M3,
+                          .w_stride = mk[1],
+                          .w_scale = scale.get(),
+                          .out = buf.get(),
+                          .out_dtype = residual ? DType::kF32 : DType::kBF16,
+                          .out_stride = mk[0],
+                          .n_tokens = n,
+                          .in_features = mk[1],
+                          .out_features = mk[0],
+                          .accumulate = residual};
+        LtRoute route = LtRoute::kDirect;
+        const Status s = cublaslt_route(ctx(), p, &route);
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        EXPECT_EQ(route, LtRoute::kFp8Scaled)
+            << "m " << mk[0] << " k " << mk[1] << " n " << n << (residual ? " f32 +=" : " bf16")
+            << ": no scaled fp8 cuBLASLt algorithm (STRATA_NO_FP8_SCALED_GEMM set?)";
+        p.bias = scale.get();
+        ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
+        EXPECT_EQ(route, LtRoute::kScratch);
+      }
+    }
+  }
 }
 
 // ---- argument checks: no GPU needed, they fail before any CUDA call --------------------------

@@ -75,11 +75,13 @@ Status sbi_gemm_with_m_tiles(const LaunchCtx& ctx, const GpuLinearParams& p, int
 }  // namespace sbi
 
 // linear.cpp: which path cublaslt_linear takes for these params (cuBLASLt writing out directly;
-// cuBLASLt into the f32 / int32 scratch + linear_epilogue, which for int8 weights is the A8W8
-// GEMM with int8 activations; or SBI-GeMM slices for shapes cuBLASLt has no algorithm for, int8
-// shapes that are not a8w8_eligible, and int8 under STRATA_NO_I8_GEMM), without launching
-// anything; for tests and the benchmark.
-enum class LtRoute { kDirect, kScratch, kSbi };
+// fp8 weights without a bias: fp8 activations and cuBLASLt applying both scales and writing out
+// itself; cuBLASLt into the f32 / int32 scratch + linear_epilogue, which for int8 weights is the
+// A8W8 GEMM with int8 activations and for fp8 weights the fp8 GEMM with fp8 activations; or
+// SBI-GeMM slices for shapes cuBLASLt has no algorithm for, int8 shapes that are not
+// a8w8_eligible, and int8 under STRATA_NO_I8_GEMM), without launching anything; for tests and
+// the benchmark.
+enum class LtRoute { kDirect, kFp8Scaled, kScratch, kSbi };
 Status cublaslt_route(const LaunchCtx& ctx, const GpuLinearParams& p, LtRoute* route);
 
 // kernels/linear_epilogue.cu, for cublaslt_linear's paths that let cuBLASLt write an f32 (or,

@@ -17,9 +17,14 @@
 //                   fp8 on the tensor cores, and the epilogue applies x_scale[t] * w_scale[m].
 //                   NOTE: fp8 activations cost accuracy (3 mantissa bits: errors up to ~2% of
 //                   the largest output on random data); the SBI path keeps x in bf16.
-//                   NOTE: cuBLASLt's outer-vector scaling
-//                   (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) could apply both scales inside the
-//                   GEMM and skip the f32 round trip; not used until measured on Hopper.
+//   fp8, scaled   - fp8 weights without a bias (every Llama-family projection): x quantized per
+//                   token as above, then one fp8 GEMM with cuBLASLt's outer-vector scaling
+//                   (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: w_scale per row of W, x_scale
+//                   per token) that writes out itself, bf16 or f32, accumulating as beta = 1 with
+//                   C = D: no f32 round trip through the workspace and no epilogue kernel. The
+//                   same arithmetic as the scratch path up to the order of the two scale
+//                   multiplications (a last-bit difference). STRATA_NO_FP8_SCALED_GEMM=1 (A/B)
+//                   and shapes cuBLASLt has no scaled algorithm for take the scratch path.
 //   int8 (A8W8)   - the scratch path with int8 activations: cuBLASLt has no int8 x bf16 GEMM, so
 //                   x is quantized per token to int8 (quantize_activations_i8: symmetric,
 //                   max|x| / 127, round to nearest even), the GEMM runs int8 x int8 -> int32 on
@@ -74,7 +79,7 @@ namespace {
 constexpr const char* kOp = "cublaslt_linear";
 constexpr size_t kAlign = 256;
 
-enum class LtPath : uint8_t { kBf16Direct, kBf16Scratch, kFp8Scratch, kI8Scratch };
+enum class LtPath : uint8_t { kBf16Direct, kBf16Scratch, kFp8Scratch, kFp8Scaled, kI8Scratch };
 
 struct PlanKey {
   cublasLtHandle_t handle;
@@ -176,11 +181,18 @@ struct Scalars {
   Scalars& operator=(const Scalars&) = delete;
 };
 
-Status build(const PlanKey& key, const float* bias, Descs* s) {
+// The device pointers a descriptor carries besides the operands: the bias (BIAS epilogue) and,
+// on the scaled fp8 path, the per-row weight scales and per-token activation scales.
+struct Ptrs {
+  const float* bias = nullptr;
+  const float* a_scale = nullptr;  // [m]: W's rows
+  const float* b_scale = nullptr;  // [n]: x's tokens
+};
+
+Status build(const PlanKey& key, const Ptrs& ptrs, Descs* s) {
   const bool i8 = key.path == LtPath::kI8Scratch;
-  const cudaDataType_t ab = key.path == LtPath::kFp8Scratch ? CUDA_R_8F_E4M3
-                            : i8                            ? CUDA_R_8I
-                                                            : CUDA_R_16BF;
+  const bool fp8 = key.path == LtPath::kFp8Scratch || key.path == LtPath::kFp8Scaled;
+  const cudaDataType_t ab = fp8 ? CUDA_R_8F_E4M3 : i8 ? CUDA_R_8I : CUDA_R_16BF;
   // int8 x int8 -> int32 (IMMA): int32 compute and int32 scales.
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescInit(
       &s->op, i8 ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, i8 ? CUDA_R_32I : CUDA_R_32F));
@@ -195,7 +207,20 @@ Status build(const PlanKey& key, const float* bias, Descs* s) {
     STRATA_CUBLAS_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(&s->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        &s->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        &s->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptrs.bias, sizeof(ptrs.bias)));
+  }
+  if (key.path == LtPath::kFp8Scaled) {
+    // D[i, j] = a_scale[i] * b_scale[j] * sum_k A[i, k] B[k, j] (+ C): both scales applied to
+    // the f32 accumulator inside the GEMM, one rounding to D's type.
+    const cublasLtMatmulMatrixScale_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    for (const auto attr : {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE}) {
+      STRATA_CUBLAS_RETURN_IF_ERROR(
+          cublasLtMatmulDescSetAttribute(&s->op, attr, &vec, sizeof(vec)));
+    }
+    STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        &s->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ptrs.a_scale, sizeof(ptrs.a_scale)));
+    STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        &s->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ptrs.b_scale, sizeof(ptrs.b_scale)));
   }
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&s->a, ab, static_cast<uint64_t>(key.k),
                                                          static_cast<uint64_t>(key.m), key.lda));
@@ -210,7 +235,7 @@ Status build(const PlanKey& key, const float* bias, Descs* s) {
 // best first).
 constexpr int kCandidates = 8;
 
-Status get_plan(const LaunchCtx& ctx, const PlanKey& key, const float* bias, Plan** plan) {
+Status get_plan(const LaunchCtx& ctx, const PlanKey& key, const Ptrs& ptrs, Plan** plan) {
   if (ctx.lt_plans == nullptr) {
     return Status(StatusCode::kInvalidArgument,
                   "cublaslt_linear: the launch context has no cuBLASLt plan cache (make the "
@@ -226,7 +251,7 @@ Status get_plan(const LaunchCtx& ctx, const PlanKey& key, const float* bias, Pla
     }
   }
   Descs s;
-  STRATA_RETURN_IF_ERROR(build(key, bias, &s));
+  STRATA_RETURN_IF_ERROR(build(key, ptrs, &s));
   cublasLtMatmulPreferenceOpaque_t pref;
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceInit(&pref));
   const uint64_t ws = key.workspace;
@@ -348,10 +373,10 @@ Status drain_and_meet(const LaunchCtx& ctx, bool drain_alone, const char* what) 
   return ok_status();
 }
 
-Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, const float* bias,
+Status run_matmul(const LaunchCtx& ctx, const PlanKey& key, Plan& plan, const Ptrs& ptrs,
                   const void* a, const void* b, void* d, void* workspace) {
   Descs s;
-  STRATA_RETURN_IF_ERROR(build(key, bias, &s));
+  STRATA_RETURN_IF_ERROR(build(key, ptrs, &s));
   bool warmed = false;
   {
     std::lock_guard<std::mutex> lock(ctx.lt_plans->mu);
@@ -410,10 +435,77 @@ Status bf16_direct(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
                     .align_bias = p.bias ? row_align(p.bias, 0) : 0,
                     .workspace = ctx.workspace_bytes};
   Plan* plan = nullptr;
-  STRATA_RETURN_IF_ERROR(get_plan(ctx, key, p.bias, &plan));
+  const Ptrs ptrs{.bias = p.bias};
+  STRATA_RETURN_IF_ERROR(get_plan(ctx, key, ptrs, &plan));
   *done = plan->ok;
   if (!plan->ok || !launch) return ok_status();
-  return run_matmul(ctx, key, *plan, p.bias, p.w, p.x, p.out, ctx.workspace);
+  return run_matmul(ctx, key, *plan, ptrs, p.w, p.x, p.out, ctx.workspace);
+}
+
+// fp8 weights without a bias: x quantized per token into the workspace, then one cuBLASLt fp8
+// GEMM that applies x_scale[t] * w_scale[m] to its f32 accumulator and writes out itself (bf16
+// or f32, accumulating as beta = 1 with C = D): no f32 scratch, no epilogue kernel. *done =
+// false when cuBLASLt has no algorithm (then nothing was launched; the caller takes the
+// scratch path). With launch = false only the plans are looked up.
+Status fp8_scaled(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, bool* done) {
+  *done = false;
+  const int64_t m = p.out_features;
+  const int64_t k = p.in_features;
+  const int64_t n = p.n_tokens;
+  const bool f32_out = p.out_dtype == DType::kF32;
+  const int64_t out_elem = f32_out ? 4 : 2;
+  const size_t lt_bytes = ctx.workspace_bytes / 4 / kAlign * kAlign;
+  const int64_t ldq = (k + 15) / 16 * 16;  // fp8 x rows: 16-byte aligned
+  const int64_t per_token = ldq + 4;
+  const int64_t avail = static_cast<int64_t>(ctx.workspace_bytes - lt_bytes) - 2 * kAlign;
+  const int64_t slice = std::min<int64_t>(n, avail / per_token);
+  if (ctx.workspace == nullptr || slice < 1) return ok_status();  // the scratch path says why
+  char* base = static_cast<char*>(ctx.workspace);
+  uint8_t* xq = reinterpret_cast<uint8_t*>(base + lt_bytes);
+  float* xs =
+      reinterpret_cast<float*>(base + lt_bytes + (slice * ldq + kAlign - 1) / kAlign * kAlign);
+  const auto key_for = [&](int64_t ns) {
+    return PlanKey{.handle = ctx.cublaslt,
+                   .path = LtPath::kFp8Scaled,
+                   .d_type = f32_out ? CUDA_R_32F : CUDA_R_16BF,
+                   .bias = false,
+                   .beta = p.accumulate,
+                   .m = m,
+                   .k = k,
+                   .n = ns,
+                   .lda = p.w_stride,
+                   .ldb = ldq,
+                   .ldd = p.out_stride,
+                   .align_a = row_align(p.w, p.w_stride),
+                   .align_b = row_align(xq, ldq),
+                   .align_d = row_align(p.out, p.out_stride * out_elem),
+                   .align_bias = 0,
+                   .workspace = lt_bytes};
+  };
+  const Ptrs ptrs{.a_scale = p.w_scale, .b_scale = xs};
+  const PlanKey full_key = key_for(slice);
+  Plan* full_plan = nullptr;
+  STRATA_RETURN_IF_ERROR(get_plan(ctx, full_key, ptrs, &full_plan));
+  if (!full_plan->ok) return ok_status();
+  const int64_t rest = n % slice;
+  const PlanKey rest_key = key_for(rest > 0 ? rest : slice);
+  Plan* rest_plan = full_plan;
+  if (rest > 0) {
+    STRATA_RETURN_IF_ERROR(get_plan(ctx, rest_key, ptrs, &rest_plan));
+    if (!rest_plan->ok) return ok_status();
+  }
+  *done = true;
+  if (!launch) return ok_status();
+  for (int64_t t0 = 0; t0 < n; t0 += slice) {
+    const int64_t ns = std::min(slice, n - t0);
+    STRATA_RETURN_IF_ERROR(
+        quantize_activations_fp8(ctx, p.x + t0 * p.x_stride, p.x_stride, ns, k, xq, ldq, xs));
+    const bool full = ns == slice;
+    STRATA_RETURN_IF_ERROR(
+        run_matmul(ctx, full ? full_key : rest_key, full ? *full_plan : *rest_plan, ptrs, p.w, xq,
+                   static_cast<char*>(p.out) + t0 * p.out_stride * out_elem, base));
+  }
+  return ok_status();
 }
 
 // The scratch paths (see the file comment). *done = false when cuBLASLt has no algorithm; then
@@ -473,13 +565,13 @@ Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
   // Both slice sizes' plans before launching anything, so a missing algorithm leaves out intact.
   const PlanKey full_key = key_for(slice);
   Plan* full_plan = nullptr;
-  STRATA_RETURN_IF_ERROR(get_plan(ctx, full_key, nullptr, &full_plan));
+  STRATA_RETURN_IF_ERROR(get_plan(ctx, full_key, Ptrs{}, &full_plan));
   if (!full_plan->ok) return ok_status();
   const int64_t rest = n % slice;
   const PlanKey rest_key = key_for(rest > 0 ? rest : slice);
   Plan* rest_plan = full_plan;
   if (rest > 0) {
-    STRATA_RETURN_IF_ERROR(get_plan(ctx, rest_key, nullptr, &rest_plan));
+    STRATA_RETURN_IF_ERROR(get_plan(ctx, rest_key, Ptrs{}, &rest_plan));
     if (!rest_plan->ok) return ok_status();
   }
   if (!launch) {
@@ -500,7 +592,7 @@ Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
     const bool full = ns == slice;
     float* d_slice = d_in_out ? d + t0 * ldd : d;
     STRATA_RETURN_IF_ERROR(run_matmul(ctx, full ? full_key : rest_key,
-                                      full ? *full_plan : *rest_plan, nullptr, p.w,
+                                      full ? *full_plan : *rest_plan, Ptrs{}, p.w,
                                       q8 ? static_cast<const void*>(xq) : x, d_slice, base));
     LinearEpilogueArgs e;
     e.d = i8 ? nullptr : d_slice;
@@ -543,6 +635,11 @@ Status cublaslt_dispatch(const LaunchCtx& ctx, const GpuLinearParams& p, bool la
   if (p.w_dtype == DType::kBF16 && (p.out_dtype == DType::kF32 || p.bias == nullptr)) {
     *route = LtRoute::kDirect;
     STRATA_RETURN_IF_ERROR(bf16_direct(ctx, p, launch, &done));
+    if (done) return ok_status();
+  }
+  if (p.w_dtype == DType::kFP8E4M3 && p.bias == nullptr && !env_config().no_fp8_scaled_gemm) {
+    *route = LtRoute::kFp8Scaled;
+    STRATA_RETURN_IF_ERROR(fp8_scaled(ctx, p, launch, &done));
     if (done) return ok_status();
   }
   *route = LtRoute::kScratch;
