@@ -5,15 +5,16 @@
 //            shape (flash_tiles.h; "auto" is what flash_prefill picks), plus SmolLM2-135M's
 //            9 / 3 heads of 64. TFLOP/s counts the causal FLOPs: 4 * n_q * n_kv * d / 2 per
 //            head and sequence (QK^T and PV, the masked half not counted).
-//   decode:  flash_decode (one query per sequence) for batch 1 / 16 / 64 at kv_len 256 and 4096,
-//            same heads, split (with the workspace) and unsplit. GB/s counts the K and V bytes
+//   decode:  flash_decode (one query per sequence) for batch 1 / 16 / 64 at kv_len 256 and 4096
+//            (--seqs, --kv), same heads, split (with the workspace) and unsplit. GB/s counts the K and V bytes
 //            read once: n_seqs * kv_len * n_heads_kv * head_dim * 2 (K, V) * 2 bytes. "cold"
 //            overwrites a 256 MiB buffer before every repetition, so the cache comes from HBM
 //            as in a real decode step (an 8B model's KV of one layer is evicted by the other
 //            layers' weights); "hot" repeats on an L2-resident cache when it fits.
 // Times are medians of --reps repetitions after --warmup ones, each between two CUDA events.
 //
-//   bench_attention [--reps 20] [--warmup 3] [--only prefill|decode] [--json FILE]
+//   bench_attention [--reps 20] [--warmup 3] [--only prefill|decode] [--seqs 1,16,64]
+//                   [--kv 256,4096] [--json FILE]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,7 +60,24 @@ struct Options {
   int warmup = 3;
   std::string only;
   std::string json;
+  std::vector<int64_t> seqs = {1, 16, 64};  // decode batches
+  std::vector<int64_t> kv = {256, 4096};    // decode KV lengths
 };
+
+// "1,16,64" -> {1, 16, 64}; false on anything but positive integers.
+bool parse_list(const std::string& s, std::vector<int64_t>* out) {
+  out->clear();
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t j = std::min(s.find(',', i), s.size());
+    const std::string item = s.substr(i, j - i);
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos) return false;
+    out->push_back(std::stoll(item));
+    if (out->back() <= 0) return false;
+    i = j + 1;
+  }
+  return !out->empty();
+}
 
 // Device buffers of one benchmark shape: every sequence has n_q queries at the end of kv_len
 // cached positions; blocks of the pool are assigned in shuffled order (a fragmented pool).
@@ -209,6 +227,12 @@ int main(int argc, char** argv) {
       o.only = val;
     } else if (flag == "--json") {
       o.json = val;
+    } else if (flag == "--seqs" || flag == "--kv") {
+      if (!parse_list(val, flag == "--seqs" ? &o.seqs : &o.kv)) {
+        std::fprintf(stderr, "%s: expected a list of positive integers, got '%s'\n", flag.c_str(),
+                     val.c_str());
+        return 2;
+      }
     } else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -268,8 +292,8 @@ int main(int argc, char** argv) {
     std::printf("\nflash_decode (GB/s = K and V bytes / time)\n");
     std::printf("%-5s %-6s %-7s %-4s %-3s %-8s %10s %9s %10s %9s\n", "seqs", "kv_len", "heads", "d",
                 "bs", "mode", "cold ms", "GB/s", "hot ms", "GB/s");
-    for (int64_t n_seqs : {1, 16, 64}) {
-      for (int64_t kv : {256, 4096}) {
+    for (int64_t n_seqs : o.seqs) {
+      for (int64_t kv : o.kv) {
         const Shape s{n_seqs, 1, kv, 32, 8, 128, 16};
         Buffers buf(s);
         const double bytes = 2.0 * 2.0 * n_seqs * kv * s.n_heads_kv * s.head_dim;

@@ -8,7 +8,8 @@
 // (bf16 uniform(-1, 1); int8/fp8 random codes, no NaN). Columns: time (us), weight GB/s (the
 // weight bytes / time: the number SBI-GeMM is about), its fraction of the read ceiling, and
 // TFLOP/s (2 n m k / time). `route` is cublaslt_linear's path: direct (cuBLASLt writes out),
-// scratch (f32 scratch + epilogue; fp8 activations for fp8 weights) or sbi (its fallback).
+// fp8-scaled (fp8 activations, both scales inside cuBLASLt), scratch (f32 scratch + epilogue;
+// fp8 activations for fp8 weights) or sbi (its fallback).
 //
 //   bench_gpu_linear [--reps 50] [--n 1,2,4,8,16,32,64,128] [--dtypes bf16,i8,fp8]
 //                    [--shapes 6144x4096,...] (m x k) [--paths sbi,lt] [--sweep-mt]
@@ -258,6 +259,8 @@ const char* route_name(strata::cuda::LtRoute r) {
   switch (r) {
     case strata::cuda::LtRoute::kDirect:
       return "direct";
+    case strata::cuda::LtRoute::kFp8Scaled:
+      return "fp8-scaled";
     case strata::cuda::LtRoute::kScratch:
       return "scratch";
     case strata::cuda::LtRoute::kSbi:

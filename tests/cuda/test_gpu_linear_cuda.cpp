@@ -396,8 +396,8 @@ std::vector<Case> all_cases() {
                     .out_dtype = n == 17 || n == 64 ? DType::kBF16 : DType::kF32,
                     .pad = n == 33});
     }
-    // fp8 without a bias above the crossover: the scaled GEMM (both scales inside cuBLASLt,
-    // out written directly). bf16 and f32 out, accumulate, padded strides, several slices.
+    // fp8 without a bias from 128 tokens: the scaled GEMM (both scales inside cuBLASLt, out
+    // written directly). bf16 and f32 out, accumulate, padded strides, several slices.
     if (dt == DType::kFP8E4M3) {
       struct F8 {
         int64_t n, k, m;
@@ -405,11 +405,11 @@ std::vector<Case> all_cases() {
         DType out;
         bool pad;
       };
-      for (const F8& q : {F8{17, 256, 432, false, DType::kBF16, false},
-                          F8{64, 1024, 2048, true, DType::kF32, false},
-                          F8{100, 4096, 1024, false, DType::kF32, true},
+      for (const F8& q : {F8{128, 1024, 2048, true, DType::kF32, false},
+                          F8{200, 1024, 1024, false, DType::kF32, true},
                           F8{257, 1024, 2048, false, DType::kBF16, true},
-                          F8{1031, 2048, 1024, true, DType::kF32, false}}) {
+                          F8{1031, 1024, 1024, true, DType::kF32, false},
+                          F8{256, 4096, 1024, true, DType::kF32, false}}) {  // k >= 2 m: scratch
         cs.push_back({.path = Path::kLt,
                       .n = q.n,
                       .k = q.k,
@@ -681,10 +681,10 @@ TEST_F(GpuLinearGraphTest, Int8AboveCrossoverRoutesToA8W8) {
 }
 
 TEST_F(GpuLinearGraphTest, Fp8AboveCrossoverTakesScaledGemm) {
-  // The same projections with fp8 weights: on Hopper cuBLASLt must take both scales itself
-  // (outer-vector scaling; route kFp8Scaled) for bf16 out and for the f32 residual accumulated
-  // into, or every fp8 GEMM pays an f32 scratch and an epilogue kernel. A bias keeps the
-  // scratch path (its epilogue adds the f32 bias).
+  // The same projections with fp8 weights: on Hopper, from 128 tokens and where k < 2 m,
+  // cuBLASLt must take both scales itself (outer-vector scaling; route kFp8Scaled) for bf16 out
+  // and for the f32 residual accumulated into, or those fp8 GEMMs pay an f32 scratch and an
+  // epilogue kernel. Fewer tokens, down's shape (k = 3.5 m) and a bias keep the scratch path.
   int dev = 0, major = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
@@ -694,7 +694,7 @@ TEST_F(GpuLinearGraphTest, Fp8AboveCrossoverTakesScaledGemm) {
   DeviceArray<float> scale(std::vector<float>(1, 1.0f), st);
   const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
   for (const auto& mk : shapes) {
-    for (int64_t n : {17, 64, 256, 2048}) {
+    for (int64_t n : {17, 64, 128, 256, 2048}) {
       for (const bool residual : {false, true}) {
         GpuLinearParams p{.x = reinterpret_cast<const uint16_t*>(buf.get()),
                           .x_stride = mk[1],
@@ -712,9 +712,11 @@ TEST_F(GpuLinearGraphTest, Fp8AboveCrossoverTakesScaledGemm) {
         LtRoute route = LtRoute::kDirect;
         const Status s = cublaslt_route(ctx(), p, &route);
         ASSERT_TRUE(s.ok()) << s.to_string();
-        EXPECT_EQ(route, LtRoute::kFp8Scaled)
+        const bool scaled = n >= 128 && mk[1] < 2 * mk[0];
+        EXPECT_EQ(route, scaled ? LtRoute::kFp8Scaled : LtRoute::kScratch)
             << "m " << mk[0] << " k " << mk[1] << " n " << n << (residual ? " f32 +=" : " bf16")
-            << ": no scaled fp8 cuBLASLt algorithm (STRATA_NO_FP8_SCALED_GEMM set?)";
+            << (scaled ? ": no scaled fp8 cuBLASLt algorithm (STRATA_NO_FP8_SCALED_GEMM set?)"
+                       : "");
         p.bias = scale.get();
         ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
         EXPECT_EQ(route, LtRoute::kScratch);

@@ -17,14 +17,15 @@
 //                   fp8 on the tensor cores, and the epilogue applies x_scale[t] * w_scale[m].
 //                   NOTE: fp8 activations cost accuracy (3 mantissa bits: errors up to ~2% of
 //                   the largest output on random data); the SBI path keeps x in bf16.
-//   fp8, scaled   - fp8 weights without a bias (every Llama-family projection): x quantized per
-//                   token as above, then one fp8 GEMM with cuBLASLt's outer-vector scaling
-//                   (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: w_scale per row of W, x_scale
-//                   per token) that writes out itself, bf16 or f32, accumulating as beta = 1 with
-//                   C = D: no f32 round trip through the workspace and no epilogue kernel. The
-//                   same arithmetic as the scratch path up to the order of the two scale
-//                   multiplications (a last-bit difference). STRATA_NO_FP8_SCALED_GEMM=1 (A/B)
-//                   and shapes cuBLASLt has no scaled algorithm for take the scratch path.
+//   fp8, scaled   - fp8 weights without a bias, from 128 tokens, k < 2 m (kFp8ScaledMinTokens):
+//                   x quantized per token as above, then one fp8 GEMM with
+//                   cuBLASLt's outer-vector scaling (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F:
+//                   w_scale per row of W, x_scale per token) that writes out itself, bf16 or f32,
+//                   accumulating as beta = 1 with C = D: no f32 round trip through the workspace
+//                   and no epilogue kernel. The same arithmetic as the scratch path up to the order
+//                   of the two scale multiplications (a last-bit difference).
+//                   STRATA_NO_FP8_SCALED_GEMM=1 (A/B) and shapes cuBLASLt has no scaled algorithm
+//                   for take the scratch path.
 //   int8 (A8W8)   - the scratch path with int8 activations: cuBLASLt has no int8 x bf16 GEMM, so
 //                   x is quantized per token to int8 (quantize_activations_i8: symmetric,
 //                   max|x| / 127, round to nearest even), the GEMM runs int8 x int8 -> int32 on
@@ -442,6 +443,14 @@ Status bf16_direct(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
   return run_matmul(ctx, key, *plan, ptrs, p.w, p.x, p.out, ctx.workspace);
 }
 
+// Where the scaled fp8 GEMM is taken. Measured on an H100 (bench_gpu_linear, Llama-3-8B shapes,
+// bench/results/2026-11-27-h100-s11/): from 128 tokens it beats the scratch path on every
+// projection whose k is below 2 m (qkv, o, gate/up, lm_head: 1.1-1.4x at 128-2,048 tokens);
+// on down (k = 3.5 m) it loses at 17-256 tokens and at 2,048 (cuBLASLt's scaled kernels for a
+// long k and a short m are slower than its plain fp8 ones), and in the model's decode step at
+// 64 sequences the all-scaled step was 7% slower than the scratch path.
+constexpr int64_t kFp8ScaledMinTokens = 128;
+
 // fp8 weights without a bias: x quantized per token into the workspace, then one cuBLASLt fp8
 // GEMM that applies x_scale[t] * w_scale[m] to its f32 accumulator and writes out itself (bf16
 // or f32, accumulating as beta = 1 with C = D): no f32 scratch, no epilogue kernel. *done =
@@ -637,7 +646,8 @@ Status cublaslt_dispatch(const LaunchCtx& ctx, const GpuLinearParams& p, bool la
     STRATA_RETURN_IF_ERROR(bf16_direct(ctx, p, launch, &done));
     if (done) return ok_status();
   }
-  if (p.w_dtype == DType::kFP8E4M3 && p.bias == nullptr && !env_config().no_fp8_scaled_gemm) {
+  if (p.w_dtype == DType::kFP8E4M3 && p.bias == nullptr && p.n_tokens >= kFp8ScaledMinTokens &&
+      p.in_features < 2 * p.out_features && !env_config().no_fp8_scaled_gemm) {
     *route = LtRoute::kFp8Scaled;
     STRATA_RETURN_IF_ERROR(fp8_scaled(ctx, p, launch, &done));
     if (done) return ok_status();
