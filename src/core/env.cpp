@@ -56,6 +56,9 @@ EnvConfig read_env() {
   if (get("STRATA_SBI_PREFETCH") != nullptr) {
     c.sbi_prefetch = std::min(8, get_int({"STRATA_SBI_PREFETCH"}, 0));
   }
+  if (get("STRATA_DECODE_CTAS_PER_SM") != nullptr) {
+    c.decode_ctas_per_sm = std::clamp(get_int({"STRATA_DECODE_CTAS_PER_SM"}, 2), 1, 16);
+  }
   if (const char* v = get("STRATA_NCCL_LIBRARY")) c.nccl_library = v;
   if (get("STRATA_ONESHOT_MAX_BYTES") != nullptr) {
     c.oneshot_max_bytes = std::max(0, get_int({"STRATA_ONESHOT_MAX_BYTES"}, 0));

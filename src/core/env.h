@@ -30,6 +30,9 @@ struct EnvConfig {
   bool no_autotune = false;   // STRATA_NO_AUTOTUNE=1: cuBLASLt keeps its heuristic's first pick
   bool no_pdl = false;        // STRATA_NO_PDL=1: no programmatic dependent launch
   int sbi_prefetch = -1;  // STRATA_SBI_PREFETCH=N (0..8): SBI-GeMM L2 prefetch depth; -1 default
+  // STRATA_DECODE_CTAS_PER_SM=N (1..16): the split-K decode attention splits each sequence's
+  // KV cache until N CTAs per SM run at most (-1: the default, as many as an SM holds).
+  int decode_ctas_per_sm = -1;
   // STRATA_NO_I8_GEMM=1: int8 weights above the SBI crossover run SBI-GeMM in 64-token slices
   // (bf16 activations) instead of the int8 x int8 cuBLASLt GEMM with int8 activations (A/B).
   bool no_i8_gemm = false;

@@ -14,12 +14,16 @@
 // the bf16 output (one split) or a partial (max, sum, unnormalized accumulator, f32) to the
 // workspace, which the combine kernel reduces across splits.
 //
-// Split count: enough CTAs for ~2 per SM (n_seqs * n_heads_kv * subgroups * splits), chunks of
-// at least 32 keys, as many as the workspace holds; it depends only on host values (n_seqs,
-// max_q_len, max_kv_len, SM count, workspace size), never on kv_len, so a captured CUDA graph
-// replays with any lengths up to max_kv_len. A split past a sequence's kv_len (or wholly before
-// its window) writes a neutral partial (sum 0), which the combine skips. Rows of a sequence whose
-// device data is invalid (see SeqView, or a block outside the pool) come out NaN.
+// Split count: as many CTAs (n_seqs * n_heads_kv * subgroups * splits) as the GPU holds at once,
+// rounded down -- one more split would start a second wave, mostly empty, that every sequence
+// waits for (measured on an H100, Llama-3-8B's heads at batch 16 and KV 8,192: 2 splits, 256
+// CTAs, 0.198 ms; 3 splits, 384 CTAs, 0.248 ms) -- with chunks of at least 32 keys, as many as
+// the workspace holds; it depends only on host values (n_seqs, max_q_len, max_kv_len, SM count,
+// the kernel's occupancy, workspace size), never on kv_len, so a captured CUDA graph replays
+// with any lengths up to max_kv_len. STRATA_DECODE_CTAS_PER_SM replaces the occupancy (A/B). A
+// split past a sequence's kv_len (or wholly before its window) writes a neutral partial (sum 0),
+// which the combine skips. Rows of a sequence whose device data is invalid (see SeqView, or a block
+// outside the pool) come out NaN.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -28,6 +32,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/kernels/flash_common.cuh"
+#include "core/env.h"
 
 namespace strata::cuda {
 namespace {
@@ -413,13 +418,18 @@ struct SplitPlan {
   WsLayout ws;
 };
 
-SplitPlan plan_splits(const LaunchCtx& ctx, const VarlenAttentionParams& p, int64_t n_sub) {
+// resident: CTAs of the kernel one SM holds at once.
+SplitPlan plan_splits(const LaunchCtx& ctx, const VarlenAttentionParams& p, int64_t n_sub,
+                      int resident) {
   SplitPlan plan;
   const int64_t kv = std::max<int64_t>(p.max_kv_len, 1);
   plan.chunk = kv;
   const int64_t sms = ctx.sm_count > 0 ? ctx.sm_count : 132;
   const int64_t ctas = p.n_seqs * p.cache.n_heads_kv * n_sub;
-  int64_t splits = std::min(ceil_div<int64_t>(2 * sms, ctas), max_splits(p.n_seqs, kv));
+  const int64_t per_sm =
+      env_config().decode_ctas_per_sm > 0 ? env_config().decode_ctas_per_sm : resident;
+  // Rounded down: a split more would start a second, mostly empty wave of CTAs.
+  int64_t splits = std::min(std::max<int64_t>(1, per_sm * sms / ctas), max_splits(p.n_seqs, kv));
   // As many as the workspace holds (none without one).
   while (splits > 1 &&
          (p.workspace == nullptr || !is_aligned(p.workspace, 16) ||
@@ -434,19 +444,36 @@ SplitPlan plan_splits(const LaunchCtx& ctx, const VarlenAttentionParams& p, int6
   return plan;
 }
 
+// CTAs of flash_decode_kernel<D> one SM holds at once (shared memory bound: 2 for D = 128 on
+// Hopper), asked once; 2 if the query fails. Needs the kernel's shared-memory attribute set.
+template <int D>
+int resident_ctas_per_sm() {
+  static const int n = [] {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, flash_decode_kernel<D>, kThreads,
+                                                      DecodeCfg<D>::kSmemBytes) != cudaSuccess ||
+        blocks < 1) {
+      (void)cudaGetLastError();
+      return 2;
+    }
+    return blocks;
+  }();
+  return n;
+}
+
 template <int D>
 Status launch(const LaunchCtx& ctx, const VarlenAttentionParams& p) {
   using Cfg = DecodeCfg<D>;
   const int64_t group = p.n_heads / p.cache.n_heads_kv;
   const int64_t n_sub = ceil_div<int64_t>(group * p.max_q_len, kRows);
   if (p.cache.n_heads_kv * n_sub > 65535) return varlen_attention_generic(ctx, p);
-  const SplitPlan plan = plan_splits(ctx, p, n_sub);
-  float* ws = static_cast<float*>(p.workspace);
-  float* ws_ml = plan.splits > 1 ? ws : nullptr;
-  float* ws_acc = plan.splits > 1 ? ws + plan.ws.acc_offset : nullptr;
   const auto kernel = flash_decode_kernel<D>;
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes)));
+  const SplitPlan plan = plan_splits(ctx, p, n_sub, resident_ctas_per_sm<D>());
+  float* ws = static_cast<float*>(p.workspace);
+  float* ws_ml = plan.splits > 1 ? ws : nullptr;
+  float* ws_acc = plan.splits > 1 ? ws + plan.ws.acc_offset : nullptr;
   const dim3 grid(static_cast<unsigned>(plan.splits),
                   static_cast<unsigned>(p.cache.n_heads_kv * n_sub),
                   static_cast<unsigned>(p.n_seqs));
