@@ -30,7 +30,9 @@
 // grouped rows and outputs; the model's default for in-process ranks).
 //
 //   bench_moe_all_to_all --device cuda [--ranks 2] [--transport oneshot|counted|fused|nccl]
-//                        [--iters 50]
+//                        [--iters 50] [--combine-dtype f32|bf16]
+// --combine-dtype bf16: the expert outputs go back as bf16 rows (the engine sends f32; this
+// measures what bf16 outputs would save).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -65,6 +67,9 @@ struct Options {
   bool nccl = false;
   bool counted = false;  // --transport counted: the one-shot counted all-to-all
   bool fused = false;    // --transport fused: the fused dispatch and combine kernels
+  // --combine-dtype bf16 (GPU only): the expert outputs travel back as bf16 rows instead of the
+  // engine's f32 (what bf16 outputs would save; the engine's combine reads f32 today).
+  DType combine_dtype = DType::kF32;
 };
 
 // Each token's k distinct experts, uniform, seeded by (rank, tokens).
@@ -235,13 +240,13 @@ int run_cuda(const Options& o) {
       };
       Tensor x = alloc(DType::kBF16, Tmax, H), ids = alloc(DType::kI32, Tmax, k);
       Tensor offsets = alloc(DType::kI32, 1, E + 1), x_perm = alloc(DType::kBF16, Tmax * k, H);
-      Tensor perm = alloc(DType::kI32, 1, Tmax * k), y_perm = alloc(DType::kF32, Tmax * k, H);
+      Tensor perm = alloc(DType::kI32, 1, Tmax * k), y_perm = alloc(o.combine_dtype, Tmax * k, H);
       Tensor send_x = alloc(DType::kBF16, n * Cmax, H), recv_x = alloc(DType::kBF16, n * Cmax, H);
-      Tensor y = alloc(DType::kF32, n * Cmax, H), recv_y = alloc(DType::kF32, n * Cmax, H);
+      Tensor y = alloc(o.combine_dtype, n * Cmax, H), recv_y = alloc(o.combine_dtype, n * Cmax, H);
       Tensor roff = alloc(DType::kI32, 1, El + 1);
       Tensor index = alloc(DType::kI32, 1, ep_index_entries(n, El, Cmax, Tmax * k));
       Tensor v_recv_x = alloc(DType::kBF16, n * Tmax * k, H);
-      Tensor v_recv_y = alloc(DType::kF32, n * Tmax * k, H);
+      Tensor v_recv_y = alloc(o.combine_dtype, n * Tmax * k, H);
       for (const Tensor* t : {&x, &ids, &offsets, &x_perm, &perm, &y_perm, &send_x, &recv_x, &y,
                               &recv_y, &roff, &index, &v_recv_x, &v_recv_y}) {
         if (!t->defined()) st = Status(StatusCode::kOutOfMemory, "cudaMalloc");
@@ -258,7 +263,7 @@ int run_cuda(const Options& o) {
                is = Tensor::make(ids.data, DType::kI32, {T, k}, ctx.device);
         Tensor xp = Tensor::make(x_perm.data, DType::kBF16, {T * k, H}, ctx.device);
         Tensor pm = Tensor::make(perm.data, DType::kI32, {1, T * k}, ctx.device);
-        Tensor yp = Tensor::make(y_perm.data, DType::kF32, {T * k, H}, ctx.device);
+        Tensor yp = Tensor::make(y_perm.data, o.combine_dtype, {T * k, H}, ctx.device);
         st = ops::upload(ctx, rid.data(), is);
         if (st.ok()) st = ops::moe_offsets(ctx, is, E, offsets);
         if (st.ok()) st = ops::moe_permute(ctx, xs, is, offsets, xp, pm);
@@ -273,8 +278,8 @@ int run_cuda(const Options& o) {
         ex.send_x = Tensor::make(send_x.data, DType::kBF16, {n * C, H}, ctx.device);
         ex.recv_x = Tensor::make(recv_x.data, DType::kBF16, {n * C, H}, ctx.device);
         ex.offsets = roff;
-        ex.y = Tensor::make(y.data, DType::kF32, {n * C, H}, ctx.device);
-        ex.recv_y = Tensor::make(recv_y.data, DType::kF32, {n * C, H}, ctx.device);
+        ex.y = Tensor::make(y.data, o.combine_dtype, {n * C, H}, ctx.device);
+        ex.recv_y = Tensor::make(recv_y.data, o.combine_dtype, {n * C, H}, ctx.device);
         carve_ep_index(ex, static_cast<int32_t*>(index.data), T * k, ctx.device);
         const std::function<Status()> fixed = [&]() -> Status {
           STRATA_RETURN_IF_ERROR(ep_dispatch(ctx, *g, xp, offsets, ex));
@@ -307,21 +312,23 @@ int run_cuda(const Options& o) {
   }
   std::printf(
       "# %d ranks on %s, hidden %lld, %lld experts (%lld per rank), top-%lld, %s; dispatch + "
-      "combine, rank 0's median of %d, us\n",
+      "combine (outputs back in %s), rank 0's median of %d, us\n",
       n, one_gpu ? "ONE GPU" : "one GPU each", static_cast<long long>(H), static_cast<long long>(E),
       static_cast<long long>(El), static_cast<long long>(k),
       o.nccl      ? ("NCCL " + nccl_version()).c_str()
       : o.fused   ? "fused dispatch and combine kernels (routed rows only)"
       : o.counted ? "one-shot counted all-to-all (routed rows only)"
                   : "one-shot all-to-all",
-      o.iters);
+      o.combine_dtype == DType::kBF16 ? "bf16" : "f32", o.iters);
   std::printf("%8s %10s %8s %12s %12s %12s %14s\n", "tokens", "rows_out", "C", "variable", "fixed",
               "fixed_graph", "fixed_MB_sent");
   for (size_t si = 0; si < sizes.size(); ++si) {
     const int64_t T = sizes[si], C = T * std::min(k, El);
     // Counted: the rows really routed (T k of them out, as many back).
     const int64_t sent = o.counted || o.fused ? T * k : n * C;
-    const double mb = static_cast<double>(sent * H * 2 + sent * H * 4 + n * El * 4) / 1e6;
+    const double mb =
+        static_cast<double>(sent * H * 2 + dtype_bytes(o.combine_dtype, sent * H) + n * El * 4) /
+        1e6;
     std::printf("%8lld %10lld %8lld %12.1f %12.1f %12.1f %14.3f\n", static_cast<long long>(T),
                 static_cast<long long>(T * k), static_cast<long long>(C), rows[si].us[0],
                 rows[si].us[1], rows[si].us[2], mb);
@@ -453,6 +460,13 @@ int main(int argc, char** argv) {
       o.top_k = v;
     } else if (a == "--iters") {
       o.iters = static_cast<int>(v);
+    } else if (a == "--combine-dtype") {
+      const std::string t = argv[i + 1];
+      if (t != "f32" && t != "bf16") {
+        std::fprintf(stderr, "bench_moe_all_to_all: --combine-dtype f32 or bf16\n");
+        return 2;
+      }
+      o.combine_dtype = t == "bf16" ? strata::DType::kBF16 : strata::DType::kF32;
     } else {
       std::fprintf(stderr, "bench_moe_all_to_all: unknown option %s\n", a.c_str());
       return 2;
