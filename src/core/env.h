@@ -22,6 +22,11 @@ struct EnvConfig {
   // or int8 activations through the int8 GEMM (empty: int8 where the CPU runs the AVX2 or
   // AVX512-VNNI kernels, f32 on AVX-512 without VNNI and scalar; docs/performance.md).
   std::string cpu_prefill;
+  // STRATA_CPU_DECODE=int16|int8: how CPU linear layers of fewer than 16 tokens (decode) meet
+  // block-quantized weights with f32 activations: x rounded to int16 per 32 values (the default;
+  // each element moves by at most max|x_blk| / 65534) or to int8 per 32 values through the
+  // int8 kernels (llama.cpp's scheme: vpdpbusd on AVX512-VNNI; 256x coarser).
+  std::string cpu_decode;
   // STRATA_CPU_NO_FUSED_PARTS=1: one-token CPU linears over several block-quantized parts
   // (q/k/v, gate/up) run part by part instead of in one OpenMP region (A/B of the fused path).
   bool cpu_no_fused_parts = false;

@@ -492,6 +492,43 @@ TEST_P(QuantSimd, Int8KernelsMatchScalar) {
 // linear_quant_gemm on every SIMD variant this CPU runs (AVX2, AVX-512) against the scalar
 // reference (dequantize_row + double dot), for a 32-value and a K-quant type, with a bias,
 // strides and shapes that leave partial panels; the scalar variant is refused.
+// The decode choice (set_quant_decode, STRATA_CPU_DECODE): with kInt8, decode-sized calls with
+// f32_activations run exactly the int8 kernels that f32_activations = false runs; with kInt16
+// they run the int16 / f32 kernels; calls of 16 tokens or more are not affected.
+TEST(Quant, DecodeChoiceSelectsTheKernels) {
+  const int64_t k = 256, m = 13;
+  for (const TypeCase& tc : kQuantTypes) {
+    const DTypeInfo& info = dtype_info(tc.dtype);
+    const int64_t row_blocks = k / info.block_size;
+    const std::vector<uint8_t> w = random_quant_rows(tc.dtype, m, row_blocks, 5);
+    const std::vector<float> bias(static_cast<size_t>(m), 0.25f);
+    for (const int64_t n : {1, 3, 16}) {
+      const std::vector<float> x = random_rows(n, k, static_cast<uint32_t>(n + 11));
+      QuantLinearParams p = linear_params(tc.dtype, w, bias, x, n, k, m, k, m, row_blocks);
+      p.isa = QuantIsa::kBest;
+      const auto run = [&](bool f32_act, QuantDecode mode) {
+        std::vector<float> out(static_cast<size_t>(n * m), -7.0f);
+        set_quant_decode(mode);
+        p.f32_activations = f32_act;
+        p.out = out.data();
+        const Status st = quant_linear(p);
+        set_quant_decode(QuantDecode::kAuto);
+        EXPECT_TRUE(st.ok()) << st.to_string();
+        return out;
+      };
+      const std::vector<float> int8 = run(false, QuantDecode::kInt16);
+      const std::vector<float> f32_act = run(true, QuantDecode::kInt16);
+      const std::vector<float> chosen = run(true, QuantDecode::kInt8);
+      if (n < 16) {
+        EXPECT_EQ(chosen, int8) << tc.name << " n " << n;
+        EXPECT_NE(chosen, f32_act) << tc.name << " n " << n << ": the choice changed nothing";
+      } else {
+        EXPECT_EQ(chosen, f32_act) << tc.name << " n " << n;
+      }
+    }
+  }
+}
+
 TEST(Quant, QuantGemmEveryIsaMatchesReference) {
   for (const DType dt : {DType::kQ4_1, DType::kQ6_K}) {
     const DTypeInfo& info = dtype_info(dt);

@@ -164,6 +164,41 @@ TEST_F(SmolLM2, Int8PrefillNearF32) {
   EXPECT_GE(same_top * 10, ids.size() * 8) << same_top << " of " << ids.size();
 }
 
+// Decode with int8 activations (STRATA_CPU_DECODE=int8, llama.cpp's scheme) against the default
+// int16 ones: every prompt scored alone, each shorter than 16 tokens, so every linear layer runs
+// the decode kernels. The same bounds as the int8 prefill above (the rounding is the same).
+TEST_F(SmolLM2, Int8DecodeNearInt16) {
+  double max_err = 0.0, max_ref = 0.0;
+  size_t same_top = 0, positions = 0;
+  const int64_t V = engine_->info().vocab;
+  for (const json& pr : (*ref_)["prompts"]) {
+    std::vector<int32_t> ids = pr["ids"].get<std::vector<int32_t>>();
+    if (ids.size() > 15) ids.resize(15);
+    cpu::set_quant_decode(cpu::QuantDecode::kInt16);
+    auto i16 = engine_->score(ids);
+    cpu::set_quant_decode(cpu::QuantDecode::kInt8);
+    auto i8 = engine_->score(ids);
+    cpu::set_quant_decode(cpu::QuantDecode::kAuto);
+    ASSERT_TRUE(i16.ok() && i8.ok());
+    for (size_t pos = 0; pos < ids.size(); ++pos, ++positions) {
+      const float* a = i16->data() + pos * V;
+      const float* b = i8->data() + pos * V;
+      for (int64_t v = 0; v < V; ++v) {
+        max_err = std::max(max_err, static_cast<double>(std::fabs(a[v] - b[v])));
+        max_ref = std::max(max_ref, static_cast<double>(std::fabs(a[v])));
+      }
+      same_top += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b ? 1 : 0;
+    }
+  }
+  std::printf(
+      "[ info ] int8 decode vs int16, %zu positions: max |logit error| %.3f (%.2e of max "
+      "|logit|), same top token at %zu\n",
+      positions, max_err, max_err / max_ref, same_top);
+  EXPECT_GT(max_err, 0.0);  // the int8 path ran
+  EXPECT_LE(max_err / max_ref, 0.1) << "max abs error " << max_err;
+  EXPECT_GE(same_top * 10, positions * 8) << same_top << " of " << positions;
+}
+
 TEST_F(SmolLM2, CapitalOfFranceIsParis) {
   GenerateRequest req;
   req.prompt = "The capital of France is";

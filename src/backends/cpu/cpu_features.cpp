@@ -99,6 +99,8 @@ std::string cpu_kernel_path() {
   s += cpu::quant_isa_name(cpu::quant_best_isa());
   s += "; prefill ";
   s += cpu::quant_prefill_path();
+  s += "; decode ";
+  s += cpu::quant_decode_path();
   s += ")";
   return s;
 }

@@ -511,7 +511,10 @@ Status quant_linear(const QuantLinearParams& p) {
       quant_prefill_int8(p, isa) && quant_detail::gemm_i8_micro(p.weight_dtype, isa) != nullptr) {
     return quant_gemm_i8(p, x_stride, out_stride, row_blocks * info.block_bytes, isa);
   }
-  if (p.f32_activations) {
+  // Decode with f32 activations stays f32 / int16 unless the int8 decode is chosen
+  // (set_quant_decode, STRATA_CPU_DECODE=int8): then the int8 tiles below, as without
+  // f32_activations.
+  if (p.f32_activations && !(p.n_tokens < kGemmMinTokens && quant_decode_int8())) {
     return quant_linear_f32(p, x_stride, out_stride, row_blocks * info.block_bytes);
   }
 

@@ -113,4 +113,18 @@ void set_quant_prefill(QuantPrefill mode);
 // "f32 avx2", ...
 const char* quant_prefill_path();
 
+// How quant_linear runs decode (n_tokens < 16) when f32_activations is set: kAuto follows
+// STRATA_CPU_DECODE (int16 unless it says int8), kInt16 rounds x to int16 per 32 values (the
+// int16 kernels where the type has them, else f32), kInt8 rounds x to int8 per 32 values and
+// runs the int8 kernels, as f32_activations = false does.
+enum class QuantDecode { kAuto, kInt16, kInt8 };
+// Sets the process-wide decode choice that f32-activation calls follow (before
+// STRATA_CPU_DECODE); kAuto removes it. For tests and A/B runs in one process.
+void set_quant_decode(QuantDecode mode);
+// Whether decode-sized calls with f32_activations take int8 activations (set_quant_decode,
+// else STRATA_CPU_DECODE).
+bool quant_decode_int8();
+// The path decode takes on this CPU, for the `cpu kernels` line: "int16 avx2", "int8 avx512-vnni".
+const char* quant_decode_path();
+
 }  // namespace strata::cpu

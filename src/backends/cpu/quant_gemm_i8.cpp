@@ -236,6 +236,45 @@ void set_quant_prefill(QuantPrefill mode) {
   g_prefill.store(static_cast<int>(mode));
 }
 
+namespace {
+// set_quant_decode's choice (a QuantDecode; kAuto: none).
+std::atomic<int> g_decode{static_cast<int>(QuantDecode::kAuto)};
+}  // namespace
+
+void set_quant_decode(QuantDecode mode) {
+  g_decode.store(static_cast<int>(mode));
+}
+
+bool quant_decode_int8() {
+  switch (static_cast<QuantDecode>(g_decode.load())) {
+    case QuantDecode::kInt16:
+      return false;
+    case QuantDecode::kInt8:
+      return true;
+    case QuantDecode::kAuto:
+      break;
+  }
+  return env_config().cpu_decode == "int8";
+}
+
+const char* quant_decode_path() {
+  const QuantIsa isa = quant_best_isa();
+  if (quant_decode_int8()) {
+    switch (isa) {
+      case QuantIsa::kAvx512Vnni:
+        return "int8 avx512-vnni";
+      case QuantIsa::kAvx512:
+        return "int8 avx512";
+      case QuantIsa::kAvx2:
+        return "int8 avx2";
+      default:
+        return "int8 scalar";
+    }
+  }
+  // The int16 kernels are AVX2 on every AVX2 CPU (quant_f32.cpp: the AVX-512 ones lost).
+  return isa == QuantIsa::kScalar ? "f32 scalar" : "int16 avx2";
+}
+
 bool quant_prefill_int8(const QuantLinearParams& p, QuantIsa isa) {
   if (!p.f32_activations) return true;
   QuantPrefill mode = p.prefill;
