@@ -339,10 +339,7 @@ Status norm(Context& ctx, Tensor& x, const NormWeight& w, const NormArgs& args, 
 // False (nothing written) where cpu::quant_decode_parts does not serve the parts.
 bool cpu_decode_parts(const Tensor& x, const Mat& xm, const LinearWeight& w, Tensor& out,
                       const LinearArgs& args) {
-  if (xm.rows != 1 || w.n_parts < 1 || env_config().cpu_no_fused_parts ||
-      cpu::quant_decode_int8()) {
-    return false;  // the fused parts are int16 kernels; int8 decode goes part by part
-  }
+  if (xm.rows != 1 || w.n_parts < 1 || env_config().cpu_no_fused_parts) return false;
   std::array<cpu::DecodePart, 3> parts{};
   const auto* x0 = static_cast<const char*>(x.data);
   const auto* x1 = x0 + xm.cols * sizeof(float);

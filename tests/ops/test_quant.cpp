@@ -605,8 +605,9 @@ TEST(Quant, LinearRejectsBadArguments) {
 // quant_decode_parts (one token through q/k/v or gate/up in one OpenMP region) against
 // quant_linear on each part alone: bit-identical, for mixed 32-value block types, row counts that
 // are not multiples of the 4-row tile, weight rows farther apart than their length, f32 and
-// bf16 biases, and with accumulate (out += result, as the residual add does). K-quant parts
-// are refused (false) with out untouched, and so is a CPU without AVX2.
+// bf16 biases, and with accumulate (out += result, as the residual add does), with int16 and
+// with int8 decode activations. K-quant parts are refused (false) with int16, out untouched,
+// and so is a CPU without AVX2.
 TEST(Quant, DecodePartsMatchLinearPerPartBitExactly) {
   if (quant_detail::resolve_quant_isa(QuantIsa::kBest) == QuantIsa::kScalar) {
     GTEST_SKIP() << "no AVX2 on this CPU: quant_decode_parts serves nothing";
@@ -625,68 +626,77 @@ TEST(Quant, DecodePartsMatchLinearPerPartBitExactly) {
       {{DType::kQ4_0, 16, 10, DType::kF32}, {DType::kQ5_1, 7, 11, DType::kI32}},
       {{DType::kQ8_0, 1, 10, DType::kI32}},
   };
-  uint32_t seed = 100;
-  for (const auto& spec : cases) {
-    std::vector<std::vector<uint8_t>> weights;
-    std::vector<std::vector<float>> bias_f32;
-    std::vector<std::vector<uint16_t>> bias_bf16;
-    std::vector<DecodePart> parts;
-    int64_t total = 0;
-    for (const Spec& s : spec) total += s.rows;
-    for (bool accumulate : {false, true}) {
-      std::vector<float> got(static_cast<size_t>(total)), want(static_cast<size_t>(total));
-      for (size_t i = 0; i < got.size(); ++i) got[i] = want[i] = 0.25f * static_cast<float>(i) - 1;
-      weights.clear();
-      bias_f32.clear();
-      bias_bf16.clear();
-      parts.clear();
-      int64_t r0 = 0;
-      for (const Spec& s : spec) {
-        weights.push_back(random_quant_rows(s.dt, s.rows, s.row_blocks, seed++));
-        DecodePart d;
-        d.weight = weights.back().data();
-        d.weight_dtype = s.dt;
-        d.row_bytes = s.row_blocks * dtype_info(s.dt).block_bytes;
-        d.rows = s.rows;
-        std::vector<float> b = random_rows(1, s.rows, seed++);
-        bias_f32.push_back(b);
-        std::vector<uint16_t> bb(b.size());
-        for (size_t i = 0; i < b.size(); ++i) bb[i] = f32_to_bf16(b[i]);
-        bias_bf16.push_back(bb);
-        if (s.bias == DType::kF32) d.bias = bias_f32.back().data();
-        if (s.bias == DType::kBF16) d.bias = bias_bf16.back().data();
-        d.bias_dtype = s.bias == DType::kBF16 ? DType::kBF16 : DType::kF32;
-        d.out = got.data() + r0;
-        parts.push_back(d);
-        // The per-part reference: quant_linear (f32 bias only; a bf16 one added after, as
-        // cpu::linear does), then the residual add.
-        std::vector<float> res(static_cast<size_t>(s.rows));
-        QuantLinearParams p;
-        p.x = x.data();
-        p.weight = d.weight;
-        p.weight_dtype = s.dt;
-        p.bias = s.bias == DType::kF32 ? bias_f32.back().data() : nullptr;
-        p.out = res.data();
-        p.n_tokens = 1;
-        p.in_features = k;
-        p.out_features = s.rows;
-        p.weight_row_blocks = s.row_blocks;
-        ASSERT_TRUE(quant_linear(p).ok());
-        for (int64_t r = 0; r < s.rows; ++r) {
-          float v = res[static_cast<size_t>(r)];
-          if (s.bias == DType::kBF16) v += bf16_to_f32(bias_bf16.back()[static_cast<size_t>(r)]);
-          float& w = want[static_cast<size_t>(r0 + r)];
-          w = accumulate ? w + v : v;
+  for (const QuantDecode mode : {QuantDecode::kInt16, QuantDecode::kInt8}) {
+    set_quant_decode(mode);
+    uint32_t seed = 100;
+    for (const auto& spec : cases) {
+      std::vector<std::vector<uint8_t>> weights;
+      std::vector<std::vector<float>> bias_f32;
+      std::vector<std::vector<uint16_t>> bias_bf16;
+      std::vector<DecodePart> parts;
+      int64_t total = 0;
+      for (const Spec& s : spec) total += s.rows;
+      for (bool accumulate : {false, true}) {
+        std::vector<float> got(static_cast<size_t>(total)), want(static_cast<size_t>(total));
+        for (size_t i = 0; i < got.size(); ++i)
+          got[i] = want[i] = 0.25f * static_cast<float>(i) - 1;
+        weights.clear();
+        bias_f32.clear();
+        bias_bf16.clear();
+        parts.clear();
+        int64_t r0 = 0;
+        for (const Spec& s : spec) {
+          weights.push_back(random_quant_rows(s.dt, s.rows, s.row_blocks, seed++));
+          DecodePart d;
+          d.weight = weights.back().data();
+          d.weight_dtype = s.dt;
+          d.row_bytes = s.row_blocks * dtype_info(s.dt).block_bytes;
+          d.rows = s.rows;
+          std::vector<float> b = random_rows(1, s.rows, seed++);
+          bias_f32.push_back(b);
+          std::vector<uint16_t> bb(b.size());
+          for (size_t i = 0; i < b.size(); ++i) bb[i] = f32_to_bf16(b[i]);
+          bias_bf16.push_back(bb);
+          if (s.bias == DType::kF32) d.bias = bias_f32.back().data();
+          if (s.bias == DType::kBF16) d.bias = bias_bf16.back().data();
+          d.bias_dtype = s.bias == DType::kBF16 ? DType::kBF16 : DType::kF32;
+          d.out = got.data() + r0;
+          parts.push_back(d);
+          // The per-part reference: quant_linear (f32 bias only; a bf16 one added after, as
+          // cpu::linear does), then the residual add.
+          std::vector<float> res(static_cast<size_t>(s.rows));
+          QuantLinearParams p;
+          p.x = x.data();
+          p.weight = d.weight;
+          p.weight_dtype = s.dt;
+          p.bias = s.bias == DType::kF32 ? bias_f32.back().data() : nullptr;
+          p.out = res.data();
+          p.n_tokens = 1;
+          p.in_features = k;
+          p.out_features = s.rows;
+          p.weight_row_blocks = s.row_blocks;
+          ASSERT_TRUE(quant_linear(p).ok());
+          for (int64_t r = 0; r < s.rows; ++r) {
+            float v = res[static_cast<size_t>(r)];
+            if (s.bias == DType::kBF16) v += bf16_to_f32(bias_bf16.back()[static_cast<size_t>(r)]);
+            float& w = want[static_cast<size_t>(r0 + r)];
+            w = accumulate ? w + v : v;
+          }
+          r0 += s.rows;
         }
-        r0 += s.rows;
-      }
-      ASSERT_TRUE(quant_decode_parts(x.data(), k, parts.data(), static_cast<int>(parts.size()),
-                                     accumulate));
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_EQ(got[i], want[i]) << "row " << i << " accumulate " << accumulate;
+        const bool served = quant_decode_parts(x.data(), k, parts.data(),
+                                               static_cast<int>(parts.size()), accumulate);
+        set_quant_decode(QuantDecode::kAuto);
+        ASSERT_TRUE(served);
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(got[i], want[i]) << "row " << i << " accumulate " << accumulate << " int8 "
+                                     << (mode == QuantDecode::kInt8);
+        }
+        set_quant_decode(mode);
       }
     }
   }
+  set_quant_decode(QuantDecode::kAuto);
   // A K-quant part: refused, nothing written.
   std::vector<uint8_t> wk = random_quant_rows(DType::kQ4_K, 4, 2, 7);
   std::vector<float> out(4, 3.0f);

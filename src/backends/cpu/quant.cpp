@@ -310,6 +310,10 @@ size_t align_up(size_t v) {
 
 namespace quant_detail {
 
+TileDotFn tile_dot_isa(DType dt, QuantIsa isa) {
+  return tile_dot(dt, isa);
+}
+
 QuantIsa resolve_quant_isa(QuantIsa isa) {
   QuantIsa best = QuantIsa::kScalar;
 #if defined(STRATA_QUANT_HAVE_AVX2)

@@ -76,12 +76,12 @@ size_t quant_linear_scratch_bytes(int64_t n_tokens, int64_t in_features);
 Status quant_linear(const QuantLinearParams& p);
 // The f32-activation path of quant_linear (p.f32_activations), after its checks.
 // One token through several block-quantized weights that share x (q/k/v, gate/up): x is
-// quantized to int16 once and every part's 4-row tiles run in one OpenMP region, with the decode
-// kernels quant_linear_f32 uses for one token, so each part's result is bit-identical to
-// quant_linear on it alone (f32 activations, int16 decode, default ISA). With accumulate, out +=
-// the result (the residual), as adding quant_linear's output to out would. Returns false, having
-// written nothing, where those kernels do not serve every part (a K-quant type, no AVX2): the
-// caller then runs the parts one by one.
+// quantized once (to int16, or to int8 when quant_decode_int8()) and every part's 4-row tiles
+// run in one OpenMP region, with the decode kernels quant_linear uses for one token, so each
+// part's result is bit-identical to quant_linear on it alone (f32 activations, default ISA).
+// With accumulate, out += the result (the residual), as adding quant_linear's output to out
+// would. Returns false, having written nothing, where those kernels do not serve every part (a
+// K-quant type with int16, no AVX2): the caller then runs the parts one by one.
 struct DecodePart {
   const void* weight = nullptr;  // rows x in_features of weight_dtype, row_bytes apart
   DType weight_dtype = DType::kQ8_0;

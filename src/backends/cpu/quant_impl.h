@@ -54,6 +54,9 @@ inline void k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) {
 // a.qs + t * n, a.d + t * n / 32, a.s + t * n / 32.
 using TileDotFn = void (*)(const uint8_t* w, int64_t row_bytes, int nr, int64_t n, const Q8Act& a,
                            int nt, float* out);
+// The int8-activation tile kernel of dt for `isa` (resolved: kBest is this CPU's best), the
+// scalar one where that ISA has none (quant.cpp).
+TileDotFn tile_dot_isa(DType dt, QuantIsa isa);
 
 // f32 activations (quant_f32.cpp's decode path, n_tokens < 16): each weight block is
 // dequantized in registers, so results equal the dequantize_row + f32 dot product up to f32
