@@ -257,20 +257,25 @@ bool quant_decode_int8() {
   return env_config().cpu_decode == "int8";
 }
 
+namespace {
+// The `cpu kernels` line's name of the int8 kernels of isa.
+const char* int8_path(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::kAvx512Vnni:
+      return "int8 avx512-vnni";
+    case QuantIsa::kAvx512:
+      return "int8 avx512";
+    case QuantIsa::kAvx2:
+      return "int8 avx2";
+    default:
+      return "int8 scalar";
+  }
+}
+}  // namespace
+
 const char* quant_decode_path() {
   const QuantIsa isa = quant_best_isa();
-  if (quant_decode_int8()) {
-    switch (isa) {
-      case QuantIsa::kAvx512Vnni:
-        return "int8 avx512-vnni";
-      case QuantIsa::kAvx512:
-        return "int8 avx512";
-      case QuantIsa::kAvx2:
-        return "int8 avx2";
-      default:
-        return "int8 scalar";
-    }
-  }
+  if (quant_decode_int8()) return int8_path(isa);
   // The int16 kernels are AVX2 on every AVX2 CPU (quant_f32.cpp: the AVX-512 ones lost).
   return isa == QuantIsa::kScalar ? "f32 scalar" : "int16 avx2";
 }
@@ -301,18 +306,7 @@ bool quant_prefill_int8(const QuantLinearParams& p, QuantIsa isa) {
 const char* quant_prefill_path() {
   QuantLinearParams p;
   const QuantIsa isa = quant_best_isa();
-  if (quant_prefill_int8(p, isa)) {
-    switch (isa) {
-      case QuantIsa::kAvx512Vnni:
-        return "int8 avx512-vnni";
-      case QuantIsa::kAvx512:
-        return "int8 avx512";
-      case QuantIsa::kAvx2:
-        return "int8 avx2";
-      default:
-        return "int8 scalar";
-    }
-  }
+  if (quant_prefill_int8(p, isa)) return int8_path(isa);
   switch (isa) {
     case QuantIsa::kAvx512Vnni:
     case QuantIsa::kAvx512:
