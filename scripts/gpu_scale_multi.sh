@@ -12,7 +12,8 @@
 #   counted (not in the default set) the counted expert exchange: EP tests, the all-to-all bench
 #         per transport, EP = N and TP = 2 x EP = N/2 decode, EP = N with whole blocks (A/B)
 #   fused (not in the default set) the fused expert exchange (two kernels; model/moe_ep.h): the
-#         EP tests, the all-to-all bench fused / counted / NCCL, EP = N decode fused against
+#         EP tests, the all-to-all bench fused / counted / NCCL (and fused with bf16 outputs
+#         back, --combine-dtype bf16), EP = N decode fused against
 #         STRATA_MOE_EP_NO_FUSED=1, TP = 2 x EP = N/2 fused
 #   recheck (not in the default set) the runs that stopped on 4 x H200 (2026-11-26), after their
 #         fixes: TP = 2 x PP = N/2 throughput (StageGate), TP = 2 x EP = N/2 and EP = N decode at
@@ -101,6 +102,9 @@ if has fused; then
     step fused "a2a_$t" 100 "$BUILD/bench/bench_moe_all_to_all" --device cuda --ranks "$N" \
       --transport "$t" --iters 50
   done
+  # What bf16 expert outputs would save (the engine sends f32 back today).
+  step fused a2a_fused_bf16_back 100 "$BUILD/bench/bench_moe_all_to_all" --device cuda \
+    --ranks "$N" --transport fused --iters 50 --combine-dtype bf16
   for m in mixtral-8x7b qwen3-30b-a3b; do
     step fused "${m}_ep$N" 100 "$BUILD/strata" bench --device cuda --model-config "$m" --ep "$N" \
       --batch 1,8,64 --ctx 256 -r 5 --json "$OUT/fused/${m}_ep$N.json"
