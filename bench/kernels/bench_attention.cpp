@@ -6,11 +6,11 @@
 //            9 / 3 heads of 64. TFLOP/s counts the causal FLOPs: 4 * n_q * n_kv * d / 2 per
 //            head and sequence (QK^T and PV, the masked half not counted).
 //   decode:  flash_decode (one query per sequence) for batch 1 / 16 / 64 at kv_len 256 and 4096
-//            (--seqs, --kv), same heads, split (with the workspace) and unsplit. GB/s counts the K and V bytes
-//            read once: n_seqs * kv_len * n_heads_kv * head_dim * 2 (K, V) * 2 bytes. "cold"
-//            overwrites a 256 MiB buffer before every repetition, so the cache comes from HBM
-//            as in a real decode step (an 8B model's KV of one layer is evicted by the other
-//            layers' weights); "hot" repeats on an L2-resident cache when it fits.
+//            (--seqs, --kv), same heads, split (with the workspace) and unsplit. GB/s counts
+//            the K and V bytes read once: n_seqs * kv_len * n_heads_kv * head_dim * 2 (K, V) *
+//            2 bytes. "cold" overwrites a 256 MiB buffer before every repetition, so the cache
+//            comes from HBM as in a real decode step (an 8B model's KV of one layer is evicted
+//            by the other layers' weights); "hot" repeats on an L2-resident cache when it fits.
 // Times are medians of --reps repetitions after --warmup ones, each between two CUDA events.
 //
 //   bench_attention [--reps 20] [--warmup 3] [--only prefill|decode] [--seqs 1,16,64]
