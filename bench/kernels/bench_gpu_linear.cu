@@ -9,12 +9,10 @@
 // weight bytes / time: the number SBI-GeMM is about), its fraction of the read ceiling, and
 // TFLOP/s (2 n m k / time). `route` is cublaslt_linear's path: direct (cuBLASLt writes out),
 // fp8-scaled (fp8 activations, both scales inside cuBLASLt), scratch (f32 scratch + epilogue;
-// fp8 activations for fp8 weights), stream8 (8-bit weights at 17..128 tokens: the streamed 8-bit
-// GEMM) or sbi (its fallback). --paths stream8 adds rows of the streamed 8-bit GEMM at its default
-// split count and at 1, 2, 4 and 8 splits (the route column names the count).
+// fp8 activations for fp8 weights) or sbi (its fallback).
 //
 //   bench_gpu_linear [--reps 50] [--n 1,2,4,8,16,32,64,128] [--dtypes bf16,i8,fp8]
-//                    [--shapes 6144x4096,...] (m x k) [--paths sbi,lt,stream8] [--sweep-mt]
+//                    [--shapes 6144x4096,...] (m x k) [--paths sbi,lt] [--sweep-mt]
 //                    [--json FILE]
 // --sweep-mt adds sbi rows with the m-tiles per block forced to 1, 2 and 4 (the tuning knob of
 // sbi_gemm.cu) and gated (fused gate/up + silu) rows for the gate_up shape.
@@ -163,7 +161,6 @@ struct Options {
   bool sbi = true;
   bool lt = true;
   bool sweep_mt = false;
-  bool stream8 = false;  // --paths stream8: the streamed 8-bit GEMM at each split count
   std::string json;
 };
 
@@ -181,7 +178,7 @@ std::vector<std::string> split(const std::string& s) {
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "bench_gpu_linear: %s\nusage: bench_gpu_linear [--reps 50] [--n 1,2,...] "
-               "[--dtypes bf16,i8,fp8] [--shapes MxK,...] [--paths sbi,lt,stream8] [--sweep-mt] "
+               "[--dtypes bf16,i8,fp8] [--shapes MxK,...] [--paths sbi,lt] [--sweep-mt] "
                "[--json FILE]\n",
                msg);
   std::exit(2);
@@ -228,8 +225,6 @@ Options parse(int argc, char** argv) {
           o.sbi = true;
         } else if (v == "lt") {
           o.lt = true;
-        } else if (v == "stream8") {
-          o.stream8 = true;
         } else {
           usage(("unknown path " + v).c_str());
         }
@@ -270,8 +265,6 @@ const char* route_name(strata::cuda::LtRoute r) {
       return "scratch";
     case strata::cuda::LtRoute::kSbi:
       return "sbi";
-    case strata::cuda::LtRoute::kStream8:
-      return "stream8";
   }
   return "?";
 }
@@ -407,18 +400,6 @@ int main(int argc, char** argv) {
                        check(strata::cuda::sbi_gemm(ctx, params(rep, true)), "sbi_gemm gated");
                      }));
             }
-          }
-        }
-        if (opt.stream8 && dt != DType::kBF16) {
-          for (int sp : {0, 1, 2, 4, 8}) {
-            if (!strata::cuda::stream8::stream8_gemm(ctx, params(0, false), sp).ok()) continue;
-            const int used =
-                sp != 0 ? sp : strata::cuda::stream8::default_splits(sh.m, sh.k, ctx.sm_count);
-            record(sp == 0 ? "stream8" : "stream8-s" + std::to_string(sp),
-                   "splits" + std::to_string(used), median_us(s, warmup, opt.reps, [&](int rep) {
-                     check(strata::cuda::stream8::stream8_gemm(ctx, params(rep, false), sp),
-                           "stream8_gemm");
-                   }));
           }
         }
         if (opt.lt) {

@@ -339,24 +339,6 @@ inline bool a8w8_eligible(const GpuLinearParams& p) {
          p.in_features % 4 == 0;
 }
 
-// What the streamed 8-bit GEMM (cuda/linear.cpp, kernels/stream8_gemm.cuh: x quantized per token
-// to the weights' 8-bit type, then 8-bit x 8-bit products) can run: int8 or fp8 weights, no
-// gated_silu, at most 128 tokens, in_features a multiple of 128.
-inline bool stream8_fits(const GpuLinearParams& p) {
-  return (p.w_dtype == DType::kI8 || p.w_dtype == DType::kFP8E4M3) && !p.gated_silu &&
-         p.n_tokens <= 128 && p.in_features % 128 == 0;
-}
-
-// Whether the GPU linear layer routes these params (above the SBI-GeMM crossover) to it: where it
-// beat cuBLASLt on one H100 (bench/results/2026-11-27-h100-s12/stream8_sweep): up to 32 tokens for
-// fp8 and 64 for int8, and in_features below twice out_features (down's shape, k = 3.5 m, is
-// faster on cuBLASLt). For int8 the twin is cpu::gpu_linear_a8w8 (the same integer sums as the
-// A8W8 GEMM). Callers also honour STRATA_NO_STREAM8 and STRATA_NO_I8_GEMM.
-inline bool stream8_eligible(const GpuLinearParams& p) {
-  const int64_t max_tokens = p.w_dtype == DType::kI8 ? 64 : 32;
-  return stream8_fits(p) && p.n_tokens <= max_tokens && p.in_features < 2 * p.out_features;
-}
-
 // out_bf16[r, :] = norm(x[r, :]) rounded to bf16 once, where norm is RMSNorm
 // (x * rsqrt(mean(x^2) + eps) * (weight + weight_offset)) or LayerNorm
 // ((x - mean) * rsqrt(var + eps) * weight + bias, biased variance; weight_offset unused) per

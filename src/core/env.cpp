@@ -54,11 +54,6 @@ EnvConfig read_env() {
   c.no_pdl = flag("STRATA_NO_PDL");
   c.no_i8_gemm = flag("STRATA_NO_I8_GEMM");
   c.no_fp8_scaled_gemm = flag("STRATA_NO_FP8_SCALED_GEMM");
-  c.no_stream8 = flag("STRATA_NO_STREAM8");
-  if (get("STRATA_STREAM8_SPLITS") != nullptr) {
-    const int v = get_int({"STRATA_STREAM8_SPLITS"}, 1);
-    c.stream8_splits = v >= 8 ? 8 : v >= 4 ? 4 : v >= 2 ? 2 : 1;
-  }
   if (get("STRATA_SBI_PREFETCH") != nullptr) {
     c.sbi_prefetch = std::min(8, get_int({"STRATA_SBI_PREFETCH"}, 0));
   }

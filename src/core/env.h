@@ -45,12 +45,6 @@ struct EnvConfig {
   // apply the per-token and per-row scales in a separate epilogue kernel instead of inside
   // cuBLASLt (outer-vector scaling; A/B).
   bool no_fp8_scaled_gemm = false;
-  // STRATA_NO_STREAM8=1: 8-bit weights at 17..128 tokens take cuBLASLt (the scratch path) instead
-  // of the streamed 8-bit GEMM (A/B).
-  bool no_stream8 = false;
-  // STRATA_STREAM8_SPLITS=N (1, 2, 4, 8): the streamed 8-bit GEMM splits k N ways (-1: the
-  // default, as many as keep the grid within two blocks per SM).
-  int stream8_splits = -1;
   // Tensor parallelism on GPUs.
   std::string nccl_library;  // STRATA_NCCL_LIBRARY: path of libnccl.so.2 (default: the loader's)
   // STRATA_ONESHOT_MAX_BYTES: device all-reduces / all-gathers up to this size take the one-shot

@@ -178,10 +178,8 @@ Status gpu_gemm(Context& ctx, const Tensor& x, const Mat& xm, const LinearWeight
   g.gated_silu = gated;
   if (ctx.device.is_cpu()) {
     // The twin of cuda::linear's routing: int8 weights above the crossover run the A8W8 GEMM
-    // or the streamed 8-bit GEMM (int8 activations) on the GPU, so the twin rounds x the same
-    // way.
-    const bool i8_acts = a8w8_eligible(g) || (stream8_eligible(g) && !env_config().no_stream8);
-    if (g.n_tokens > kTwinSbiMaxTokens && i8_acts && !env_config().no_i8_gemm) {
+    // (int8 activations) on the GPU, so the twin rounds x the same way.
+    if (g.n_tokens > kTwinSbiMaxTokens && a8w8_eligible(g) && !env_config().no_i8_gemm) {
       return cpu::gpu_linear_a8w8(g);
     }
     return cpu::gpu_linear(g);

@@ -49,7 +49,7 @@ using testutil::random_floats;
 
 constexpr uint16_t kBf16NaN = 0x7fc0;
 
-enum class Path { kSbi, kLt, kLinear, kStream8 };
+enum class Path { kSbi, kLt, kLinear };
 
 const char* path_name(Path p) {
   switch (p) {
@@ -59,8 +59,6 @@ const char* path_name(Path p) {
       return "lt";
     case Path::kLinear:
       return "linear";
-    case Path::kStream8:
-      return "stream8";
   }
   return "?";
 }
@@ -77,7 +75,6 @@ struct Case {
   DType out_dtype = DType::kF32;
   bool pad = false;
   int m_tiles = 0;  // sbi only: forced m-tiles per block
-  int splits = 0;   // stream8 only: forced k-splits (0 = the default)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -90,7 +87,6 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   if (c.gated) s += "_gated";
   if (c.pad) s += "_pad";
   if (c.m_tiles) s += "_mt" + std::to_string(c.m_tiles);
-  if (c.splits) s += "_s" + std::to_string(c.splits);
   return s;
 }
 
@@ -217,11 +213,6 @@ double max_abs_in_view(const std::vector<float>& v, int64_t rows, int64_t cols, 
   return m;
 }
 
-// Routes that quantize x per token to the weights' 8-bit type (for int8: the A8W8 twin).
-bool quantizes_x(LtRoute r) {
-  return r == LtRoute::kScratch || r == LtRoute::kFp8Scaled || r == LtRoute::kStream8;
-}
-
 class GpuLinearCudaTest : public testutil::CudaTest, public ::testing::WithParamInterface<Case> {};
 
 TEST_P(GpuLinearCudaTest, MatchesCpuTwin) {
@@ -260,12 +251,12 @@ TEST_P(GpuLinearCudaTest, MatchesCpuTwin) {
     case Path::kLt: {
       LtRoute route = LtRoute::kSbi;
       ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
-      fp8_activations = c.w_dtype == DType::kFP8E4M3 && quantizes_x(route);
-      i8_activations = c.w_dtype == DType::kI8 && quantizes_x(route);
+      fp8_activations = c.w_dtype == DType::kFP8E4M3 &&
+                        (route == LtRoute::kScratch || route == LtRoute::kFp8Scaled);
+      i8_activations = c.w_dtype == DType::kI8 && route == LtRoute::kScratch;
       RecordProperty("route", route == LtRoute::kDirect      ? "direct"
                               : route == LtRoute::kFp8Scaled ? "fp8-scaled"
                               : route == LtRoute::kScratch   ? "scratch"
-                              : route == LtRoute::kStream8   ? "stream8"
                                                              : "sbi");
       s = cublaslt_linear(ctx(), p);
       break;
@@ -274,15 +265,11 @@ TEST_P(GpuLinearCudaTest, MatchesCpuTwin) {
       if (c.w_dtype != DType::kBF16 && c.n > sbi_max_tokens() && !c.gated) {
         LtRoute route = LtRoute::kSbi;
         ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
-        fp8_activations = c.w_dtype == DType::kFP8E4M3 && quantizes_x(route);
-        i8_activations = c.w_dtype == DType::kI8 && quantizes_x(route);
+        fp8_activations = c.w_dtype == DType::kFP8E4M3 &&
+                          (route == LtRoute::kScratch || route == LtRoute::kFp8Scaled);
+        i8_activations = c.w_dtype == DType::kI8 && route == LtRoute::kScratch;
       }
       s = linear(ctx(), p);
-      break;
-    case Path::kStream8:
-      s = stream8::stream8_gemm(ctx(), p, c.splits);
-      fp8_activations = c.w_dtype == DType::kFP8E4M3;
-      i8_activations = c.w_dtype == DType::kI8;
       break;
   }
   ASSERT_TRUE(s.ok()) << s.to_string();
@@ -432,38 +419,6 @@ std::vector<Case> all_cases() {
                       .accumulate = q.acc,
                       .out_dtype = q.out,
                       .pad = q.pad});
-      }
-    }
-    // The streamed 8-bit GEMM (8-bit weights, 17..128 tokens, k % 128 == 0): partly filled
-    // token tiles and 128-row blocks, rows of a block past m, every split count (k-blocks per
-    // split 1..16, uneven), bias, accumulate, bf16 out, padded strides.
-    if (dt != DType::kBF16) {
-      struct S8 {
-        int64_t n, k, m;
-        int splits;
-        bool bias, acc;
-        DType out;
-        bool pad;
-      };
-      for (const S8& q : {S8{17, 128, 16, 0, true, false, DType::kF32, false},
-                          S8{24, 1024, 431, 8, false, true, DType::kF32, true},
-                          S8{40, 1024, 431, 4, true, false, DType::kBF16, false},
-                          S8{64, 2048, 300, 2, true, true, DType::kF32, false},
-                          S8{65, 1280, 257, 8, false, false, DType::kBF16, true},
-                          S8{100, 4096, 128, 0, true, false, DType::kF32, false},
-                          S8{128, 1024, 431, 1, false, false, DType::kF32, true},
-                          S8{128, 3072, 1000, 0, true, true, DType::kF32, false},
-                          S8{3, 512, 200, 2, true, false, DType::kF32, false}}) {
-        cs.push_back({.path = Path::kStream8,
-                      .n = q.n,
-                      .k = q.k,
-                      .m = q.m,
-                      .w_dtype = dt,
-                      .bias = q.bias,
-                      .accumulate = q.acc,
-                      .out_dtype = q.out,
-                      .pad = q.pad,
-                      .splits = q.splits});
       }
     }
     // int8 above the crossover with out_features a multiple of 4: the A8W8 path. Odd token
@@ -687,7 +642,7 @@ TEST_F(GpuLinearGraphTest, Int8AboveCrossoverRoutesToA8W8) {
   DeviceArray<float> scale(std::vector<float>(1, 1.0f), st);
   const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
   for (const auto& mk : shapes) {
-    for (int64_t n : {17, 33, 64, 65, 2048}) {
+    for (int64_t n : {17, 33, 64, 2048}) {
       GpuLinearParams p{.x = reinterpret_cast<const uint16_t*>(buf.get()),
                         .x_stride = mk[1],
                         .w = buf.get(),
@@ -703,12 +658,9 @@ TEST_F(GpuLinearGraphTest, Int8AboveCrossoverRoutesToA8W8) {
       LtRoute route = LtRoute::kDirect;
       const Status s = cublaslt_route(ctx(), p, &route);
       ASSERT_TRUE(s.ok()) << s.to_string();
-      // Up to 64 tokens where k < 2 m: the streamed 8-bit GEMM (stream8_eligible).
-      const LtRoute want = stream8_eligible(p) ? LtRoute::kStream8 : LtRoute::kScratch;
-      EXPECT_EQ(route, want) << "m " << mk[0] << " k " << mk[1] << " n " << n
-                             << ": no int8 cuBLASLt algorithm (STRATA_NO_I8_GEMM or "
-                                "STRATA_NO_STREAM8 set?)";
-      EXPECT_EQ(stream8_eligible(p), n <= 64 && mk[1] < 2 * mk[0]);
+      EXPECT_EQ(route, LtRoute::kScratch) << "m " << mk[0] << " k " << mk[1] << " n " << n
+                                          << ": no int8 cuBLASLt algorithm (STRATA_NO_I8_GEMM "
+                                             "set?)";
     }
   }
   // out_features not a multiple of 4: IMMA's rule, so SBI slices.
@@ -729,11 +681,10 @@ TEST_F(GpuLinearGraphTest, Int8AboveCrossoverRoutesToA8W8) {
 }
 
 TEST_F(GpuLinearGraphTest, Fp8AboveCrossoverTakesScaledGemm) {
-  // The same projections with fp8 weights: up to 32 tokens where k < 2 m the streamed 8-bit
-  // GEMM; on Hopper, from 128 tokens and where k < 2 m, cuBLASLt must take both scales itself
-  // (outer-vector scaling; route kFp8Scaled) for bf16 out and for the f32 residual accumulated
-  // into, or those fp8 GEMMs pay an f32 scratch and an epilogue kernel. Fewer tokens, down's shape
-  // (k = 3.5 m) and a bias keep the scratch path.
+  // The same projections with fp8 weights: on Hopper, from 128 tokens and where k < 2 m,
+  // cuBLASLt must take both scales itself (outer-vector scaling; route kFp8Scaled) for bf16 out
+  // and for the f32 residual accumulated into, or those fp8 GEMMs pay an f32 scratch and an
+  // epilogue kernel. Fewer tokens, down's shape (k = 3.5 m) and a bias keep the scratch path.
   int dev = 0, major = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
@@ -743,7 +694,7 @@ TEST_F(GpuLinearGraphTest, Fp8AboveCrossoverTakesScaledGemm) {
   DeviceArray<float> scale(std::vector<float>(1, 1.0f), st);
   const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
   for (const auto& mk : shapes) {
-    for (int64_t n : {17, 32, 33, 64, 128, 256, 2048}) {
+    for (int64_t n : {17, 64, 128, 256, 2048}) {
       for (const bool residual : {false, true}) {
         GpuLinearParams p{.x = reinterpret_cast<const uint16_t*>(buf.get()),
                           .x_stride = mk[1],
@@ -762,17 +713,13 @@ TEST_F(GpuLinearGraphTest, Fp8AboveCrossoverTakesScaledGemm) {
         const Status s = cublaslt_route(ctx(), p, &route);
         ASSERT_TRUE(s.ok()) << s.to_string();
         const bool scaled = n >= 128 && mk[1] < 2 * mk[0];
-        const bool streamed = n <= 32 && mk[1] < 2 * mk[0];  // stream8_eligible
-        EXPECT_EQ(stream8_eligible(p), streamed);
-        EXPECT_EQ(route, streamed ? LtRoute::kStream8
-                         : scaled ? LtRoute::kFp8Scaled
-                                  : LtRoute::kScratch)
+        EXPECT_EQ(route, scaled ? LtRoute::kFp8Scaled : LtRoute::kScratch)
             << "m " << mk[0] << " k " << mk[1] << " n " << n << (residual ? " f32 +=" : " bf16")
             << (scaled ? ": no scaled fp8 cuBLASLt algorithm (STRATA_NO_FP8_SCALED_GEMM set?)"
                        : "");
         p.bias = scale.get();
         ASSERT_TRUE(cublaslt_route(ctx(), p, &route).ok());
-        EXPECT_EQ(route, streamed ? LtRoute::kStream8 : LtRoute::kScratch);
+        EXPECT_EQ(route, LtRoute::kScratch);
       }
     }
   }

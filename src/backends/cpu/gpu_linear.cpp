@@ -167,11 +167,10 @@ Status quantize_activations_i8(const uint16_t* x, int64_t x_stride, int64_t n_to
 
 Status gpu_linear_a8w8(const GpuLinearParams& p) {
   STRATA_RETURN_IF_ERROR(check(p));
-  if (!a8w8_eligible(p) && !(p.w_dtype == DType::kI8 && stream8_fits(p))) {
+  if (!a8w8_eligible(p)) {
     return errorf(StatusCode::kInvalidArgument,
                   "gpu_linear_a8w8: needs int8 weights without gated_silu and in/out features "
-                  "multiples of 4, or in_features a multiple of 128 and at most 128 tokens (got "
-                  "{} weights, gated_silu {}, in {} out {})",
+                  "multiples of 4 (got {} weights, gated_silu {}, in {} out {})",
                   dtype_name(p.w_dtype), p.gated_silu, p.in_features, p.out_features);
   }
   if (p.n_tokens == 0) return ok_status();

@@ -74,53 +74,14 @@ Status sbi_gemm_with_m_tiles(const LaunchCtx& ctx, const GpuLinearParams& p, int
 
 }  // namespace sbi
 
-// The streamed 8-bit GEMM (kernels/stream8_gemm.cuh): 8-bit weights x 8-bit activations for
-// 17..kMaxTokens tokens, k a multiple of 128, split k-wise over a cluster of `splits` blocks.
-namespace stream8 {
-
-constexpr int64_t kMaxTokens = 128;
-
-struct Args {
-  const uint8_t* xq = nullptr;     // [n_tokens, k] fp8 / int8 activations, row stride xq_stride
-  int64_t xq_stride = 0;           // bytes, a multiple of 16
-  const float* x_scale = nullptr;  // per token
-  const uint8_t* w = nullptr;      // [m, k] weights, row stride w_stride bytes (a multiple of 16)
-  int64_t w_stride = 0;
-  const float* w_scale = nullptr;  // per weight row
-  const float* bias = nullptr;     // per weight row, or null
-  void* out = nullptr;             // [n_tokens, m] f32 or bf16, row stride out_stride elements
-  int64_t out_stride = 0;
-  bool out_bf16 = false;
-  bool accumulate = false;
-  int n_tokens = 0;  // 1..kMaxTokens
-  int k = 0;         // a multiple of 128
-  int m = 0;
-};
-
-// splits: 1, 2, 4 or 8 (a cluster of that many blocks per 128 weight rows).
-Status launch_fp8(const LaunchCtx& ctx, const Args& a, int splits);
-Status launch_i8(const LaunchCtx& ctx, const Args& a, int splits);
-
-// The split count linear() uses for m x k on `sms` SMs (STRATA_STREAM8_SPLITS overrides).
-int default_splits(int64_t m, int64_t k, int sms);
-
-// linear.cpp: the whole path (x quantized into ctx.workspace, then the GEMM) with the split
-// count forced (0 = default_splits), for tests and the benchmark. kInvalidArgument where the
-// path does not apply (dtype, more than kMaxTokens tokens, k % 128, workspace, the A/B switches).
-Status stream8_gemm(const LaunchCtx& ctx, const GpuLinearParams& p, int splits);
-
-}  // namespace stream8
-
-// linear.cpp: which path cublaslt_linear takes for these params (8-bit weights at 17..128
-// tokens with k a multiple of 128: x quantized per token, then the streamed 8-bit GEMM;
-// cuBLASLt writing out directly;
+// linear.cpp: which path cublaslt_linear takes for these params (cuBLASLt writing out directly;
 // fp8 weights without a bias: fp8 activations and cuBLASLt applying both scales and writing out
 // itself; cuBLASLt into the f32 / int32 scratch + linear_epilogue, which for int8 weights is the
 // A8W8 GEMM with int8 activations and for fp8 weights the fp8 GEMM with fp8 activations; or
 // SBI-GeMM slices for shapes cuBLASLt has no algorithm for, int8 shapes that are not
 // a8w8_eligible, and int8 under STRATA_NO_I8_GEMM), without launching anything; for tests and
 // the benchmark.
-enum class LtRoute { kDirect, kFp8Scaled, kScratch, kSbi, kStream8 };
+enum class LtRoute { kDirect, kFp8Scaled, kScratch, kSbi };
 Status cublaslt_route(const LaunchCtx& ctx, const GpuLinearParams& p, LtRoute* route);
 
 // kernels/linear_epilogue.cu, for cublaslt_linear's paths that let cuBLASLt write an f32 (or,

@@ -7,15 +7,6 @@
 // (CUBLAS_COMPUTE_32F), or in int32 for int8 x int8 (CUBLAS_COMPUTE_32I, int32 scales).
 //
 // Paths:
-//   stream8       - int8 weights up to 64 tokens, fp8 up to 32 (stream8_eligible: measured
-//                   crossovers), in_features a multiple of 128 and below twice out_features: x
-//                   quantized per token to the weights' 8-bit type (as the scratch paths below
-//                   do: the same activations, the same numbers up to the fp8 accumulation
-//                   order; int8 bit for bit), then the streamed 8-bit GEMM
-//                   (kernels/stream8_gemm.cuh), which applies the scales, bias and accumulate
-//                   itself: no f32 scratch, no epilogue kernel, and more of the weight bandwidth
-//                   than cuBLASLt at these sizes (its limits: see the kernel's comment).
-//                   STRATA_NO_STREAM8=1 (A/B) takes the paths below.
 //   bf16, direct  - cuBLASLt writes out itself: bias through the BIAS epilogue (f32 out only:
 //                   cuBLASLt wants the bias in the output type), accumulate as beta = 1 with C = D.
 //   scratch       - cuBLASLt writes an f32 D into the workspace (or into out itself, when out is
@@ -526,57 +517,6 @@ Status fp8_scaled(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, b
   return ok_status();
 }
 
-// The stream8 path (see the file comment): forced (stream8_gemm) wherever the kernel fits,
-// otherwise where stream8_eligible routes it. *done = false when it does not apply (shape, token
-// count, workspace, STRATA_NO_STREAM8); then nothing was launched.
-Status via_stream8(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, int splits,
-                   bool forced, bool* done) {
-  *done = false;
-  const bool i8 = p.w_dtype == DType::kI8;
-  if (forced ? !stream8_fits(p)
-             : !stream8_eligible(p) || env_config().no_stream8 || (i8 && env_config().no_i8_gemm)) {
-    return ok_status();
-  }
-  const int64_t n = p.n_tokens;
-  const int64_t k = p.in_features;
-  const int64_t xq_bytes = (n * k + kAlign - 1) / kAlign * kAlign;
-  if (ctx.workspace == nullptr || static_cast<int64_t>(ctx.workspace_bytes) <
-                                      xq_bytes + n * 4 + 2 * static_cast<int64_t>(kAlign)) {
-    return ok_status();
-  }
-  *done = true;
-  if (!launch) return ok_status();
-  char* base = static_cast<char*>(ctx.workspace);
-  base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
-  uint8_t* xq = reinterpret_cast<uint8_t*>(base);
-  float* xs = reinterpret_cast<float*>(base + xq_bytes);
-  if (i8) {
-    STRATA_RETURN_IF_ERROR(
-        quantize_activations_i8(ctx, p.x, p.x_stride, n, k, reinterpret_cast<int8_t*>(xq), k, xs));
-  } else {
-    STRATA_RETURN_IF_ERROR(quantize_activations_fp8(ctx, p.x, p.x_stride, n, k, xq, k, xs));
-  }
-  stream8::Args a;
-  a.xq = xq;
-  a.xq_stride = k;
-  a.x_scale = xs;
-  a.w = static_cast<const uint8_t*>(p.w);
-  a.w_stride = p.w_stride;
-  a.w_scale = p.w_scale;
-  a.bias = p.bias;
-  a.out = p.out;
-  a.out_stride = p.out_stride;
-  a.out_bf16 = p.out_dtype == DType::kBF16;
-  a.accumulate = p.accumulate;
-  a.n_tokens = static_cast<int>(n);
-  a.k = static_cast<int>(k);
-  a.m = static_cast<int>(p.out_features);
-  if (splits == 0) {
-    splits = stream8::default_splits(p.out_features, k, ctx.sm_count > 0 ? ctx.sm_count : 132);
-  }
-  return i8 ? stream8::launch_i8(ctx, a, splits) : stream8::launch_fp8(ctx, a, splits);
-}
-
 // The scratch paths (see the file comment). *done = false when cuBLASLt has no algorithm; then
 // nothing was launched. With launch = false only the plans are looked up.
 Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, bool* done) {
@@ -692,11 +632,6 @@ Status cublaslt_dispatch(const LaunchCtx& ctx, const GpuLinearParams& p, bool la
   }
   *route = LtRoute::kSbi;
   if (p.n_tokens == 0) return ok_status();
-  bool done = false;
-  *route = LtRoute::kStream8;
-  STRATA_RETURN_IF_ERROR(via_stream8(ctx, p, launch, 0, false, &done));
-  if (done) return ok_status();
-  *route = LtRoute::kSbi;
   // int8 shapes IMMA does not take (m or k not a multiple of 4), and STRATA_NO_I8_GEMM=1 (A/B):
   // SBI slices, slow (see top).
   if (p.w_dtype == DType::kI8 && (!a8w8_eligible(p) || env_config().no_i8_gemm)) {
@@ -705,6 +640,7 @@ Status cublaslt_dispatch(const LaunchCtx& ctx, const GpuLinearParams& p, bool la
   if (ctx.cublaslt == nullptr) {
     return errorf(StatusCode::kInvalidArgument, "{}: no cuBLASLt handle in the LaunchCtx", kOp);
   }
+  bool done = false;
   if (p.w_dtype == DType::kBF16 && (p.out_dtype == DType::kF32 || p.bias == nullptr)) {
     *route = LtRoute::kDirect;
     STRATA_RETURN_IF_ERROR(bf16_direct(ctx, p, launch, &done));
@@ -726,39 +662,6 @@ Status cublaslt_dispatch(const LaunchCtx& ctx, const GpuLinearParams& p, bool la
 }
 
 }  // namespace
-
-namespace stream8 {
-
-int default_splits(int64_t m, int64_t k, int sms) {
-  if (env_config().stream8_splits > 0) return env_config().stream8_splits;
-  // As many k-splits as keep the grid within two blocks per SM (what fits at once), each split
-  // at least two 128-byte k-blocks.
-  const int64_t m_blocks = (m + 127) / 128;
-  int s = 1;
-  while (s < 8 && m_blocks * s * 2 <= 2 * sms && k / 128 >= 4 * s) s *= 2;
-  return s;
-}
-
-Status stream8_gemm(const LaunchCtx& ctx, const GpuLinearParams& p, int splits) {
-  STRATA_RETURN_IF_ERROR(check_gpu_linear("stream8_gemm", p));
-  if (splits != 0 && splits != 1 && splits != 2 && splits != 4 && splits != 8) {
-    return errorf(StatusCode::kInvalidArgument, "stream8_gemm: splits {} not 0, 1, 2, 4 or 8",
-                  splits);
-  }
-  if (p.n_tokens == 0) return ok_status();
-  bool done = false;
-  STRATA_RETURN_IF_ERROR(via_stream8(ctx, p, true, splits, true, &done));
-  if (!done) {
-    return errorf(StatusCode::kInvalidArgument,
-                  "stream8_gemm: needs int8 / fp8 weights, at most 128 tokens, in_features a "
-                  "multiple of 128 and room for the 8-bit x in the workspace (got {} weights, {} "
-                  "tokens, in_features {})",
-                  dtype_name(p.w_dtype), p.n_tokens, p.in_features);
-  }
-  return ok_status();
-}
-
-}  // namespace stream8
 
 Status cublaslt_route(const LaunchCtx& ctx, const GpuLinearParams& p, LtRoute* route) {
   return cublaslt_dispatch(ctx, p, false, route);
