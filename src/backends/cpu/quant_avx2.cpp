@@ -148,6 +148,13 @@ STRATA_AVX2 void dot_blk32(const uint8_t* w, int64_t row_bytes, int64_t n, const
     STRATA_UNROLL
     for (int r = 0; r < kNr; ++r) {
       const uint8_t* wb = w + r * row_bytes + j * B::kBytes;
+      if constexpr (kNr == 4 && kNt == 1) {
+        // One token (decode): the 4 rows are read block-interleaved, as in the int16 kernels;
+        // prefetch the same blocks of the tile after next (16 rows on).
+        for (int64_t off = 0; off < 8 * B::kBytes; off += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(wb + 16 * row_bytes + off), _MM_HINT_T0);
+        }
+      }
       const __m256 dw = load_f16x8(wb, B::kBytes);
       __m256 cw = _mm256_setzero_ps();
       if constexpr (B::kHasMin) {
