@@ -72,7 +72,8 @@ struct MoePermuteParams {
 // out[t, :] (+)= sum over j in [0, k) of topk_w[t, j] * y_perm[perm[t k + j], :], summed in slot
 // order in f32, then added to out (the GPU may fuse each multiply-add: within one f32 ulp).
 struct MoeCombineParams {
-  const float* y_perm = nullptr;  // [n_tokens k, hidden] contiguous
+  const void* y_perm = nullptr;   // [n_tokens k, hidden] contiguous, y_dtype
+  DType y_dtype = DType::kF32;    // kF32, or kBF16 (the expert-parallel exchange's outputs)
   const int32_t* perm = nullptr;  // [n_tokens k]: slot -> permuted row
   const float* topk_w = nullptr;  // [n_tokens, k]
   float* out = nullptr;           // [n_tokens, hidden], row stride out_stride
@@ -86,7 +87,7 @@ struct MoeCombineParams {
 // The grouped expert MLP of the device layout (bf16 activations): for each expert e with rows
 // [offsets[e], offsets[e + 1]) of x_perm,
 //   act[r, :]    = bf16(silu(x_perm[r] Wg_e^T * sg_e) * (x_perm[r] Wu_e^T * su_e))   f32 sums
-//   y_perm[r, :] = (act[r] Wd_e^T) * sd_e                                             f32
+//   y_perm[r, :] = (act[r] Wd_e^T) * sd_e                                f32, or rounded to bf16
 // with gate_up_e = [Wg_e; Wu_e] ([2 F, H]) and down_e ([H, F]) bf16, or int8 / fp8 with one f32
 // scale per row (s = 1 for bf16). The experts' matrices are stacked: expert e's gate/up starts
 // e * gate_up_expert_stride elements after gate_up (rows `hidden` apart), its scales e * 2F after
@@ -103,7 +104,8 @@ struct MoeExpertsParams {
   int64_t down_expert_stride = 0;        // elements from one expert's down to the next
   DType w_dtype = DType::kBF16;          // kBF16, kI8 or kFP8E4M3 (both matrices)
   uint16_t* act = nullptr;               // bf16 [n_rows, ffn] contiguous
-  float* y_perm = nullptr;               // f32 [n_rows, hidden] contiguous
+  void* y_perm = nullptr;                // [n_rows, hidden] contiguous, y_dtype
+  DType y_dtype = DType::kF32;           // kF32, or kBF16 (one more rounding; half the bytes)
   int64_t n_rows = 0;                    // rows of x_perm: >= offsets[n_experts] (device side)
   int64_t max_rows_per_expert = 0;       // host bound on any group: n_tokens (top-k is distinct)
   int64_t n_experts = 0;

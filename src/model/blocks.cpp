@@ -333,7 +333,9 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
     const int64_t ff_rows = l.act == DType::kBF16 ? 1 : T * K;
     s.push_back({&Workspace::moe_ff, l.act, {ff_rows, 2 * Fe}});
     s.push_back({&Workspace::moe_act, l.act, {T * K, Fe}});
-    s.push_back({&Workspace::moe_y, DType::kF32, {T * K, H}});
+    // Expert outputs in the activation dtype: bf16 on the device layout (rounded once, as every
+    // layout and parallelism rounds them; half the bytes of the expert-parallel exchange).
+    s.push_back({&Workspace::moe_y, l.act, {T * K, H}});
     s.push_back({&Workspace::moe_gate, DType::kF32, {T, 1}});
     const int ep = m.parallel().ep_size;
     if (ep > 1) {
@@ -342,9 +344,8 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
       // gathered chunks of the layer output (padded: every rank's chunk has the same size).
       const int64_t W = m.parallel().world_size(), Tp = (T + W - 1) / W * W;
       s.push_back({&Workspace::moe_recv_x, l.act, {T * K, H}});
-      s.push_back({&Workspace::moe_recv_y, DType::kF32, {T * K, H}});
+      s.push_back({&Workspace::moe_recv_y, l.act, {T * K, H}});
       s.push_back({&Workspace::moe_recv_ids, DType::kI32, {T * K, 1}});
-      s.push_back({&Workspace::moe_recv_w, DType::kF32, {T * K, 1}});
       s.push_back({&Workspace::moe_recv_perm, DType::kI32, {T * K}});
       s.push_back({&Workspace::moe_recv_offsets, DType::kI32, {E + 1}});
       s.push_back({&Workspace::moe_chunks, DType::kF32, {Tp, H}});
@@ -354,8 +355,8 @@ std::vector<Slot> workspace_slots(const Model& m, const WorkspaceLimits& l) {
         const int64_t C = P * std::min(K, El), rows = ep * C;
         s.push_back({&Workspace::moe_ep_x, l.act, {rows, H}});
         s.push_back({&Workspace::moe_ep_recv_x, l.act, {rows, H}});
-        s.push_back({&Workspace::moe_ep_y, DType::kF32, {rows, H}});
-        s.push_back({&Workspace::moe_ep_recv_y, DType::kF32, {rows, H}});
+        s.push_back({&Workspace::moe_ep_y, l.act, {rows, H}});
+        s.push_back({&Workspace::moe_ep_recv_y, l.act, {rows, H}});
         s.push_back({&Workspace::moe_ep_act, l.act, {rows, Fe}});
         s.push_back({&Workspace::moe_ep_ff, l.act, {l.act == DType::kBF16 ? 1 : rows, 2 * Fe}});
         s.push_back({&Workspace::moe_ep_index, DType::kI32, {ep_index_entries(ep, El, C, P * K)}});

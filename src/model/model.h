@@ -92,13 +92,12 @@ struct Workspace {
   Tensor moe_x;        // act [T K, hidden]: rows grouped by expert
   Tensor moe_ff;       // act [T K, 2 Fe]: expert gate/up GEMM output (f32 reference only)
   Tensor moe_act;      // act [T K, Fe]
-  Tensor moe_y;        // f32 [T K, hidden]: expert outputs, permuted
+  Tensor moe_y;        // act [T K, hidden]: expert outputs, permuted
   Tensor moe_gate;     // f32 [T, 1]: shared-expert gate logits
   // Expert parallelism (R <= T K rows received from the expert-parallel group, W world ranks):
   Tensor moe_recv_x;        // act [T K, hidden]: received rows, then grouped by local expert
-  Tensor moe_recv_y;        // f32 [T K, hidden]: expert outputs in arrival order
+  Tensor moe_recv_y;        // act [T K, hidden]: expert outputs in arrival order
   Tensor moe_recv_ids;      // i32 [T K, 1]: local expert of each received row
-  Tensor moe_recv_w;        // f32 [T K, 1]: ones (the un-grouping combine)
   Tensor moe_recv_perm;     // i32 [T K]: arrival row -> grouped row
   Tensor moe_recv_offsets;  // i32 [E + 1]: per local expert row ranges
   Tensor moe_chunks;        // f32 [ceil(T / W) W, hidden]: the expert-parallel group's chunks
@@ -108,8 +107,10 @@ struct Workspace {
   // rows to each of the ep ranks.
   Tensor moe_ep_x;       // act [ep C, hidden]: the packed rows, then the grouped ones
   Tensor moe_ep_recv_x;  // act [ep C, hidden]: the rows received
-  Tensor moe_ep_y;       // f32 [ep C, hidden]: the experts' outputs, then the rows back
-  Tensor moe_ep_recv_y;  // f32 [ep C, hidden]: the outputs in arrival order
+  // The experts' outputs travel in the activation dtype (bf16 on the device layout: half the
+  // bytes of the combine; moe_combine adds them up in f32).
+  Tensor moe_ep_y;       // act [ep C, hidden]: the experts' outputs, then the rows back
+  Tensor moe_ep_recv_y;  // act [ep C, hidden]: the outputs in arrival order
   Tensor moe_ep_act;     // act [ep C, Fe]
   Tensor moe_ep_ff;      // act [ep C, 2 Fe]: the f32 reference's gate/up scratch (else a stub)
   Tensor moe_ep_index;   // i32: counts and maps (ep_index_entries)

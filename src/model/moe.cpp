@@ -206,10 +206,8 @@ Status chunk_experts_variable(const Model& m, ForwardArgs& a, const LayerWeights
   ops::section(ctx, "experts");
   Tensor recv_y = view(ws.moe_recv_y, R, H);
   if (R > 0) {
-    Tensor rids = view(ws.moe_recv_ids, R, 1), rw = view(ws.moe_recv_w, R, 1);
-    const std::vector<float> ones(static_cast<size_t>(R), 1.0f);
+    Tensor rids = view(ws.moe_recv_ids, R, 1);
     STRATA_RETURN_IF_ERROR(ops::upload(ctx, recv_expert.data(), rids));
-    STRATA_RETURN_IF_ERROR(ops::upload(ctx, ones.data(), rw));
     Tensor roff = view(ws.moe_recv_offsets, 1, El + 1), rperm = view(ws.moe_recv_perm, 1, R);
     Tensor grouped = view(ws.moe_x, R, H);  // h_perm has been sent
     STRATA_RETURN_IF_ERROR(ops::moe_offsets(ctx, rids, El, roff));
@@ -221,8 +219,9 @@ Status chunk_experts_variable(const Model& m, ForwardArgs& a, const LayerWeights
     const ops::MoeExperts experts{L.expert_gate_up.data(), L.expert_down.data(), El, R};
     STRATA_RETURN_IF_ERROR(
         ops::moe_experts(ctx, grouped, roff, experts, c.activation, ff, act, y_grouped));
-    STRATA_RETURN_IF_ERROR(ops::moe_combine(ctx, y_grouped, rperm, rw, recv_y, false));
-    // The uploads' host arrays must outlive the copies.
+    // Back in arrival order: recv_y[i] = y_grouped[rperm[i]] (an exact copy, any dtype).
+    STRATA_RETURN_IF_ERROR(ops::gather_rows(ctx, y_grouped, rperm, recv_y));
+    // The upload's host array must outlive the copy.
     STRATA_RETURN_IF_ERROR(ops::synchronize(ctx));
   }
 

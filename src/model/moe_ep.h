@@ -59,7 +59,8 @@ struct EpExchange {
   Tensor send_rows, recv_rows;              // i32 [1, ep]: rows per block sent / received
   Tensor fused_counts;                      // i32 [1, ep ep El]: the fused exchange's counts
   Tensor fused_tables;                      // i32 [1, 4 ep]: its buffer addresses (u64)
-  Tensor y_back;        // f32 [the chunk's rows, H]: the combine's output (set before the dispatch)
+  Tensor y_back;        // [the chunk's rows, H], y's dtype: the combine's output (set before the
+                        // dispatch)
   bool counted = true;  // all_to_all_rows (else whole blocks)
   bool fused = true;    // the communicator's kernels where it has them
   // The grouped rows [ep C, H] (the first offsets[El] valid; the rest zeros).
@@ -76,8 +77,8 @@ void carve_ep_index(EpExchange& ex, int32_t* base, int64_t max_rows, Device devi
 // this rank's rows for its experts. Every rank of `group` calls it with the same capacity.
 Status ep_dispatch(ops::Context& ctx, Communicator& group, const Tensor& x_perm,
                    const Tensor& offsets, EpExchange& ex);
-// ex.y [ep C, H] f32 (the outputs of the grouped rows) back to their senders: y_perm [n_rows,
-// H] f32 in x_perm's order (n_rows as at the dispatch).
+// ex.y [ep C, H] (f32 or bf16: the outputs of the grouped rows) back to their senders: y_perm
+// [n_rows, H] f32 in x_perm's order (n_rows as at the dispatch).
 Status ep_combine(ops::Context& ctx, Communicator& group, EpExchange& ex, Tensor& y_perm);
 
 }  // namespace strata

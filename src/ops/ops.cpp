@@ -1166,12 +1166,14 @@ Status moe_experts_bf16(Context& ctx, const Tensor& x_perm, const Tensor& offset
   const int64_t F = gu0.rows() / 2;
   STRATA_RETURN_IF_ERROR(want_shape(act, kOp, "act", n_rows, F, DType::kBF16));
   STRATA_RETURN_IF_ERROR(want_shape(x_perm, kOp, "x_perm", n_rows, H, DType::kBF16));
-  STRATA_RETURN_IF_ERROR(want_shape(y_perm, kOp, "y_perm", n_rows, H, DType::kF32));
+  const DType y_dtype = y_perm.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  STRATA_RETURN_IF_ERROR(want_shape(y_perm, kOp, "y_perm", n_rows, H, y_dtype));
   MoeExpertsParams p;
   p.x_perm = bf16(x_perm);
   p.offsets = static_cast<const int32_t*>(offsets.data);
   p.act = bf16(act);
-  p.y_perm = f32(y_perm);
+  p.y_perm = y_perm.data;
+  p.y_dtype = y_dtype;
   p.n_rows = n_rows;
   p.max_rows_per_expert =
       experts.max_rows_per_expert > 0 ? std::min(experts.max_rows_per_expert, n_rows) : n_rows;
@@ -1221,7 +1223,7 @@ Status moe_experts_bf16(Context& ctx, const Tensor& x_perm, const Tensor& offset
     q.x_perm = p.x_perm + r0 * H;
     q.offsets = one;
     q.act = p.act + r0 * F;
-    q.y_perm = p.y_perm + r0 * H;
+    q.y_perm = static_cast<char*>(p.y_perm) + dtype_bytes(y_dtype, r0 * H);
     q.n_rows = r1 - r0;
     q.n_experts = 1;
     q.gate_up = g1.w;
@@ -1374,7 +1376,10 @@ Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x_perm, &offsets, &scratch, &act, &y_perm}));
   STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x_perm, kOp, "x_perm"));
   STRATA_ASSIGN_OR_RETURN(Mat ym, mat(y_perm, kOp, "y_perm"));
-  STRATA_RETURN_IF_ERROR(want_dtype(y_perm, DType::kF32, kOp, "y_perm"));
+  // bf16 y_perm: the device layout only (bf16 x_perm); f32 everywhere.
+  if (!(y_perm.dtype == DType::kBF16 && x_perm.dtype == DType::kBF16)) {
+    STRATA_RETURN_IF_ERROR(want_dtype(y_perm, DType::kF32, kOp, "y_perm"));
+  }
   const int64_t E = experts.n_experts;
   if (E < 1 || experts.gate_up == nullptr || experts.down == nullptr) {
     return invalid(kOp, "no experts");
@@ -1422,9 +1427,11 @@ Status moe_combine(Context& ctx, const Tensor& y_perm, const Tensor& perm, const
   const int64_t k = topk_w.dim(1);
   STRATA_RETURN_IF_ERROR(want_shape(topk_w, kOp, "topk_w", om.rows, k, DType::kF32));
   STRATA_RETURN_IF_ERROR(want_shape(perm, kOp, "perm", 1, om.rows * k, DType::kI32));
-  STRATA_RETURN_IF_ERROR(want_shape(y_perm, kOp, "y_perm", om.rows * k, om.cols, DType::kF32));
+  const DType y_dtype = y_perm.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  STRATA_RETURN_IF_ERROR(want_shape(y_perm, kOp, "y_perm", om.rows * k, om.cols, y_dtype));
   MoeCombineParams p;
-  p.y_perm = f32(y_perm);
+  p.y_perm = y_perm.data;
+  p.y_dtype = y_dtype;
   p.perm = static_cast<const int32_t*>(perm.data);
   p.topk_w = f32(topk_w);
   p.out = f32(out);

@@ -249,13 +249,16 @@ struct MoeExperts {
 };
 // The grouped expert MLP over variable group sizes: rows [offsets[e], offsets[e + 1]) of x_perm
 // through expert e (empty groups are skipped; rows past offsets[E] are left alone). act [n k, F] in
-// the activation dtype; y_perm [n k, H] f32. f32 (the reference): scratch [n k, 2 F] f32 holds the
+// the activation dtype; y_perm [n k, H] f32 (or bf16 with the device layout: the outputs rounded
+// once, half the bytes for the expert-parallel exchange). f32 (the reference): scratch [n k, 2 F]
+// f32 holds the
 // gate/up GEMM output, and the group sizes are read on the host. bf16 (the device layout:
 // backends/moe_params.h, MoeExpertsParams): SiLU-gated experts stacked per layer, scratch unused,
 // the group sizes read on the device (graph-capturable, no host sync).
 Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
                    const MoeExperts& experts, Activation act_fn, Tensor& scratch, Tensor& act,
                    Tensor& y_perm);
+// y_perm f32 or bf16; out f32.
 Status moe_combine(Context& ctx, const Tensor& y_perm, const Tensor& perm, const Tensor& topk_w,
                    Tensor& out, bool accumulate);
 // out[t, :] += sigmoid(gate[t, 0]) * y[t, :]: y, out f32 [n, H]; gate f32 [n, 1].

@@ -350,7 +350,7 @@ Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_
     ep.down_expert_stride = H * F;
     ep.w_dtype = w_dtype;
     ep.act = static_cast<uint16_t*>(act);
-    ep.y_perm = static_cast<float*>(y_perm);
+    ep.y_perm = y_perm;
     ep.n_rows = S;
     ep.max_rows_per_expert = T;
     ep.n_experts = E;
@@ -358,7 +358,7 @@ Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_
     ep.ffn = F;
     STRATA_RETURN_IF_ERROR(cuda::moe_experts(ctx, ep));
     MoeCombineParams cp;
-    cp.y_perm = static_cast<const float*>(y_perm);
+    cp.y_perm = y_perm;
     cp.perm = static_cast<const int32_t*>(perm);
     cp.topk_w = static_cast<const float*>(w);
     cp.out = static_cast<float*>(out);

@@ -910,7 +910,9 @@ void add_moe_experts_cases(std::vector<Case>& cases) {
           STRATA_ASSIGN_OR_RETURN(scratch, a.output(DType::kF32, {S, 2 * x.F}));
         }
         STRATA_ASSIGN_OR_RETURN(Tensor act, a.output(a.act(), {S, x.F}));
-        STRATA_ASSIGN_OR_RETURN(Tensor y, a.output(DType::kF32, {S, x.H}));
+        // The outputs in the activation dtype, as the model keeps them (bf16 on the device
+        // layout: rounded once).
+        STRATA_ASSIGN_OR_RETURN(Tensor y, a.output(a.act(), {S, x.H}));
         auto w = std::make_shared<
             std::pair<std::vector<ops::LinearWeight>, std::vector<ops::LinearWeight>>>(gu, dn);
         Prepared p;
@@ -932,12 +934,14 @@ void add_moe_combine_cases(std::vector<Case>& cases) {
   struct C {
     int64_t n, E, k, H;
     bool acc;
+    DType y = DType::kF32;  // the experts' outputs: f32, or bf16 (the device layout's)
   };
   for (const C& q : {C{1, 6, 2, 37, true}, C{37, 10, 3, 37, false}, C{200, 5, 1, 72, true},
-                     C{17, 16, 4, 128, true}}) {
+                     C{17, 16, 4, 128, true}, C{3, 8, 2, 64, true, DType::kBF16},
+                     C{40, 16, 4, 136, false, DType::kBF16}}) {
     Case c;
     c.name = "moe_combine+sigmoid_gate_add " + shape_name({q.n, q.E, q.k, q.H}) +
-             (q.acc ? " accumulate" : " overwrite");
+             (q.acc ? " accumulate" : " overwrite") + " y " + std::string(dtype_name(q.y));
     c.tol_ref = c.tol_twin = 1e-6;  // the combine is bit-exact; the gate's expf: last ulp
     c.prepare = [=](Arena& a) -> Result<Prepared> {
       const std::vector<int32_t> idv = moe_ids(q.n, q.E, q.k, {}, 101);
@@ -945,8 +949,8 @@ void add_moe_combine_cases(std::vector<Case>& cases) {
       moe_layout(idv, q.E, &off, &perm);
       const int64_t S = q.n * q.k;
       STRATA_ASSIGN_OR_RETURN(Tensor pt, a.put_ints({1, S}, perm));
-      STRATA_ASSIGN_OR_RETURN(Tensor yp, a.put(DType::kF32, {S, q.H},
-                                               randoms(static_cast<size_t>(S * q.H), 102, -2, 2)));
+      STRATA_ASSIGN_OR_RETURN(
+          Tensor yp, a.put(q.y, {S, q.H}, randoms(static_cast<size_t>(S * q.H), 102, -2, 2)));
       STRATA_ASSIGN_OR_RETURN(
           Tensor w, a.put(DType::kF32, {q.n, q.k}, randoms(static_cast<size_t>(S), 103, 0, 1)));
       STRATA_ASSIGN_OR_RETURN(
@@ -963,7 +967,7 @@ void add_moe_combine_cases(std::vector<Case>& cases) {
       }
       Prepared p;
       p.outputs = {out};
-      p.bytes = static_cast<double>(S * q.H * 4 + q.n * q.H * 12);
+      p.bytes = static_cast<double>(dtype_bytes(q.y, S * q.H) + q.n * q.H * 12);
       p.run = [&a, yp, pt, w, out, ys, gate, q]() mutable {
         STRATA_RETURN_IF_ERROR(ops::moe_combine(a.ctx(), yp, pt, w, out, q.acc));
         return ops::sigmoid_gate_add(a.ctx(), ys, gate, out);

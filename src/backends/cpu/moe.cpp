@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "core/half.h"
 #include "core/status.h"
 
 namespace strata::cpu {
@@ -115,6 +116,13 @@ Status moe_combine(const MoeCombineParams& p) {
     }
     seen[static_cast<size_t>(r)] = 1;
   }
+  if (p.y_dtype != DType::kF32 && p.y_dtype != DType::kBF16) {
+    return errorf(StatusCode::kInvalidArgument, "moe_combine: y dtype {} (want f32 or bf16)",
+                  dtype_name(p.y_dtype));
+  }
+  const bool y_bf16 = p.y_dtype == DType::kBF16;
+  const auto* y_f32 = static_cast<const float*>(p.y_perm);
+  const auto* y_b16 = static_cast<const uint16_t*>(p.y_perm);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     float* o = p.out + t * p.out_stride;
@@ -122,7 +130,8 @@ Status moe_combine(const MoeCombineParams& p) {
       float acc = 0.0f;
       for (int64_t j = 0; j < p.k; ++j) {
         const int64_t r = p.perm[t * p.k + j];
-        acc += p.topk_w[t * p.k + j] * p.y_perm[r * p.hidden + i];
+        const int64_t yi = r * p.hidden + i;
+        acc += p.topk_w[t * p.k + j] * (y_bf16 ? bf16_to_f32(y_b16[yi]) : y_f32[yi]);
       }
       o[i] = p.accumulate ? o[i] + acc : acc;
     }
@@ -143,6 +152,10 @@ Status moe_experts(const MoeExpertsParams& p) {
     return errorf(StatusCode::kInvalidArgument, "moe_experts: offsets cover {} rows, x_perm has {}",
                   off[p.n_experts], p.n_rows);
   }
+  if (p.y_dtype != DType::kF32 && p.y_dtype != DType::kBF16) {
+    return errorf(StatusCode::kInvalidArgument, "moe_experts: y dtype {} (want f32 or bf16)",
+                  dtype_name(p.y_dtype));
+  }
   const bool quantized = p.w_dtype != DType::kBF16;
   for (int64_t e = 0; e < p.n_experts; ++e) {
     const int64_t r0 = off[e], r1 = off[e + 1];
@@ -151,7 +164,7 @@ Status moe_experts(const MoeExpertsParams& p) {
     }
     if (r1 == r0) continue;
     // The twins of the kernels' two GEMMs: gate/up with SiLU * up in the epilogue, rounded to
-    // bf16 once; down into f32.
+    // bf16 once; down into f32 (or rounded to bf16 once).
     GpuLinearParams g;
     g.x = p.x_perm + r0 * p.hidden;
     g.x_stride = p.hidden;
@@ -174,8 +187,8 @@ Status moe_experts(const MoeExpertsParams& p) {
     d.w_dtype = p.w_dtype;
     d.w_stride = p.ffn;
     d.w_scale = quantized ? p.down_scale + e * p.hidden : nullptr;
-    d.out = p.y_perm + r0 * p.hidden;
-    d.out_dtype = DType::kF32;
+    d.out = static_cast<char*>(p.y_perm) + dtype_bytes(p.y_dtype, r0 * p.hidden);
+    d.out_dtype = p.y_dtype;
     d.out_stride = p.hidden;
     d.n_tokens = r1 - r0;
     d.in_features = p.ffn;

@@ -2,7 +2,7 @@
 // twin cpu::moe_experts): argument checks, then two grouped GEMMs over the stacked experts, both
 // reading the group sizes on the device (graph-capturable, no host sync):
 //   gate/up  act = bf16(silu(x Wg^T s) * (x Wu^T s'))    SiLU * up in the GEMM's epilogue
-//   down     y_perm = (act Wd^T) s                        f32
+//   down     y_perm = (act Wd^T) s                        f32 or bf16 (y_dtype)
 // Decode-size groups (the host bound max_rows_per_expert <= kMoeSbiMaxRows) run on the grouped
 // SBI-GeMM (moe_sbi.cuh: blocks for the experts with rows only, each chosen expert's weights read
 // once); larger ones on the tiled tensor-core GEMMs (moe_gemm_bf16.cu for bf16 weights,
@@ -50,6 +50,10 @@ Status check(const MoeExpertsParams& p) {
                   std::string(kOp) + ": hidden " + num(p.hidden) + " and ffn " + num(p.ffn) +
                       " must be multiples of " + num(align) + " for " +
                       std::string(dtype_name(p.w_dtype)) + " experts (16-byte loads)");
+  }
+  if (p.y_dtype != DType::kF32 && p.y_dtype != DType::kBF16) {
+    return invalid_argument(
+        kOp, "y dtype " + std::string(dtype_name(p.y_dtype)) + " (want f32 or bf16)");
   }
   if (p.gate_up_expert_stride < 2 * p.ffn * p.hidden || p.down_expert_stride < p.hidden * p.ffn) {
     return invalid_argument(kOp, "an expert stride is below its matrix's size");
@@ -111,7 +115,7 @@ Status moe_experts(const LaunchCtx& ctx, const MoeExpertsParams& p) {
     a.w_scale = p.down_scale;
     a.out = p.y_perm;
     a.out_stride = p.hidden;
-    a.out_bf16 = false;
+    a.out_bf16 = p.y_dtype == DType::kBF16;
     a.gated = false;
     a.k = static_cast<int>(p.ffn);
     a.m = static_cast<int>(p.hidden);
@@ -146,6 +150,7 @@ Status moe_experts(const LaunchCtx& ctx, const MoeExpertsParams& p) {
   a.w_scale = p.down_scale;
   a.scale_expert = p.hidden;
   a.out = p.y_perm;
+  a.out_bf16 = p.y_dtype == DType::kBF16;
   a.k = static_cast<int>(p.ffn);
   a.m = static_cast<int>(p.hidden);
   a.gated = false;

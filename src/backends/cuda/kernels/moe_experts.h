@@ -39,7 +39,7 @@ Status moe_sbi_fp8(const LaunchCtx& ctx, const MoeSbiArgs& g, int n_tiles);
 
 // kernels/moe_gemm.cu: the tiled tensor-core GEMM over variable groups (prefill). out rows r of
 // expert e = x rows r through expert e's [m (2 m gated), k] matrix; gated: bf16
-// silu(gate * s) * (up * s'), else f32 (acc * s).
+// silu(gate * s) * (up * s'), else f32 or (out_bf16) bf16 (acc * s).
 struct MoeGemmArgs {
   const uint16_t* x = nullptr;  // bf16 [n_rows, k], row stride k
   const uint8_t* w = nullptr;   // expert 0's [rows, k] matrix
@@ -47,7 +47,8 @@ struct MoeGemmArgs {
   int64_t w_expert_bytes = 0;
   const float* w_scale = nullptr;  // expert 0's per-row scales, or null (bf16)
   int64_t scale_expert = 0;
-  void* out = nullptr;  // [n_rows, m]: bf16 (gated) or f32, row stride m
+  void* out = nullptr;    // [n_rows, m]: bf16 (gated or out_bf16) or f32, row stride m
+  bool out_bf16 = false;  // not gated: out rounded to bf16 (else f32)
   const int32_t* offsets = nullptr;
   int n_rows = 0;
   int n_experts = 0;

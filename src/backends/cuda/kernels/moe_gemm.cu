@@ -206,6 +206,9 @@ __global__ void __launch_bounds__(kThreads) moe_gemm_kernel(const MoeGemmArgs a)
           y = y / (1.0f + expf(-y)) * u;
           static_cast<__nv_bfloat16*>(a.out)[static_cast<int64_t>(row) * a.m + col] =
               __float2bfloat16_rn(y);
+        } else if (a.out_bf16) {
+          static_cast<__nv_bfloat16*>(a.out)[static_cast<int64_t>(row) * a.m + col] =
+              __float2bfloat16_rn(y);
         } else {
           static_cast<float*>(a.out)[static_cast<int64_t>(row) * a.m + col] = y;
         }

@@ -169,7 +169,12 @@ __global__ void __launch_bounds__(kThreads) moe_gemm_bf16_kernel(const MoeGemmAr
         for (int ni = 0; ni < 4; ++ni) {
           const int col = c0 + wn * 32 + ni * 8 + 2 * t + v % 2;
           if (col >= a.m) continue;
-          static_cast<float*>(a.out)[static_cast<int64_t>(row) * a.m + col] = acc[mi][ni][v];
+          const int64_t o = static_cast<int64_t>(row) * a.m + col;
+          if (a.out_bf16) {
+            static_cast<__nv_bfloat16*>(a.out)[o] = __float2bfloat16_rn(acc[mi][ni][v]);
+          } else {
+            static_cast<float*>(a.out)[o] = acc[mi][ni][v];
+          }
         }
       }
     }

@@ -88,12 +88,16 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_kernel(const MoeCombi
   const int32_t* rows = p.perm + t * p.k;
   const float* w = p.topk_w + t * p.k;
   const int64_t n_slots = p.n_tokens * p.k;
+  const bool y_bf16 = p.y_dtype == DType::kBF16;
   for (int64_t i = int64_t{blockIdx.y} * kRowThreads + threadIdx.x; i < p.hidden;
        i += int64_t{gridDim.y} * kRowThreads) {
     float acc = 0.0f;
     for (int64_t j = 0; j < p.k; ++j) {
       const int32_t r = rows[j];
-      const float y = r >= 0 && r < n_slots ? p.y_perm[int64_t{r} * p.hidden + i] : NAN;
+      const int64_t yi = int64_t{r} * p.hidden + i;
+      const float y = r < 0 || r >= n_slots ? NAN
+                      : y_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.y_perm)[yi])
+                               : static_cast<const float*>(p.y_perm)[yi];
       acc = __fadd_rn(acc, __fmul_rn(w[j], y));
     }
     o[i] = p.accumulate ? __fadd_rn(o[i], acc) : acc;
@@ -156,6 +160,10 @@ Status moe_combine(const LaunchCtx& ctx, const MoeCombineParams& p) {
   STRATA_RETURN_IF_ERROR(check_rows(kOp, p.n_tokens, p.k));
   STRATA_RETURN_IF_ERROR(check_matrix(kOp, "out", p.out, p.n_tokens, p.hidden, p.out_stride));
   if (p.n_tokens == 0) return ok_status();
+  if (p.y_dtype != DType::kF32 && p.y_dtype != DType::kBF16) {
+    return invalid_argument(
+        kOp, "y dtype " + std::string(dtype_name(p.y_dtype)) + " (want f32 or bf16)");
+  }
   if (p.y_perm == nullptr || p.perm == nullptr || p.topk_w == nullptr) {
     return invalid_argument(kOp, "null y_perm, perm or topk_w");
   }
