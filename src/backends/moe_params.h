@@ -73,7 +73,7 @@ struct MoePermuteParams {
 // order in f32, then added to out (the GPU may fuse each multiply-add: within one f32 ulp).
 struct MoeCombineParams {
   const void* y_perm = nullptr;   // [n_tokens k, hidden] contiguous, y_dtype
-  DType y_dtype = DType::kF32;    // kF32, or kBF16 (the expert-parallel exchange's outputs)
+  DType y_dtype = DType::kF32;    // kF32, or kBF16 (the device layout's expert outputs)
   const int32_t* perm = nullptr;  // [n_tokens k]: slot -> permuted row
   const float* topk_w = nullptr;  // [n_tokens, k]
   float* out = nullptr;           // [n_tokens, hidden], row stride out_stride

@@ -78,7 +78,7 @@ void carve_ep_index(EpExchange& ex, int32_t* base, int64_t max_rows, Device devi
 Status ep_dispatch(ops::Context& ctx, Communicator& group, const Tensor& x_perm,
                    const Tensor& offsets, EpExchange& ex);
 // ex.y [ep C, H] (f32 or bf16: the outputs of the grouped rows) back to their senders: y_perm
-// [n_rows, H] f32 in x_perm's order (n_rows as at the dispatch).
+// [n_rows, H] of the same dtype in x_perm's order (n_rows as at the dispatch).
 Status ep_combine(ops::Context& ctx, Communicator& group, EpExchange& ex, Tensor& y_perm);
 
 }  // namespace strata

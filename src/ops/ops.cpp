@@ -1376,7 +1376,7 @@ Status moe_experts(Context& ctx, const Tensor& x_perm, const Tensor& offsets,
   STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x_perm, &offsets, &scratch, &act, &y_perm}));
   STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x_perm, kOp, "x_perm"));
   STRATA_ASSIGN_OR_RETURN(Mat ym, mat(y_perm, kOp, "y_perm"));
-  // bf16 y_perm: the device layout only (bf16 x_perm); f32 everywhere.
+  // bf16 y_perm: the device layout only (bf16 x_perm); f32 otherwise.
   if (!(y_perm.dtype == DType::kBF16 && x_perm.dtype == DType::kBF16)) {
     STRATA_RETURN_IF_ERROR(want_dtype(y_perm, DType::kF32, kOp, "y_perm"));
   }
