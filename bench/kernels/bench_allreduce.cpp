@@ -8,14 +8,18 @@
 // all-reduce of a graph of K back-to-back all-reduces (--per-graph K, default 16), as a decode
 // step's graph runs them. A second table times the one-shot all-reduce fused with the residual
 // add and RMSNorm (Communicator::all_reduce_add_norm: f32 partial sums [rows, --cols], the
-// engine's decode shape) beside the plain all-reduce of the same f32 bytes.
+// engine's decode shape) beside the plain all-reduce of the same f32 bytes. A third table (GPUs
+// of their own only) times point-to-point copies from rank 1 to rank 0 at the same sizes: NCCL
+// send/recv (what pipeline stages use) and cudaMemcpyPeerAsync (the link's own rate), both timed
+// on the receiving rank 0. --json FILE writes the three tables.
 //
-//   bench_allreduce --ranks 2 --min 1024 --max 268435456
+//   bench_allreduce --ranks 2 --min 1024 --max 268435456 [--json out.json]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -36,6 +40,7 @@ struct Options {
   int per_graph = 16;
   int64_t cols = 8192;  // the fused rows' hidden size (Llama-3-70B)
   bool one_gpu = false;
+  std::string json;
 };
 
 // Rank 0's median time (ms) of fn over iters launches, eager or from one graph of `per_graph`
@@ -106,6 +111,16 @@ int run(const Options& o) {
   for (int64_t n : {1, 4, 16}) {
     if (n * o.cols * 4 <= o.oneshot_max) fused.push_back({n, {0, 0, 0, 0, 0, 0}});
   }
+  // Rank 1 -> rank 0: NCCL send/recv, cudaMemcpyPeerAsync (us); GPUs of their own only.
+  struct P2pRow {
+    int64_t bytes;
+    double ms[2];
+  };
+  std::vector<P2pRow> p2p;
+  if (!one_gpu) {
+    for (const Row& row : rows) p2p.push_back({row.bytes, {0, 0}});
+  }
+  std::vector<void*> bufs(static_cast<size_t>(o.ranks), nullptr);
   std::vector<std::thread> threads;
   for (int r = 0; r < o.ranks; ++r) {
     threads.emplace_back([&, r] {
@@ -127,6 +142,7 @@ int run(const Options& o) {
         return fail(Status(StatusCode::kOutOfMemory, "cudaMalloc"));
       }
       cudaMemset(buf, 0, static_cast<size_t>(o.max_bytes));
+      bufs[static_cast<size_t>(r)] = buf;
       st = os.barrier();
       CommStream s;
       s.device = Device::cuda(dev);
@@ -174,6 +190,36 @@ int run(const Options& o) {
           if (st.ok()) st = os.barrier();
         }
       }
+      // Point to point, rank 1 -> rank 0; the other ranks only keep the barriers.
+      if (st.ok() && !p2p.empty() && r == 0) {
+        int can = 0;
+        cudaDeviceCanAccessPeer(&can, 0, 1);
+        if (can) cudaDeviceEnablePeerAccess(1, 0);  // may already be on: clear that error
+        cudaGetLastError();
+      }
+      for (P2pRow& row : p2p) {
+        const int64_t count = row.bytes / 2;
+        for (int k = 0; k < 2 && st.ok(); ++k) {
+          std::function<Status()> fn = [] { return ok_status(); };
+          if (k == 0 && r == 0) {
+            fn = [&] { return nccl[0]->recv(buf, count, DType::kBF16, 1, s); };
+          } else if (k == 0 && r == 1) {
+            fn = [&] { return nccl[1]->send(buf, count, DType::kBF16, 0, s); };
+          } else if (k == 1 && r == 0) {
+            fn = [&]() -> Status {
+              if (cudaMemcpyPeerAsync(buf, 0, bufs[1], 1, static_cast<size_t>(row.bytes), stream) !=
+                  cudaSuccess) {
+                return Status(StatusCode::kInternal, "cudaMemcpyPeerAsync failed");
+              }
+              return ok_status();
+            };
+          }
+          const double t = time_ms(stream, os, fn, o.iters, false, &st);
+          if (r == 0) row.ms[k] = t;
+          if (st.ok()) st = os.barrier();
+        }
+      }
+      if (st.ok()) st = os.barrier();  // no rank frees its buffer while a peer copy may read it
       if (!st.ok()) fail(st);
       cudaFree(buf);
       if (extra != nullptr) cudaFree(extra);
@@ -225,6 +271,52 @@ int run(const Options& o) {
       std::printf("\n");
     }
   }
+  if (!p2p.empty()) {
+    std::printf("# point to point, rank 1 -> rank 0, timed on rank 0, eager; us (GB/s)\n");
+    std::printf("%12s %20s %20s\n", "bytes", "nccl send/recv", "cudaMemcpyPeer");
+    for (const P2pRow& row : p2p) {
+      std::printf("%12lld", static_cast<long long>(row.bytes));
+      for (double ms : row.ms) {
+        char c[64];
+        std::snprintf(c, sizeof(c), "%.1f (%.1f)", ms * 1e3,
+                      ms > 0 ? static_cast<double>(row.bytes) / (ms * 1e-3) / 1e9 : 0.0);
+        std::printf(" %20s", ms > 0 ? c : "-");
+      }
+      std::printf("\n");
+    }
+  }
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    auto us = [](double ms) { return ms > 0 ? std::to_string(ms * 1e3) : std::string("null"); };
+    f << "{\"bench\": \"bench_allreduce\", \"ranks\": " << o.ranks
+      << ", \"one_gpu\": " << (one_gpu ? "true" : "false") << ", \"nccl\": \""
+      << (one_gpu ? "-" : nccl_version()) << "\", \"iters\": " << o.iters
+      << ", \"per_graph\": " << o.per_graph
+      << ",\n \"columns_us\": [\"oneshot_eager\", \"oneshot_graph\", \"oneshot_in_graph\", "
+         "\"nccl_eager\", \"nccl_graph\", \"nccl_in_graph\"],\n \"all_reduce_bf16\": [";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      f << (i ? ",\n  " : "\n  ") << "{\"bytes\": " << rows[i].bytes << ", \"us\": [";
+      for (int k = 0; k < kCols; ++k) f << (k ? ", " : "") << us(rows[i].ms[k]);
+      f << "]}";
+    }
+    f << "],\n \"fused_add_norm_f32\": [";
+    for (size_t i = 0; i < fused.size(); ++i) {
+      f << (i ? ",\n  " : "\n  ") << "{\"rows\": " << fused[i].rows << ", \"cols\": " << o.cols
+        << ", \"us\": [";
+      for (int k = 0; k < kCols; ++k) f << (k ? ", " : "") << us(fused[i].ms[k]);
+      f << "]}";
+    }
+    f << "],\n \"p2p_columns_us\": [\"nccl_send_recv\", \"cuda_memcpy_peer\"],\n \"p2p\": [";
+    for (size_t i = 0; i < p2p.size(); ++i) {
+      f << (i ? ",\n  " : "\n  ") << "{\"bytes\": " << p2p[i].bytes << ", \"us\": ["
+        << us(p2p[i].ms[0]) << ", " << us(p2p[i].ms[1]) << "]}";
+    }
+    f << "]}\n";
+    if (!f) {
+      std::fprintf(stderr, "bench_allreduce: cannot write %s\n", o.json.c_str());
+      return 1;
+    }
+  }
   return 0;
 }
 
@@ -259,10 +351,13 @@ int main(int argc, char** argv) {
       o.cols = std::atoll(next());
     } else if (a == "--one-gpu") {
       o.one_gpu = true;
+    } else if (a == "--json") {
+      o.json = next();
     } else {
-      std::fprintf(stderr,
-                   "usage: bench_allreduce [--ranks N] [--min BYTES] [--max BYTES] "
-                   "[--oneshot-max BYTES] [--iters N] [--per-graph K] [--cols N] [--one-gpu]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_allreduce [--ranks N] [--min BYTES] [--max BYTES] "
+          "[--oneshot-max BYTES] [--iters N] [--per-graph K] [--cols N] [--one-gpu] [--json F]\n");
       return 2;
     }
   }
