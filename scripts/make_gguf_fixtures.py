@@ -9,6 +9,14 @@ tests/fuzz/corpus/gguf/) with the `gguf` Python package (gguf-py, the format's r
   <type>.a.f32, <type>.b.f32
                     the reference values gguf.quants.dequantize gives for those tensors, raw
                     little-endian f32, row-major outermost-first.
+  llama_q4_k_m.gguf a tiny llama (hidden 256, 4 heads of 64 / 2 KV heads, ffn 256, 2 layers,
+                    vocab 256) whose linear weights mix the GPU block formats the
+                    way llama.cpp's Q4_K_M does and beyond: layer 0 Q/K/gate/up/output-proj
+                    Q4_K, V and down Q6_K; layer 1 Q/K/V Q8_0, output-proj Q5_K, gate/up Q4_0,
+                    down Q4_K; token_embd Q4_K, output Q6_K; norms f32; a byte-level
+                    tokenizer (256 byte tokens, no merges). For the GPU's
+                    block-format tests (tests/cuda/test_cuda_gguf.cpp, tests/model/
+                    test_gguf_device.cpp): every in-feature count is a multiple of 256.
 The metadata values are repeated in tests/io/test_gguf.cpp: change both together.
 
 Quantized data: q8_0 .. q5_1 come from gguf.quants.quantize of seeded normal data (one row is
@@ -123,6 +131,84 @@ def write_all_types(rng):
         ref.astype("<f4").tofile(os.path.join(OUT, f"{name}.f32"))
 
 
+def write_llama_q4_k_m(rng):
+    """The tiny mixed-format llama (see the module docstring)."""
+    H, NH, NKV, HD, F, L, VOCAB = 256, 4, 2, 64, 256, 2, 256
+    path = os.path.join(OUT, "llama_q4_k_m.gguf")
+    w = gguf.GGUFWriter(path, arch="llama")
+    w.add_block_count(L)
+    w.add_context_length(256)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(F)
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    # A byte-level BPE vocabulary without merges: token b is byte b (GPT-2's byte-to-unicode
+    # spelling), so the engine can generate from token ids and print what it made.
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) +
+                 list(range(0xAE, 0xFF + 1)))
+    spelling, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            spelling[b] = chr(b)
+        else:
+            spelling[b] = chr(256 + extra)
+            extra += 1
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_array("tokenizer.ggml.tokens", [spelling[b] for b in range(VOCAB)])
+
+    def k_blocks(qt, rows, cols):
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        nb = rows * cols // block
+        raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+        def f16(lo, hi):
+            return rng.uniform(lo, hi, size=nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
+        if qt in (T.Q4_K, T.Q5_K):
+            raw[:, 0:2] = f16(2e-5, 6e-5)  # d: weights d sc q - dmin m within about +-0.05
+            raw[:, 2:4] = f16(2e-5, 8e-5)  # dmin
+        else:  # q6_k: d is the last two bytes
+            raw[:, size - 2:size] = f16(1e-5, 3e-5)
+        return raw.reshape(rows, cols // block * size)
+
+    def matrix(name, qt, rows, cols):
+        if qt in K_TYPES.values():
+            w.add_tensor(name, k_blocks(qt, rows, cols), raw_dtype=qt)
+        else:
+            x = (rng.standard_normal((rows, cols)) * 0.03).astype(np.float32)
+            w.add_tensor(name, gguf.quants.quantize(x, qt), raw_dtype=qt)
+
+    def norm(name):
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+
+    matrix("token_embd.weight", T.Q4_K, VOCAB, H)
+    norm("output_norm.weight")
+    matrix("output.weight", T.Q6_K, VOCAB, H)
+    formats = [
+        {"q": T.Q4_K, "k": T.Q4_K, "v": T.Q6_K, "o": T.Q4_K, "gate": T.Q4_K, "up": T.Q4_K,
+         "down": T.Q6_K},
+        {"q": T.Q8_0, "k": T.Q8_0, "v": T.Q8_0, "o": T.Q5_K, "gate": T.Q4_0, "up": T.Q4_0,
+         "down": T.Q4_K},
+    ]
+    for i, f in enumerate(formats):
+        b = f"blk.{i}."
+        norm(b + "attn_norm.weight")
+        norm(b + "ffn_norm.weight")
+        matrix(b + "attn_q.weight", f["q"], NH * HD, H)
+        matrix(b + "attn_k.weight", f["k"], NKV * HD, H)
+        matrix(b + "attn_v.weight", f["v"], NKV * HD, H)
+        matrix(b + "attn_output.weight", f["o"], H, NH * HD)
+        matrix(b + "ffn_gate.weight", f["gate"], F, H)
+        matrix(b + "ffn_up.weight", f["up"], F, H)
+        matrix(b + "ffn_down.weight", f["down"], H, F)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_small(path, alignment=None):
     """A tiny valid file (two KVs, two small tensors) for fuzz seeds."""
     w = gguf.GGUFWriter(path, arch="llama")
@@ -162,6 +248,8 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(1234)
     write_all_types(rng)
+    # Its own generator: adding it leaves the other fixtures' bytes as they were.
+    write_llama_q4_k_m(np.random.default_rng(4321))
     write_seeds()
     total = sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT))
     print(f"wrote {OUT} ({total} bytes) and seeds in {CORPUS}", file=sys.stderr)

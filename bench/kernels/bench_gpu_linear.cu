@@ -11,7 +11,9 @@
 // fp8-scaled (fp8 activations, both scales inside cuBLASLt), scratch (f32 scratch + epilogue;
 // fp8 activations for fp8 weights) or sbi (its fallback).
 //
-//   bench_gpu_linear [--reps 50] [--n 1,2,4,8,16,32,64,128] [--dtypes bf16,i8,fp8]
+//   bench_gpu_linear [--reps 50] [--n 1,2,4,8,16,32,64,128]
+//                    [--dtypes bf16,i8,fp8,q8_0,q4_0,q4_k,q5_k,q6_k] (GGUF formats: random blocks;
+//                    both paths run cuda::gguf_linear, the decode kernel or dequantized tiles)
 //                    [--shapes 6144x4096,...] (m x k) [--paths sbi,lt] [--sweep-mt]
 //                    [--json FILE]
 // --sweep-mt adds sbi rows with the m-tiles per block forced to 1, 2 and 4 (the tuning knob of
@@ -26,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_kernels.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/gpu_linear_internal.h"
@@ -206,6 +209,12 @@ Options parse(int argc, char** argv) {
           o.dtypes.push_back(DType::kI8);
         } else if (v == "fp8") {
           o.dtypes.push_back(DType::kFP8E4M3);
+        } else if (v == "q8_0" || v == "q4_0" || v == "q4_k" || v == "q5_k" || v == "q6_k") {
+          o.dtypes.push_back(v == "q8_0"   ? DType::kQ8_0
+                             : v == "q4_0" ? DType::kQ4_0
+                             : v == "q4_k" ? DType::kQ4_K
+                             : v == "q5_k" ? DType::kQ5_K
+                                           : DType::kQ6_K);
         } else {
           usage(("unknown dtype " + v).c_str());
         }
@@ -317,16 +326,28 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   for (const ShapeSpec& sh : opt.shapes) {
     for (DType dt : opt.dtypes) {
-      const bool q8 = dt != DType::kBF16;
-      const int64_t elem = q8 ? 1 : 2;
+      const bool gguf = dtype_info(dt).is_quantized;  // GGUF blocks: random rows, no scales
+      const bool q8 = dt != DType::kBF16 && !gguf;
       const bool gate_up = sh.m == 28672 && sh.k == 4096;
-      const size_t w_bytes = static_cast<size_t>(sh.m * sh.k * elem);
+      const size_t w_bytes = static_cast<size_t>(dtype_bytes(dt, sh.m * sh.k));
+      std::vector<uint8_t> host_blocks;
+      if (gguf) {
+        const int64_t rb = dtype_bytes(dt, sh.k);
+        host_blocks.resize(w_bytes);
+        for (int64_t r = 0; r < sh.m; ++r) {
+          strata::cpu::gguf_fill_random_row(dt, 100, r, 0.03f, sh.k, host_blocks.data() + r * rb);
+        }
+      }
       const size_t copies = std::max<size_t>(
           2, (4 * std::max<size_t>(ctx.l2_bytes, 50u << 20) + w_bytes - 1) / w_bytes);
       std::vector<void*> w(copies);
       std::vector<float*> scale(copies, nullptr);
       for (size_t c = 0; c < copies; ++c) {
         CHECK_CUDA(cudaMalloc(&w[c], w_bytes));
+        if (gguf) {
+          CHECK_CUDA(cudaMemcpy(w[c], host_blocks.data(), w_bytes, cudaMemcpyHostToDevice));
+          continue;
+        }
         fill(w[c], static_cast<size_t>(sh.m * sh.k), 100 + c,
              dt == DType::kBF16 ? 0
              : dt == DType::kI8 ? 1
@@ -344,7 +365,11 @@ int main(int argc, char** argv) {
       fill(x, static_cast<size_t>(n_max * sh.k), 7, 0, s);
       CHECK_CUDA(cudaStreamSynchronize(s));
 
-      const char* dname = dt == DType::kBF16 ? "bf16" : dt == DType::kI8 ? "i8" : "fp8";
+      const std::string dname_s = dt == DType::kBF16      ? "bf16"
+                                  : dt == DType::kI8      ? "i8"
+                                  : dt == DType::kFP8E4M3 ? "fp8"
+                                                          : std::string(dtype_name(dt));
+      const char* dname = dname_s.c_str();
       for (int64_t n : opt.n) {
         const auto params = [&](int rep, bool gated) {
           const size_t c = static_cast<size_t>(rep) % copies;

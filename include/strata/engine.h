@@ -11,6 +11,7 @@
 
 #include "strata/sampling.h"
 #include "strata/status.h"
+#include "strata/types.h"
 
 namespace strata {
 
@@ -26,8 +27,13 @@ struct DeviceSpec {
 };
 
 // How the device layout holds linear weights: bf16, or quantized at load to int8 / fp8-e4m3
-// with one scale per output row (weight-only).
-enum class Quantization : uint8_t { kNone, kInt8, kFp8 };
+// with one scale per output row (weight-only), or (random weights only: --model-config /
+// --load-format dummy, for benchmarks) random blocks of a GGUF block format. A GGUF checkpoint
+// keeps its own block formats with kNone.
+enum class Quantization : uint8_t { kNone, kInt8, kFp8, kQ8_0, kQ4_0, kQ4_K, kQ5_K, kQ6_K };
+
+// The weight dtype of the device layout for `q` (kBF16 for kNone).
+DType quantization_dtype(Quantization q);
 
 // kAuto reads the checkpoint; kDummy makes random weights of the model's shapes on the device.
 enum class LoadFormat : uint8_t { kAuto, kDummy };
@@ -64,7 +70,8 @@ struct ParallelSizes {
 };
 
 // The command-line spellings, parsed once by the CLI: "cpu", "cuda", "cuda:N"; "none"/"bf16",
-// "int8", "fp8"; "auto", "dummy". Errors are one line naming the value and the choices.
+// "int8", "fp8", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"; "auto", "dummy". Errors are one line
+// naming the value and the choices.
 Result<DeviceSpec> parse_device(std::string_view text);
 Result<Quantization> parse_quantization(std::string_view text);
 Result<LoadFormat> parse_load_format(std::string_view text);

@@ -54,6 +54,7 @@ EnvConfig read_env() {
   c.no_pdl = flag("STRATA_NO_PDL");
   c.no_i8_gemm = flag("STRATA_NO_I8_GEMM");
   c.no_fp8_scaled_gemm = flag("STRATA_NO_FP8_SCALED_GEMM");
+  c.gguf_dequant = flag("STRATA_GGUF_DEQUANT");
   if (get("STRATA_SBI_PREFETCH") != nullptr) {
     c.sbi_prefetch = std::min(8, get_int({"STRATA_SBI_PREFETCH"}, 0));
   }

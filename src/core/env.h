@@ -45,6 +45,9 @@ struct EnvConfig {
   // apply the per-token and per-row scales in a separate epilogue kernel instead of inside
   // cuBLASLt (outer-vector scaling; A/B).
   bool no_fp8_scaled_gemm = false;
+  // STRATA_GGUF_DEQUANT=1: GGUF block-quantized linear weights are dequantized to bf16 on the
+  // host for the device layout (the old path, for A/B) instead of kept in their block format.
+  bool gguf_dequant = false;
   // Tensor parallelism on GPUs.
   std::string nccl_library;  // STRATA_NCCL_LIBRARY: path of libnccl.so.2 (default: the loader's)
   // STRATA_ONESHOT_MAX_BYTES: device all-reduces / all-gathers up to this size take the one-shot

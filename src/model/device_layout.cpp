@@ -2,7 +2,11 @@
 // the CPU layout (Model::to_device) or from random values (Model::random). Every linear layer is
 // one matrix (Q/K/V and gate/up concatenated), bf16 or int8 / fp8 with one f32 scale per row
 // (quantized on the device from bf16); embeddings stay bf16; norms, biases and rope tables are
-// f32. Host work is limited to converting each source row to bf16 (GGUF blocks dequantized).
+// f32. Host work is limited to converting each source row to bf16, except GGUF block-quantized
+// weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K with a multiple of 256 input features), which keep their
+// blocks in the device row layout of backends/cuda/kernels/gguf_fragments.h (QKV parts of
+// different formats stay separate parts; gate/up of different formats, other formats, tensor
+// parallelism, weight streaming and STRATA_GGUF_DEQUANT=1 fall back to bf16).
 // Mixture-of-experts layers: the router (and Qwen2-MoE's shared-expert gate) stay bf16 (the
 // routing decision should not move with the weight format); each layer's experts are two
 // stacked arrays, gate/up [E][2 F, H] (gate rows, then up rows, per expert) and down [E][H, F],
@@ -12,6 +16,10 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cpu/cpu_kernels.h"
+#include "backends/cuda/kernels/gguf_fragments.h"
+#include "core/env.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "memory/streamed_weights.h"
 #include "model/layer_blob.h"
@@ -33,6 +41,8 @@ class Uploader {
   // While set, tensors are allocated into `temp` instead of the store (a streamed layer is built
   // on the device, then copied into its host blob).
   void set_temp(std::vector<Buffer>* temp) { temp_ = temp; }
+  // Whether GGUF block-quantized host weights keep their block format (else bf16 on the host).
+  void set_gguf_blocks(bool on) { gguf_blocks_ = on; }
 
   Result<Tensor> device_tensor(DType dt, std::initializer_list<int64_t> shape, const char* what) {
     int64_t n = 1;
@@ -82,11 +92,28 @@ class Uploader {
   // A [rows, cols] matrix from the row blocks of `host` (stacked in order), or random values
   // (host null); bf16, or quantized per row to the layout's dtype when `quantize`.
   // gemm: whether a GEMM reads the matrix as it is (not when it is only all-gathered first: the
-  // weight-gathered FFN's shards).
+  // weight-gathered FFN's shards). GGUF block formats with a device kernel stay in their format
+  // (gguf_linear); `gated` weights (gate/up) must then be one part.
   Result<ops::LinearWeight> linear(const ops::LinearWeight* host, int64_t rows, int64_t cols,
                                    bool with_bias, bool quantize, const char* what,
-                                   bool gemm = true) {
+                                   bool gemm = true, bool gated = false) {
     const DType wdt = quantize ? layout_.weight_dtype : DType::kBF16;
+    if (quantize && dtype_info(wdt).is_quantized) {
+      if (host != nullptr) {
+        return errorf(StatusCode::kInvalidArgument,
+                      "{}: --quantization {} builds random weights only; a GGUF checkpoint keeps "
+                      "its own block formats",
+                      what, dtype_name(wdt));
+      }
+      return gguf_linear(nullptr, rows, cols, with_bias, wdt, what);
+    }
+    if (quantize && host != nullptr && wdt == DType::kBF16) {
+      std::string why;
+      if (gguf_eligible(*host, cols, gated, &why)) {
+        return gguf_linear(host, rows, cols, with_bias, wdt, what);
+      }
+      if (!why.empty()) log_info("{}: GGUF blocks dequantized to bf16 ({})", what, why);
+    }
     const size_t n = static_cast<size_t>(rows * cols);
     // The GPU GEMMs read weight rows with 16-byte loads: 8 bf16 or 16 int8 / fp8 values.
     const int64_t align = wdt == DType::kBF16 ? 8 : 16;
@@ -153,6 +180,118 @@ class Uploader {
     return out;
   }
 
+  // Whether `host` (a GGUF checkpoint's weight) keeps its block format on the device; `why`
+  // says why not when it holds GGUF blocks (empty for plain float weights).
+  bool gguf_eligible(const ops::LinearWeight& host, int64_t cols, bool gated, std::string* why) {
+    bool any = false;
+    for (int i = 0; i < host.n_parts; ++i) {
+      any |= dtype_info(host.parts[static_cast<size_t>(i)].w.dtype).is_quantized;
+    }
+    if (!any) return false;
+    if (!gguf_blocks_) {
+      *why = env_config().gguf_dequant ? "STRATA_GGUF_DEQUANT=1"
+                                       : "block formats need one rank per layer and no streaming";
+      return false;
+    }
+    DType prev = DType::kF32;
+    int groups = 0;
+    for (int i = 0; i < host.n_parts; ++i) {
+      const Tensor& t = host.parts[static_cast<size_t>(i)].w;
+      if (!cpu::gguf_device_ok(t.dtype, cols) || !t.is_contiguous()) {
+        *why = fmt::format("{} with {} input features has no device kernel", dtype_name(t.dtype),
+                           cols);
+        return false;
+      }
+      groups += t.dtype != prev ? 1 : 0;
+      prev = t.dtype;
+    }
+    if (groups > static_cast<int>(ops::LinearWeight{}.parts.size()) || (gated && groups > 1)) {
+      *why = "gate and up in different block formats";
+      return false;
+    }
+    return true;
+  }
+
+  // A GGUF weight in its block format: consecutive host parts of one format become one device
+  // part (their rows' bytes concatenated, in the device row layout of gguf_pack_row), or random
+  // rows of format `wdt` (host null).
+  Result<ops::LinearWeight> gguf_linear(const ops::LinearWeight* host, int64_t rows, int64_t cols,
+                                        bool with_bias, DType wdt, const char* what) {
+    if (!cpu::gguf_device_ok(wdt == DType::kBF16 ? host->parts[0].w.dtype : wdt, cols)) {
+      return errorf(StatusCode::kUnimplemented,
+                    "{}: {} weights with {} input features (the GPU block formats need a "
+                    "multiple of 256)",
+                    what, dtype_name(wdt == DType::kBF16 ? host->parts[0].w.dtype : wdt), cols);
+    }
+    if (host != nullptr && host->rows() != rows) {
+      return errorf(StatusCode::kInternal, "{} has {} rows, expected {}", what, host->rows(), rows);
+    }
+    ops::LinearWeight out;
+    std::vector<uint8_t> dev;
+    int64_t r0 = 0;
+    int i = 0;
+    while (r0 < rows) {
+      // The group: host parts [i, j) of one format, or all rows (random).
+      DType dt = wdt;
+      int64_t n = rows;
+      int j = i;
+      if (host != nullptr) {
+        dt = host->parts[static_cast<size_t>(i)].w.dtype;
+        n = 0;
+        while (j < host->n_parts && host->parts[static_cast<size_t>(j)].w.dtype == dt) {
+          n += host->parts[static_cast<size_t>(j)].w.dim(0);
+          ++j;
+        }
+      }
+      const int64_t row_bytes = dtype_bytes(dt, cols);
+      STRATA_ASSIGN_OR_RETURN(Tensor w, device_tensor(dt, {n, cols}, what));
+      // Upload in slabs of rows (host memory of at most ~64 MiB at a time).
+      const int64_t slab = std::max<int64_t>(1, (int64_t{64} << 20) / row_bytes);
+      const uint64_t seed = layout_.seed * 1000003ull + next_id_++;
+      int64_t part = i, part_row = 0;
+      for (int64_t s0 = 0; s0 < n; s0 += slab) {
+        const int64_t sn = std::min(slab, n - s0);
+        dev.resize(static_cast<size_t>(sn * row_bytes));
+        if (host == nullptr) {
+#pragma omp parallel for schedule(static)
+          for (int64_t r = 0; r < sn; ++r) {
+            cpu::gguf_fill_random_row(dt, seed, s0 + r, kRandomScale, cols,
+                                      dev.data() + r * row_bytes);
+          }
+        }
+        for (int64_t r = 0; r < sn && host != nullptr; ++r) {
+          uint8_t* d = dev.data() + r * row_bytes;
+          while (part_row >= host->parts[static_cast<size_t>(part)].w.dim(0)) {
+            ++part;
+            part_row = 0;
+          }
+          const Tensor& t = host->parts[static_cast<size_t>(part)].w;
+          cpu::gguf_pack_row(dt, static_cast<const uint8_t*>(t.data) + part_row * row_bytes, d,
+                             cols);
+          ++part_row;
+        }
+        Tensor dst = w.slice_rows(s0, s0 + sn);
+        STRATA_RETURN_IF_ERROR(ops::upload(ctx_, dev.data(), dst));
+        STRATA_RETURN_IF_ERROR(ops::synchronize(ctx_));
+      }
+      Tensor bias;
+      if (with_bias) {
+        std::vector<float> b(static_cast<size_t>(n), 0.0f);
+        int64_t at = 0;
+        for (int q = i; host != nullptr && q < j; ++q) {
+          const ops::LinearWeight::Part& p = host->parts[static_cast<size_t>(q)];
+          if (p.bias.defined()) STRATA_RETURN_IF_ERROR(ops::host_to_f32(p.bias, b.data() + at));
+          at += p.w.dim(0);
+        }
+        STRATA_ASSIGN_OR_RETURN(bias, f32_vector(b, "bias"));
+      }
+      out.add(w, bias);
+      r0 += n;
+      i = j;
+    }
+    return out;
+  }
+
   // The experts of one sparse layer as one stacked array [E rows, cols] (expert e's matrix at
   // rows [e rows, (e + 1) rows)), bf16 or quantized per row; returns one single-part view per
   // expert. From the host experts ([host_rows, host_cols] each, as row blocks) or random values.
@@ -165,7 +304,9 @@ class Uploader {
                                                  int64_t E, int64_t rows, int64_t cols,
                                                  int64_t host_rows, int64_t host_cols, bool gated,
                                                  const char* what) {
-    const DType wdt = layout_.weight_dtype;
+    // GGUF block formats (random weights) cover the dense linears; experts stay bf16.
+    const DType wdt =
+        dtype_info(layout_.weight_dtype).is_quantized ? DType::kBF16 : layout_.weight_dtype;
     const int64_t align = wdt == DType::kBF16 ? 8 : 16;
     if (ctx_.device.is_cuda() && cols % align != 0) {
       return errorf(StatusCode::kUnimplemented,
@@ -252,10 +393,12 @@ class Uploader {
   const DeviceLayout& layout_;
   uint64_t next_id_ = 1;
   std::vector<Buffer>* temp_ = nullptr;
+  bool gguf_blocks_ = false;
 };
 
 // Bytes the device layout of `c` needs on one rank (the fit check before anything is uploaded).
 int64_t device_bytes(const ModelConfig& c, const ParallelConfig& par, DType wdt) {
+  // Bytes per weight (GGUF block formats of random weights: about 1, an upper bound but Q8_0).
   const int64_t per = wdt == DType::kBF16 ? 2 : 1;
   const int64_t V = par.padded_chunk(c.vocab), H = c.hidden;
   const int64_t emb = V * H * 2;  // the embedding table stays bf16
@@ -427,8 +570,17 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
                                                   const DeviceLayout& layout, ops::Context& ctx,
                                                   Allocator& alloc) {
   const DType wdt = layout.weight_dtype;
-  if (wdt != DType::kBF16 && wdt != DType::kI8 && wdt != DType::kFP8E4M3) {
-    return errorf(StatusCode::kInvalidArgument, "weight dtype {} (use bf16, int8 or fp8)",
+  if (wdt != DType::kBF16 && wdt != DType::kI8 && wdt != DType::kFP8E4M3 &&
+      !cuda::gguf::gpu_format(wdt)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "weight dtype {} (use bf16, int8, fp8, or for random weights q8_0, q4_0, q4_k, "
+                  "q5_k, q6_k)",
+                  dtype_name(wdt));
+  }
+  if (dtype_info(wdt).is_quantized && host != nullptr) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--quantization {} builds random weights only (a GGUF checkpoint keeps its own "
+                  "block formats)",
                   dtype_name(wdt));
   }
   const ResidencyPlan* plan =
@@ -463,6 +615,9 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
   const int64_t ffn_hidden = par.ffn_layout == FfnLayout::k2D ? H / par.grid_x() : H;
   const ModelWeights* hw = host != nullptr ? &host->weights() : nullptr;
   Uploader up(ctx, alloc, m->store_, layout);
+  // GGUF weights keep their block formats with one rank per layer (no tensor-parallel slicing
+  // of blocks) and no weight streaming (the disk tier packs bf16 on the host).
+  up.set_gguf_blocks(par.tp_size == 1 && plan == nullptr && !env_config().gguf_dequant);
   ModelWeights& w = m->w_;
 
   STRATA_ASSIGN_OR_RETURN(w.tok_embeddings,
@@ -539,7 +694,7 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
       if (Fs > 0) {
         STRATA_ASSIGN_OR_RETURN(d.shared_gate_up,
                                 up.linear(L ? &L->shared_gate_up : nullptr, 2 * Fs, H, false, true,
-                                          "shared expert gate/up weights"));
+                                          "shared expert gate/up weights", true, true));
         STRATA_ASSIGN_OR_RETURN(d.shared_down,
                                 up.linear(L ? &L->shared_down : nullptr, H, Fs, false, true,
                                           "shared expert down weights"));
@@ -555,7 +710,7 @@ Result<std::unique_ptr<Model>> build_device_model(const ModelConfig& config,
     const bool shard_gemm = par.ffn_layout != FfnLayout::kWeightGathered;
     STRATA_ASSIGN_OR_RETURN(
         d.gate_up, up.linear(L ? &L->gate_up : nullptr, gu_rows, ffn_hidden, mlp_bias, !gathered,
-                             "gate/up weights", shard_gemm));
+                             "gate/up weights", shard_gemm, c.gated_mlp));
     STRATA_ASSIGN_OR_RETURN(d.down, up.linear(L ? &L->down : nullptr, ffn_hidden, F, down_bias,
                                               !gathered, "down_proj weights", shard_gemm));
     if (streamed) {

@@ -150,13 +150,11 @@ Status check_cache(const KvLayer& c, const char* op) {
   return ok_status();
 }
 
-// The GEMM of one single-part weight through the GPU kernels (CUDA, or the CPU twin).
-Status gpu_gemm(Context& ctx, const Tensor& x, const Mat& xm, const LinearWeight& w, void* out,
-                DType out_dtype, int64_t out_stride, bool accumulate, bool gated, bool bias) {
-  const LinearWeight::Part& p = w.parts[0];
-  if (w.n_parts != 1) {
-    return invalid("linear", "bf16 activations need the weight in the device layout (one part)");
-  }
+// The GEMM of one device-layout part through the GPU kernels (CUDA, or the CPU twin), into
+// `out` (its first column).
+Status gpu_gemm_part(Context& ctx, const Tensor& x, const Mat& xm, const LinearWeight::Part& p,
+                     void* out, DType out_dtype, int64_t out_stride, bool accumulate, bool gated,
+                     bool bias) {
   if (p.bias.defined() && p.bias.dtype != DType::kF32) {
     return invalid("linear", "device-layout biases must be f32");
   }
@@ -189,6 +187,33 @@ Status gpu_gemm(Context& ctx, const Tensor& x, const Mat& xm, const LinearWeight
 #else
   return no_cuda("linear");
 #endif
+}
+
+// The GEMM of a device-layout weight: one part, or (GGUF weights whose row blocks come in
+// different block formats, e.g. Q4_K_M's Q/K in Q4_K and V in Q6_K) one GEMM per part into its
+// columns of out. Gated weights are always one part.
+Status gpu_gemm(Context& ctx, const Tensor& x, const Mat& xm, const LinearWeight& w, void* out,
+                DType out_dtype, int64_t out_stride, bool accumulate, bool gated, bool bias) {
+  if (w.n_parts == 1) {
+    return gpu_gemm_part(ctx, x, xm, w.parts[0], out, out_dtype, out_stride, accumulate, gated,
+                         bias);
+  }
+  for (int i = 0; i < w.n_parts; ++i) {
+    if (gated || !dtype_info(w.parts[static_cast<size_t>(i)].w.dtype).is_quantized) {
+      return invalid("linear",
+                     "bf16 activations need the weight in the device layout (one part, or GGUF "
+                     "row blocks of different formats without gating)");
+    }
+  }
+  const int64_t elem = dtype_bytes(out_dtype, 1);
+  int64_t r0 = 0;
+  for (int i = 0; i < w.n_parts; ++i) {
+    const LinearWeight::Part& p = w.parts[static_cast<size_t>(i)];
+    STRATA_RETURN_IF_ERROR(gpu_gemm_part(ctx, x, xm, p, static_cast<char*>(out) + r0 * elem,
+                                         out_dtype, out_stride, accumulate, false, bias));
+    r0 += p.w.dim(0);
+  }
+  return ok_status();
 }
 
 int64_t sbi_max_tokens(const Context& ctx) {

@@ -226,9 +226,7 @@ Result<std::vector<std::string>> describe_weight_residency(const std::string& mo
   o.offload = cfg.offload_weights;
   o.prefetch = cfg.weight_prefetch;
   o.fetch_pieces = cfg.fetch_pieces;
-  const DType wdt = cfg.quantization == Quantization::kInt8  ? DType::kI8
-                    : cfg.quantization == Quantization::kFp8 ? DType::kFP8E4M3
-                                                             : DType::kBF16;
+  const DType wdt = quantization_dtype(cfg.quantization);
   STRATA_ASSIGN_OR_RETURN(ResidencyPlan plan, plan_residency(config, ParallelConfig{}, wdt, o));
   return plan.describe();
 }

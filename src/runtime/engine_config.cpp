@@ -24,7 +24,37 @@ Result<Quantization> parse_quantization(std::string_view text) {
   if (text.empty() || text == "none" || text == "bf16") return Quantization::kNone;
   if (text == "int8") return Quantization::kInt8;
   if (text == "fp8") return Quantization::kFp8;
-  return errorf(StatusCode::kInvalidArgument, "--quantization '{}': use none, int8 or fp8", text);
+  if (text == "q8_0") return Quantization::kQ8_0;
+  if (text == "q4_0") return Quantization::kQ4_0;
+  if (text == "q4_k") return Quantization::kQ4_K;
+  if (text == "q5_k") return Quantization::kQ5_K;
+  if (text == "q6_k") return Quantization::kQ6_K;
+  return errorf(StatusCode::kInvalidArgument,
+                "--quantization '{}': use none, int8, fp8, or (random weights) q8_0, q4_0, q4_k, "
+                "q5_k, q6_k",
+                text);
+}
+
+DType quantization_dtype(Quantization q) {
+  switch (q) {
+    case Quantization::kNone:
+      return DType::kBF16;
+    case Quantization::kInt8:
+      return DType::kI8;
+    case Quantization::kFp8:
+      return DType::kFP8E4M3;
+    case Quantization::kQ8_0:
+      return DType::kQ8_0;
+    case Quantization::kQ4_0:
+      return DType::kQ4_0;
+    case Quantization::kQ4_K:
+      return DType::kQ4_K;
+    case Quantization::kQ5_K:
+      return DType::kQ5_K;
+    case Quantization::kQ6_K:
+      return DType::kQ6_K;
+  }
+  return DType::kBF16;
 }
 
 Result<LoadFormat> parse_load_format(std::string_view text) {
@@ -71,8 +101,9 @@ std::string_view to_string(Quantization q) {
       return "int8";
     case Quantization::kFp8:
       return "fp8";
+    default:
+      return dtype_name(quantization_dtype(q));
   }
-  return "?";
 }
 
 }  // namespace strata

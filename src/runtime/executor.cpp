@@ -7,9 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_kernels.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "model/model.h"
 #include "model/presets.h"
 #include "runtime/device_runtime.h"
 #include "runtime/model_loader.h"
@@ -738,6 +740,31 @@ Result<std::unique_ptr<Executor>> make_expert_parallel_runner(const ModelConfig&
   return std::unique_ptr<Executor>(std::move(r));
 }
 
+// The GGUF block formats the device layout keeps for `host`'s dense linears ("gguf:q4_k+q6_k"),
+// or "" (none, or STRATA_GGUF_DEQUANT=1). For the engine's weight_format line; the device
+// layout itself decides per linear (also falling back for shapes without a kernel).
+std::string gguf_block_formats(const Model& host) {
+  if (env_config().gguf_dequant) return "";
+  std::vector<DType> seen;
+  const auto add = [&](const ops::LinearWeight& w) {
+    for (int i = 0; i < w.n_parts; ++i) {
+      const DType dt = w.parts[static_cast<size_t>(i)].w.dtype;
+      if (cpu::gguf_device_ok(dt, w.cols()) &&
+          std::find(seen.begin(), seen.end(), dt) == seen.end()) {
+        seen.push_back(dt);
+      }
+    }
+  };
+  for (const LayerWeights& l : host.weights().layers) {
+    for (const ops::LinearWeight* w : {&l.qkv, &l.o, &l.gate_up, &l.down}) add(*w);
+  }
+  add(host.weights().lm_head);
+  std::sort(seen.begin(), seen.end());
+  std::string s;
+  for (DType dt : seen) s += (s.empty() ? "gguf:" : "+") + std::string(dtype_name(dt));
+  return s;
+}
+
 }  // namespace
 
 Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOptions& eo) {
@@ -821,16 +848,13 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   }
   // A shape preset has no files to read: it implies dummy weights.
   const bool dummy = cfg.load_format == LoadFormat::kDummy || !cfg.model_config.empty();
-  DType wdt = DType::kBF16;
-  switch (cfg.quantization) {
-    case Quantization::kNone:
-      break;
-    case Quantization::kInt8:
-      wdt = DType::kI8;
-      break;
-    case Quantization::kFp8:
-      wdt = DType::kFP8E4M3;
-      break;
+  const DType wdt = quantization_dtype(cfg.quantization);
+  std::string gguf_formats;  // a GGUF checkpoint's block formats kept on the GPU
+  if (dtype_info(wdt).is_quantized && !dummy) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "--quantization {} builds random weights (with --model-config or --load-format "
+                  "dummy); a GGUF checkpoint keeps its own block formats without --quantization",
+                  dtype_name(wdt));
   }
   if (!cuda && (wdt != DType::kBF16 || dummy)) {
     return Status(StatusCode::kInvalidArgument,
@@ -1089,6 +1113,9 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
     out.tokenizer = std::move(loaded.tokenizer);
     out.comm = std::move(loaded.comm);
     config = loaded.model->config();
+    if (wdt == DType::kBF16 && !ro.residency.requested()) {
+      gguf_formats = gguf_block_formats(*loaded.model);
+    }
     STRATA_ASSIGN_OR_RETURN(
         out.exec, make_runner(config, ParallelConfig{}, std::move(loaded.model), *out.comm, ro));
   } else {
@@ -1140,7 +1167,8 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   out.max_len = out.exec->max_model_len();
   out.info.backend = "CUDA";
   out.info.device_name = out.exec->device_name();
-  out.info.weight_format = std::string(dtype_name(wdt));
+  // A GGUF checkpoint on one GPU keeps its linears' block formats (model/device_layout.cpp).
+  out.info.weight_format = gguf_formats.empty() ? std::string(dtype_name(wdt)) : gguf_formats;
   out.info.device_weight_bytes = out.exec->device_weight_bytes();
   out.info.n_gpus = std::max<int64_t>(1, static_cast<int64_t>(out.exec->gpus().size()));
   out.info.kv_cache_blocks = out.exec->cache().config().n_blocks;

@@ -184,7 +184,21 @@ Result<ops::LinearWeight> make_weight(Arena& a, int64_t rows, int64_t cols, int 
   const std::vector<float> b = randoms(static_cast<size_t>(rows), seed + 1, -0.5f, 0.5f);
   std::vector<uint8_t> q;
   std::vector<float> scale;
-  if (wdt != DType::kBF16) {
+  const bool gguf = dtype_info(wdt).is_quantized;
+  if (gguf) {
+    // Random GGUF rows in the device row layout; the reference gets the GPU's bf16 weights
+    // (cpu::gguf_row_to_bf16), exactly what the device layout stands for.
+    const int64_t rb = dtype_bytes(wdt, cols);
+    q.resize(static_cast<size_t>(rows * rb));
+    std::vector<uint16_t> row(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::gguf_fill_random_row(wdt, seed, r, 0.5f, cols, q.data() + r * rb);
+      cpu::gguf_row_to_bf16(wdt, q.data() + r * rb, cols, row.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        w[static_cast<size_t>(r * cols + c)] = bf16_to_f32(row[static_cast<size_t>(c)]);
+      }
+    }
+  } else if (wdt != DType::kBF16) {
     std::vector<uint16_t> w16(w.size());
     for (size_t i = 0; i < w.size(); ++i) w16[i] = f32_to_bf16(w[i]);
     q.resize(w.size());
@@ -205,6 +219,8 @@ Result<ops::LinearWeight> make_weight(Arena& a, int64_t rows, int64_t cols, int 
     Tensor wt, st, bt;
     if (wdt == DType::kBF16) {
       STRATA_ASSIGN_OR_RETURN(wt, a.put(DType::kBF16, {rows, cols}, w));
+    } else if (gguf) {
+      STRATA_ASSIGN_OR_RETURN(wt, a.put_bytes(wdt, {rows, cols}, q));
     } else {
       STRATA_ASSIGN_OR_RETURN(wt, a.put_bytes(wdt, {rows, cols}, q));
       STRATA_ASSIGN_OR_RETURN(st, a.put(DType::kF32, {rows}, scale));
@@ -407,12 +423,54 @@ void add_linear_cases(std::vector<Case>& cases) {
   for (const Shape& s : i8_shapes) {
     for (int variant = 0; variant < 3; ++variant) add(s, DType::kI8, variant);
   }
+  // GGUF block formats (the weights are the GPU's bf16 values, so the tolerances are bf16's):
+  // token counts around the decode kernel's tiles (1, 3, 8, 16) and the dequantize-then-GEMM
+  // path above it (17, 64), rows not a multiple of 16, k a multiple of 256. Rows are 16-byte
+  // aligned (decode kernel) for Q4_K / Q5_K always, for Q8_0 / Q4_0 with k a multiple of 256 and
+  // for Q6_K only with k a multiple of 2048: Q6_K at k = 256 / 512 takes the dequantizer at
+  // every token count.
+  const Shape gguf_shapes[] = {{1, 256, 72, 1},    {3, 512, 1031, 1}, {8, 2048, 200, 1},
+                               {16, 2048, 520, 3}, {17, 256, 100, 1}, {64, 512, 300, 2}};
+  for (const Shape& s : gguf_shapes) {
+    for (DType wdt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+      for (int variant = 0; variant < 3; ++variant) add(s, wdt, variant);
+    }
+  }
 }
 
 void add_linear_act_cases(std::vector<Case>& cases) {
   struct Shape {
     int64_t n, k, f;
   };
+  // GGUF gate/up weights: the decode kernel's gated epilogue (gate and up tiles in one block)
+  // up to 16 tokens, the dequantized GEMM + gated_act_bf16 above.
+  for (const Shape& s : {Shape{1, 256, 176}, Shape{16, 2048, 200}, Shape{17, 512, 100}}) {
+    for (DType wdt : {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+      Case c;
+      c.name = "linear_act " + shape_name({s.n, s.k, s.f}) + " " + std::string(dtype_name(wdt)) +
+               " silu-gated";
+      c.tol_ref = 1.5e-2;
+      c.tol_twin = 8e-3;
+      c.prepare = [=](Arena& a) -> Result<Prepared> {
+        STRATA_ASSIGN_OR_RETURN(ops::LinearWeight w,
+                                make_weight(a, 2 * s.f, s.k, 2, wdt, false, 33));
+        STRATA_ASSIGN_OR_RETURN(
+            Tensor x,
+            a.put(a.act(), {s.n, s.k}, randoms(static_cast<size_t>(s.n * s.k), 34, -1, 1)));
+        STRATA_ASSIGN_OR_RETURN(Tensor ff, a.output(a.act(), {s.n, 2 * s.f}));
+        STRATA_ASSIGN_OR_RETURN(Tensor out, a.output(a.act(), {s.n, s.f}));
+        Prepared p;
+        p.outputs = {out};
+        p.flops = 2.0 * static_cast<double>(s.n * s.k * 2 * s.f);
+        p.bytes = static_cast<double>(dtype_bytes(wdt, 2 * s.f * s.k));
+        p.run = [&a, x, w, ff, out]() mutable {
+          return ops::linear_act(a.ctx(), x, w, Activation::kSilu, true, ff, out);
+        };
+        return p;
+      };
+      cases.push_back(c);
+    }
+  }
   for (const Shape& s :
        {Shape{1, 64, 176}, Shape{16, 576, 1536}, Shape{17, 72, 200}, Shape{100, 256, 520}}) {
     for (int kind = 0; kind < 3; ++kind) {  // gated silu, gated gelu, plain gelu

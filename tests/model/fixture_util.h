@@ -58,6 +58,40 @@ inline double relative_error(const std::vector<float>& a, const std::vector<floa
   return a.size() == b.size() ? diff / std::max(ref, 1e-30) : INFINITY;
 }
 
+// Greedy ids of `got` against `want` ([positions, vocab] logits each) at the positions where
+// want's top two logits are more than `margin` * max|want| apart (elsewhere a near-tie may flip
+// within the logits' tolerance): `decided` such positions, `differ` of them with another argmax.
+struct GreedyAgreement {
+  int decided = 0;
+  int differ = 0;
+};
+inline GreedyAgreement greedy_agreement(const std::vector<float>& got,
+                                        const std::vector<float>& want, int64_t vocab,
+                                        double margin) {
+  GreedyAgreement g;
+  double scale = 0;
+  for (float v : want) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+  const size_t V = static_cast<size_t>(vocab);
+  for (size_t p = 0; p + V <= want.size(); p += V) {
+    size_t best = p;
+    for (size_t i = p; i < p + V; ++i) {
+      if (want[i] > want[best]) best = i;
+    }
+    double second_v = -1e30;
+    for (size_t i = p; i < p + V; ++i) {
+      if (i != best) second_v = std::max(second_v, static_cast<double>(want[i]));
+    }
+    if (want[best] - second_v <= margin * scale) continue;
+    ++g.decided;
+    size_t gb = p;
+    for (size_t i = p; i < p + V; ++i) {
+      if (got[i] > got[gb]) gb = i;
+    }
+    g.differ += gb != best ? 1 : 0;
+  }
+  return g;
+}
+
 // Mixture-of-experts models under bf16: a router's top-k can flip where two experts' logits
 // nearly tie (qwen2_moe sequence 1, last position: layer 2's experts 0 and 4 are 0.055 apart in
 // f32 and swap under the bf16 layout's drift), which moves that position's logits by far more

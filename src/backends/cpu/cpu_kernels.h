@@ -65,6 +65,21 @@ Status gpu_linear_a8w8(const GpuLinearParams& p);
 Status quantize_rows(const uint16_t* w_bf16, int64_t rows, int64_t cols, DType q_dtype, void* q,
                      float* scale);
 
+// gguf_device.cpp: GGUF block formats on the GPU (cuda/kernels/gguf_fragments.h describes the
+// device row layout and the values). gguf_pack_row: one row of k values from the GGUF file's
+// blocks into the device row (same byte count; Q4_K / Q5_K copied, Q8_0 / Q4_0 / Q6_K split into
+// quants and scales). gguf_row_to_bf16: the twin of the GPU's dequantization, the bf16 weights
+// bf16_rn(q * S - M) of a device row (what the decode kernel multiplies and the prefill
+// dequantizer writes). gguf_fill_random_row: a device row of random blocks (quants uniform, d so
+// that the weights are about uniform in [-scale, scale]), deterministic in (seed, row).
+// gguf_device_ok: whether `dt` has a device kernel and rows of k values fit it (k a multiple of
+// 256).
+bool gguf_device_ok(DType dt, int64_t k);
+void gguf_pack_row(DType dt, const uint8_t* raw, uint8_t* dev, int64_t k);
+void gguf_row_to_bf16(DType dt, const uint8_t* dev, int64_t k, uint16_t* out);
+void gguf_fill_random_row(DType dt, uint64_t seed, int64_t row, float scale, int64_t k,
+                          uint8_t* dev);
+
 // gpu_linear.cpp: the twin of cuda::fill_random_bf16 (the same counter-based hash, so the same
 // bits).
 Status fill_random_bf16(uint16_t* dst, int64_t n, uint64_t seed, float scale);

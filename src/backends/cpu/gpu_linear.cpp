@@ -7,7 +7,9 @@
 // the dot product accumulates in f32 (in k order here; the GPU sums in another order, which is
 // the only difference); then * w_scale[m], + bias[m], silu(gate) * up, + out (accumulate), and
 // one rounding to bf16 for bf16 out. gpu_linear_a8w8 twins the A8W8 path (int8 weights above
-// the crossover): x rounded per token to int8, exact int32 dot products, then the scales.
+// the crossover): x rounded per token to int8, exact int32 dot products, then the scales. GGUF
+// block formats (cuda::gguf_linear) are read as the GPU's bf16 weights (gguf_row_to_bf16): the
+// decode kernel and the dequantize-then-GEMM path multiply exactly those.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -34,7 +36,8 @@ const std::array<float, 256>& fp8_table() {
   return table;
 }
 
-// Row r of the weight matrix as f32 values (exact for bf16, int8 and fp8).
+// Row r of the weight matrix as f32 values (exact for bf16, int8 and fp8; GGUF blocks as the
+// GPU's bf16 weights, gguf_row_to_bf16).
 void load_weight_row(const GpuLinearParams& p, int64_t r, float* dst) {
   const int64_t k = p.in_features;
   if (p.w_dtype == DType::kBF16) {
@@ -43,6 +46,12 @@ void load_weight_row(const GpuLinearParams& p, int64_t r, float* dst) {
   } else if (p.w_dtype == DType::kI8) {
     const int8_t* w = static_cast<const int8_t*>(p.w) + r * p.w_stride;
     for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<float>(w[i]);
+  } else if (dtype_info(p.w_dtype).is_quantized) {  // GGUF blocks in the device row layout
+    thread_local std::vector<uint16_t> row;
+    row.resize(static_cast<size_t>(k));
+    const auto* w = static_cast<const uint8_t*>(p.w) + r * dtype_bytes(p.w_dtype, p.w_stride);
+    gguf_row_to_bf16(p.w_dtype, w, k, row.data());
+    for (int64_t i = 0; i < k; ++i) dst[i] = bf16_to_f32(row[static_cast<size_t>(i)]);
   } else {
     const std::array<float, 256>& t = fp8_table();
     const uint8_t* w = static_cast<const uint8_t*>(p.w) + r * p.w_stride;
@@ -51,15 +60,28 @@ void load_weight_row(const GpuLinearParams& p, int64_t r, float* dst) {
 }
 
 Status check(const GpuLinearParams& p) {
-  if (p.w_dtype != DType::kBF16 && p.w_dtype != DType::kI8 && p.w_dtype != DType::kFP8E4M3) {
+  const bool gguf = dtype_info(p.w_dtype).is_quantized;
+  if (gguf && !gguf_device_ok(p.w_dtype, p.in_features)) {
+    return errorf(StatusCode::kUnimplemented,
+                  "{}: {} weights with {} input features (device formats: q8_0, q4_0, q4_k, "
+                  "q5_k, q6_k with a multiple of 256)",
+                  kOp, dtype_name(p.w_dtype), p.in_features);
+  }
+  if (!gguf && p.w_dtype != DType::kBF16 && p.w_dtype != DType::kI8 &&
+      p.w_dtype != DType::kFP8E4M3) {
     return errorf(StatusCode::kUnimplemented, "{}: weight dtype {} (want bf16, i8 or fp8_e4m3)",
                   kOp, dtype_name(p.w_dtype));
+  }
+  if (gguf && (p.w_scale != nullptr || p.w_stride != p.in_features)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "{}: {} weights carry their scales (no w_scale) and have dense rows", kOp,
+                  dtype_name(p.w_dtype));
   }
   if (p.out_dtype != DType::kF32 && p.out_dtype != DType::kBF16) {
     return errorf(StatusCode::kUnimplemented, "{}: out dtype {} (want f32 or bf16)", kOp,
                   dtype_name(p.out_dtype));
   }
-  const bool quantized = p.w_dtype != DType::kBF16;
+  const bool quantized = p.w_dtype == DType::kI8 || p.w_dtype == DType::kFP8E4M3;
   if (quantized && p.w_scale == nullptr) {
     return errorf(StatusCode::kInvalidArgument, "{}: {} weights need w_scale", kOp,
                   dtype_name(p.w_dtype));

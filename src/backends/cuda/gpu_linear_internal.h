@@ -14,7 +14,8 @@ namespace strata::cuda {
 // The argument checks every GPU linear entry point runs before touching the GPU: dtypes
 // (kUnimplemented), sizes, strides, null pointers, in_features a multiple of 8, x and weight
 // rows 16-byte aligned, w_scale present exactly for int8/fp8, accumulate only into f32 out
-// (kInvalidArgument naming `op` and the argument).
+// (kInvalidArgument naming `op` and the argument). GGUF block formats: in_features a multiple
+// of 256, dense rows (w_stride == in_features), no w_scale, weights 2-byte aligned.
 Status check_gpu_linear(const char* op, const GpuLinearParams& p);
 
 namespace sbi {
@@ -73,6 +74,44 @@ Status launch_fp8(const LaunchCtx& ctx, const Args& a, Config c);
 Status sbi_gemm_with_m_tiles(const LaunchCtx& ctx, const GpuLinearParams& p, int m_tiles);
 
 }  // namespace sbi
+
+// GGUF block formats (gguf_linear.cpp; kernels/gguf_gemv.cuh, one .cu per format).
+namespace gguf {
+// The decode kernel: at most 16 tokens, 16-byte aligned rows of a.w_stride_bytes, k a multiple
+// of 256, w_scale null.
+Status gemv_q8_0(const LaunchCtx& ctx, const sbi::Args& a);
+Status gemv_q4_0(const LaunchCtx& ctx, const sbi::Args& a);
+Status gemv_q4_k(const LaunchCtx& ctx, const sbi::Args& a);
+Status gemv_q5_k(const LaunchCtx& ctx, const sbi::Args& a);
+Status gemv_q6_k(const LaunchCtx& ctx, const sbi::Args& a);
+// The dequantizer: out[r, :] (bf16, row stride out_stride, even) = the bf16 weights of rows
+// [0, rows) at w + r * row_bytes (any 2-byte alignment), k a multiple of 256.
+Status dequant_q8_0(const LaunchCtx& ctx, const uint8_t* w, int64_t row_bytes, int64_t rows,
+                    int64_t k, uint16_t* out, int64_t out_stride);
+Status dequant_q4_0(const LaunchCtx& ctx, const uint8_t* w, int64_t row_bytes, int64_t rows,
+                    int64_t k, uint16_t* out, int64_t out_stride);
+Status dequant_q4_k(const LaunchCtx& ctx, const uint8_t* w, int64_t row_bytes, int64_t rows,
+                    int64_t k, uint16_t* out, int64_t out_stride);
+Status dequant_q5_k(const LaunchCtx& ctx, const uint8_t* w, int64_t row_bytes, int64_t rows,
+                    int64_t k, uint16_t* out, int64_t out_stride);
+Status dequant_q6_k(const LaunchCtx& ctx, const uint8_t* w, int64_t row_bytes, int64_t rows,
+                    int64_t k, uint16_t* out, int64_t out_stride);
+// Dispatch by dtype (kUnimplemented for a format without kernels).
+Status dequant(const LaunchCtx& ctx, DType dt, const uint8_t* w, int64_t row_bytes, int64_t rows,
+               int64_t k, uint16_t* out, int64_t out_stride);
+// Rows of the dequantized bf16 tile the prefill path processes at once (a multiple of 16).
+int64_t tile_rows(int64_t m, int64_t k, bool gated);
+// Whether the decode kernel takes these params (else the dequantizer + bf16 GEMM).
+bool gemv_eligible(const GpuLinearParams& p);
+}  // namespace gguf
+
+// gguf_linear.cpp: the GPU linear layer for GGUF block-format weights (w_dtype q8_0, q4_0, q4_k,
+// q5_k, q6_k; dense rows, no w_scale). Up to sbi_max_tokens() tokens with 16-byte aligned rows:
+// the decode kernel (weights read once, dequantized in registers). Otherwise tiles of rows are
+// dequantized to bf16 into a stream-ordered scratch (cudaMallocAsync) and run through the bf16
+// linear (SBI-GeMM or cuBLASLt), gate and up tiles side by side when gated. Both paths multiply
+// the same bf16 weights (gguf_fragments.h); twin: cpu::gpu_linear.
+Status gguf_linear(const LaunchCtx& ctx, const GpuLinearParams& p);
 
 // linear.cpp: which path cublaslt_linear takes for these params (cuBLASLt writing out directly;
 // fp8 weights without a bias: fp8 activations and cuBLASLt applying both scales and writing out

@@ -626,6 +626,10 @@ Status via_scratch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch, 
 Status cublaslt_dispatch(const LaunchCtx& ctx, const GpuLinearParams& p, bool launch,
                          LtRoute* route) {
   STRATA_RETURN_IF_ERROR(check_gpu_linear(kOp, p));
+  if (dtype_info(p.w_dtype).is_quantized) {  // GGUF blocks: dequantized tiles, then bf16 GEMMs
+    *route = LtRoute::kScratch;
+    return launch ? gguf_linear(ctx, p) : ok_status();
+  }
   if (p.gated_silu) {
     return errorf(StatusCode::kInvalidArgument,
                   "{}: gated_silu is SBI-only (sbi_gemm / linear up to 64 tokens)", kOp);
@@ -679,6 +683,7 @@ Status linear(const LaunchCtx& ctx, const GpuLinearParams& p) {
                   "gated_act_bf16 instead)",
                   p.n_tokens, sbi::kMaxLaunchTokens);
   }
+  if (dtype_info(p.w_dtype).is_quantized) return gguf_linear(ctx, p);
   if (p.gated_silu || p.n_tokens <= sbi_max_tokens()) return sbi_gemm(ctx, p);
   return cublaslt_linear(ctx, p);
 }

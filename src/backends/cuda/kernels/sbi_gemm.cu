@@ -15,6 +15,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/gpu_linear_internal.h"
+#include "backends/cuda/kernels/gguf_fragments.h"
 #include "core/env.h"
 
 namespace strata::cuda {
@@ -30,7 +31,15 @@ std::string num(int64_t v) {
 }  // namespace
 
 Status check_gpu_linear(const char* op, const GpuLinearParams& p) {
-  if (p.w_dtype != DType::kBF16 && p.w_dtype != DType::kI8 && p.w_dtype != DType::kFP8E4M3) {
+  const bool gguf = dtype_info(p.w_dtype).is_quantized;
+  if (gguf && !gguf::gpu_format(p.w_dtype)) {
+    return Status(StatusCode::kUnimplemented, std::string(op) + ": weight dtype " +
+                                                  std::string(dtype_name(p.w_dtype)) +
+                                                  " (GGUF formats on the GPU: q8_0, q4_0, q4_k, "
+                                                  "q5_k, q6_k)");
+  }
+  if (!gguf && p.w_dtype != DType::kBF16 && p.w_dtype != DType::kI8 &&
+      p.w_dtype != DType::kFP8E4M3) {
     return Status(StatusCode::kUnimplemented, std::string(op) + ": weight dtype " +
                                                   std::string(dtype_name(p.w_dtype)) +
                                                   " (want bf16, i8 or fp8_e4m3)");
@@ -40,12 +49,19 @@ Status check_gpu_linear(const char* op, const GpuLinearParams& p) {
                                                   std::string(dtype_name(p.out_dtype)) +
                                                   " (want f32 or bf16)");
   }
-  const bool quantized = p.w_dtype != DType::kBF16;
+  const bool quantized = p.w_dtype == DType::kI8 || p.w_dtype == DType::kFP8E4M3;
   if (quantized && p.w_scale == nullptr) {
     return invalid_argument(op, std::string(dtype_name(p.w_dtype)) + " weights need w_scale");
   }
   if (!quantized && p.w_scale != nullptr) {
-    return invalid_argument(op, "w_scale given for bf16 weights");
+    return invalid_argument(op,
+                            "w_scale given for " + std::string(dtype_name(p.w_dtype)) + " weights");
+  }
+  if (gguf && (p.in_features % 256 != 0 || p.w_stride != p.in_features)) {
+    return invalid_argument(op, std::string(dtype_name(p.w_dtype)) +
+                                    " weights need in_features a multiple of 256 and dense rows "
+                                    "(in_features " +
+                                    num(p.in_features) + ", w_stride " + num(p.w_stride) + ")");
   }
   if (p.accumulate && p.out_dtype != DType::kF32) {
     return invalid_argument(op, "accumulate needs f32 out");
@@ -76,6 +92,11 @@ Status check_gpu_linear(const char* op, const GpuLinearParams& p) {
     return invalid_argument(
         op, "x rows are not 16-byte aligned (x_stride " + num(p.x_stride) + " elements)");
   }
+  if (gguf) {  // any row alignment: the decode kernel takes 16-byte aligned rows, the rest
+               // goes through the dequantizer
+    if (!is_aligned(p.w, 2)) return invalid_argument(op, "GGUF weights are not 2-byte aligned");
+    return ok_status();
+  }
   const int64_t w_row_bytes = p.w_stride * (quantized ? 1 : 2);
   if (!is_aligned(p.w, 16) || w_row_bytes % 16 != 0) {
     return invalid_argument(
@@ -88,6 +109,7 @@ namespace sbi {
 
 Status sbi_gemm_with_m_tiles(const LaunchCtx& ctx, const GpuLinearParams& p, int m_tiles) {
   STRATA_RETURN_IF_ERROR(check_gpu_linear("sbi_gemm", p));
+  if (dtype_info(p.w_dtype).is_quantized) return gguf_linear(ctx, p);  // GGUF blocks
   if (m_tiles != 0 && m_tiles != 1 && m_tiles != 2 && m_tiles != 4) {
     return invalid_argument("sbi_gemm", "m_tiles " + std::to_string(m_tiles) + " not 0, 1, 2, 4");
   }

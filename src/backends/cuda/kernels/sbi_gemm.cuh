@@ -233,6 +233,74 @@ __device__ __forceinline__ float sbi_pre(const Args& a, float v, int row) {
   return v;
 }
 
+// The end of a block's work: the 8 warps' partial sums of its T tiles x NT n-tiles (acc, in the
+// mma's C layout) meet in shared memory, then every thread runs the epilogue of the outputs it
+// stores (rows row0 + [0, 16 out_tiles)). Every thread of the block must call it (barriers).
+// Also the end of the GGUF block-format kernels (gguf_gemv.cuh).
+template <int T, int NT>
+__device__ __forceinline__ void sbi_reduce_store(const Args& a, const float (&acc)[NT][T][4],
+                                                 int row0, int out_tiles) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  // Cross-warp sum in a fixed order: warps 4..7 park their sums, warps 0..3 add them and park
+  // the result; then every thread adds the 4 parked partials of the outputs it stores.
+  __shared__ float red[4][T][NT][4][kWarpSize];
+  if (warp >= 4) {
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) red[warp - 4][i][nt][v][lane] = acc[nt][i][v];
+      }
+    }
+  }
+  __syncthreads();
+  if (warp < 4) {
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          red[warp][i][nt][v][lane] += acc[nt][i][v];
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // Epilogue, rows fastest so a token's 16 rows are one contiguous store.
+  const int total = out_tiles * NT * 8 * 16;
+  for (int e = static_cast<int>(threadIdx.x); e < total; e += kThreads) {
+    const int r16 = e % 16;
+    const int tok = (e / 16) % (NT * 8);
+    const int tile = e / (16 * NT * 8);
+    const int row = row0 + 16 * tile + r16;
+    if (tok >= a.n_tokens || row >= a.m) continue;
+    const int fl = (r16 % 8) * 4 + (tok % 8) / 2;  // the lane whose fragment holds (row, tok)
+    const int fv = (r16 / 8) * 2 + tok % 2;        // and which of its 4 accumulators
+    const int nt = tok / 8;
+    float v = red[0][tile][nt][fv][fl] + red[1][tile][nt][fv][fl] + red[2][tile][nt][fv][fl] +
+              red[3][tile][nt][fv][fl];
+    v = sbi_pre(a, v, row);
+    if (a.gated) {
+      const int up = tile + T / 2;
+      float u = red[0][up][nt][fv][fl] + red[1][up][nt][fv][fl] + red[2][up][nt][fv][fl] +
+                red[3][up][nt][fv][fl];
+      u = sbi_pre(a, u, a.m + row);
+      v = v / (1.0f + expf(-v)) * u;
+    }
+    const int64_t o = tok * a.out_stride + row;
+    if (a.out_bf16) {
+      static_cast<__nv_bfloat16*>(a.out)[o] = __float2bfloat16_rn(v);
+    } else {
+      float* out = static_cast<float*>(a.out) + o;
+      *out = a.accumulate ? *out + v : v;
+    }
+  }
+}
+
 // The work of block `block` (its output rows) of one SBI launch; every thread of the block
 // must call it (it has barriers). The grouped expert kernel (moe_sbi.cuh) calls it once per
 // token slice of an expert, with a barrier between calls (the shared reduction is reused).
@@ -314,63 +382,7 @@ __device__ __forceinline__ void sbi_gemm_block(const Args& a, int block) {
   // This block's weights are read: the next PDL-launched kernel may start prefetching its own.
   pdl_trigger();
 
-  // Cross-warp sum in a fixed order: warps 4..7 park their sums, warps 0..3 add them and park
-  // the result; then every thread adds the 4 parked partials of the outputs it stores.
-  __shared__ float red[4][T][NT][4][kWarpSize];
-  if (warp >= 4) {
-#pragma unroll
-    for (int i = 0; i < T; ++i) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) red[warp - 4][i][nt][v][lane] = acc[nt][i][v];
-      }
-    }
-  }
-  __syncthreads();
-  if (warp < 4) {
-#pragma unroll
-    for (int i = 0; i < T; ++i) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          red[warp][i][nt][v][lane] += acc[nt][i][v];
-        }
-      }
-    }
-  }
-  __syncthreads();
-
-  // Epilogue, rows fastest so a token's 16 rows are one contiguous store.
-  const int total = out_tiles * NT * 8 * 16;
-  for (int e = static_cast<int>(threadIdx.x); e < total; e += kThreads) {
-    const int r16 = e % 16;
-    const int tok = (e / 16) % (NT * 8);
-    const int tile = e / (16 * NT * 8);
-    const int row = row0 + 16 * tile + r16;
-    if (tok >= a.n_tokens || row >= a.m) continue;
-    const int fl = (r16 % 8) * 4 + (tok % 8) / 2;  // the lane whose fragment holds (row, tok)
-    const int fv = (r16 / 8) * 2 + tok % 2;        // and which of its 4 accumulators
-    const int nt = tok / 8;
-    float v = red[0][tile][nt][fv][fl] + red[1][tile][nt][fv][fl] + red[2][tile][nt][fv][fl] +
-              red[3][tile][nt][fv][fl];
-    v = sbi_pre(a, v, row);
-    if (a.gated) {
-      const int up = tile + T / 2;
-      float u = red[0][up][nt][fv][fl] + red[1][up][nt][fv][fl] + red[2][up][nt][fv][fl] +
-                red[3][up][nt][fv][fl];
-      u = sbi_pre(a, u, a.m + row);
-      v = v / (1.0f + expf(-v)) * u;
-    }
-    const int64_t o = tok * a.out_stride + row;
-    if (a.out_bf16) {
-      static_cast<__nv_bfloat16*>(a.out)[o] = __float2bfloat16_rn(v);
-    } else {
-      float* out = static_cast<float*>(a.out) + o;
-      *out = a.accumulate ? *out + v : v;
-    }
-  }
+  sbi_reduce_store<T, NT>(a, acc, row0, out_tiles);
 }
 
 template <WFormat F, int T, int NT>
