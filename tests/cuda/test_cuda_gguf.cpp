@@ -3,15 +3,19 @@
 // CUDA in block format against
 //   - the same device layout on the CPU through the twins (tests/model/test_gguf_device.cpp):
 //     the same bf16 weights, activations and KV, so only summation order and the bf16 roundings
-//     it moves differ: 1e-2 of max|logit|, the bound the bf16 fixtures use for GPU vs twins;
+//     it moves differ. This fixture (2 layers, hidden 256, vocab 256, random weights) is far more
+//     sensitive to those roundings than the others: on an H100 (2026-11-27) GPU vs twins measured
+//     4.6e-3 - 1.4e-2 of max|logit| over lengths 12-40 and chunks 1-64, and the same spread
+//     (4.4e-3 - 1.1e-2) with the weights dequantized to bf16 at load (STRATA_GGUF_DEQUANT=1, no
+//     block kernel involved). Bound: 2e-2. Each kernel is compared with its twin per op in the
+//     op table (tests/backend_ops), where the GGUF cases agree to f32 rounding;
 //   - the CPU engine on the same file (f32 activations, weights as stored, int8 activation
-//     blocks in its block dot products): 4e-2, the other fixtures' bf16 bound (the twins
-//     measured 2.7e-2 against it; the dequantize-to-bf16 path 1.6e-2, the difference being the
-//     bf16 rounding of the group scales, see gguf_fragments.h);
+//     blocks in its block dot products): the twins alone measured up to 5.3e-2 against it at 40
+//     tokens (seed 11, AVX2), the GPU 5.7e-2: bound 8e-2;
 // and greedy ids equal wherever the reference's top two logits are clearly apart (the random
 // weights make near-ties, where bf16 may pick either). Sequences of 1, 9 (decode kernel, one and
-// two token tiles), 12 single-token steps (decode) and 40 in chunks of 20 (dequantized tiles +
-// cuBLASLt), then CUDA-graph greedy decoding through the Engine against the CPU engine's argmax.
+// two token tiles), 12 single-token steps (decode) and 40 in chunks of 20 (the decode kernel's
+// 4-tile form), then CUDA-graph greedy decoding through the Engine against the CPU engine's argmax.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -104,8 +108,8 @@ TEST(CudaGguf, BlockFormatsMatchTwinsAndCpu) {
     const double vs_cpu = testing::relative_error(*g, *c);
     worst_twin = std::max(worst_twin, vs_twin);
     worst_cpu = std::max(worst_cpu, vs_cpu);
-    EXPECT_LE(vs_twin, 1e-2) << run.len << " tokens: GPU vs its CPU twins";
-    EXPECT_LE(vs_cpu, 4e-2) << run.len << " tokens: GPU vs the CPU engine";
+    EXPECT_LE(vs_twin, 2e-2) << run.len << " tokens: GPU vs its CPU twins";
+    EXPECT_LE(vs_cpu, 8e-2) << run.len << " tokens: GPU vs the CPU engine";
     const testing::GreedyAgreement gt = testing::greedy_agreement(*g, *t, V, 2e-2);
     const testing::GreedyAgreement gc = testing::greedy_agreement(*g, *c, V, 8e-2);
     EXPECT_EQ(gt.differ, 0) << run.len << " tokens: greedy ids vs twins";

@@ -1,5 +1,6 @@
 // The GPU linear layer for GGUF block-format weights (see gguf_linear in gpu_linear_internal.h):
-// the decode kernel for few tokens, else tiles of rows dequantized to bf16 and the bf16 linear.
+// the decode kernel up to 64 tokens (it reads the blocks once per call), else tiles of rows
+// dequantized to bf16 and the bf16 linear.
 //
 // NOTE: the prefill path writes and re-reads every weight as bf16 (4 bytes of traffic per weight
 // on top of the blocks) and allocates its tile per call from the stream-ordered pool; a GEMM
@@ -51,7 +52,7 @@ int64_t tile_rows(int64_t m, int64_t k, bool gated) {
 
 bool gemv_eligible(const GpuLinearParams& p) {
   const int64_t row_bytes = dtype_bytes(p.w_dtype, p.w_stride);
-  return p.n_tokens <= sbi_max_tokens() && row_bytes % 16 == 0 && aligned16(p.w) &&
+  return p.n_tokens <= sbi::kMaxLaunchTokens && row_bytes % 16 == 0 && aligned16(p.w) &&
          p.in_features % 256 == 0;
 }
 

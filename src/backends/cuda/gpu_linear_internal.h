@@ -106,8 +106,8 @@ bool gemv_eligible(const GpuLinearParams& p);
 }  // namespace gguf
 
 // gguf_linear.cpp: the GPU linear layer for GGUF block-format weights (w_dtype q8_0, q4_0, q4_k,
-// q5_k, q6_k; dense rows, no w_scale). Up to sbi_max_tokens() tokens with 16-byte aligned rows:
-// the decode kernel (weights read once, dequantized in registers). Otherwise tiles of rows are
+// q5_k, q6_k; dense rows, no w_scale). Up to 64 tokens (sbi::kMaxLaunchTokens) with 16-byte
+// aligned rows: the decode kernel (weights read once, dequantized in registers). Otherwise tiles of rows are
 // dequantized to bf16 into a stream-ordered scratch (cudaMallocAsync) and run through the bf16
 // linear (SBI-GeMM or cuBLASLt), gate and up tiles side by side when gated. Both paths multiply
 // the same bf16 weights (gguf_fragments.h); twin: cpu::gpu_linear.

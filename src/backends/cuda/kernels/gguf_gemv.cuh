@@ -1,4 +1,4 @@
-// GGUF block formats on the GPU: the decode kernel (out = x @ W^T for up to 16 tokens, W in a
+// GGUF block formats on the GPU: the decode kernel (out = x @ W^T for up to 64 tokens, W in a
 // block format, read once) and the dequantizer to bf16 the prefill path runs before cuBLASLt.
 // Included by kernels/gguf_{q8_0,q4_0,q4_k,q5_k,q6_k}.cu, one format each (small translation
 // units for 2-core CI). Host entry points: kernels/gguf_linear.cu. Layouts and values:
@@ -10,11 +10,12 @@
 // tile for the chunk first (Lane<F>::kLoads per row: 3..5), then per run of 16 k builds the run's
 // scale S and min M (bf16x2), loads 16 x values per token tile, and per k-step turns 4 quants of
 // each row into bf16 weights in registers (two fma.rn.bf16x2: q exactly, then q * S - M) for one
-// mma.m16n8k16 per tile and token tile. Partial sums meet in shared memory and the epilogue is
-// SBI's (sbi_reduce_store: bias, gated silu, accumulate, f32 or bf16 out). Needs 16-byte aligned
-// weight rows (row bytes a multiple of 16, which all formats give when k is a multiple of 2048;
-// Q4_K and Q5_K always) and k a multiple of 256; the host routes everything else through the
-// dequantizer.
+// mma.m16n8k16 per tile and token tile. Above 16 tokens (4 or 8 token tiles) the run's weights
+// are built first and each token tile then loads its x words in turn, to bound the registers.
+// Partial sums meet in shared memory and the epilogue is SBI's (sbi_reduce_store: bias, gated silu,
+// accumulate, f32 or bf16 out). Needs 16-byte aligned weight rows (row bytes a multiple of 16,
+// which all formats give when k is a multiple of 2048; Q4_K and Q5_K always) and k a multiple of
+// 256; the host routes everything else through the dequantizer.
 //
 // Dequantizer: thread (row, chunk, t) computes lane t's 64 values of the chunk with the same
 // functions and stores them as bf16: bit-identical weights for decode and prefill. Any row
@@ -74,7 +75,8 @@ __device__ __forceinline__ void load_lane(const uint8_t* row, int64_t k, int64_t
 }
 
 template <DType F, int T, int NT>
-__global__ void __launch_bounds__(kThreads, T == 1 ? 2 : 1) gguf_gemv_kernel(const sbi::Args a) {
+__global__ void __launch_bounds__(kThreads, (T == 1 && NT <= 4) ? 2 : 1)
+    gguf_gemv_kernel(const sbi::Args a) {
   using L = Lane<F>;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
@@ -139,43 +141,86 @@ __global__ void __launch_bounds__(kThreads, T == 1 ? 2 : 1) gguf_gemv_kernel(con
 #pragma unroll
         for (int h = 0; h < 2; ++h) L::scales(wv[i][h], d16[i][h], t, r, S[i][h], M[i][h]);
       }
-      uint32_t xw[NT][8];
       const int kx = c * kChunk + L::run_k(t, r);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int tok = 8 * nt + g;
-        uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
-        if (tok < a.n_tokens) {
-          const auto* xp = reinterpret_cast<const uint4*>(a.x + tok * a.x_stride + kx);
-          v0 = __ldg(xp);
-          v1 = __ldg(xp + 1);
-        }
-        xw[nt][0] = v0.x;
-        xw[nt][1] = v0.y;
-        xw[nt][2] = v0.z;
-        xw[nt][3] = v0.w;
-        xw[nt][4] = v1.x;
-        xw[nt][5] = v1.y;
-        xw[nt][6] = v1.z;
-        xw[nt][7] = v1.w;
-      }
-#pragma unroll
-      for (int s4 = 0; s4 < 4; ++s4) {
-        const int s = 4 * r + s4;
-        uint32_t af[T][4];
-#pragma unroll
-        for (int i = 0; i < T; ++i) {
-          lane_a_pair<F>(wv[i][0], S[i][0], M[i][0], s, t, af[i][0], af[i][2]);  // row g
-          lane_a_pair<F>(wv[i][1], S[i][1], M[i][1], s, t, af[i][1], af[i][3]);  // row g + 8
-        }
+      if constexpr (NT <= 2) {
+        uint32_t xw[NT][8];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          if (nt * 8 >= a.n_tokens) continue;  // warp-uniform
-          uint32_t b0, b1;
-          x_pair(xw[nt], s, b0, b1);
+          const int tok = 8 * nt + g;
+          uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+          if (tok < a.n_tokens) {
+            const auto* xp = reinterpret_cast<const uint4*>(a.x + tok * a.x_stride + kx);
+            v0 = __ldg(xp);
+            v1 = __ldg(xp + 1);
+          }
+          xw[nt][0] = v0.x;
+          xw[nt][1] = v0.y;
+          xw[nt][2] = v0.z;
+          xw[nt][3] = v0.w;
+          xw[nt][4] = v1.x;
+          xw[nt][5] = v1.y;
+          xw[nt][6] = v1.z;
+          xw[nt][7] = v1.w;
+        }
+#pragma unroll
+        for (int s4 = 0; s4 < 4; ++s4) {
+          const int s = 4 * r + s4;
+          uint32_t af[T][4];
 #pragma unroll
           for (int i = 0; i < T; ++i) {
-            if (tile_on[i]) sbi::mma_bf16(acc[nt][i], af[i], b0, b1);
+            lane_a_pair<F>(wv[i][0], S[i][0], M[i][0], s, t, af[i][0], af[i][2]);  // row g
+            lane_a_pair<F>(wv[i][1], S[i][1], M[i][1], s, t, af[i][1], af[i][3]);  // row g + 8
+          }
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            if (nt * 8 >= a.n_tokens) continue;  // warp-uniform
+            uint32_t b0, b1;
+            x_pair(xw[nt], s, b0, b1);
+#pragma unroll
+            for (int i = 0; i < T; ++i) {
+              if (tile_on[i]) sbi::mma_bf16(acc[nt][i], af[i], b0, b1);
+            }
+          }
+        }
+      } else {
+        // 17-64 tokens: the run's 4 k-steps of weights are built once, then the 8-token tiles
+        // take their turns, each one's x words loaded while the previous tile's mmas run (x is
+        // not held for every tile at once).
+        uint32_t af[4][T][4];
+#pragma unroll
+        for (int s4 = 0; s4 < 4; ++s4) {
+#pragma unroll
+          for (int i = 0; i < T; ++i) {
+            lane_a_pair<F>(wv[i][0], S[i][0], M[i][0], 4 * r + s4, t, af[s4][i][0], af[s4][i][2]);
+            lane_a_pair<F>(wv[i][1], S[i][1], M[i][1], 4 * r + s4, t, af[s4][i][1], af[s4][i][3]);
+          }
+        }
+        const auto load_x = [&](int nt, uint4& v0, uint4& v1) {
+          v0 = make_uint4(0, 0, 0, 0);
+          v1 = v0;
+          const int tok = 8 * nt + g;
+          if (tok < a.n_tokens) {
+            const auto* xp = reinterpret_cast<const uint4*>(a.x + tok * a.x_stride + kx);
+            v0 = __ldg(xp);
+            v1 = __ldg(xp + 1);
+          }
+        };
+        uint4 n0, n1;
+        load_x(0, n0, n1);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4 v0 = n0, v1 = n1;
+          if (nt + 1 < NT) load_x(nt + 1, n0, n1);
+          if (nt * 8 >= a.n_tokens) continue;  // warp-uniform
+          const uint32_t xw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+          for (int s4 = 0; s4 < 4; ++s4) {
+            uint32_t b0, b1;
+            x_pair(xw, 4 * r + s4, b0, b1);
+#pragma unroll
+            for (int i = 0; i < T; ++i) {
+              if (tile_on[i]) sbi::mma_bf16(acc[nt][i], af[s4][i], b0, b1);
+            }
           }
         }
       }
@@ -193,11 +238,14 @@ Status gemv_run(const LaunchCtx& ctx, const sbi::Args& a) {
   return kernel_launch_status("gguf_gemv_kernel");
 }
 
-// Decode launch: gated -> 2 tiles (gate + up), else 1; n_tokens <= 8 -> 1 token tile, <= 16 -> 2.
+// Decode launch: gated -> 2 tiles (gate + up), else 1; 8-token tiles: 1, 2, 4 or 8 (up to 8, 16,
+// 32 or 64 tokens).
 template <DType F>
 Status gemv_launch(const LaunchCtx& ctx, const sbi::Args& a) {
   if (a.n_tokens <= 8) return a.gated ? gemv_run<F, 2, 1>(ctx, a) : gemv_run<F, 1, 1>(ctx, a);
-  return a.gated ? gemv_run<F, 2, 2>(ctx, a) : gemv_run<F, 1, 2>(ctx, a);
+  if (a.n_tokens <= 16) return a.gated ? gemv_run<F, 2, 2>(ctx, a) : gemv_run<F, 1, 2>(ctx, a);
+  if (a.n_tokens <= 32) return a.gated ? gemv_run<F, 2, 4>(ctx, a) : gemv_run<F, 1, 4>(ctx, a);
+  return a.gated ? gemv_run<F, 2, 8>(ctx, a) : gemv_run<F, 1, 8>(ctx, a);
 }
 
 // out[r, :] = the bf16 weights of rows [0, rows) (row r at w + r * row_bytes), row stride
