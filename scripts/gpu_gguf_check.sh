@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GGUF block formats on the GPU (issue 15: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K kept in their blocks) on
 # one GPU, one device call:
-#   1. correctness: the op table's GGUF cases (decode kernel up to 16 tokens, dequantized tiles +
+#   1. correctness: the op table's GGUF cases (decode kernel up to 64 tokens, dequantized tiles +
 #      cuBLASLt above, gated; CUDA vs the CPU twins), the model-level GGUF tests (the mixed-format
 #      llama fixture on CUDA vs the CPU twins and the CPU engine, greedy decoding through graphs),
 #      the kernels against the twin (dequantizer bit-exact, gguf_linear incl. misaligned rows),
@@ -35,7 +35,7 @@ if [ -x "$BUILD/tests/test_ops" ]; then
   step fragments 120 "$BUILD/tests/test_ops" --gtest_filter='GgufFragments.*'
 fi
 step bench_gpu_linear 300 "$BUILD/bench/bench_gpu_linear" --dtypes q4_k,q6_k,q8_0,q5_k,q4_0,bf16,i8 \
-  --paths sbi --reps 20 --n 1,8,16,17,64 --json "$OUT/bench_gpu_linear_gguf.json"
+  --paths sbi --reps 20 --n 1,8,16,17,32,64 --json "$OUT/bench_gpu_linear_gguf.json"
 B8="--device cuda --model-config llama3-8b --batch 1,16,64 --ctx 256 --prefill 1x2048 -p 128 -r 5"
 for q in q4_k q8_0 q6_k; do
   step "bench_$q" 300 "$BUILD/strata" bench $B8 --quantization $q --json "$OUT/$q.json"

@@ -424,13 +424,15 @@ void add_linear_cases(std::vector<Case>& cases) {
     for (int variant = 0; variant < 3; ++variant) add(s, DType::kI8, variant);
   }
   // GGUF block formats (the weights are the GPU's bf16 values, so the tolerances are bf16's):
-  // token counts around the decode kernel's tiles (1, 3, 8, 16) and the dequantize-then-GEMM
-  // path above it (17, 64), rows not a multiple of 16, k a multiple of 256. Rows are 16-byte
+  // token counts around the decode kernel's 8-token tiles (1, 3, 8, 16: one or two; 17, 33, 64:
+  // four or eight) and the dequantize-then-GEMM path above 64 (100), rows not a multiple of 16,
+  // k a multiple of 256. Rows are 16-byte
   // aligned (decode kernel) for Q4_K / Q5_K always, for Q8_0 / Q4_0 with k a multiple of 256 and
   // for Q6_K only with k a multiple of 2048: Q6_K at k = 256 / 512 takes the dequantizer at
   // every token count.
   const Shape gguf_shapes[] = {{1, 256, 72, 1},    {3, 512, 1031, 1}, {8, 2048, 200, 1},
-                               {16, 2048, 520, 3}, {17, 256, 100, 1}, {64, 512, 300, 2}};
+                               {16, 2048, 520, 3}, {17, 256, 100, 1}, {33, 2048, 136, 1},
+                               {64, 512, 300, 2},  {100, 256, 130, 1}};
   for (const Shape& s : gguf_shapes) {
     for (DType wdt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       for (int variant = 0; variant < 3; ++variant) add(s, wdt, variant);
