@@ -107,10 +107,10 @@ bool gemv_eligible(const GpuLinearParams& p);
 
 // gguf_linear.cpp: the GPU linear layer for GGUF block-format weights (w_dtype q8_0, q4_0, q4_k,
 // q5_k, q6_k; dense rows, no w_scale). Up to 64 tokens (sbi::kMaxLaunchTokens) with 16-byte
-// aligned rows: the decode kernel (weights read once, dequantized in registers). Otherwise tiles of rows are
-// dequantized to bf16 into a stream-ordered scratch (cudaMallocAsync) and run through the bf16
-// linear (SBI-GeMM or cuBLASLt), gate and up tiles side by side when gated. Both paths multiply
-// the same bf16 weights (gguf_fragments.h); twin: cpu::gpu_linear.
+// aligned rows: the decode kernel (weights read once, dequantized in registers). Otherwise tiles of
+// rows are dequantized to bf16 into a stream-ordered scratch (cudaMallocAsync) and run through the
+// bf16 linear (SBI-GeMM or cuBLASLt), gate and up tiles side by side when gated. Both paths
+// multiply the same bf16 weights (gguf_fragments.h); twin: cpu::gpu_linear.
 Status gguf_linear(const LaunchCtx& ctx, const GpuLinearParams& p);
 
 // linear.cpp: which path cublaslt_linear takes for these params (cuBLASLt writing out directly;
