@@ -74,6 +74,25 @@ __device__ __forceinline__ void load_lane(const uint8_t* row, int64_t k, int64_t
   }
 }
 
+// Token `tok`'s 16 x values from column kx as 8 words (two 16-byte loads), zeros past the last
+// token: the B side of one 8-token tile for a run.
+__device__ __forceinline__ void x_words(const sbi::Args& a, int tok, int kx, uint32_t (&xw)[8]) {
+  uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+  if (tok < a.n_tokens) {
+    const auto* xp = reinterpret_cast<const uint4*>(a.x + tok * a.x_stride + kx);
+    v0 = __ldg(xp);
+    v1 = __ldg(xp + 1);
+  }
+  xw[0] = v0.x;
+  xw[1] = v0.y;
+  xw[2] = v0.z;
+  xw[3] = v0.w;
+  xw[4] = v1.x;
+  xw[5] = v1.y;
+  xw[6] = v1.z;
+  xw[7] = v1.w;
+}
+
 template <DType F, int T, int NT>
 __global__ void __launch_bounds__(kThreads, (T == 1 && NT <= 4) ? 2 : 1)
     gguf_gemv_kernel(const sbi::Args a) {
@@ -145,23 +164,7 @@ __global__ void __launch_bounds__(kThreads, (T == 1 && NT <= 4) ? 2 : 1)
       if constexpr (NT <= 2) {
         uint32_t xw[NT][8];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const int tok = 8 * nt + g;
-          uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
-          if (tok < a.n_tokens) {
-            const auto* xp = reinterpret_cast<const uint4*>(a.x + tok * a.x_stride + kx);
-            v0 = __ldg(xp);
-            v1 = __ldg(xp + 1);
-          }
-          xw[nt][0] = v0.x;
-          xw[nt][1] = v0.y;
-          xw[nt][2] = v0.z;
-          xw[nt][3] = v0.w;
-          xw[nt][4] = v1.x;
-          xw[nt][5] = v1.y;
-          xw[nt][6] = v1.z;
-          xw[nt][7] = v1.w;
-        }
+        for (int nt = 0; nt < NT; ++nt) x_words(a, 8 * nt + g, kx, xw[nt]);
 #pragma unroll
         for (int s4 = 0; s4 < 4; ++s4) {
           const int s = 4 * r + s4;
@@ -195,24 +198,15 @@ __global__ void __launch_bounds__(kThreads, (T == 1 && NT <= 4) ? 2 : 1)
             lane_a_pair<F>(wv[i][1], S[i][1], M[i][1], 4 * r + s4, t, af[s4][i][1], af[s4][i][3]);
           }
         }
-        const auto load_x = [&](int nt, uint4& v0, uint4& v1) {
-          v0 = make_uint4(0, 0, 0, 0);
-          v1 = v0;
-          const int tok = 8 * nt + g;
-          if (tok < a.n_tokens) {
-            const auto* xp = reinterpret_cast<const uint4*>(a.x + tok * a.x_stride + kx);
-            v0 = __ldg(xp);
-            v1 = __ldg(xp + 1);
-          }
-        };
-        uint4 n0, n1;
-        load_x(0, n0, n1);
+        uint32_t next[8];
+        x_words(a, g, kx, next);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint4 v0 = n0, v1 = n1;
-          if (nt + 1 < NT) load_x(nt + 1, n0, n1);
+          uint32_t xw[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) xw[j] = next[j];
+          if (nt + 1 < NT) x_words(a, 8 * (nt + 1) + g, kx, next);
           if (nt * 8 >= a.n_tokens) continue;  // warp-uniform
-          const uint32_t xw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
           for (int s4 = 0; s4 < 4; ++s4) {
             uint32_t b0, b1;
