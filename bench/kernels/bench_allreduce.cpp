@@ -190,13 +190,8 @@ int run(const Options& o) {
           if (st.ok()) st = os.barrier();
         }
       }
-      // Point to point, rank 1 -> rank 0; the other ranks only keep the barriers.
-      if (st.ok() && !p2p.empty() && r == 0) {
-        int can = 0;
-        cudaDeviceCanAccessPeer(&can, 0, 1);
-        if (can) cudaDeviceEnablePeerAccess(1, 0);  // may already be on: clear that error
-        cudaGetLastError();
-      }
+      // Point to point, rank 1 -> rank 0 (peer access is on: init_in_process_device); the other
+      // ranks only keep the barriers.
       for (P2pRow& row : p2p) {
         const int64_t count = row.bytes / 2;
         for (int k = 0; k < 2 && st.ok(); ++k) {
