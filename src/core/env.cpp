@@ -49,7 +49,7 @@ EnvConfig read_env() {
   if (const char* v = get("STRATA_CPU_ISA")) c.cpu_isa = v;
   if (const char* v = get("STRATA_CPU_PREFILL")) c.cpu_prefill = v;
   if (const char* v = get("STRATA_CPU_DECODE")) c.cpu_decode = v;
-  c.cuda_profile = flag("STRATA_CUDA_PROFILE");
+  c.profile = flag("STRATA_PROFILE") || flag("STRATA_CUDA_PROFILE");
   c.no_autotune = flag("STRATA_NO_AUTOTUNE");
   c.no_pdl = flag("STRATA_NO_PDL");
   c.no_i8_gemm = flag("STRATA_NO_I8_GEMM");

@@ -31,10 +31,12 @@ struct EnvConfig {
   // (q/k/v, gate/up) run part by part instead of in one OpenMP region (A/B of the fused path).
   bool cpu_no_fused_parts = false;
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
-  bool cuda_profile = false;  // STRATA_CUDA_PROFILE=1: event-timed sections, eager launches
-  bool no_autotune = false;   // STRATA_NO_AUTOTUNE=1: cuBLASLt keeps its heuristic's first pick
-  bool no_pdl = false;        // STRATA_NO_PDL=1: no programmatic dependent launch
-  int sbi_prefetch = -1;  // STRATA_SBI_PREFETCH=N (0..8): SBI-GeMM L2 prefetch depth; -1 default
+  // STRATA_PROFILE=1 (or its old name STRATA_CUDA_PROFILE=1): a table of the forward pass's
+  // sections at exit, timed by CUDA events (eager launches) or the host clock on the CPU.
+  bool profile = false;
+  bool no_autotune = false;  // STRATA_NO_AUTOTUNE=1: cuBLASLt keeps its heuristic's first pick
+  bool no_pdl = false;       // STRATA_NO_PDL=1: no programmatic dependent launch
+  int sbi_prefetch = -1;     // STRATA_SBI_PREFETCH=N (0..8): SBI-GeMM L2 prefetch depth; -1 default
   // STRATA_DECODE_CTAS_PER_SM=N (1..16): the split-K decode attention splits each sequence's
   // KV cache until N CTAs per SM run at most (-1: the default, as many as an SM holds).
   int decode_ctas_per_sm = -1;

@@ -3,11 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include <omp.h>
 
 #include "core/status.h"
 #include "parallel/comm.h"
@@ -233,9 +239,66 @@ class CpuKvCopier final : public KvCopier {
   std::thread threads_[2];
 };
 
+// The host clock around each named section (CPU ops run synchronously, so a section's time is
+// its ops' wall time, OpenMP fork and join included); a table at exit, decode steps and other
+// passes apart, as the CUDA runtime's event profile prints it.
+class ClockProfiler final : public ops::Profiler {
+ public:
+  ~ClockProfiler() override { report(); }
+  void set_prefix(const char* prefix) { prefix_ = prefix; }
+  void section(const char* name) override {
+    const auto now = std::chrono::steady_clock::now();
+    if (running_ != nullptr) {
+      auto& t = totals_[running_];
+      t.first++;
+      t.second += std::chrono::duration<double, std::milli>(now - begin_).count();
+    }
+    running_ = nullptr;
+    if (name == nullptr) return;
+    const std::string key = std::string(prefix_) + name;
+    auto [it, fresh] = names_.try_emplace(key, key);
+    if (fresh) order_.push_back(key);
+    running_ = it->second.c_str();
+    begin_ = now;
+  }
+
+ private:
+  void report() {
+    if (totals_.empty()) return;
+    double total = 0;
+    for (auto& [k, v] : totals_) total += v.second;
+    std::fprintf(stderr, "strata: CPU profile (host clock per section, %d OpenMP threads)\n",
+                 omp_get_max_threads());
+    std::fprintf(stderr, "  %-22s %8s %12s %10s %7s\n", "section", "calls", "total ms", "us/call",
+                 "share");
+    for (const std::string& k : order_) {
+      auto it = totals_.find(names_[k].c_str());
+      if (it == totals_.end()) continue;
+      const auto& v = it->second;
+      std::fprintf(stderr, "  %-22s %8lld %12.3f %10.1f %6.1f%%\n", k.c_str(),
+                   static_cast<long long>(v.first), v.second,
+                   1e3 * v.second / static_cast<double>(std::max<int64_t>(1, v.first)),
+                   100.0 * v.second / total);
+    }
+  }
+
+  const char* prefix_ = "";
+  const char* running_ = nullptr;
+  std::chrono::steady_clock::time_point begin_;
+  std::map<std::string, std::string> names_;  // key -> stable storage
+  std::map<const char*, std::pair<int64_t, double>> totals_;
+  std::vector<std::string> order_;
+};
+
 class CpuRuntime final : public DeviceRuntime {
  public:
-  CpuRuntime() { ctx_.device = Device::cpu(); }
+  explicit CpuRuntime(bool profile) {
+    ctx_.device = Device::cpu();
+    if (profile) {
+      profiler_ = std::make_unique<ClockProfiler>();
+      ctx_.profiler = profiler_.get();
+    }
+  }
   Device device() const override { return Device::cpu(); }
   std::string name() const override {
     return "CPU (" + std::to_string(std::thread::hardware_concurrency()) + " threads)";
@@ -271,8 +334,12 @@ class CpuRuntime final : public DeviceRuntime {
   }
   int64_t graph_captures() const override { return 0; }
   int64_t graph_replays() const override { return 0; }
+  void begin_step(bool decode) override {
+    if (profiler_) profiler_->set_prefix(decode ? "decode/" : "prefill/");
+  }
 
  private:
+  std::unique_ptr<ClockProfiler> profiler_;  // declared before ctx_, which points at it
   ops::Context ctx_;
   HostAllocator alloc_;
 };
@@ -280,7 +347,7 @@ class CpuRuntime final : public DeviceRuntime {
 }  // namespace
 
 Result<std::unique_ptr<DeviceRuntime>> DeviceRuntime::create(Device device, bool profile) {
-  if (device.is_cpu()) return std::unique_ptr<DeviceRuntime>(new CpuRuntime());
+  if (device.is_cpu()) return std::unique_ptr<DeviceRuntime>(new CpuRuntime(profile));
   return make_cuda_runtime(device.index, profile);
 }
 

@@ -882,7 +882,7 @@ Result<LoadedExecutor> load_executor(const EngineConfig& cfg, const ExecutorOpti
   }
   ro.block_size = eo.block_size;
   ro.max_model_len = cfg.max_model_len;
-  ro.profile = env_config().cuda_profile;
+  ro.profile = env_config().profile;
   ro.pp_min_micro_batch_tokens = cfg.parallel.pp_micro_batch;
   if (!cuda) {
     STRATA_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(cfg));
