@@ -19,6 +19,7 @@
 #include <limits>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/simd_math.h"
 #include "core/status.h"
 
 namespace strata::cpu {
@@ -165,6 +166,40 @@ __attribute__((noinline)) void item_generic(const AttentionKernelParams& p, cons
 #if defined(__x86_64__)
 #define STRATA_AVX2_FMA __attribute__((target("avx2,fma")))
 
+// softmax_run with 8-wide exps (simd::exp_ps, within 2 ulp of std::exp): the run's weights are
+// summed in f32 lanes, then added to the double running sum once per run.
+STRATA_AVX2_FMA inline void softmax_run_avx2(float* s, int64_t len, float* m, double* l, float* acc,
+                                             int64_t hd) {
+  int64_t j = 0;
+  __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (; j + 8 <= len; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+  float run_max = simd::hmax_ps(vmax);
+  for (; j < len; ++j) run_max = std::max(run_max, s[j]);
+  if (run_max > *m) {  // rescale what was accumulated under the old max
+    const float r = std::exp(*m - run_max);
+    *l *= r;
+    const __m256 rv = _mm256_set1_ps(r);
+    int64_t d = 0;
+    for (; d + 8 <= hd; d += 8)
+      _mm256_storeu_ps(acc + d, _mm256_mul_ps(rv, _mm256_loadu_ps(acc + d)));
+    for (; d < hd; ++d) acc[d] *= r;
+    *m = run_max;
+  }
+  const __m256 mv = _mm256_set1_ps(*m);
+  __m256 sum = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= len; j += 8) {
+    const __m256 e = simd::exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+    _mm256_storeu_ps(s + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  double tail = 0.0;
+  for (; j < len; ++j) {
+    s[j] = std::exp(s[j] - *m);
+    tail += s[j];
+  }
+  *l += static_cast<double>(simd::hsum_ps(sum)) + tail;
+}
+
 // Four dot products' vectors to their four sums.
 STRATA_AVX2_FMA inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
@@ -249,7 +284,7 @@ STRATA_AVX2_FMA void item_avx2_hd8(const AttentionKernelParams& p, const ItemSha
         if (sh.capped) s = p.logit_softcap * std::tanh(s * sh.inv_cap);
         scores[h][j] = s;
       }
-      softmax_run(scores[h], len, &m[h], &l[h], acc[h], hd);
+      softmax_run_avx2(scores[h], len, &m[h], &l[h], acc[h], hd);
       int64_t v8 = 0;
       for (; v8 + 8 <= nvec; v8 += 8) {
         accumulate_v<8>(acc[h] + 8 * v8, scores[h], v + 8 * v8, slot_stride, len);

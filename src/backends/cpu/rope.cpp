@@ -1,9 +1,12 @@
 // Rotary position embedding on the CPU, in place. Per token the cos/sin table of its position
 // is computed once (angle in double: position * inv_freq reaches 1e5+ radians, where an f32
-// product would already be off by ~1e-2) and applied to every head. The pairs rotated are
+// product would already be off by ~1e-2; the table is kept for the next calls with the same
+// positions, below) and applied to every head. The pairs rotated are
 // (i, i + rotary_dim/2) in neox style (HF rotate_half) and (2i, 2i + 1) otherwise (GPT-J);
 // dims past rotary_dim pass through unchanged.
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
 #include "core/status.h"
@@ -12,6 +15,50 @@ namespace strata::cpu {
 namespace {
 
 constexpr int64_t kMaxRotaryDim = 1024;
+
+// The cos / sin tables of a call's positions, kept for the next calls with the same positions
+// and frequencies: a step's q and k of every layer (2 x n_layers calls) share one table. Keyed
+// by content, not by address (a freed inv_freq's address may come back with other values). Per
+// calling thread; two entries, for models alternating two frequency sets (Gemma's local and
+// global layers).
+struct RopeTable {
+  std::vector<float> inv_freq;
+  float factor = 0.0f;
+  std::vector<int32_t> positions;
+  std::vector<float> cs;  // per token: cos[half], then sin[half]
+};
+
+const float* rope_table(const RopeKernelParams& p, int64_t half) {
+  thread_local RopeTable tables[2];
+  thread_local int next = 0;
+  const size_t n = static_cast<size_t>(p.n_tokens);
+  for (RopeTable& t : tables) {
+    if (t.factor == p.attention_factor && t.inv_freq.size() == static_cast<size_t>(half) &&
+        t.positions.size() == n &&
+        std::memcmp(t.inv_freq.data(), p.inv_freq, sizeof(float) * half) == 0 &&
+        std::memcmp(t.positions.data(), p.positions, sizeof(int32_t) * n) == 0) {
+      return t.cs.data();
+    }
+  }
+  RopeTable& t = tables[next];
+  next = 1 - next;
+  t.inv_freq.assign(p.inv_freq, p.inv_freq + half);
+  t.factor = p.attention_factor;
+  t.positions.assign(p.positions, p.positions + n);
+  t.cs.resize(n * 2 * static_cast<size_t>(half));
+  float* cs = t.cs.data();
+#pragma omp parallel for schedule(static) if (p.n_tokens * half >= kParallelMinElems / 8)
+  for (int64_t tok = 0; tok < p.n_tokens; ++tok) {
+    float* c = cs + tok * 2 * half;
+    const double pos = p.positions[tok];
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = pos * static_cast<double>(p.inv_freq[i]);
+      c[i] = static_cast<float>(std::cos(angle)) * p.attention_factor;
+      c[half + i] = static_cast<float>(std::sin(angle)) * p.attention_factor;
+    }
+  }
+  return cs;
+}
 
 }  // namespace
 
@@ -23,17 +70,12 @@ Status rope(const RopeKernelParams& p) {
                   p.head_dim, kMaxRotaryDim);
   }
   const int64_t half = p.rotary_dim / 2;
+  const float* table = rope_table(p, half);
 #pragma omp parallel for schedule(static) if (p.n_tokens * p.n_heads * p.rotary_dim >= \
                                               kParallelMinElems)
   for (int64_t t = 0; t < p.n_tokens; ++t) {
-    float cos_t[kMaxRotaryDim / 2];
-    float sin_t[kMaxRotaryDim / 2];
-    const double pos = p.positions[t];
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = pos * static_cast<double>(p.inv_freq[i]);
-      cos_t[i] = static_cast<float>(std::cos(angle)) * p.attention_factor;
-      sin_t[i] = static_cast<float>(std::sin(angle)) * p.attention_factor;
-    }
+    const float* cos_t = table + t * 2 * half;
+    const float* sin_t = cos_t + half;
     for (int64_t h = 0; h < p.n_heads; ++h) {
       float* x = p.x + t * p.token_stride + h * p.head_stride;
       if (p.neox_style) {
