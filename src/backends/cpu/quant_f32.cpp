@@ -81,18 +81,20 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
   if (avx2 && p.n_tokens < kGemmTokens) {
     const int64_t n = p.n_tokens;
     const int64_t nb32 = k / 32;
-    // The int16 kernels: AVX2 unless a caller asks for the AVX-512 ones (p.isa; tests). The
-    // AVX-512 variants (one 32-value block per 512-bit multiply) lost on the one AVX-512 CPU
-    // measured (Xeon with VNNI/AMX, SmolLM2 Q4_1 tg128: 155 t/s vs AVX2's 202 at 2 threads, 246
-    // vs 300 at 16; bench/results/cpu-smollm2-vs-llamacpp-h100host-isa-ab.md): the same
-    // instruction count per block on fewer 512-bit ports.
+    // The int16 kernels: AVX2, but for one token on an AVX512-VNNI CPU the 4-row kernel of
+    // Q4_0 / Q4_1 / Q8_0 with two blocks per register (rows4_i16_for), unless a caller asks
+    // for the AVX-512 ones (p.isa; tests). Those (one 32-value block per 512-bit multiply) lost
+    // on the one AVX-512 CPU measured (Xeon with VNNI/AMX, SmolLM2 Q4_1 tg128: 155 t/s vs
+    // AVX2's 202 at 2 threads, 246 vs 300 at 16;
+    // bench/results/cpu-smollm2-vs-llamacpp-h100host-isa-ab.md): the same instruction count per
+    // block on fewer 512-bit ports.
     quant_detail::RowDotI16Fn i16 = nullptr;
     quant_detail::RowsI16Fn rows4 = nullptr;
     const bool asked512 = p.isa == QuantIsa::kAvx512 || p.isa == QuantIsa::kAvx512Vnni;
     if (p.int16_decode) {
       if (!asked512) {
         i16 = quant_detail::row_dot_i16_avx2(p.weight_dtype);
-        rows4 = quant_detail::rows4_i16_avx2(p.weight_dtype);
+        rows4 = quant_detail::rows4_i16_for(p.weight_dtype, isa);
       } else if (isa == QuantIsa::kAvx512Vnni) {
         i16 = quant_detail::avx512_vnni::row_dot_i16(p.weight_dtype);
         rows4 = quant_detail::avx512_vnni::rows4_i16(p.weight_dtype);
@@ -233,6 +235,22 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
   return status;
 }
 
+namespace quant_detail {
+
+RowsI16Fn rows4_i16_for(DType dt, QuantIsa isa) {
+#if defined(STRATA_QUANT_HAVE_AVX512)
+  if (isa == QuantIsa::kAvx512Vnni &&
+      (dt == DType::kQ4_0 || dt == DType::kQ4_1 || dt == DType::kQ8_0)) {
+    return avx512_vnni::rows4_i16(dt);
+  }
+#else
+  (void)isa;
+#endif
+  return rows4_i16_avx2(dt);
+}
+
+}  // namespace quant_detail
+
 namespace {
 
 // The 4-row tiles of every part in one OpenMP region: tile(i, w, nr, res) computes rows
@@ -281,7 +299,7 @@ bool quant_decode_parts(const float* x, int64_t in_features, const DecodePart* p
       if (tile8[i] == nullptr) return false;
     } else {
       i16[i] = quant_detail::row_dot_i16_avx2(dt);
-      rows4[i] = quant_detail::rows4_i16_avx2(dt);
+      rows4[i] = quant_detail::rows4_i16_for(dt, isa);
       if (i16[i] == nullptr || rows4[i] == nullptr) return false;
     }
     if (k % dtype_info(dt).block_size != 0) return false;

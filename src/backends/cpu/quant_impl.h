@@ -166,4 +166,9 @@ GemmI8MicroFn gemm_i8_micro(int max_u);
 // lacks the best one below it (never kBest).
 QuantIsa resolve_quant_isa(QuantIsa isa);
 
+// The one-token 4-row int16 kernel decode runs on a resolved `isa`: AVX512-VNNI's two-blocks-
+// per-register kernel for Q4_0, Q4_1 and Q8_0 (vpdpwssd), else AVX2's (nullptr for the types
+// without int16 kernels).
+RowsI16Fn rows4_i16_for(DType dt, QuantIsa isa);
+
 }  // namespace strata::cpu::quant_detail
