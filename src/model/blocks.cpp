@@ -180,6 +180,24 @@ Status mlp_in(const Model& m, ForwardArgs& a, int64_t layer) {
   return ops::linear_act(a.ctx, h, L.gate_up, c.activation, c.gated_mlp, ff, act);
 }
 
+Status ffn(const Model& m, ForwardArgs& a, int64_t layer) {
+  const ModelConfig& c = m.config();
+  const LayerWeights& L = m.weights().layers[static_cast<size_t>(layer)];
+  const int64_t n = a.step.n_tokens;
+  ops::section(a.ctx, "ffn");
+  Tensor x = rows(a.ws.x, n), h = rows(a.ws.h, n), ff = rows(a.ws.ff, n);
+  const int64_t F = c.gated_mlp ? L.gate_up.rows() / 2 : L.gate_up.rows();
+  Tensor act = rows(a.ws.act, n).slice_cols(0, F);
+  ops::FfnArgs f;
+  f.norm = &L.ffn_norm;
+  f.norm_args = norm_args(c);
+  f.w_in = &L.gate_up;
+  f.down = &L.down;
+  f.act = c.activation;
+  f.gated = c.gated_mlp;
+  return ops::ffn(a.ctx, x, f, h, ff, act);
+}
+
 Status residual_linear(const Model& m, ForwardArgs& a, const Tensor& in,
                        const ops::LinearWeight& w) {
   const int64_t n = a.step.n_tokens;

@@ -31,6 +31,11 @@ Status llama_layer(const Model& m, ForwardArgs& a, int64_t layer) {
   const FfnLayout ffn_layout = m.parallel().ffn_layout_for(n);
   if (ffn_layout == FfnLayout::kWeightGathered) return blocks::weight_gathered_ffn(m, a, layer);
   ops::section(a.ctx, "o_proj");
+  if (m.parallel().tp_size == 1 && ffn_layout == FfnLayout::k1D) {
+    // One rank: the norm, MLP and residual as one op (fused on the CPU for a decode token).
+    STRATA_RETURN_IF_ERROR(blocks::residual_linear(m, a, blocks::rows(a.ws.attn, n), L.o));
+    return blocks::ffn(m, a, layer);
+  }
   STRATA_RETURN_IF_ERROR(
       blocks::residual_linear_norm(m, a, blocks::rows(a.ws.attn, n), L.o, L.ffn_norm, "ffn_norm"));
   if (ffn_layout == FfnLayout::k2D) return blocks::ffn_2d(m, a, layer);

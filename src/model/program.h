@@ -63,6 +63,9 @@ Status group_all_to_all_v(ops::Context& ctx, Communicator& comm, const Tensor& s
                           const int64_t* send_rows, Tensor& recv, const int64_t* recv_rows);
 // ws.act = act(h W1^T) (gated: act(h Wg^T) * (h Wu^T)).
 Status mlp_in(const Model& m, ForwardArgs& a, int64_t layer);
+// One rank's whole MLP block: ws.h = ffn_norm(x), ws.act as mlp_in, x += ws.act W_down^T
+// (ops::ffn: one fused kernel for a CPU decode token of a GGUF model).
+Status ffn(const Model& m, ForwardArgs& a, int64_t layer);
 // x += all_reduce(in W^T) + b for a row-parallel layer (the residual add fused into the GEMM
 // epilogue when there is nothing to reduce).
 Status residual_linear(const Model& m, ForwardArgs& a, const Tensor& in,

@@ -501,6 +501,89 @@ Status linear_act(Context& ctx, const Tensor& x, const LinearWeight& w, Activati
 #endif
 }
 
+namespace {
+
+// ops::ffn's fused CPU case: f32 activations, one token, a gated MLP whose three weights are
+// single GGUF block-quantized parts (gate and up as two parts, or one of 2F rows), RMSNorm.
+bool cpu_ffn_decode(const Tensor& x, const FfnArgs& a, Tensor& h, Tensor& act) {
+  if (x.dtype != DType::kF32 || x.dim(0) != 1 || !a.gated || a.norm_args.kind != NormKind::kRms ||
+      env_config().cpu_no_fused_parts || a.down->n_parts != 1 || h.dtype != DType::kF32 ||
+      act.dtype != DType::kF32 || a.norm->w.dtype != DType::kF32 || a.norm->b.defined()) {
+    return false;
+  }
+  const int64_t F = a.w_in->rows() / 2, E = x.dim(1);
+  const auto part = [](const LinearWeight::Part& p, int64_t r0, int64_t rows, cpu::DecodePart* d) {
+    const DTypeInfo& info = dtype_info(p.w.dtype);
+    if (!info.is_quantized || p.scale.defined() || p.w.ndim != 2 || p.w.stride[1] != 1 ||
+        p.w.stride[0] % info.block_size != 0 || r0 + rows > p.w.dim(0)) {
+      return false;
+    }
+    d->row_bytes = p.w.stride[0] / info.block_size * info.block_bytes;
+    d->weight = static_cast<const uint8_t*>(p.w.data) + r0 * d->row_bytes;
+    d->weight_dtype = p.w.dtype;
+    d->rows = rows;
+    if (p.bias.defined()) {
+      d->bias = static_cast<const char*>(p.bias.data) + r0 * dtype_info(p.bias.dtype).block_bytes;
+      d->bias_dtype = p.bias.dtype;
+    }
+    return true;
+  };
+  cpu::FfnDecodeArgs f;
+  const LinearWeight& w = *a.w_in;
+  const bool split = w.n_parts == 2 && w.parts[0].w.dim(0) == F && w.parts[1].w.dim(0) == F;
+  const bool joined = w.n_parts == 1;
+  if (!(split || joined) || !part(w.parts[0], 0, F, &f.gate) ||
+      !part(w.parts[split ? 1 : 0], split ? 0 : F, F, &f.up) ||
+      !part(a.down->parts[0], 0, E, &f.down)) {
+    return false;
+  }
+  f.x = f32(x);
+  f.hidden = E;
+  f.norm.weight = a.norm->w.data;
+  f.norm.weight_dtype = a.norm->w.dtype;
+  f.norm.eps = a.norm_args.eps;
+  f.norm.weight_offset = a.norm_args.weight_offset;
+  f.h = f32(h);
+  f.act = a.act;
+  f.act_out = f32(act);
+  f.ffn_dim = F;
+  return cpu::quant_ffn_decode(f);
+}
+
+}  // namespace
+
+Status ffn(Context& ctx, Tensor& x, const FfnArgs& args, Tensor& h, Tensor& scratch, Tensor& act) {
+  constexpr const char* kOp = "ffn";
+  if (args.norm == nullptr || args.w_in == nullptr || args.down == nullptr ||
+      !args.w_in->defined() || !args.down->defined()) {
+    return invalid(kOp, "needs its norm, input and down weights");
+  }
+  STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &h, &scratch, &act}));
+  STRATA_ASSIGN_OR_RETURN(Mat xm, mat(x, kOp, "x"));
+  STRATA_ASSIGN_OR_RETURN(Mat am, mat(act, kOp, "act"));
+  STRATA_ASSIGN_OR_RETURN(Mat hm, mat(h, kOp, "h"));
+  const int64_t F = args.gated ? args.w_in->rows() / 2 : args.w_in->rows();
+  if (hm.rows != xm.rows || hm.cols != xm.cols || am.rows != xm.rows || am.cols != F ||
+      args.w_in->cols() != xm.cols || args.down->cols() != F || args.down->rows() != xm.cols) {
+    return invalid(
+        kOp, fmt::format("x {}, h {}, act {} do not fit weights [{}, {}] and [{}, {}]",
+                         x.shape_string(), h.shape_string(), act.shape_string(), args.w_in->rows(),
+                         args.w_in->cols(), args.down->rows(), args.down->cols()));
+  }
+  if (ctx.device.is_cpu() && xm.stride == xm.cols && hm.stride == hm.cols && am.stride == am.cols &&
+      cpu_ffn_decode(x, args, h, act)) {
+    return ok_status();
+  }
+  section(ctx, "ffn_norm");
+  STRATA_RETURN_IF_ERROR(norm(ctx, x, *args.norm, args.norm_args, h));
+  section(ctx, "gate_up_act");
+  STRATA_RETURN_IF_ERROR(linear_act(ctx, h, *args.w_in, args.act, args.gated, scratch, act));
+  section(ctx, "down");
+  LinearArgs la;
+  la.accumulate = true;
+  return linear(ctx, act, *args.down, x, la);
+}
+
 // ---- RoPE + KV append -----------------------------------------------------------------------
 
 Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, const RopeArgs& args,

@@ -166,6 +166,20 @@ Status linear(Context& ctx, const Tensor& x, const LinearWeight& w, Tensor& out,
 Status linear_act(Context& ctx, const Tensor& x, const LinearWeight& w, Activation act, bool gated,
                   Tensor& scratch, Tensor& out);
 
+// The MLP block with its input norm and residual: h = norm(x), act = linear_act(h, w_in),
+// x += act W_down^T (+ bias). The ops above in that order (h, scratch, act as they use them);
+// on the CPU, one token with GGUF block-quantized weights runs as one fused kernel
+// (cpu::quant_ffn_decode, bit-identical to the composition).
+struct FfnArgs {
+  const NormWeight* norm = nullptr;
+  NormArgs norm_args;
+  const LinearWeight* w_in = nullptr;  // [gate; up] when gated, else up
+  const LinearWeight* down = nullptr;
+  Activation act = Activation::kSilu;
+  bool gated = true;
+};
+Status ffn(Context& ctx, Tensor& x, const FfnArgs& args, Tensor& h, Tensor& scratch, Tensor& act);
+
 // From the fused QKV projection qkv [n, (n_heads + 2 n_heads_kv) head_dim] f32: q_out [n,
 // n_heads, head_dim] = rope(q_norm(q)) in the activation dtype, and rope(k_norm(k)), v written to
 // the cache slots of the step's tokens. rotary_dim 0: no rotation (learned positions).

@@ -713,3 +713,119 @@ TEST(Quant, DecodePartsMatchLinearPerPartBitExactly) {
 
 }  // namespace
 }  // namespace strata::cpu
+
+namespace strata::cpu {
+namespace {
+
+// quant_ffn_decode (norm, gate/up, activation and down with the residual in one OpenMP region)
+// against the composition it replaces: rms_norm, quant_decode_parts on [gate; up], gated_act,
+// quant_decode_parts on down with accumulate. Bit-identical x, h and act, for mixed 32-value
+// block types, biases, SiLU and GELU; a K-quant part is refused (false, nothing written).
+TEST(Quant, FfnDecodeMatchesCompositionBitExactly) {
+  if (quant_detail::resolve_quant_isa(QuantIsa::kBest) == QuantIsa::kScalar) {
+    GTEST_SKIP() << "no AVX2 on this CPU: quant_ffn_decode serves nothing";
+  }
+  set_quant_decode(QuantDecode::kInt16);
+  const int64_t k = 160, F = 96;  // hidden: 5 blocks of 32; ffn: 3 blocks
+  struct Case {
+    DType gate, up, down;
+    Activation act;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {DType::kQ4_1, DType::kQ4_1, DType::kQ4_1, Activation::kSilu, false},
+      {DType::kQ8_0, DType::kQ4_0, DType::kQ8_0, Activation::kSilu, true},
+      {DType::kQ5_1, DType::kQ4_1, DType::kQ5_0, Activation::kGeluTanh, true},
+  };
+  uint32_t seed = 300;
+  for (const Case& c : cases) {
+    const auto wg = random_quant_rows(c.gate, F, k / 32, seed++);
+    const auto wu = random_quant_rows(c.up, F, k / 32, seed++);
+    const auto wd = random_quant_rows(c.down, k, F / 32, seed++);
+    const std::vector<float> bg = random_rows(1, F, seed++), bu = random_rows(1, F, seed++),
+                             bd = random_rows(1, k, seed++), nw = random_rows(1, k, seed++);
+    const std::vector<float> x0 = random_rows(1, k, seed++);
+    const auto part = [&](const std::vector<uint8_t>& w, DType dt, int64_t rows, int64_t in,
+                          const std::vector<float>& b) {
+      DecodePart d;
+      d.weight = w.data();
+      d.weight_dtype = dt;
+      d.row_bytes = in / 32 * dtype_info(dt).block_bytes;
+      d.rows = rows;
+      if (c.bias) d.bias = b.data();
+      return d;
+    };
+    RmsNormParams norm;
+    norm.weight = nw.data();
+    norm.weight_dtype = DType::kF32;
+    norm.eps = 1e-5f;
+    norm.weight_offset = 0.0f;
+
+    // The composition.
+    std::vector<float> xw = x0, hw(k), gu(2 * F), aw(F);
+    RmsNormParams np = norm;
+    np.x = xw.data();
+    np.out = hw.data();
+    np.n_tokens = 1;
+    np.hidden = k;
+    np.x_stride = np.out_stride = k;
+    ASSERT_TRUE(rms_norm(np).ok());
+    DecodePart in[2] = {part(wg, c.gate, F, k, bg), part(wu, c.up, F, k, bu)};
+    in[0].out = gu.data();
+    in[1].out = gu.data() + F;
+    ASSERT_TRUE(quant_decode_parts(hw.data(), k, in, 2, false));
+    GatedActParams ga;
+    ga.gate = gu.data();
+    ga.up = gu.data() + F;
+    ga.out = aw.data();
+    ga.gate_stride = ga.up_stride = ga.out_stride = 2 * F;
+    ga.n_tokens = 1;
+    ga.ffn_dim = F;
+    ga.act = c.act;
+    ASSERT_TRUE(gated_act(ga).ok());
+    DecodePart dn = part(wd, c.down, k, F, bd);
+    dn.out = xw.data();
+    ASSERT_TRUE(quant_decode_parts(aw.data(), F, &dn, 1, true));
+
+    // The fused kernel.
+    std::vector<float> xf = x0, hf(k, -1.0f), af(F, -1.0f);
+    FfnDecodeArgs f;
+    f.x = xf.data();
+    f.hidden = k;
+    f.norm = norm;
+    f.h = hf.data();
+    f.gate = part(wg, c.gate, F, k, bg);
+    f.up = part(wu, c.up, F, k, bu);
+    f.down = part(wd, c.down, k, F, bd);
+    f.act = c.act;
+    f.act_out = af.data();
+    f.ffn_dim = F;
+    ASSERT_TRUE(quant_ffn_decode(f)) << dtype_info(c.gate).name;
+    EXPECT_EQ(std::memcmp(xf.data(), xw.data(), sizeof(float) * k), 0) << dtype_info(c.gate).name;
+    EXPECT_EQ(std::memcmp(hf.data(), hw.data(), sizeof(float) * k), 0);
+    EXPECT_EQ(std::memcmp(af.data(), aw.data(), sizeof(float) * F), 0);
+    EXPECT_NE(xf, x0);  // the residual moved
+  }
+  // A K-quant down projection: refused, nothing written.
+  const auto wq = random_quant_rows(DType::kQ4_1, 256, 8, 7);
+  const auto wk = random_quant_rows(DType::kQ4_K, 256, 1, 8);
+  std::vector<float> x = random_rows(1, 256, 9), x_before = x, h(256, -1.0f), a(256, -1.0f),
+                     nw(256, 1.0f);
+  FfnDecodeArgs f;
+  f.x = x.data();
+  f.hidden = 256;
+  f.norm.weight = nw.data();
+  f.h = h.data();
+  f.gate = {wq.data(), DType::kQ4_1, 8 * dtype_info(DType::kQ4_1).block_bytes, 256};
+  f.up = f.gate;
+  f.down = {wk.data(), DType::kQ4_K, dtype_info(DType::kQ4_K).block_bytes, 256};
+  f.act_out = a.data();
+  f.ffn_dim = 256;
+  EXPECT_FALSE(quant_ffn_decode(f));
+  EXPECT_EQ(x, x_before);
+  EXPECT_EQ(h, std::vector<float>(256, -1.0f));
+  set_quant_decode(QuantDecode::kAuto);
+}
+
+}  // namespace
+}  // namespace strata::cpu

@@ -62,6 +62,29 @@ void silu_gated_rows_avx2(const GatedActParams& p) {
 
 }  // namespace
 
+void gated_act_row(Activation act, const float* gate, const float* up, float* out, int64_t n) {
+  switch (act) {
+    case Activation::kSilu:
+#if defined(__x86_64__)
+      if (cpu_supports(CpuIsa::kAvx2)) {
+        silu_gated_avx2(gate, up, out, n);
+        return;
+      }
+#endif
+      for (int64_t i = 0; i < n; ++i) out[i] = apply<Activation::kSilu>(gate[i]) * up[i];
+      return;
+    case Activation::kGeluTanh:
+      for (int64_t i = 0; i < n; ++i) out[i] = apply<Activation::kGeluTanh>(gate[i]) * up[i];
+      return;
+    case Activation::kGeluErf:
+      for (int64_t i = 0; i < n; ++i) out[i] = apply<Activation::kGeluErf>(gate[i]) * up[i];
+      return;
+    case Activation::kRelu:
+      for (int64_t i = 0; i < n; ++i) out[i] = apply<Activation::kRelu>(gate[i]) * up[i];
+      return;
+  }
+}
+
 Status gated_act(const GatedActParams& p) {
   switch (p.act) {
     case Activation::kSilu:

@@ -22,6 +22,10 @@ Status rope(const RopeKernelParams& p);
 Status kv_append(const KvAppendParams& p);
 Status attention(const AttentionKernelParams& p);
 Status gated_act(const GatedActParams& p);
+// One row of each on the calling thread, as rms_norm / gated_act compute it (bit-identical: the
+// same variant and lanes; n a multiple of 8 keeps gated_act's lanes).
+void rms_norm_row(const RmsNormParams& p, const float* x, float* out);
+void gated_act_row(Activation act, const float* gate, const float* up, float* out, int64_t n);
 Status act(const ActParams& p);
 Status add(const AddParams& p);
 Status add_bias(const AddBiasParams& p);

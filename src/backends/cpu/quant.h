@@ -94,6 +94,27 @@ struct DecodePart {
 bool quant_decode_parts(const float* x, int64_t in_features, const DecodePart* parts, int n_parts,
                         bool accumulate);
 
+// One token's gated MLP with its input norm and residual in one OpenMP region: h = norm(x),
+// act = act(h Wg^T + bg) * (h Wu^T + bu), x += act Wd^T + bd. Each thread normalizes x and
+// quantizes h itself (no serial step, no region between), takes its 8-row tiles of gate and up
+// and applies the activation to them, then, after one barrier, quantizes act and takes its
+// 4-row tiles of down. Bit-identical to norm, quant_decode_parts on [gate; up], gated_act and
+// quant_decode_parts on down with accumulate (the same kernels, lanes and rounding). h and act
+// are written as those would write them. Returns false, having written nothing, where that
+// composition would not run every part through the int16 decode kernels (int8 decode, other
+// block types, no AVX2, hidden % 4 or ffn_dim % 8 != 0): the caller composes the ops.
+struct FfnDecodeArgs {
+  float* x = nullptr;  // [hidden] f32, += the MLP's output
+  int64_t hidden = 0;
+  RmsNormParams norm;         // its weight, eps, offset (x / out / sizes are set here)
+  float* h = nullptr;         // [hidden] norm(x)
+  DecodePart gate, up, down;  // out ignored; gate / up [ffn_dim, hidden], down [hidden, ffn_dim]
+  Activation act = Activation::kSilu;
+  float* act_out = nullptr;  // [ffn_dim]
+  int64_t ffn_dim = 0;
+};
+bool quant_ffn_decode(const FfnDecodeArgs& f);
+
 Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t out_stride,
                         int64_t row_bytes);
 

@@ -342,3 +342,81 @@ bool quant_decode_parts(const float* x, int64_t in_features, const DecodePart* p
 }
 
 }  // namespace strata::cpu
+
+namespace strata::cpu {
+
+bool quant_ffn_decode(const FfnDecodeArgs& f) {
+  const int64_t k = f.hidden, F = f.ffn_dim;
+  const QuantIsa isa = quant_detail::resolve_quant_isa(QuantIsa::kBest);
+  if (isa == QuantIsa::kScalar || quant_decode_int8() || k % 32 != 0 || k % 4 != 0 || F % 32 != 0 ||
+      F % 8 != 0 || f.norm.weight == nullptr) {
+    return false;
+  }
+  const DecodePart* parts[3] = {&f.gate, &f.up, &f.down};
+  quant_detail::RowsI16Fn rows4[3];
+  for (int i = 0; i < 3; ++i) {
+    const DType dt = parts[i]->weight_dtype;
+    const DTypeInfo& info = dtype_info(dt);
+    rows4[i] = info.is_quantized ? quant_detail::rows4_i16_for(dt, isa) : nullptr;
+    const int64_t in = i < 2 ? k : F;
+    if (rows4[i] == nullptr || in % info.block_size != 0 ||
+        parts[i]->row_bytes != in / info.block_size * info.block_bytes ||
+        parts[i]->rows != (i < 2 ? F : k)) {
+      return false;
+    }
+  }
+  RmsNormParams norm = f.norm;
+  norm.n_tokens = 1;
+  norm.hidden = k;
+  const auto bias_at = [](const DecodePart& p, int64_t r) {
+    return p.bias != nullptr ? load_as_f32(p.bias, p.bias_dtype, r) : 0.0f;
+  };
+  const auto* wg = static_cast<const uint8_t*>(f.gate.weight);
+  const auto* wu = static_cast<const uint8_t*>(f.up.weight);
+  const auto* wd = static_cast<const uint8_t*>(f.down.weight);
+  const int64_t nk = std::max(k, F);
+#pragma omp parallel
+  {
+    // Per OpenMP thread, grow-only: h, then act, as int16 blocks (the decode steps allocate
+    // nothing once warm).
+    thread_local std::vector<float> hbuf, qd, qsum;
+    thread_local std::vector<int16_t> qs;
+    hbuf.resize(std::max(hbuf.size(), static_cast<size_t>(k)));
+    qs.resize(std::max(qs.size(), static_cast<size_t>(nk)));
+    qd.resize(std::max(qd.size(), static_cast<size_t>(nk / 32)));
+    qsum.resize(std::max(qsum.size(), static_cast<size_t>(nk / 32)));
+    float* h = hbuf.data();
+    rms_norm_row(norm, f.x, h);
+    quant_detail::quantize_row_q16_avx2(h, k, qs.data(), qd.data(), qsum.data());
+    const quant_detail::Q16Act a{qs.data(), qd.data(), qsum.data()};
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < F / 8; ++t) {
+      const int64_t r0 = 8 * t;
+      float g[8], u[8];
+      rows4[0](wg + r0 * f.gate.row_bytes, f.gate.row_bytes, k, a, g);
+      rows4[0](wg + (r0 + 4) * f.gate.row_bytes, f.gate.row_bytes, k, a, g + 4);
+      rows4[1](wu + r0 * f.up.row_bytes, f.up.row_bytes, k, a, u);
+      rows4[1](wu + (r0 + 4) * f.up.row_bytes, f.up.row_bytes, k, a, u + 4);
+      for (int j = 0; j < 8; ++j) {
+        g[j] += bias_at(f.gate, r0 + j);
+        u[j] += bias_at(f.up, r0 + j);
+      }
+      gated_act_row(f.act, g, u, f.act_out + r0, 8);
+    }
+    // (the loop's barrier: act is complete)
+#pragma omp single nowait
+    std::memcpy(f.h, h, sizeof(float) * static_cast<size_t>(k));
+    quant_detail::quantize_row_q16_avx2(f.act_out, F, qs.data(), qd.data(), qsum.data());
+    const quant_detail::Q16Act b{qs.data(), qd.data(), qsum.data()};
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < k / 4; ++t) {
+      const int64_t r0 = 4 * t;
+      float res[4];
+      rows4[2](wd + r0 * f.down.row_bytes, f.down.row_bytes, F, b, res);
+      for (int j = 0; j < 4; ++j) f.x[r0 + j] += res[j] + bias_at(f.down, r0 + j);
+    }
+  }
+  return true;
+}
+
+}  // namespace strata::cpu

@@ -87,6 +87,16 @@ __attribute__((target("avx2,fma"))) void rms_row_avx2(const RmsNormParams& p, co
 
 }  // namespace
 
+void rms_norm_row(const RmsNormParams& p, const float* x, float* out) {
+#if defined(__x86_64__)
+  if (p.weight_dtype == DType::kF32 && cpu_supports(CpuIsa::kAvx2)) {
+    rms_row_avx2(p, x, out);
+    return;
+  }
+#endif
+  rms_row(p, x, out);
+}
+
 Status rms_norm(const RmsNormParams& p) {
   bool avx2 = false;
 #if defined(__x86_64__)
