@@ -42,7 +42,15 @@ static inline int emu_reduce_add_epi32(simde__m512i a) {
   for (int x : v) s += x;
   return s;
 }
+static inline simde__m128i emu_cvtepi32_epi16(simde__m256i a) {
+  alignas(32) int32_t in[8];
+  alignas(16) int16_t out[8];
+  simde_mm256_storeu_si256(reinterpret_cast<simde__m256i*>(in), a);
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<int16_t>(in[i]);  // truncation, as vpmovdw
+  return simde_mm_loadu_si128(out);
+}
 #define _mm512_cvtepu8_epi16(a) emu_cvtepu8_epi16(a)
+#define _mm256_cvtepi32_epi16(a) emu_cvtepi32_epi16(a)
 #define _mm512_mask_srli_epi16(src, k, a, imm) \
   simde_mm512_mask_mov_epi16(src, k, simde_mm512_srli_epi16(a, imm))
 #define _mm512_reduce_add_ps(a) emu_reduce_add_ps(a)

@@ -28,7 +28,8 @@ struct EnvConfig {
   // int8 kernels (llama.cpp's scheme: vpdpbusd on AVX512-VNNI; 256x coarser).
   std::string cpu_decode;
   // STRATA_CPU_NO_FUSED_PARTS=1: one-token CPU linears over several block-quantized parts
-  // (q/k/v, gate/up) run part by part instead of in one OpenMP region (A/B of the fused path).
+  // (q/k/v, gate/up) run part by part instead of in one OpenMP region, and a decode token's MLP
+  // block (ops::ffn) as its separate ops instead of one region (A/B of the fused paths).
   bool cpu_no_fused_parts = false;
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
   // STRATA_PROFILE=1 (or its old name STRATA_CUDA_PROFILE=1): a table of the forward pass's

@@ -276,8 +276,10 @@ const char* int8_path(QuantIsa isa) {
 const char* quant_decode_path() {
   const QuantIsa isa = quant_best_isa();
   if (quant_decode_int8()) return int8_path(isa);
-  // The int16 kernels are AVX2 on every AVX2 CPU (quant_f32.cpp: the AVX-512 ones lost).
-  return isa == QuantIsa::kScalar ? "f32 scalar" : "int16 avx2";
+  // The int16 kernels: on AVX512-VNNI CPUs the two-blocks-per-register 4-row kernel of Q4_0 /
+  // Q4_1 / Q8_0 (quant_detail::rows4_i16_for), AVX2's elsewhere and for the other types.
+  if (isa == QuantIsa::kScalar) return "f32 scalar";
+  return isa == QuantIsa::kAvx512Vnni ? "int16 avx512-vnni (q4_0/q4_1/q8_0), avx2" : "int16 avx2";
 }
 
 bool quant_prefill_int8(const QuantLinearParams& p, QuantIsa isa) {
