@@ -20,6 +20,7 @@
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/simd_math.h"
+#include "backends/cpu/spin_pool.h"
 #include "core/status.h"
 
 namespace strata::cpu {
@@ -354,6 +355,16 @@ Status attention(const AttentionKernelParams& p) {
   if (cpu_supports(CpuIsa::kAvx2)) item = item_avx2;
 #endif
 
+  if (p.n_tokens == 1) {
+    // One decode token (its linears run on the spinning pool too): the items there, one at a
+    // time (spin_pool.h). Batches stay on OpenMP, as their linears do.
+    const int64_t per_token = c.n_heads_kv * subgroups;
+    parallel_for_dynamic(p.n_tokens * per_token, [&](int64_t i) {
+      const int64_t t = i / per_token, r = i % per_token;
+      item(p, sh, t, r / subgroups, r % subgroups);
+    });
+    return ok_status();
+  }
 #pragma omp parallel for collapse(3) schedule(dynamic, 1)
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     for (int64_t kv_head = 0; kv_head < c.n_heads_kv; ++kv_head) {

@@ -24,7 +24,7 @@ Status embedding(const EmbeddingParams& p) {
     return errorf(StatusCode::kInvalidArgument, "embedding: {} rows of {} are not whole blocks",
                   dtype_name(p.table_dtype), p.hidden);
   }
-#pragma omp parallel
+#pragma omp parallel if (p.n_tokens * p.hidden >= kParallelMinElems)
   {
     std::vector<float> row_f32;  // the row in f32 when it must be scaled or added
     if (p.accumulate) row_f32.resize(static_cast<size_t>(p.hidden));

@@ -17,6 +17,8 @@
 //     are tested against).
 #include <immintrin.h>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -24,6 +26,7 @@
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/quant.h"
 #include "backends/cpu/quant_impl.h"
+#include "backends/cpu/spin_pool.h"
 #include "core/half.h"
 #include "core/status.h"
 
@@ -131,8 +134,7 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
         // last < 4 rows one at a time.
         const quant_detail::Q16Act a{aq, ad, as};
         const int64_t tiles = p.out_features / 4;
-#pragma omp parallel for schedule(static)
-        for (int64_t rt = 0; rt <= tiles; ++rt) {
+        parallel_for_static(tiles + 1, [&](int64_t rt) {
           const int64_t r0 = rt * 4;
           const int64_t nr = std::min<int64_t>(4, p.out_features - r0);
           float res[4];
@@ -144,7 +146,7 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
           for (int64_t i = 0; i < nr; ++i) {
             p.out[r0 + i] = res[i] + (p.bias != nullptr ? p.bias[r0 + i] : 0.0f);
           }
-        }
+        });
         return ok_status();
       }
 #pragma omp parallel for schedule(static)
@@ -258,8 +260,7 @@ namespace {
 template <typename TileFn>
 void run_part_tiles(const DecodePart* parts, const int64_t* tile_end, int64_t tiles,
                     bool accumulate, const TileFn& tile) {
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) {
+  parallel_for_static(tiles, [&](int64_t t) {
     int i = 0;
     while (t >= tile_end[i]) ++i;
     const DecodePart& part = parts[i];
@@ -273,7 +274,7 @@ void run_part_tiles(const DecodePart* parts, const int64_t* tile_end, int64_t ti
           res[j] + (part.bias != nullptr ? load_as_f32(part.bias, part.bias_dtype, r0 + j) : 0.0f);
       part.out[r0 + j] = accumulate ? part.out[r0 + j] + v : v;
     }
-  }
+  });
 }
 
 }  // namespace
@@ -375,10 +376,11 @@ bool quant_ffn_decode(const FfnDecodeArgs& f) {
   const auto* wu = static_cast<const uint8_t*>(f.up.weight);
   const auto* wd = static_cast<const uint8_t*>(f.down.weight);
   const int64_t nk = std::max(k, F);
-#pragma omp parallel
-  {
-    // Per OpenMP thread, grow-only: h, then act, as int16 blocks (the decode steps allocate
-    // nothing once warm).
+  // The body every thread runs: tid of nt, `barrier` waits for all nt. Items are split into
+  // contiguous ranges per thread (OpenMP's static schedule).
+  const auto body = [&](int tid, int nt, const auto& barrier) {
+    // Per thread, grow-only: h, then act, as int16 blocks (the decode steps allocate nothing
+    // once warm).
     thread_local std::vector<float> hbuf, qd, qsum;
     thread_local std::vector<int16_t> qs;
     hbuf.resize(std::max(hbuf.size(), static_cast<size_t>(k)));
@@ -389,8 +391,8 @@ bool quant_ffn_decode(const FfnDecodeArgs& f) {
     rms_norm_row(norm, f.x, h);
     quant_detail::quantize_row_q16_avx2(h, k, qs.data(), qd.data(), qsum.data());
     const quant_detail::Q16Act a{qs.data(), qd.data(), qsum.data()};
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < F / 8; ++t) {
+    const int64_t n8 = F / 8;
+    for (int64_t t = n8 * tid / nt; t < n8 * (tid + 1) / nt; ++t) {
       const int64_t r0 = 8 * t;
       float g[8], u[8];
       rows4[0](wg + r0 * f.gate.row_bytes, f.gate.row_bytes, k, a, g);
@@ -403,18 +405,25 @@ bool quant_ffn_decode(const FfnDecodeArgs& f) {
       }
       gated_act_row(f.act, g, u, f.act_out + r0, 8);
     }
-    // (the loop's barrier: act is complete)
-#pragma omp single nowait
-    std::memcpy(f.h, h, sizeof(float) * static_cast<size_t>(k));
+    barrier();  // act is complete, and every thread has read x
+    if (tid == 0) std::memcpy(f.h, h, sizeof(float) * static_cast<size_t>(k));
     quant_detail::quantize_row_q16_avx2(f.act_out, F, qs.data(), qd.data(), qsum.data());
     const quant_detail::Q16Act b{qs.data(), qd.data(), qsum.data()};
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < k / 4; ++t) {
+    const int64_t n4 = k / 4;
+    for (int64_t t = n4 * tid / nt; t < n4 * (tid + 1) / nt; ++t) {
       const int64_t r0 = 4 * t;
       float res[4];
       rows4[2](wd + r0 * f.down.row_bytes, f.down.row_bytes, F, b, res);
       for (int j = 0; j < 4; ++j) f.x[r0 + j] += res[j] + bias_at(f.down, r0 + j);
     }
+  };
+  const bool pooled =
+      spin_run(spin_threads(), [&](int tid, int nt) { body(tid, nt, [] { spin_barrier(); }); });
+  if (!pooled) {
+#pragma omp parallel
+    body(omp_get_thread_num(), omp_get_num_threads(), [] {
+#pragma omp barrier
+    });
   }
   return true;
 }

@@ -9,7 +9,7 @@
 namespace strata::cpu {
 
 Status softmax(const SoftmaxParams& p) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.rows > 1)
   for (int64_t r = 0; r < p.rows; ++r) {
     float* x = p.x + r * p.stride;
     float m = -std::numeric_limits<float>::infinity();
@@ -26,7 +26,7 @@ Status softmax(const SoftmaxParams& p) {
 }
 
 Status argmax(const ArgmaxParams& p) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.rows > 1)
   for (int64_t r = 0; r < p.rows; ++r) {
     const float* x = p.x + r * p.stride;
     int64_t best = 0;
