@@ -358,6 +358,27 @@ Status norm(Context& ctx, Tensor& x, const NormWeight& w, const NormArgs& args, 
 
 // ---- linear ---------------------------------------------------------------------------------
 
+// Rows [r0, r0 + rows) of a GGUF block-quantized part as the CPU decode kernels take it (its
+// bias too when `bias`); false where those kernels cannot read it (not block-quantized, scaled,
+// not whole blocks per row, too few rows).
+bool decode_part(const LinearWeight::Part& p, int64_t r0, int64_t rows, bool bias,
+                 cpu::DecodePart* d) {
+  const DTypeInfo& info = dtype_info(p.w.dtype);
+  if (!info.is_quantized || p.scale.defined() || p.w.ndim != 2 || p.w.stride[1] != 1 ||
+      p.w.stride[0] % info.block_size != 0 || r0 + rows > p.w.dim(0)) {
+    return false;
+  }
+  d->row_bytes = p.w.stride[0] / info.block_size * info.block_bytes;
+  d->weight = static_cast<const uint8_t*>(p.w.data) + r0 * d->row_bytes;
+  d->weight_dtype = p.w.dtype;
+  d->rows = rows;
+  if (bias && p.bias.defined()) {
+    d->bias = static_cast<const char*>(p.bias.data) + r0 * dtype_info(p.bias.dtype).block_bytes;
+    d->bias_dtype = p.bias.dtype;
+  }
+  return true;
+}
+
 // One token through GGUF block-quantized parts (q/k/v, gate/up; decode of a quantized model on
 // the CPU): every part in one OpenMP region with x quantized once, and a residual accumulated in
 // place, instead of a region per part plus one for the add; bit-identical to the per-part path.
@@ -371,20 +392,8 @@ bool cpu_decode_parts(const Tensor& x, const Mat& xm, const LinearWeight& w, Ten
   int64_t r0 = 0;
   for (int i = 0; i < w.n_parts; ++i) {
     const LinearWeight::Part& p = w.parts[static_cast<size_t>(i)];
-    const DTypeInfo& info = dtype_info(p.w.dtype);
-    if (!info.is_quantized || p.scale.defined() || p.w.ndim != 2 || p.w.stride[1] != 1 ||
-        p.w.stride[0] % info.block_size != 0) {
-      return false;
-    }
     cpu::DecodePart& d = parts[static_cast<size_t>(i)];
-    d.weight = p.w.data;
-    d.weight_dtype = p.w.dtype;
-    d.row_bytes = p.w.stride[0] / info.block_size * info.block_bytes;
-    d.rows = p.w.dim(0);
-    if (args.bias && p.bias.defined()) {
-      d.bias = p.bias.data;
-      d.bias_dtype = p.bias.dtype;
-    }
+    if (p.w.ndim != 2 || !decode_part(p, 0, p.w.dim(0), args.bias, &d)) return false;
     d.out = static_cast<float*>(out.data) + r0;
     r0 += d.rows;
   }
@@ -512,29 +521,13 @@ bool cpu_ffn_decode(const Tensor& x, const FfnArgs& a, Tensor& h, Tensor& act) {
     return false;
   }
   const int64_t F = a.w_in->rows() / 2, E = x.dim(1);
-  const auto part = [](const LinearWeight::Part& p, int64_t r0, int64_t rows, cpu::DecodePart* d) {
-    const DTypeInfo& info = dtype_info(p.w.dtype);
-    if (!info.is_quantized || p.scale.defined() || p.w.ndim != 2 || p.w.stride[1] != 1 ||
-        p.w.stride[0] % info.block_size != 0 || r0 + rows > p.w.dim(0)) {
-      return false;
-    }
-    d->row_bytes = p.w.stride[0] / info.block_size * info.block_bytes;
-    d->weight = static_cast<const uint8_t*>(p.w.data) + r0 * d->row_bytes;
-    d->weight_dtype = p.w.dtype;
-    d->rows = rows;
-    if (p.bias.defined()) {
-      d->bias = static_cast<const char*>(p.bias.data) + r0 * dtype_info(p.bias.dtype).block_bytes;
-      d->bias_dtype = p.bias.dtype;
-    }
-    return true;
-  };
   cpu::FfnDecodeArgs f;
   const LinearWeight& w = *a.w_in;
   const bool split = w.n_parts == 2 && w.parts[0].w.dim(0) == F && w.parts[1].w.dim(0) == F;
   const bool joined = w.n_parts == 1;
-  if (!(split || joined) || !part(w.parts[0], 0, F, &f.gate) ||
-      !part(w.parts[split ? 1 : 0], split ? 0 : F, F, &f.up) ||
-      !part(a.down->parts[0], 0, E, &f.down)) {
+  if (!(split || joined) || !decode_part(w.parts[0], 0, F, true, &f.gate) ||
+      !decode_part(w.parts[split ? 1 : 0], split ? 0 : F, F, true, &f.up) ||
+      !decode_part(a.down->parts[0], 0, E, true, &f.down)) {
     return false;
   }
   f.x = f32(x);

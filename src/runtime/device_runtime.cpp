@@ -244,50 +244,32 @@ class CpuKvCopier final : public KvCopier {
 // passes apart, as the CUDA runtime's event profile prints it.
 class ClockProfiler final : public ops::Profiler {
  public:
-  ~ClockProfiler() override { report(); }
+  ~ClockProfiler() override {
+    const std::string title = "CPU profile (host clock per section, " +
+                              std::to_string(omp_get_max_threads()) + " OpenMP threads)";
+    print_profile_table(title.c_str(), order_, totals_);
+  }
   void set_prefix(const char* prefix) { prefix_ = prefix; }
   void section(const char* name) override {
     const auto now = std::chrono::steady_clock::now();
-    if (running_ != nullptr) {
-      auto& t = totals_[running_];
-      t.first++;
-      t.second += std::chrono::duration<double, std::milli>(now - begin_).count();
+    if (!running_.empty()) {
+      auto [it, fresh] = totals_.try_emplace(running_, 0, 0.0);
+      if (fresh) order_.push_back(running_);
+      it->second.first++;
+      it->second.second += std::chrono::duration<double, std::milli>(now - begin_).count();
     }
-    running_ = nullptr;
+    running_.clear();
     if (name == nullptr) return;
-    const std::string key = std::string(prefix_) + name;
-    auto [it, fresh] = names_.try_emplace(key, key);
-    if (fresh) order_.push_back(key);
-    running_ = it->second.c_str();
+    running_ = std::string(prefix_) + name;
     begin_ = now;
   }
 
  private:
-  void report() {
-    if (totals_.empty()) return;
-    double total = 0;
-    for (auto& [k, v] : totals_) total += v.second;
-    std::fprintf(stderr, "strata: CPU profile (host clock per section, %d OpenMP threads)\n",
-                 omp_get_max_threads());
-    std::fprintf(stderr, "  %-22s %8s %12s %10s %7s\n", "section", "calls", "total ms", "us/call",
-                 "share");
-    for (const std::string& k : order_) {
-      auto it = totals_.find(names_[k].c_str());
-      if (it == totals_.end()) continue;
-      const auto& v = it->second;
-      std::fprintf(stderr, "  %-22s %8lld %12.3f %10.1f %6.1f%%\n", k.c_str(),
-                   static_cast<long long>(v.first), v.second,
-                   1e3 * v.second / static_cast<double>(std::max<int64_t>(1, v.first)),
-                   100.0 * v.second / total);
-    }
-  }
-
   const char* prefix_ = "";
-  const char* running_ = nullptr;
+  std::string running_;  // empty: no section running
   std::chrono::steady_clock::time_point begin_;
-  std::map<std::string, std::string> names_;  // key -> stable storage
-  std::map<const char*, std::pair<int64_t, double>> totals_;
-  std::vector<std::string> order_;
+  std::map<std::string, std::pair<int64_t, double>> totals_;  // calls, total ms
+  std::vector<std::string> order_;                            // first seen first
 };
 
 class CpuRuntime final : public DeviceRuntime {
@@ -345,6 +327,25 @@ class CpuRuntime final : public DeviceRuntime {
 };
 
 }  // namespace
+
+void print_profile_table(const char* title, const std::vector<std::string>& order,
+                         const std::map<std::string, std::pair<int64_t, double>>& totals) {
+  if (totals.empty()) return;
+  double total = 0;
+  for (const auto& [k, v] : totals) total += v.second;
+  std::fprintf(stderr, "strata: %s\n", title);
+  std::fprintf(stderr, "  %-22s %8s %12s %10s %7s\n", "section", "calls", "total ms", "us/call",
+               "share");
+  for (const std::string& k : order) {
+    const auto it = totals.find(k);
+    if (it == totals.end()) continue;
+    const auto& v = it->second;
+    std::fprintf(stderr, "  %-22s %8lld %12.3f %10.1f %6.1f%%\n", k.c_str(),
+                 static_cast<long long>(v.first), v.second,
+                 1e3 * v.second / static_cast<double>(std::max<int64_t>(1, v.first)),
+                 100.0 * v.second / total);
+  }
+}
 
 Result<std::unique_ptr<DeviceRuntime>> DeviceRuntime::create(Device device, bool profile) {
   if (device.is_cpu()) return std::unique_ptr<DeviceRuntime>(new CpuRuntime(profile));

@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/buffer.h"
 #include "core/device.h"
@@ -118,6 +120,11 @@ class DeviceRuntime {
   // After a synchronize: folds finished profiled sections into the totals.
   virtual void collect_profile() {}
 };
+
+// The table the runtimes' section profiles print to stderr at exit: each section in `order`
+// with its calls, total milliseconds, microseconds per call and share of the total.
+void print_profile_table(const char* title, const std::vector<std::string>& order,
+                         const std::map<std::string, std::pair<int64_t, double>>& totals);
 
 // The CUDA implementation (device_runtime_cuda.cpp; kUnimplemented without CUDA).
 Result<std::unique_ptr<DeviceRuntime>> make_cuda_runtime(int index, bool profile);

@@ -87,19 +87,7 @@ class EventProfiler final : public ops::Profiler {
     return e;
   }
   void report() {
-    if (totals_.empty()) return;
-    double total = 0;
-    for (auto& [k, v] : totals_) total += v.second;
-    std::fprintf(stderr, "strata: CUDA profile (eager launches, event-timed sections)\n");
-    std::fprintf(stderr, "  %-22s %8s %12s %10s %7s\n", "section", "calls", "total ms", "us/call",
-                 "share");
-    for (const std::string& k : order_) {
-      const auto& v = totals_[k];
-      std::fprintf(stderr, "  %-22s %8lld %12.3f %10.1f %6.1f%%\n", k.c_str(),
-                   static_cast<long long>(v.first), v.second,
-                   1e3 * v.second / static_cast<double>(std::max<int64_t>(1, v.first)),
-                   100.0 * v.second / total);
-    }
+    print_profile_table("CUDA profile (eager launches, event-timed sections)", order_, totals_);
   }
 
   cudaStream_t stream_;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../model/fixture_util.h"
+#include "../model/score_util.h"
 #include "backends/cuda/cuda_device.h"
 #include "model/model.h"
 #include "parallel/comm.h"
@@ -70,17 +71,6 @@ Result<Runners> make_runners() {
   return r;
 }
 
-Result<std::vector<float>> score(Executor& e, const std::vector<int32_t>& ids, int64_t chunk) {
-  const int64_t V = e.config().vocab;
-  std::vector<float> logits(ids.size() * static_cast<size_t>(V));
-  SequenceKv seq;
-  const ForwardFn fn = [&](const ForwardBatch& b, float* out) { return e.forward(b, out); };
-  Status s = forward_sequence(fn, 128, V, e.cache(), seq, ids, true, logits.data(), chunk);
-  seq.release(e.cache());
-  if (!s.ok()) return s;
-  return logits;
-}
-
 TEST(CudaGguf, BlockFormatsMatchTwinsAndCpu) {
   REQUIRE_GPU_AND_FIXTURE();
   auto rs = make_runners();
@@ -97,9 +87,9 @@ TEST(CudaGguf, BlockFormatsMatchTwinsAndCpu) {
   for (const Run& run : {Run{1, 20}, Run{9, 20}, Run{12, 1}, Run{40, 20}}) {
     std::vector<int32_t> ids(static_cast<size_t>(run.len));
     for (int32_t& t : ids) t = tok(rng);
-    auto c = score(*rs->cpu, ids, run.chunk);
-    auto t = score(*rs->twin, ids, run.chunk);
-    auto g = score(*rs->gpu, ids, run.chunk);
+    auto c = testing::score_chunked(*rs->cpu, ids, run.chunk);
+    auto t = testing::score_chunked(*rs->twin, ids, run.chunk);
+    auto g = testing::score_chunked(*rs->gpu, ids, run.chunk);
     ASSERT_TRUE(c.ok()) << c.status().to_string();
     ASSERT_TRUE(t.ok()) << t.status().to_string();
     ASSERT_TRUE(g.ok()) << g.status().to_string();

@@ -22,6 +22,7 @@
 #include "parallel/comm.h"
 #include "runtime/executor.h"
 #include "runtime/sequence.h"
+#include "score_util.h"
 
 namespace strata {
 namespace {
@@ -51,14 +52,7 @@ Result<Runner> make(const std::string& dir, DType act, DType weights) {
 
 // Chunks of 7 by default: several forward passes, prefill continuing over cached blocks.
 Result<std::vector<float>> score(Executor& e, const std::vector<int32_t>& ids, int64_t chunk = 7) {
-  const int64_t V = e.config().vocab;
-  std::vector<float> logits(ids.size() * static_cast<size_t>(V));
-  SequenceKv seq;
-  const ForwardFn fn = [&](const ForwardBatch& b, float* out) { return e.forward(b, out); };
-  Status s = forward_sequence(fn, 128, V, e.cache(), seq, ids, true, logits.data(), chunk);
-  seq.release(e.cache());
-  if (!s.ok()) return s;
-  return logits;
+  return testing::score_chunked(e, ids, chunk);
 }
 
 class DeviceLayout : public ::testing::TestWithParam<const char*> {};

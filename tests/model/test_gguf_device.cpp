@@ -17,6 +17,7 @@
 #include "runtime/executor.h"
 #include "runtime/model_loader.h"
 #include "runtime/sequence.h"
+#include "score_util.h"
 #include "strata/engine.h"
 
 namespace strata {
@@ -44,17 +45,6 @@ Result<Runner> make(DType act) {
   STRATA_ASSIGN_OR_RETURN(
       r.exec, make_runner(files.config, ParallelConfig{}, std::move(model), *r.comm, o));
   return r;
-}
-
-Result<std::vector<float>> score(Executor& e, const std::vector<int32_t>& ids, int64_t chunk) {
-  const int64_t V = e.config().vocab;
-  std::vector<float> logits(ids.size() * static_cast<size_t>(V));
-  SequenceKv seq;
-  const ForwardFn fn = [&](const ForwardBatch& b, float* out) { return e.forward(b, out); };
-  Status s = forward_sequence(fn, 128, V, e.cache(), seq, ids, true, logits.data(), chunk);
-  seq.release(e.cache());
-  if (!s.ok()) return s;
-  return logits;
 }
 
 TEST(GgufDevice, LinearsKeepTheirBlockFormats) {
@@ -111,8 +101,8 @@ TEST(GgufDevice, TwinsMatchTheCpuReference) {
     std::vector<int32_t> ids(static_cast<size_t>(len));
     for (int32_t& t : ids) t = tok(rng);
     // 40 tokens in chunks of 20: prefill above the decode kernel's 16 tokens.
-    auto a = score(*ref->exec, ids, 20);
-    auto b = score(*twin->exec, ids, 20);
+    auto a = testing::score_chunked(*ref->exec, ids, 20);
+    auto b = testing::score_chunked(*twin->exec, ids, 20);
     ASSERT_TRUE(a.ok()) << a.status().to_string();
     ASSERT_TRUE(b.ok()) << b.status().to_string();
     const double err = testing::relative_error(*b, *a);

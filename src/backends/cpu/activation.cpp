@@ -15,14 +15,8 @@ inline float apply(float x) {
 }
 
 template <Activation A>
-void gated_rows(const GatedActParams& p) {
-#pragma omp parallel for schedule(static) if (p.n_tokens * p.ffn_dim >= kParallelMinElems)
-  for (int64_t r = 0; r < p.n_tokens; ++r) {
-    const float* g = p.gate + r * p.gate_stride;
-    const float* u = p.up + r * p.up_stride;
-    float* o = p.out + r * p.out_stride;
-    for (int64_t i = 0; i < p.ffn_dim; ++i) o[i] = apply<A>(g[i]) * u[i];
-  }
+void gated_row(const float* g, const float* u, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = apply<A>(g[i]) * u[i];
 }
 
 template <Activation A>
@@ -48,15 +42,7 @@ __attribute__((target("avx2,fma"))) void silu_gated_avx2(const float* g, const f
     const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
     _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
   }
-  for (; i < n; ++i) o[i] = apply<Activation::kSilu>(g[i]) * u[i];
-}
-
-void silu_gated_rows_avx2(const GatedActParams& p) {
-#pragma omp parallel for schedule(static) if (p.n_tokens * p.ffn_dim >= kParallelMinElems)
-  for (int64_t r = 0; r < p.n_tokens; ++r) {
-    silu_gated_avx2(p.gate + r * p.gate_stride, p.up + r * p.up_stride, p.out + r * p.out_stride,
-                    p.ffn_dim);
-  }
+  gated_row<Activation::kSilu>(g + i, u + i, o + i, n - i);
 }
 #endif
 
@@ -71,40 +57,25 @@ void gated_act_row(Activation act, const float* gate, const float* up, float* ou
         return;
       }
 #endif
-      for (int64_t i = 0; i < n; ++i) out[i] = apply<Activation::kSilu>(gate[i]) * up[i];
+      gated_row<Activation::kSilu>(gate, up, out, n);
       return;
     case Activation::kGeluTanh:
-      for (int64_t i = 0; i < n; ++i) out[i] = apply<Activation::kGeluTanh>(gate[i]) * up[i];
+      gated_row<Activation::kGeluTanh>(gate, up, out, n);
       return;
     case Activation::kGeluErf:
-      for (int64_t i = 0; i < n; ++i) out[i] = apply<Activation::kGeluErf>(gate[i]) * up[i];
+      gated_row<Activation::kGeluErf>(gate, up, out, n);
       return;
     case Activation::kRelu:
-      for (int64_t i = 0; i < n; ++i) out[i] = apply<Activation::kRelu>(gate[i]) * up[i];
+      gated_row<Activation::kRelu>(gate, up, out, n);
       return;
   }
 }
 
 Status gated_act(const GatedActParams& p) {
-  switch (p.act) {
-    case Activation::kSilu:
-#if defined(__x86_64__)
-      if (cpu_supports(CpuIsa::kAvx2)) {
-        silu_gated_rows_avx2(p);
-        break;
-      }
-#endif
-      gated_rows<Activation::kSilu>(p);
-      break;
-    case Activation::kGeluTanh:
-      gated_rows<Activation::kGeluTanh>(p);
-      break;
-    case Activation::kGeluErf:
-      gated_rows<Activation::kGeluErf>(p);
-      break;
-    case Activation::kRelu:
-      gated_rows<Activation::kRelu>(p);
-      break;
+#pragma omp parallel for schedule(static) if (p.n_tokens * p.ffn_dim >= kParallelMinElems)
+  for (int64_t r = 0; r < p.n_tokens; ++r) {
+    gated_act_row(p.act, p.gate + r * p.gate_stride, p.up + r * p.up_stride,
+                  p.out + r * p.out_stride, p.ffn_dim);
   }
   return ok_status();
 }

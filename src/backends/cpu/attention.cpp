@@ -208,13 +208,6 @@ STRATA_AVX2_FMA inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-STRATA_AVX2_FMA inline float hsum1(__m256 a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // out[0, kN) += w[j] * v[j * stride + 8 c] over j < len, the kN accumulators in registers.
 template <int kN>
 STRATA_AVX2_FMA inline void accumulate_v(float* out, const float* scores, const float* v,
@@ -278,7 +271,7 @@ STRATA_AVX2_FMA void item_avx2_hd8(const AttentionKernelParams& p, const ItemSha
         for (int64_t v8 = 0; v8 < nvec; ++v8) {
           a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v8), _mm256_loadu_ps(kj + 8 * v8), a);
         }
-        scores[h][j] = hsum1(a);
+        scores[h][j] = simd::hsum_ps(a);
       }
       for (j = 0; j < len; ++j) {
         float s = scores[h][j] * p.scale;

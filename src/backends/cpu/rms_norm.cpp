@@ -98,21 +98,9 @@ void rms_norm_row(const RmsNormParams& p, const float* x, float* out) {
 }
 
 Status rms_norm(const RmsNormParams& p) {
-  bool avx2 = false;
-#if defined(__x86_64__)
-  avx2 = p.weight_dtype == DType::kF32 && cpu_supports(CpuIsa::kAvx2);
-#endif
 #pragma omp parallel for schedule(static) if (p.n_tokens * p.hidden >= kParallelMinElems)
   for (int64_t r = 0; r < p.n_tokens; ++r) {
-    const float* x = p.x + r * p.x_stride;
-    float* out = p.out + r * p.out_stride;
-#if defined(__x86_64__)
-    if (avx2) {
-      rms_row_avx2(p, x, out);
-      continue;
-    }
-#endif
-    rms_row(p, x, out);
+    rms_norm_row(p, p.x + r * p.x_stride, p.out + r * p.out_stride);
   }
   return ok_status();
 }
