@@ -167,6 +167,33 @@ Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool slidin
   return ops::attention(a.ctx, q, a.step, cache, attention_args(m, a, sliding), attn);
 }
 
+Status attention_block(const Model& m, ForwardArgs& a, int64_t layer, bool sliding) {
+  const ModelConfig& c = m.config();
+  const LayerWeights& L = m.weights().layers[static_cast<size_t>(layer)];
+  const int64_t n = a.step.n_tokens;
+  Tensor x = rows(a.ws.x, n), h = rows(a.ws.h, n);
+  if (m.parallel().attn_layout == AttnLayout::kBatchSharded || c.qk_norm_full) {
+    ops::section(a.ctx, "attn_norm");
+    STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, norm_args(c), h));
+    STRATA_RETURN_IF_ERROR(self_attention(m, a, layer, sliding));
+    ops::section(a.ctx, "o_proj");
+    return residual_linear(m, a, rows(a.ws.attn, n), L.o);
+  }
+  ops::section(a.ctx, "attn_block");
+  Tensor qkv = rows(a.ws.qkv, n), attn = rows(a.ws.attn, n);
+  Tensor q =
+      Tensor::make(a.ws.q.data, a.ws.q.dtype, {n, m.n_heads_local(), c.head_dim}, a.ws.q.device);
+  ops::AttentionBlockArgs b;
+  b.norm = &L.attn_norm;
+  b.norm_args = norm_args(c);
+  b.qkv = &L.qkv;
+  b.rope = rope_args(m, layer, sliding);
+  b.attn = attention_args(m, a, sliding);
+  b.o = &L.o;
+  return ops::attention_block(a.ctx, x, a.step, b, a.kv[static_cast<size_t>(layer)], h, qkv, q,
+                              attn);
+}
+
 Status mlp_in(const Model& m, ForwardArgs& a, int64_t layer) {
   const ModelConfig& c = m.config();
   const LayerWeights& L = m.weights().layers[static_cast<size_t>(layer)];

@@ -21,6 +21,13 @@ Status llama_layer(const Model& m, ForwardArgs& a, int64_t layer) {
   Tensor x = blocks::rows(a.ws.x, n), h = blocks::rows(a.ws.h, n);
   const bool sliding = c.sliding_window > 0 && (c.layer_is_sliding.empty() ||
                                                 c.layer_is_sliding[static_cast<size_t>(layer)]);
+  const FfnLayout ffn_layout = m.parallel().ffn_layout_for(n);
+  if (m.parallel().tp_size == 1 && ffn_layout == FfnLayout::k1D && !a.next_norm_done) {
+    // One rank: the attention block and the MLP block as one op each (each fused on the CPU for
+    // a decode token).
+    STRATA_RETURN_IF_ERROR(blocks::attention_block(m, a, layer, sliding));
+    return blocks::ffn(m, a, layer);
+  }
   if (a.next_norm_done) {
     a.next_norm_done = false;  // the previous layer's all-reduce wrote h
   } else {
@@ -28,14 +35,8 @@ Status llama_layer(const Model& m, ForwardArgs& a, int64_t layer) {
     STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, blocks::norm_args(c), h));
   }
   STRATA_RETURN_IF_ERROR(blocks::self_attention(m, a, layer, sliding));
-  const FfnLayout ffn_layout = m.parallel().ffn_layout_for(n);
   if (ffn_layout == FfnLayout::kWeightGathered) return blocks::weight_gathered_ffn(m, a, layer);
   ops::section(a.ctx, "o_proj");
-  if (m.parallel().tp_size == 1 && ffn_layout == FfnLayout::k1D) {
-    // One rank: the norm, MLP and residual as one op (fused on the CPU for a decode token).
-    STRATA_RETURN_IF_ERROR(blocks::residual_linear(m, a, blocks::rows(a.ws.attn, n), L.o));
-    return blocks::ffn(m, a, layer);
-  }
   STRATA_RETURN_IF_ERROR(
       blocks::residual_linear_norm(m, a, blocks::rows(a.ws.attn, n), L.o, L.ffn_norm, "ffn_norm"));
   if (ffn_layout == FfnLayout::k2D) return blocks::ffn_2d(m, a, layer);

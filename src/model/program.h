@@ -48,6 +48,10 @@ Status head(const Model& m, ForwardArgs& a);
 // the model has them). With batch-sharded attention (ParallelConfig::attn_layout), that of
 // batch_sharded_attention.
 Status self_attention(const Model& m, ForwardArgs& a, int64_t layer, bool sliding);
+// One rank's whole attention block: ws.h = attn_norm(x), self_attention, x += ws.attn Wo^T
+// (ops::attention_block: one fused kernel for a CPU decode token of a GGUF model; the
+// batch-sharded layout and whole-projection q/k norms compose the blocks above).
+Status attention_block(const Model& m, ForwardArgs& a, int64_t layer, bool sliding);
 // The rope and attention arguments of a layer.
 ops::RopeArgs rope_args(const Model& m, int64_t layer, bool sliding);
 ops::AttentionArgs attention_args(const Model& m, const ForwardArgs& a, bool sliding);

@@ -758,6 +758,117 @@ Status attention(Context& ctx, const Tensor& q, const StepArgs& step, const KvLa
   return cpu::attention(p);
 }
 
+// ---- the attention block ----------------------------------------------------------------------
+
+namespace {
+
+// ops::attention_block's fused CPU case: f32 activations and cache, one token, RMSNorm, Q/K/V and
+// O as GGUF block-quantized parts. *done false (nothing written) where it does not apply; the
+// caller then composes the ops, which report any shape error.
+Status cpu_attention_block_decode(Tensor& x, const StepArgs& step, const AttentionBlockArgs& a,
+                                  KvLayer& cache, Tensor& h, Tensor& qkv, Tensor& q, Tensor& attn,
+                                  bool* done) {
+  *done = false;
+  const auto contiguous_f32 = [](const Tensor& t, int64_t numel) {
+    return t.dtype == DType::kF32 && t.numel() == numel && t.is_contiguous();
+  };
+  if (env_config().cpu_no_fused_parts || step.n_tokens != 1 || x.ndim != 2 || x.dim(0) != 1 ||
+      a.norm_args.kind != NormKind::kRms || a.norm->w.dtype != DType::kF32 || a.norm->b.defined() ||
+      cache.k.dtype != DType::kF32 || cache.k.ndim != 4 || cache.v.dtype != DType::kF32 ||
+      q.ndim != 3 || a.o->n_parts != 1 || a.qkv->n_parts > 3) {
+    return ok_status();
+  }
+  const int64_t E = x.dim(1), hq = q.dim(1), D = q.dim(2), hkv = cache.k.dim(2);
+  if (!contiguous_f32(x, E) || !contiguous_f32(h, E) || !contiguous_f32(q, hq * D) ||
+      !contiguous_f32(attn, hq * D) || !contiguous_f32(qkv, (hq + 2 * hkv) * D) ||
+      cache.k.dim(3) != D || a.norm->w.numel() != E || a.qkv->cols() != E ||
+      a.o->cols() != hq * D) {
+    return ok_status();
+  }
+  const RopeArgs& r = a.rope;
+  if (r.rotary_dim > 0 &&
+      (r.inv_freq == nullptr || !r.inv_freq->defined() || r.inv_freq->dtype != DType::kF32)) {
+    return ok_status();
+  }
+  for (const NormWeight* nw : {r.q_norm, r.k_norm}) {
+    if (nw != nullptr && nw->defined() && (nw->w.dtype != DType::kF32 || nw->w.numel() != D)) {
+      return ok_status();
+    }
+  }
+  cpu::AttnDecodeArgs f;
+  f.x = f32(x);
+  f.hidden = E;
+  f.norm.weight = a.norm->w.data;
+  f.norm.weight_dtype = a.norm->w.dtype;
+  f.norm.eps = a.norm_args.eps;
+  f.norm.weight_offset = a.norm_args.weight_offset;
+  f.h = f32(h);
+  f.n_qkv = a.qkv->n_parts;
+  int64_t r0 = 0;
+  for (int i = 0; i < f.n_qkv; ++i) {
+    const LinearWeight::Part& p = a.qkv->parts[static_cast<size_t>(i)];
+    if (p.w.ndim != 2 || !decode_part(p, 0, p.w.dim(0), true, &f.qkv[i])) return ok_status();
+    f.qkv[i].out = f32(qkv) + r0;
+    r0 += p.w.dim(0);
+  }
+  if (!decode_part(a.o->parts[0], 0, E, true, &f.o)) return ok_status();
+  f.qkv_out = f32(qkv);
+  f.rope.n_tokens = 1;
+  f.rope.head_dim = D;
+  f.rope.positions = step.token_pos;
+  f.rope.inv_freq = r.rotary_dim > 0 ? f32(*r.inv_freq) : nullptr;
+  f.rope.rotary_dim = r.rotary_dim;
+  f.rope.neox_style = r.neox_style;
+  f.q_norm = r.q_norm != nullptr && r.q_norm->defined() ? f32(r.q_norm->w) : nullptr;
+  f.k_norm = r.k_norm != nullptr && r.k_norm->defined() ? f32(r.k_norm->w) : nullptr;
+  f.qk_norm_eps = r.norm_eps;
+  f.qk_norm_weight_offset = r.norm_weight_offset;
+  f.q = f32(q);
+  f.attn.out = f32(attn);
+  f.attn.q_stride = f.attn.out_stride = hq * D;
+  f.attn.token_seq = step.token_seq;
+  f.attn.token_pos = step.token_pos;
+  f.attn.n_tokens = 1;
+  f.attn.n_heads = hq;
+  f.attn.cache = kv_f32(cache, step);
+  f.attn.scale = a.attn.scale;
+  f.attn.sliding_window = a.attn.sliding_window;
+  f.attn.logit_softcap = a.attn.logit_softcap;
+  return cpu::quant_attn_decode(f, done);
+}
+
+}  // namespace
+
+Status attention_block(Context& ctx, Tensor& x, const StepArgs& step,
+                       const AttentionBlockArgs& args, KvLayer& cache, Tensor& h, Tensor& qkv,
+                       Tensor& q, Tensor& attn) {
+  constexpr const char* kOp = "attention_block";
+  if (args.norm == nullptr || args.qkv == nullptr || args.o == nullptr || !args.qkv->defined() ||
+      !args.o->defined()) {
+    return invalid(kOp, "needs its norm, qkv and output weights");
+  }
+  if (ctx.device.is_cpu()) {
+    STRATA_RETURN_IF_ERROR(on_device(ctx, kOp, {&x, &h, &qkv, &q, &attn, &cache.k, &cache.v}));
+    STRATA_RETURN_IF_ERROR(check_cache(cache, kOp));
+    bool done = false;
+    STRATA_RETURN_IF_ERROR(
+        cpu_attention_block_decode(x, step, args, cache, h, qkv, q, attn, &done));
+    if (done) return ok_status();
+  }
+  section(ctx, "attn_norm");
+  STRATA_RETURN_IF_ERROR(norm(ctx, x, *args.norm, args.norm_args, h));
+  section(ctx, "qkv");
+  STRATA_RETURN_IF_ERROR(linear(ctx, h, *args.qkv, qkv));
+  section(ctx, "rope_kv");
+  STRATA_RETURN_IF_ERROR(rope_kv_append(ctx, qkv, step, args.rope, cache, q));
+  section(ctx, "attention");
+  STRATA_RETURN_IF_ERROR(attention(ctx, q, step, cache, args.attn, attn));
+  section(ctx, "o_proj");
+  LinearArgs la;
+  la.accumulate = true;
+  return linear(ctx, attn, *args.o, x, la);
+}
+
 // ---- element-wise ---------------------------------------------------------------------------
 
 Status add(Context& ctx, const Tensor& a, const Tensor& b, Tensor& out) {

@@ -207,6 +207,23 @@ struct AttentionArgs {
 Status attention(Context& ctx, const Tensor& q, const StepArgs& step, const KvLayer& cache,
                  const AttentionArgs& args, Tensor& out);
 
+// The attention block with its input norm and residual (one rank): h = norm(x),
+// qkv = linear(h, w_qkv), q = rope_kv_append(qkv), attn = attention(q), x += attn W_o^T (+ bias).
+// The ops above in that order, writing h, qkv, q, attn and the cache as they do; on the CPU, one
+// token with GGUF block-quantized weights runs as one fused kernel (cpu::quant_attn_decode,
+// bit-identical to the composition).
+struct AttentionBlockArgs {
+  const NormWeight* norm = nullptr;
+  NormArgs norm_args;
+  const LinearWeight* qkv = nullptr;
+  RopeArgs rope;
+  AttentionArgs attn;
+  const LinearWeight* o = nullptr;
+};
+Status attention_block(Context& ctx, Tensor& x, const StepArgs& step,
+                       const AttentionBlockArgs& args, KvLayer& cache, Tensor& h, Tensor& qkv,
+                       Tensor& q, Tensor& attn);
+
 // The MLP's activation alone, for layouts that reduce the gate/up GEMM's partial sums before
 // activating them (the 2D weight-stationary FFN, model/ffn_layouts.cpp): gated, gu [n, 2F] =
 // [gate | up] and out [n, F] = act(gate) * up; plain, gu and out [n, F], out = act(gu). f32 on the

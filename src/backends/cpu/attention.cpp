@@ -36,11 +36,7 @@ int64_t ceil_div(int64_t a, int64_t b) {
 
 // One work item: token t, query heads [h0, h0 + nh) of kv_head. Inlined into the two
 // variants below, so its loops are vectorized for the ISA of each.
-struct ItemShape {
-  int64_t group, per, hd, slot_stride;
-  bool capped;
-  float inv_cap;
-};
+using ItemShape = AttentionItems::Shape;
 
 // What one work item covers: query heads [h0, h0 + nh) of token t (kv_head's subgroup sub) over
 // the cached positions [lo, pos].
@@ -309,7 +305,7 @@ __attribute__((noinline, target("avx2,fma"))) void item_avx2(const AttentionKern
 
 }  // namespace
 
-Status attention(const AttentionKernelParams& p) {
+Status attention_items(const AttentionKernelParams& p, int n_threads, AttentionItems* w) {
   const PagedKvParams& c = p.cache;
   if (c.head_dim > kMaxHeadDim) {
     return errorf(StatusCode::kUnimplemented, "attention: head_dim {} exceeds {}", c.head_dim,
@@ -326,44 +322,45 @@ Status attention(const AttentionKernelParams& p) {
     }
   }
   const int64_t group = p.n_heads / c.n_heads_kv;
-  const int64_t hd = c.head_dim;
-  const int64_t slot_stride = c.n_heads_kv * hd;  // floats between consecutive slots
-  const bool capped = p.logit_softcap > 0.0f;
-  const float inv_cap = capped ? 1.0f / p.logit_softcap : 0.0f;
   // Heads per item: the whole group (at most kMaxHeads), halved while items are too few.
   int64_t per = std::min(group, kMaxHeads);
-  while (per > 1 && p.n_tokens * c.n_heads_kv * ceil_div(group, per) < 2 * omp_get_max_threads()) {
+  while (per > 1 && p.n_tokens * c.n_heads_kv * ceil_div(group, per) < 2 * n_threads) {
     per = ceil_div(per, 2);
   }
-  const int64_t subgroups = ceil_div(group, per);
-
-  const ItemShape sh{.group = group,
-                     .per = per,
-                     .hd = hd,
-                     .slot_stride = slot_stride,
-                     .capped = capped,
-                     .inv_cap = inv_cap};
-  auto item = item_generic;
+  w->p = p;
+  w->subgroups = ceil_div(group, per);
+  w->per_token = c.n_heads_kv * w->subgroups;
+  w->count = p.n_tokens * w->per_token;
+  const bool capped = p.logit_softcap > 0.0f;
+  w->shape = ItemShape{.group = group,
+                       .per = per,
+                       .hd = c.head_dim,
+                       .slot_stride = c.n_heads_kv * c.head_dim,  // floats between slots
+                       .capped = capped,
+                       .inv_cap = capped ? 1.0f / p.logit_softcap : 0.0f};
+  w->item = item_generic;
 #if defined(__x86_64__)
-  if (cpu_supports(CpuIsa::kAvx2)) item = item_avx2;
+  if (cpu_supports(CpuIsa::kAvx2)) w->item = item_avx2;
 #endif
+  return ok_status();
+}
 
+void run_attention_item(const AttentionItems& w, int64_t i) {
+  const int64_t t = i / w.per_token, r = i % w.per_token;
+  w.item(w.p, w.shape, t, r / w.subgroups, r % w.subgroups);
+}
+
+Status attention(const AttentionKernelParams& p) {
+  AttentionItems w;
+  STRATA_RETURN_IF_ERROR(attention_items(p, omp_get_max_threads(), &w));
   if (p.n_tokens == 1) {
     // One decode token (its linears run on the spinning pool too): the items there, one at a
     // time (spin_pool.h). Batches stay on OpenMP, as their linears do.
-    const int64_t per_token = c.n_heads_kv * subgroups;
-    parallel_for_dynamic(p.n_tokens * per_token, [&](int64_t i) {
-      const int64_t t = i / per_token, r = i % per_token;
-      item(p, sh, t, r / subgroups, r % subgroups);
-    });
+    parallel_for_dynamic(w.count, [&](int64_t i) { run_attention_item(w, i); });
     return ok_status();
   }
-#pragma omp parallel for collapse(3) schedule(dynamic, 1)
-  for (int64_t t = 0; t < p.n_tokens; ++t) {
-    for (int64_t kv_head = 0; kv_head < c.n_heads_kv; ++kv_head) {
-      for (int64_t sub = 0; sub < subgroups; ++sub) item(p, sh, t, kv_head, sub);
-    }
-  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < w.count; ++i) run_attention_item(w, i);
   return ok_status();
 }
 

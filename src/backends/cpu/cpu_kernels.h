@@ -21,11 +21,38 @@ Status linear(const LinearParams& p);
 Status rope(const RopeKernelParams& p);
 Status kv_append(const KvAppendParams& p);
 Status attention(const AttentionKernelParams& p);
+// attention's work cut into items (a token, a KV head and a subgroup of the query heads that
+// share it), for a caller that runs them inside its own parallel region (attn_block.cpp).
+// attention_items checks every cache slot the tokens read, as attention does, and sizes the
+// subgroups for n_threads; run_attention_item(w, i) computes item i < w.count. attention() is
+// these two with omp_get_max_threads(), so the same n_threads gives bit-identical outputs.
+struct AttentionItems {
+  struct Shape {
+    int64_t group, per, hd, slot_stride;
+    bool capped;
+    float inv_cap;
+  };
+  AttentionKernelParams p;
+  int64_t count = 0;
+  int64_t per_token = 0;
+  int64_t subgroups = 0;
+  Shape shape{};
+  void (*item)(const AttentionKernelParams&, const Shape&, int64_t t, int64_t kv_head,
+               int64_t sub) = nullptr;
+};
+Status attention_items(const AttentionKernelParams& p, int n_threads, AttentionItems* w);
+void run_attention_item(const AttentionItems& w, int64_t i);
 Status gated_act(const GatedActParams& p);
 // One row of each on the calling thread, as rms_norm / gated_act compute it (bit-identical: the
 // same variant and lanes; n a multiple of 8 keeps gated_act's lanes).
 void rms_norm_row(const RmsNormParams& p, const float* x, float* out);
 void gated_act_row(Activation act, const float* gate, const float* up, float* out, int64_t n);
+// rope's pieces, for kernels that rotate heads inside their own region (attn_block.cpp): the
+// cos / sin table of p's positions (per token: cos[rotary_dim / 2], then sin; kept for the
+// calling thread's next calls with the same positions), and one head rotated in place with
+// one token's table (bit-identical to rope).
+const float* rope_cos_sin(const RopeKernelParams& p);
+void rope_head(float* x, const float* cos_sin, int64_t half, bool neox_style);
 Status act(const ActParams& p);
 Status add(const AddParams& p);
 Status add_bias(const AddBiasParams& p);

@@ -115,6 +115,36 @@ struct FfnDecodeArgs {
 };
 bool quant_ffn_decode(const FfnDecodeArgs& f);
 
+// One token's attention block in one parallel region (attn_block.cpp): h = norm(x); the qkv row
+// = h [Wq; Wk; Wv]^T (+ b); q = rope(q_norm(q heads)) into q, k = rope(k_norm(k heads)) in place
+// in the qkv row, k and v appended to the token's cache slot; attn = attention(q, cache);
+// x += attn Wo^T (+ bo). Bit-identical to rms_norm, quant_decode_parts, rope_kv_append's f32
+// path, attention and quant_decode_parts with accumulate (the same tiles, row functions and
+// attention items), and h, the qkv row, q, the cache slot and attn are written as those write
+// them. *done false, nothing written, where the composition would not run every linear through
+// the int16 decode kernels (int8 decode, other block types, no AVX2, hidden or n_heads x
+// head_dim not whole blocks of 32); an error, nothing written, for a cache slot the
+// composition would refuse.
+struct AttnDecodeArgs {
+  float* x = nullptr;  // [hidden] f32, += the block's output
+  int64_t hidden = 0;
+  RmsNormParams norm;  // its weight, eps, offset (x / out / sizes are set here)
+  float* h = nullptr;  // [hidden] norm(x)
+  DecodePart qkv[3];   // 1-3 parts, (n_heads + 2 n_heads_kv) head_dim rows in all, whose out
+  int n_qkv = 0;       // pointers cover qkv_out in order
+  float* qkv_out = nullptr;
+  RopeKernelParams rope;  // positions (the token's), inv_freq, rotary_dim (0: none), neox_style
+  const float* q_norm = nullptr;  // per-head RMSNorm weights, f32 [head_dim], or null
+  const float* k_norm = nullptr;
+  float qk_norm_eps = 1e-6f;
+  float qk_norm_weight_offset = 0.0f;
+  float* q = nullptr;          // [n_heads x head_dim] the rotated queries
+  AttentionKernelParams attn;  // one token: out, token_seq / pos, n_heads, cache, scale, ...;
+                               // its q is `q`
+  DecodePart o;                // [hidden, n_heads x head_dim]; out ignored (x)
+};
+Status quant_attn_decode(const AttnDecodeArgs& a, bool* done);
+
 Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t out_stride,
                         int64_t row_bytes);
 

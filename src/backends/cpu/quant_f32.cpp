@@ -281,66 +281,95 @@ void run_part_tiles(const DecodePart* parts, const int64_t* tile_end, int64_t ti
 
 bool quant_decode_parts(const float* x, int64_t in_features, const DecodePart* parts, int n_parts,
                         bool accumulate) {
-  constexpr int kMaxParts = 4;
+  constexpr int kMaxParts = quant_detail::DecodeTilesI16::kMaxParts;
   const int64_t k = in_features;
   const QuantIsa isa = quant_detail::resolve_quant_isa(QuantIsa::kBest);
   if (n_parts < 1 || n_parts > kMaxParts || k % 32 != 0 || isa == QuantIsa::kScalar) {
     return false;
   }
-  const bool int8 = quant_decode_int8();  // else int16 activations
-  quant_detail::RowDotI16Fn i16[kMaxParts];
-  quant_detail::RowsI16Fn rows4[kMaxParts];
+  // The same grow-only per-thread activation buffers as quant_linear_f32.
+  // NOTE: pointers, not the thread_local vectors, inside the parallel region.
+  const int64_t nb32 = k / 32;
+  thread_local std::vector<float> qd, qsum;
+  if (!quant_decode_int8()) {  // int16 activations
+    quant_detail::DecodeTilesI16 tiles;
+    if (!tiles.init(parts, n_parts, k, isa)) return false;
+    thread_local std::vector<int16_t> qs;
+    qs.resize(std::max(qs.size(), static_cast<size_t>(k)));
+    qd.resize(std::max(qd.size(), static_cast<size_t>(nb32)));
+    qsum.resize(std::max(qsum.size(), static_cast<size_t>(nb32)));
+    quant_detail::quantize_row_q16_avx2(x, k, qs.data(), qd.data(), qsum.data());
+    const quant_detail::Q16Act a{qs.data(), qd.data(), qsum.data()};
+    parallel_for_static(tiles.tiles, [&](int64_t t) { tiles.run(t, a, accumulate); });
+    return true;
+  }
   quant_detail::TileDotFn tile8[kMaxParts];
   int64_t tile_end[kMaxParts];  // prefix sums of each part's 4-row tiles
   int64_t tiles = 0;
   for (int i = 0; i < n_parts; ++i) {
     const DType dt = parts[i].weight_dtype;
-    if (int8) {
-      tile8[i] = quant_detail::tile_dot_isa(dt, isa);
-      if (tile8[i] == nullptr) return false;
-    } else {
-      i16[i] = quant_detail::row_dot_i16_avx2(dt);
-      rows4[i] = quant_detail::rows4_i16_for(dt, isa);
-      if (i16[i] == nullptr || rows4[i] == nullptr) return false;
-    }
-    if (k % dtype_info(dt).block_size != 0) return false;
+    tile8[i] = quant_detail::tile_dot_isa(dt, isa);
+    if (tile8[i] == nullptr || k % dtype_info(dt).block_size != 0) return false;
     tiles += (parts[i].rows + 3) / 4;
     tile_end[i] = tiles;
   }
-  // The same grow-only per-thread activation buffers as quant_linear_f32.
-  // NOTE: pointers, not the thread_local vectors, inside the parallel region.
-  const int64_t nb32 = k / 32;
-  thread_local std::vector<float> qd, qsum;
   qd.resize(std::max(qd.size(), static_cast<size_t>(nb32)));
   qsum.resize(std::max(qsum.size(), static_cast<size_t>(nb32)));
-  if (int8) {
-    // x rounded to int8 per 32 values as quant_linear's int8 tiles round it (the same
-    // quantizer, the same 4-row tiles: bit-identical to quant_linear on each part).
-    thread_local std::vector<int8_t> q8;
-    q8.resize(std::max(q8.size(), static_cast<size_t>(k)));
-    quantize_row_q8(x, k, q8.data(), qd.data(), qsum.data(), isa);
-    const Q8Act a{q8.data(), qd.data(), qsum.data()};
-    run_part_tiles(parts, tile_end, tiles, accumulate,
-                   [&](int i, const uint8_t* w, int64_t nr, float* res) {
-                     tile8[i](w, parts[i].row_bytes, static_cast<int>(nr), k, a, 1, res);
-                   });
-    return true;
-  }
-  thread_local std::vector<int16_t> qs;
-  qs.resize(std::max(qs.size(), static_cast<size_t>(k)));
-  quant_detail::quantize_row_q16_avx2(x, k, qs.data(), qd.data(), qsum.data());
-  const quant_detail::Q16Act a{qs.data(), qd.data(), qsum.data()};
+  // x rounded to int8 per 32 values as quant_linear's int8 tiles round it (the same quantizer,
+  // the same 4-row tiles: bit-identical to quant_linear on each part).
+  thread_local std::vector<int8_t> q8;
+  q8.resize(std::max(q8.size(), static_cast<size_t>(k)));
+  quantize_row_q8(x, k, q8.data(), qd.data(), qsum.data(), isa);
+  const Q8Act a{q8.data(), qd.data(), qsum.data()};
   run_part_tiles(parts, tile_end, tiles, accumulate,
                  [&](int i, const uint8_t* w, int64_t nr, float* res) {
-                   if (nr == 4) {
-                     rows4[i](w, parts[i].row_bytes, k, a, res);
-                   } else {
-                     for (int64_t j = 0; j < nr; ++j)
-                       i16[i](w + j * parts[i].row_bytes, k, a, 1, res + j);
-                   }
+                   tile8[i](w, parts[i].row_bytes, static_cast<int>(nr), k, a, 1, res);
                  });
   return true;
 }
+
+namespace quant_detail {
+
+bool DecodeTilesI16::init(const DecodePart* ps, int n, int64_t in, QuantIsa isa) {
+  if (n < 1 || n > kMaxParts) return false;
+  parts = ps;
+  n_parts = n;
+  k = in;
+  tiles = 0;
+  for (int i = 0; i < n; ++i) {
+    const DType dt = ps[i].weight_dtype;
+    i16[i] = row_dot_i16_avx2(dt);
+    rows4[i] = rows4_i16_for(dt, isa);
+    if (i16[i] == nullptr || rows4[i] == nullptr || in % dtype_info(dt).block_size != 0) {
+      return false;
+    }
+    tiles += (ps[i].rows + 3) / 4;
+    tile_end[i] = tiles;
+  }
+  return true;
+}
+
+void DecodeTilesI16::run(int64_t t, const Q16Act& a, bool accumulate) const {
+  int i = 0;
+  while (t >= tile_end[i]) ++i;
+  const DecodePart& part = parts[i];
+  const int64_t r0 = (t - (i > 0 ? tile_end[i - 1] : 0)) * 4;
+  const int64_t nr = std::min<int64_t>(4, part.rows - r0);
+  const auto* w = static_cast<const uint8_t*>(part.weight) + r0 * part.row_bytes;
+  float res[4];
+  if (nr == 4) {
+    rows4[i](w, part.row_bytes, k, a, res);
+  } else {
+    for (int64_t j = 0; j < nr; ++j) i16[i](w + j * part.row_bytes, k, a, 1, res + j);
+  }
+  for (int64_t j = 0; j < nr; ++j) {
+    const float v =
+        res[j] + (part.bias != nullptr ? load_as_f32(part.bias, part.bias_dtype, r0 + j) : 0.0f);
+    part.out[r0 + j] = accumulate ? part.out[r0 + j] + v : v;
+  }
+}
+
+}  // namespace quant_detail
 
 }  // namespace strata::cpu
 

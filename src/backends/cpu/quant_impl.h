@@ -171,4 +171,22 @@ QuantIsa resolve_quant_isa(QuantIsa isa);
 // without int16 kernels).
 RowsI16Fn rows4_i16_for(DType dt, QuantIsa isa);
 
+// The int16 decode kernels of up to kMaxParts DecodeParts that share one activation row of k
+// values, their 4-row tiles numbered part after part: quant_decode_parts' work, for it and for
+// the fused attention block (attn_block.cpp), which runs the tiles inside its own region.
+struct DecodeTilesI16 {
+  static constexpr int kMaxParts = 4;
+  const DecodePart* parts = nullptr;
+  int n_parts = 0;
+  int64_t k = 0;
+  RowDotI16Fn i16[kMaxParts] = {};
+  RowsI16Fn rows4[kMaxParts] = {};
+  int64_t tile_end[kMaxParts] = {};  // prefix sums of each part's tiles
+  int64_t tiles = 0;
+  // False where a part has no int16 kernel on `isa` or k is not whole blocks of its type.
+  bool init(const DecodePart* parts, int n_parts, int64_t k, QuantIsa isa);
+  // Tile t: its (up to 4) rows of their part, bias added, into part.out (+= with accumulate).
+  void run(int64_t t, const Q16Act& a, bool accumulate) const;
+};
+
 }  // namespace strata::cpu::quant_detail

@@ -62,6 +62,29 @@ const float* rope_table(const RopeKernelParams& p, int64_t half) {
 
 }  // namespace
 
+const float* rope_cos_sin(const RopeKernelParams& p) {
+  return rope_table(p, p.rotary_dim / 2);
+}
+
+void rope_head(float* x, const float* cos_t, int64_t half, bool neox_style) {
+  const float* sin_t = cos_t + half;
+  if (neox_style) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[i];
+      const float b = x[i + half];
+      x[i] = a * cos_t[i] - b * sin_t[i];
+      x[i + half] = b * cos_t[i] + a * sin_t[i];
+    }
+  } else {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[2 * i];
+      const float b = x[2 * i + 1];
+      x[2 * i] = a * cos_t[i] - b * sin_t[i];
+      x[2 * i + 1] = b * cos_t[i] + a * sin_t[i];
+    }
+  }
+}
+
 Status rope(const RopeKernelParams& p) {
   if (p.rotary_dim <= 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim ||
       p.rotary_dim > kMaxRotaryDim) {
@@ -74,25 +97,9 @@ Status rope(const RopeKernelParams& p) {
 #pragma omp parallel for schedule(static) if (p.n_tokens * p.n_heads * p.rotary_dim >= \
                                               kParallelMinElems)
   for (int64_t t = 0; t < p.n_tokens; ++t) {
-    const float* cos_t = table + t * 2 * half;
-    const float* sin_t = cos_t + half;
     for (int64_t h = 0; h < p.n_heads; ++h) {
-      float* x = p.x + t * p.token_stride + h * p.head_stride;
-      if (p.neox_style) {
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = x[i];
-          const float b = x[i + half];
-          x[i] = a * cos_t[i] - b * sin_t[i];
-          x[i + half] = b * cos_t[i] + a * sin_t[i];
-        }
-      } else {
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = x[2 * i];
-          const float b = x[2 * i + 1];
-          x[2 * i] = a * cos_t[i] - b * sin_t[i];
-          x[2 * i + 1] = b * cos_t[i] + a * sin_t[i];
-        }
-      }
+      rope_head(p.x + t * p.token_stride + h * p.head_stride, table + t * 2 * half, half,
+                p.neox_style);
     }
   }
   return ok_status();
