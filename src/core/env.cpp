@@ -66,6 +66,7 @@ EnvConfig read_env() {
     c.oneshot_max_bytes = std::max(0, get_int({"STRATA_ONESHOT_MAX_BYTES"}, 0));
   }
   c.tp_one_gpu = flag("STRATA_TP_ONE_GPU");
+  if (const char* v = get("STRATA_PP_STAGE_GATE")) c.pp_stage_gate = v[0] == '0' ? 0 : 1;
   if (get("STRATA_MOE_EP_FIXED_TOKENS") != nullptr) {
     c.moe_ep_fixed_tokens = std::max(0, get_int({"STRATA_MOE_EP_FIXED_TOKENS"}, 0));
   }

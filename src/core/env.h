@@ -61,6 +61,9 @@ struct EnvConfig {
   // kernels when ranks can read each other's memory; larger ones NCCL (-1: the default).
   long long oneshot_max_bytes = -1;
   bool tp_one_gpu = false;  // STRATA_TP_ONE_GPU=1: in-process ranks share one GPU (testing)
+  // STRATA_PP_STAGE_GATE=0|1: in-process pipeline stages pass through the StageGate
+  // (runtime/stage_gate.h) never / always (A/B); -1 (unset): only tensor-parallel stages on GPUs.
+  int pp_stage_gate = -1;
   // STRATA_MOE_EP_FIXED_TOKENS=N: expert-parallel steps of at most N tokens take the
   // fixed-capacity exchange (model/moe_ep.h; 0: none, the variable splits and eager steps, for
   // A/B runs); -1: max_num_seqs (every decode step, graph-captured).

@@ -322,11 +322,14 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
   // `stages`: one runner per stage, or with tensor parallelism one InProcessTpExecutor per stage
   // (its own ranks and threads). `comms`: the pipeline groups and the one-rank stages'
   // tensor-parallel groups.
+  // `gated`: the stages pass through the StageGate and start a pass only once its inputs are
+  // ready (stages_gated() in stage_gate.h); else a stage's receive waits for its inputs.
   InProcessPpExecutor(std::vector<std::unique_ptr<Communicator>> comms,
-                      std::vector<std::unique_ptr<Executor>> stages, int64_t min_tokens)
+                      std::vector<std::unique_ptr<Executor>> stages, int64_t min_tokens, bool gated)
       : InProcessGroupExecutor(std::move(comms), std::move(stages), "pipeline stages"),
         min_tokens_(min_tokens),
         busy_(ranks_.size(), 0.0),
+        gated_(gated),
         gate_(static_cast<int>(ranks_.size())) {}
 
   Status forward(const ForwardBatch& b, float* logits) override { return run(b, logits, nullptr); }
@@ -463,7 +466,7 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
       Status r = ok_status();
       for (size_t k = 0; k < micro.size() && r.ok(); ++k) {
         const Micro& mb = micro[k];
-        if (s > 0) {
+        if (gated_ && s > 0) {
           std::unique_lock<std::mutex> lock(fmu);
           fcv.wait(lock, [&] {
             return failed || finished[static_cast<size_t>(s - 1)] > static_cast<int64_t>(k);
@@ -473,7 +476,7 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
         const int mode = s < P - 1 ? 0 : (logits != nullptr ? 1 : 2);
         const StageGate::Key key{static_cast<int64_t>(mb.b.tokens.size()),
                                  static_cast<int64_t>(mb.rows.size()), mode};
-        const bool alone = gate_.enter(s, key);
+        const bool alone = gated_ && gate_.enter(s, key);
         const double wait0 = e.wait_seconds();
         const auto s0 = std::chrono::steady_clock::now();
         if (mode == 0) {
@@ -485,7 +488,7 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
         }
         busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() -
                   (e.wait_seconds() - wait0);
-        gate_.leave(s, key, alone, r.ok());
+        if (gated_) gate_.leave(s, key, alone, r.ok());
         {
           std::lock_guard<std::mutex> lock(fmu);
           if (r.ok()) {
@@ -556,16 +559,19 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
       ++next;
       Status st = ok_status();
       {
-        // Inputs ready first (the stage before has finished this pass: see StageGate); an
-        // earlier stage failed: skip (the aborted group wakes the rest).
+        // Gated: inputs ready first (the stage before has finished this pass: see StageGate);
+        // else the stage's receive waits for them. An earlier stage failed: skip (the aborted
+        // group wakes the rest).
         std::unique_lock<std::mutex> lock(amu_);
-        done_cv_.wait(lock, [&] { return !job->status.ok() || job->stages_done >= s; });
+        if (gated_) {
+          done_cv_.wait(lock, [&] { return !job->status.ok() || job->stages_done >= s; });
+        }
         st = job->status;
       }
       const int mode = s < P - 1 ? 0 : (job->ids != nullptr ? 2 : 1);
       const StageGate::Key key{static_cast<int64_t>(job->b.tokens.size()),
                                static_cast<int64_t>(job->b.logit_rows.size()), mode};
-      const bool alone = st.ok() && gate_.enter(s, key);
+      const bool alone = gated_ && st.ok() && gate_.enter(s, key);
       const double wait0 = e.wait_seconds();
       const auto t0 = std::chrono::steady_clock::now();
       if (st.ok()) {
@@ -576,7 +582,7 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
         } else {
           st = e.forward(job->b, job->logits);
         }
-        gate_.leave(s, key, alone, st.ok());
+        if (gated_) gate_.leave(s, key, alone, st.ok());
       }
       const auto t1 = std::chrono::steady_clock::now();
       bool abort = false;
@@ -606,6 +612,7 @@ class InProcessPpExecutor final : public InProcessGroupExecutor {
 
   int64_t min_tokens_;
   std::vector<double> busy_;  // per stage: seconds computing (not waiting for its input)
+  const bool gated_;          // passes go through gate_
   StageGate gate_;            // new shapes run alone (see stage_gate.h)
   double wall_ = 0.0;
   // Pipelined passes (submit / wait).
@@ -1326,8 +1333,9 @@ Result<std::unique_ptr<Executor>> make_in_process_pp_executor(const ModelConfig&
   for (auto& g : pipes) {
     for (auto& c : g) comms.push_back(std::move(c));
   }
+  const bool gated = stages_gated(where.cuda, tp, env_config().pp_stage_gate);
   return std::unique_ptr<Executor>(std::make_unique<InProcessPpExecutor>(
-      std::move(comms), std::move(stages), options.pp_min_micro_batch_tokens));
+      std::move(comms), std::move(stages), options.pp_min_micro_batch_tokens, gated));
 }
 
 }  // namespace strata

@@ -89,5 +89,17 @@ TEST(StageGate, WaitingNewShapeIsNotStarved) {
   EXPECT_TRUE(got_in.load());
 }
 
+// Only tensor-parallel stages on GPUs are gated; one-rank stages (and the CPU) pipeline freely.
+// STRATA_PP_STAGE_GATE (env 0 / 1) forces the choice.
+TEST(StageGate, OnlyTensorParallelStagesOnGpusAreGated) {
+  EXPECT_TRUE(stages_gated(/*cuda=*/true, /*tp=*/2, /*env=*/-1));
+  EXPECT_FALSE(stages_gated(true, 1, -1)) << "PP = N with one GPU per stage";
+  EXPECT_FALSE(stages_gated(false, 2, -1));
+  EXPECT_FALSE(stages_gated(false, 1, -1));
+  EXPECT_TRUE(stages_gated(false, 1, 1));
+  EXPECT_TRUE(stages_gated(true, 1, 1));
+  EXPECT_FALSE(stages_gated(true, 2, 0));
+}
+
 }  // namespace
 }  // namespace strata
