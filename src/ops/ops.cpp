@@ -635,65 +635,29 @@ Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, con
     return no_cuda(kOp);
 #endif
   }
-  // f32 reference: q copied out, then per-head norms and rotation in place (q_out, and k inside
-  // the qkv rows), then the append.
+  // f32 reference: q copied out, per-head norms and rotation (q_out, and k inside the qkv rows),
+  // the append, in one kernel.
   if (!ctx.device.is_cpu()) return invalid(kOp, "f32 activations run on the CPU only");
   STRATA_RETURN_IF_ERROR(want_dtype(q_out, DType::kF32, kOp, "q_out"));
   STRATA_RETURN_IF_ERROR(want_dtype(cache.k, DType::kF32, kOp, "cache"));
-  STRATA_RETURN_IF_ERROR(cpu::copy_rows({.src = qkv.data,
-                                         .src_stride = qm.stride * 4,
-                                         .dst = q_out.data,
-                                         .dst_stride = q_out.stride[0] * 4,
-                                         .row_bytes = hq * D * 4,
-                                         .rows = n}));
-  float* k = f32(qkv) + hq * D;
-  float* v = k + hkv * D;
-  for (int64_t t = 0; t < n; ++t) {
-    for (auto [w, base, heads] : {std::tuple{qn, f32(q_out) + t * q_out.stride[0], hq},
-                                  std::tuple{kn, k + t * qm.stride, hkv}}) {
-      if (w == nullptr) continue;
-      RmsNormParams p;
-      p.x = base;
-      p.weight = w;
-      p.weight_dtype = DType::kF32;
-      p.out = base;
-      p.n_tokens = heads;
-      p.hidden = D;
-      p.x_stride = D;
-      p.out_stride = D;
-      p.eps = args.norm_eps;
-      p.weight_offset = args.norm_weight_offset;
-      STRATA_RETURN_IF_ERROR(cpu::rms_norm(p));
-    }
-  }
-  if (args.rotary_dim > 0) {
-    RopeKernelParams r;
-    r.n_tokens = n;
-    r.head_dim = D;
-    r.positions = step.token_pos;
-    r.inv_freq = inv_freq;
-    r.rotary_dim = args.rotary_dim;
-    r.neox_style = args.neox_style;
-    r.x = f32(q_out);
-    r.token_stride = q_out.stride[0];
-    r.head_stride = D;
-    r.n_heads = hq;
-    STRATA_RETURN_IF_ERROR(cpu::rope(r));
-    r.x = k;
-    r.token_stride = qm.stride;
-    r.n_heads = hkv;
-    STRATA_RETURN_IF_ERROR(cpu::rope(r));
-  }
-  KvAppendParams a;
-  a.k = k;
-  a.k_stride = qm.stride;
-  a.v = v;
-  a.v_stride = qm.stride;
-  a.token_seq = step.token_seq;
-  a.token_pos = step.token_pos;
-  a.n_tokens = n;
-  a.cache = kv_f32(cache, step);
-  return cpu::kv_append(a);
+  cpu::RopeKvAppendF32Params p;
+  p.qkv = f32(qkv);
+  p.qkv_stride = qm.stride;
+  p.q_out = f32(q_out);
+  p.q_out_stride = q_out.stride[0];
+  p.token_seq = step.token_seq;
+  p.token_pos = step.token_pos;
+  p.n_tokens = n;
+  p.n_heads = hq;
+  p.inv_freq = inv_freq;
+  p.rotary_dim = args.rotary_dim;
+  p.neox_style = args.neox_style;
+  p.q_norm = qn;
+  p.k_norm = kn;
+  p.norm_eps = args.norm_eps;
+  p.norm_weight_offset = args.norm_weight_offset;
+  p.cache = kv_f32(cache, step);
+  return cpu::rope_kv_append_f32(p);
 }
 
 // ---- attention ------------------------------------------------------------------------------

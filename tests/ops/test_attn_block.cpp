@@ -327,5 +327,123 @@ TEST(AttnBlock, RefusesWithoutWriting) {
   set_quant_decode(QuantDecode::kAuto);
 }
 
+// rope_kv_append_f32 (one parallel loop over tokens x heads) against the kernels it replaces in
+// ops::rope_kv_append's f32 path: copy_rows, rms_norm per head, rope, kv_append. 40 tokens of
+// two sequences (enough for the parallel loop), with and without q / k norms and rotation.
+TEST(RopeKvAppendF32, MatchesCompositionBitExactly) {
+  constexpr int64_t n = 40, row = (kHq + 2 * kHkv) * kD;
+  std::vector<int32_t> seq(n), pos(n);
+  for (int64_t t = 0; t < n; ++t) {
+    seq[static_cast<size_t>(t)] = static_cast<int32_t>(t % 2);
+    pos[static_cast<size_t>(t)] = static_cast<int32_t>(t / 2);
+  }
+  std::vector<int32_t> tables = {0, 1, 2, 3, 4, 9, 7, 8, 11, 5};  // 20 positions per sequence
+  const std::vector<float> qkv0 = random_rows(n, row, 50), qn = random_rows(1, kD, 51),
+                           kn = random_rows(1, kD, 52);
+  std::vector<float> inv_freq(kD / 2);
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(0.5f, static_cast<float>(i));
+  for (const bool norms : {false, true}) {
+    for (const int64_t rotary : {int64_t{0}, int64_t{16}, kD}) {
+      const auto cache = [&](std::vector<float>& k, std::vector<float>& v) {
+        PagedKvParams c;
+        c.k_cache = k.data();
+        c.v_cache = v.data();
+        c.block_tables = tables.data();
+        c.max_blocks_per_seq = kMaxBlocksPerSeq;
+        c.n_seqs = 2;
+        c.n_blocks = kBlocks;
+        c.block_size = kBlock;
+        c.n_heads_kv = kHkv;
+        c.head_dim = kD;
+        return c;
+      };
+      const size_t cache_n = static_cast<size_t>(kBlocks * kBlock * kHkv * kD);
+      // The composition.
+      std::vector<float> qkv_w = qkv0, q_w(n * kHq * kD), kc_w(cache_n, 7.0f), vc_w(cache_n, 7.0f);
+      ASSERT_TRUE(copy_rows({.src = qkv_w.data(),
+                             .src_stride = row * 4,
+                             .dst = q_w.data(),
+                             .dst_stride = kHq * kD * 4,
+                             .row_bytes = kHq * kD * 4,
+                             .rows = n})
+                      .ok());
+      if (norms) {
+        for (auto [w, base, heads, stride] :
+             {std::tuple{qn.data(), q_w.data(), kHq, kHq * kD},
+              std::tuple{kn.data(), qkv_w.data() + kHq * kD, kHkv, row}}) {
+          for (int64_t t = 0; t < n; ++t) {
+            RmsNormParams p;
+            p.x = p.out = base + t * stride;
+            p.weight = w;
+            p.weight_dtype = DType::kF32;
+            p.n_tokens = heads;
+            p.hidden = p.x_stride = p.out_stride = kD;
+            p.eps = 1e-6f;
+            ASSERT_TRUE(rms_norm(p).ok());
+          }
+        }
+      }
+      if (rotary > 0) {
+        RopeKernelParams r;
+        r.n_tokens = n;
+        r.head_dim = kD;
+        r.positions = pos.data();
+        r.inv_freq = inv_freq.data();
+        r.rotary_dim = rotary;
+        r.x = q_w.data();
+        r.token_stride = kHq * kD;
+        r.head_stride = kD;
+        r.n_heads = kHq;
+        ASSERT_TRUE(rope(r).ok());
+        r.x = qkv_w.data() + kHq * kD;
+        r.token_stride = row;
+        r.n_heads = kHkv;
+        ASSERT_TRUE(rope(r).ok());
+      }
+      KvAppendParams a;
+      a.k = qkv_w.data() + kHq * kD;
+      a.v = a.k + kHkv * kD;
+      a.k_stride = a.v_stride = row;
+      a.token_seq = seq.data();
+      a.token_pos = pos.data();
+      a.n_tokens = n;
+      a.cache = cache(kc_w, vc_w);
+      ASSERT_TRUE(kv_append(a).ok());
+
+      // The kernel.
+      std::vector<float> qkv_g = qkv0, q_g(n * kHq * kD, -1.0f), kc_g(cache_n, 7.0f),
+                         vc_g(cache_n, 7.0f);
+      RopeKvAppendF32Params p;
+      p.qkv = qkv_g.data();
+      p.qkv_stride = row;
+      p.q_out = q_g.data();
+      p.q_out_stride = kHq * kD;
+      p.token_seq = seq.data();
+      p.token_pos = pos.data();
+      p.n_tokens = n;
+      p.n_heads = kHq;
+      p.inv_freq = inv_freq.data();
+      p.rotary_dim = rotary;
+      p.q_norm = norms ? qn.data() : nullptr;
+      p.k_norm = norms ? kn.data() : nullptr;
+      p.cache = cache(kc_g, vc_g);
+      ASSERT_TRUE(rope_kv_append_f32(p).ok());
+      EXPECT_EQ(qkv_g, qkv_w) << "norms " << norms << " rotary " << rotary;
+      EXPECT_EQ(q_g, q_w) << "norms " << norms << " rotary " << rotary;
+      EXPECT_EQ(kc_g, kc_w) << "norms " << norms << " rotary " << rotary;
+      EXPECT_EQ(vc_g, vc_w) << "norms " << norms << " rotary " << rotary;
+
+      // A position past the block table: kv_append's error, nothing written.
+      std::vector<int32_t> bad = pos;
+      bad[7] = static_cast<int32_t>(kMaxBlocksPerSeq * kBlock);
+      p.token_pos = bad.data();
+      std::vector<float> before = kc_g;
+      const Status s = rope_kv_append_f32(p);
+      EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s.message();
+      EXPECT_EQ(kc_g, before);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::cpu

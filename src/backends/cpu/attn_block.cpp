@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
@@ -57,25 +56,28 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
   STRATA_RETURN_IF_ERROR(check_kv_slot(c, "kv_append", 0, ap.token_seq[0], ap.token_pos[0]));
   AttentionItems items;
   STRATA_RETURN_IF_ERROR(attention_items(ap, nt_omp, &items));
-  const int64_t half = rp.rotary_dim / 2;
-  const float* cos_sin = half > 0 ? rope_cos_sin(rp) : nullptr;  // the caller's table, read only
-  const int64_t pos = ap.token_pos[0];
-  const int64_t block = c.block_tables[ap.token_seq[0] * c.max_blocks_per_seq + pos / c.block_size];
-  const int64_t slot = (block * c.block_size + pos % c.block_size) * hkv * D;
   RmsNormParams norm = a.norm;
   norm.n_tokens = 1;
   norm.hidden = k;
-  RmsNormParams q_norm, k_norm;  // the per-head norms
-  for (auto [p, w] : {std::pair{&q_norm, a.q_norm}, std::pair{&k_norm, a.k_norm}}) {
-    p->weight = w;
-    p->weight_dtype = DType::kF32;
-    p->n_tokens = 1;
-    p->hidden = D;
-    p->eps = a.qk_norm_eps;
-    p->weight_offset = a.qk_norm_weight_offset;
-  }
-  float* q_out = a.q;
-  float* kq = a.qkv_out + hq * D;  // the k heads inside the qkv row, then v
+  RopeKvAppendF32Params rk;  // phase 2's work: rope_kv_append_f32's units of token 0
+  rk.qkv = a.qkv_out;
+  rk.qkv_stride = qkv_rows;
+  rk.q_out = a.q;
+  rk.q_out_stride = hq * D;
+  rk.token_seq = ap.token_seq;
+  rk.token_pos = ap.token_pos;
+  rk.n_tokens = 1;
+  rk.n_heads = hq;
+  rk.inv_freq = rp.inv_freq;
+  rk.rotary_dim = rp.rotary_dim;
+  rk.neox_style = rp.neox_style;
+  rk.q_norm = a.q_norm;
+  rk.k_norm = a.k_norm;
+  rk.norm_eps = a.qk_norm_eps;
+  rk.norm_weight_offset = a.qk_norm_weight_offset;
+  rk.cache = c;
+  // The caller's table, read only inside the region.
+  const float* cos_sin = rp.rotary_dim > 0 ? rope_cos_sin(rp) : nullptr;
   const int64_t units = hq + hkv;  // rope units: q heads, then KV heads
   const int64_t nk = std::max(k, hq * D);
 
@@ -101,22 +103,7 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
 
     if (tid == 0) std::memcpy(a.h, h, sizeof(float) * static_cast<size_t>(k));
     range(units, &lo, &hi);
-    for (int64_t u = lo; u < hi; ++u) {
-      if (u < hq) {
-        float* qh = q_out + u * D;
-        std::memcpy(qh, a.qkv_out + u * D, sizeof(float) * static_cast<size_t>(D));
-        if (a.q_norm != nullptr) rms_norm_row(q_norm, qh, qh);
-        if (half > 0) rope_head(qh, cos_sin, half, rp.neox_style);
-      } else {
-        const int64_t j = u - hq;
-        float* kh = kq + j * D;
-        if (a.k_norm != nullptr) rms_norm_row(k_norm, kh, kh);
-        if (half > 0) rope_head(kh, cos_sin, half, rp.neox_style);
-        std::memcpy(c.k_cache + slot + j * D, kh, sizeof(float) * static_cast<size_t>(D));
-        std::memcpy(c.v_cache + slot + j * D, kq + (hkv + j) * D,
-                    sizeof(float) * static_cast<size_t>(D));
-      }
-    }
+    for (int64_t u = lo; u < hi; ++u) rope_kv_unit(rk, cos_sin, 0, u);
     barrier();  // q and the cache slot are written
 
     range(items.count, &lo, &hi);

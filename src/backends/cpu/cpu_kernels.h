@@ -53,6 +53,36 @@ void gated_act_row(Activation act, const float* gate, const float* up, float* ou
 // one token's table (bit-identical to rope).
 const float* rope_cos_sin(const RopeKernelParams& p);
 void rope_head(float* x, const float* cos_sin, int64_t half, bool neox_style);
+
+// rope_kv_append's f32 path (ops::rope_kv_append with f32 activations) as one kernel: per
+// token, q copied out of its qkv row, per-head q / k RMSNorms, rope of q and of k (k in place in
+// the qkv row), then k and v appended to the token's cache slot. Bit-identical to copy_rows,
+// rms_norm, rope and kv_append in that order, in one parallel loop over tokens x heads. Every
+// slot is checked first (kv_append's errors, nothing written); rotary_dim 0: no rotation.
+struct RopeKvAppendF32Params {
+  float* qkv = nullptr;  // [n_tokens, (n_heads + 2 n_heads_kv) head_dim], row stride qkv_stride
+  int64_t qkv_stride = 0;
+  float* q_out = nullptr;  // [n_tokens, n_heads, head_dim], token stride q_out_stride
+  int64_t q_out_stride = 0;
+  const int32_t* token_seq = nullptr;  // [n_tokens]
+  const int32_t* token_pos = nullptr;  // [n_tokens]
+  int64_t n_tokens = 0;
+  int64_t n_heads = 0;
+  const float* inv_freq = nullptr;  // [rotary_dim / 2]
+  int64_t rotary_dim = 0;
+  bool neox_style = true;
+  const float* q_norm = nullptr;  // f32 [head_dim], or null
+  const float* k_norm = nullptr;
+  float norm_eps = 1e-6f;
+  float norm_weight_offset = 0.0f;
+  PagedKvParams cache;
+};
+Status rope_kv_append_f32(const RopeKvAppendF32Params& p);
+// Its work for token t: unit u < n_heads is query head u, n_heads + j is KV head j (norm, rope,
+// append). cos_sin: rope_cos_sin of the call's positions (null when rotary_dim is 0). For
+// kernels that run the units inside their own region (attn_block.cpp); the slot must have been
+// checked.
+void rope_kv_unit(const RopeKvAppendF32Params& p, const float* cos_sin, int64_t t, int64_t u);
 Status act(const ActParams& p);
 Status add(const AddParams& p);
 Status add_bias(const AddBiasParams& p);

@@ -105,4 +105,65 @@ Status rope(const RopeKernelParams& p) {
   return ok_status();
 }
 
+void rope_kv_unit(const RopeKvAppendF32Params& p, const float* cos_sin, int64_t t, int64_t u) {
+  const PagedKvParams& c = p.cache;
+  const int64_t D = c.head_dim, hq = p.n_heads, hkv = c.n_heads_kv, half = p.rotary_dim / 2;
+  const float* cs = half > 0 ? cos_sin + t * 2 * half : nullptr;
+  float* row = p.qkv + t * p.qkv_stride;
+  const auto head_norm = [&](const float* w, float* x) {
+    RmsNormParams n;
+    n.weight = w;
+    n.weight_dtype = DType::kF32;
+    n.n_tokens = 1;
+    n.hidden = D;
+    n.eps = p.norm_eps;
+    n.weight_offset = p.norm_weight_offset;
+    rms_norm_row(n, x, x);
+  };
+  const size_t head_bytes = sizeof(float) * static_cast<size_t>(D);
+  if (u < hq) {
+    float* qh = p.q_out + t * p.q_out_stride + u * D;
+    std::memcpy(qh, row + u * D, head_bytes);
+    if (p.q_norm != nullptr) head_norm(p.q_norm, qh);
+    if (cs != nullptr) rope_head(qh, cs, half, p.neox_style);
+    return;
+  }
+  const int64_t j = u - hq;
+  float* kh = row + (hq + j) * D;
+  if (p.k_norm != nullptr) head_norm(p.k_norm, kh);
+  if (cs != nullptr) rope_head(kh, cs, half, p.neox_style);
+  const int64_t pos = p.token_pos[t];
+  const int64_t block = c.block_tables[p.token_seq[t] * c.max_blocks_per_seq + pos / c.block_size];
+  const int64_t slot = block * c.block_size + pos % c.block_size;
+  std::memcpy(c.k_cache + (slot * hkv + j) * D, kh, head_bytes);
+  std::memcpy(c.v_cache + (slot * hkv + j) * D, row + (hq + hkv + j) * D, head_bytes);
+}
+
+Status rope_kv_append_f32(const RopeKvAppendF32Params& p) {
+  const PagedKvParams& c = p.cache;
+  if (p.rotary_dim != 0 && (p.rotary_dim < 0 || p.rotary_dim % 2 != 0 ||
+                            p.rotary_dim > c.head_dim || p.rotary_dim > kMaxRotaryDim)) {
+    return errorf(StatusCode::kInvalidArgument,
+                  "rope: rotary_dim {} must be even, in (0, head_dim {}] and <= {}", p.rotary_dim,
+                  c.head_dim, kMaxRotaryDim);
+  }
+  for (int64_t t = 0; t < p.n_tokens; ++t) {
+    STRATA_RETURN_IF_ERROR(check_kv_slot(c, "kv_append", t, p.token_seq[t], p.token_pos[t]));
+  }
+  const float* cs = nullptr;
+  if (p.rotary_dim > 0) {
+    RopeKernelParams r;
+    r.n_tokens = p.n_tokens;
+    r.head_dim = c.head_dim;
+    r.positions = p.token_pos;
+    r.inv_freq = p.inv_freq;
+    r.rotary_dim = p.rotary_dim;
+    cs = rope_table(r, p.rotary_dim / 2);
+  }
+  const int64_t units = p.n_heads + c.n_heads_kv;
+#pragma omp parallel for schedule(static) if (p.n_tokens * units * c.head_dim >= kParallelMinElems)
+  for (int64_t i = 0; i < p.n_tokens * units; ++i) rope_kv_unit(p, cs, i / units, i % units);
+  return ok_status();
+}
+
 }  // namespace strata::cpu
