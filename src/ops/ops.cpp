@@ -609,12 +609,10 @@ Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, con
       return invalid(kOp, "q/k norm weights must be f32 [head_dim]");
     }
   }
-  if (q_out.dtype == DType::kBF16) {
-    if (cache.k.dtype != DType::kBF16) return invalid(kOp, "bf16 q_out needs a bf16 cache");
-    RopeKvAppendParams p;
+  // The fields the bf16 and the f32 kernels' parameters share.
+  const auto set_rope_kv = [&](auto& p) {
     p.qkv = f32(qkv);
     p.qkv_stride = qm.stride;
-    p.q_out = bf16(q_out);
     p.q_out_stride = q_out.stride[0];
     p.token_seq = step.token_seq;
     p.token_pos = step.token_pos;
@@ -627,6 +625,12 @@ Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, con
     p.k_norm = kn;
     p.norm_eps = args.norm_eps;
     p.norm_weight_offset = args.norm_weight_offset;
+  };
+  if (q_out.dtype == DType::kBF16) {
+    if (cache.k.dtype != DType::kBF16) return invalid(kOp, "bf16 q_out needs a bf16 cache");
+    RopeKvAppendParams p;
+    set_rope_kv(p);
+    p.q_out = bf16(q_out);
     p.cache = kv_bf16(cache, step);
     if (ctx.device.is_cpu()) return cpu::rope_kv_append(p);
 #if STRATA_HAS_CUDA
@@ -641,21 +645,8 @@ Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, con
   STRATA_RETURN_IF_ERROR(want_dtype(q_out, DType::kF32, kOp, "q_out"));
   STRATA_RETURN_IF_ERROR(want_dtype(cache.k, DType::kF32, kOp, "cache"));
   cpu::RopeKvAppendF32Params p;
-  p.qkv = f32(qkv);
-  p.qkv_stride = qm.stride;
+  set_rope_kv(p);
   p.q_out = f32(q_out);
-  p.q_out_stride = q_out.stride[0];
-  p.token_seq = step.token_seq;
-  p.token_pos = step.token_pos;
-  p.n_tokens = n;
-  p.n_heads = hq;
-  p.inv_freq = inv_freq;
-  p.rotary_dim = args.rotary_dim;
-  p.neox_style = args.neox_style;
-  p.q_norm = qn;
-  p.k_norm = kn;
-  p.norm_eps = args.norm_eps;
-  p.norm_weight_offset = args.norm_weight_offset;
   p.cache = kv_f32(cache, step);
   return cpu::rope_kv_append_f32(p);
 }

@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/quant.h"
@@ -86,16 +85,10 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
       *lo = n * tid / nt;
       *hi = n * (tid + 1) / nt;
     };
-    thread_local std::vector<float> hbuf, qd, qsum;
-    thread_local std::vector<int16_t> qs;
-    hbuf.resize(std::max(hbuf.size(), static_cast<size_t>(k)));
-    qs.resize(std::max(qs.size(), static_cast<size_t>(nk)));
-    qd.resize(std::max(qd.size(), static_cast<size_t>(nk / 32)));
-    qsum.resize(std::max(qsum.size(), static_cast<size_t>(nk / 32)));
-    float* h = hbuf.data();
+    const quant_detail::ThreadScratch sc = quant_detail::thread_scratch(k, nk);
+    float* h = sc.h;
     rms_norm_row(norm, a.x, h);
-    quant_detail::quantize_row_q16_avx2(h, k, qs.data(), qd.data(), qsum.data());
-    const quant_detail::Q16Act ha{qs.data(), qd.data(), qsum.data()};
+    const quant_detail::Q16Act ha = sc.quantize(h, k);
     int64_t lo, hi;
     range(qkv_tiles.tiles, &lo, &hi);
     for (int64_t t = lo; t < hi; ++t) qkv_tiles.run(t, ha, false);
@@ -111,8 +104,7 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
     barrier();  // attn is complete, and every thread has read x
 
     const int64_t n_attn = hq * D;
-    quant_detail::quantize_row_q16_avx2(ap.out, n_attn, qs.data(), qd.data(), qsum.data());
-    const quant_detail::Q16Act oa{qs.data(), qd.data(), qsum.data()};
+    const quant_detail::Q16Act oa = sc.quantize(ap.out, n_attn);
     range(o_tiles.tiles, &lo, &hi);
     for (int64_t t = lo; t < hi; ++t) o_tiles.run(t, oa, true);
   };

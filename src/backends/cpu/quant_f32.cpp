@@ -261,19 +261,13 @@ template <typename TileFn>
 void run_part_tiles(const DecodePart* parts, const int64_t* tile_end, int64_t tiles,
                     bool accumulate, const TileFn& tile) {
   parallel_for_static(tiles, [&](int64_t t) {
-    int i = 0;
-    while (t >= tile_end[i]) ++i;
+    int i;
+    int64_t r0, nr;
+    quant_detail::locate_tile(tile_end, t, &i, &r0, &nr, parts);
     const DecodePart& part = parts[i];
-    const int64_t r0 = (t - (i > 0 ? tile_end[i - 1] : 0)) * 4;
-    const int64_t nr = std::min<int64_t>(4, part.rows - r0);
-    const auto* w = static_cast<const uint8_t*>(part.weight) + r0 * part.row_bytes;
     float res[4];
-    tile(i, w, nr, res);
-    for (int64_t j = 0; j < nr; ++j) {
-      const float v =
-          res[j] + (part.bias != nullptr ? load_as_f32(part.bias, part.bias_dtype, r0 + j) : 0.0f);
-      part.out[r0 + j] = accumulate ? part.out[r0 + j] + v : v;
-    }
+    tile(i, static_cast<const uint8_t*>(part.weight) + r0 * part.row_bytes, nr, res);
+    quant_detail::store_tile(part, r0, nr, res, accumulate);
   });
 }
 
@@ -350,11 +344,10 @@ bool DecodeTilesI16::init(const DecodePart* ps, int n, int64_t in, QuantIsa isa)
 }
 
 void DecodeTilesI16::run(int64_t t, const Q16Act& a, bool accumulate) const {
-  int i = 0;
-  while (t >= tile_end[i]) ++i;
+  int i;
+  int64_t r0, nr;
+  locate_tile(tile_end, t, &i, &r0, &nr, parts);
   const DecodePart& part = parts[i];
-  const int64_t r0 = (t - (i > 0 ? tile_end[i - 1] : 0)) * 4;
-  const int64_t nr = std::min<int64_t>(4, part.rows - r0);
   const auto* w = static_cast<const uint8_t*>(part.weight) + r0 * part.row_bytes;
   float res[4];
   if (nr == 4) {
@@ -362,11 +355,25 @@ void DecodeTilesI16::run(int64_t t, const Q16Act& a, bool accumulate) const {
   } else {
     for (int64_t j = 0; j < nr; ++j) i16[i](w + j * part.row_bytes, k, a, 1, res + j);
   }
+  store_tile(part, r0, nr, res, accumulate);
+}
+
+void store_tile(const DecodePart& part, int64_t r0, int64_t nr, const float* res, bool accumulate) {
   for (int64_t j = 0; j < nr; ++j) {
     const float v =
         res[j] + (part.bias != nullptr ? load_as_f32(part.bias, part.bias_dtype, r0 + j) : 0.0f);
     part.out[r0 + j] = accumulate ? part.out[r0 + j] + v : v;
   }
+}
+
+ThreadScratch thread_scratch(int64_t k, int64_t n) {
+  thread_local std::vector<float> h, d, s;
+  thread_local std::vector<int16_t> qs;
+  h.resize(std::max(h.size(), static_cast<size_t>(k)));
+  qs.resize(std::max(qs.size(), static_cast<size_t>(n)));
+  d.resize(std::max(d.size(), static_cast<size_t>(n / 32)));
+  s.resize(std::max(s.size(), static_cast<size_t>(n / 32)));
+  return {h.data(), qs.data(), d.data(), s.data()};
 }
 
 }  // namespace quant_detail
@@ -408,18 +415,11 @@ bool quant_ffn_decode(const FfnDecodeArgs& f) {
   // The body every thread runs: tid of nt, `barrier` waits for all nt. Items are split into
   // contiguous ranges per thread (OpenMP's static schedule).
   const auto body = [&](int tid, int nt, const auto& barrier) {
-    // Per thread, grow-only: h, then act, as int16 blocks (the decode steps allocate nothing
-    // once warm).
-    thread_local std::vector<float> hbuf, qd, qsum;
-    thread_local std::vector<int16_t> qs;
-    hbuf.resize(std::max(hbuf.size(), static_cast<size_t>(k)));
-    qs.resize(std::max(qs.size(), static_cast<size_t>(nk)));
-    qd.resize(std::max(qd.size(), static_cast<size_t>(nk / 32)));
-    qsum.resize(std::max(qsum.size(), static_cast<size_t>(nk / 32)));
-    float* h = hbuf.data();
+    // Per thread: h, then act, as int16 blocks.
+    const quant_detail::ThreadScratch sc = quant_detail::thread_scratch(k, nk);
+    float* h = sc.h;
     rms_norm_row(norm, f.x, h);
-    quant_detail::quantize_row_q16_avx2(h, k, qs.data(), qd.data(), qsum.data());
-    const quant_detail::Q16Act a{qs.data(), qd.data(), qsum.data()};
+    const quant_detail::Q16Act a = sc.quantize(h, k);
     const int64_t n8 = F / 8;
     for (int64_t t = n8 * tid / nt; t < n8 * (tid + 1) / nt; ++t) {
       const int64_t r0 = 8 * t;
@@ -436,8 +436,7 @@ bool quant_ffn_decode(const FfnDecodeArgs& f) {
     }
     barrier();  // act is complete, and every thread has read x
     if (tid == 0) std::memcpy(f.h, h, sizeof(float) * static_cast<size_t>(k));
-    quant_detail::quantize_row_q16_avx2(f.act_out, F, qs.data(), qd.data(), qsum.data());
-    const quant_detail::Q16Act b{qs.data(), qd.data(), qsum.data()};
+    const quant_detail::Q16Act b = sc.quantize(f.act_out, F);
     const int64_t n4 = k / 4;
     for (int64_t t = n4 * tid / nt; t < n4 * (tid + 1) / nt; ++t) {
       const int64_t r0 = 4 * t;

@@ -18,6 +18,7 @@
 //     + l] (nibble t >> 1), high 2 bits are bits 2t, 2t + 1 of qh[32 h + l].
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -171,6 +172,21 @@ QuantIsa resolve_quant_isa(QuantIsa isa);
 // without int16 kernels).
 RowsI16Fn rows4_i16_for(DType dt, QuantIsa isa);
 
+// A fused decode region's per-thread scratch (quant_ffn_decode, quant_attn_decode): the thread's
+// own normalized row h and one activation row as int16 blocks, in grow-only thread_local storage
+// (a warm decode step allocates nothing). thread_scratch(k, n): h of k floats, rows of up to n.
+struct ThreadScratch {
+  float* h;
+  int16_t* qs;
+  float* d;
+  float* s;
+  Q16Act quantize(const float* x, int64_t n) const {
+    quantize_row_q16_avx2(x, n, qs, d, s);
+    return {qs, d, s};
+  }
+};
+ThreadScratch thread_scratch(int64_t k, int64_t n);
+
 // The int16 decode kernels of up to kMaxParts DecodeParts that share one activation row of k
 // values, their 4-row tiles numbered part after part: quant_decode_parts' work, for it and for
 // the fused attention block (attn_block.cpp), which runs the tiles inside its own region.
@@ -188,5 +204,17 @@ struct DecodeTilesI16 {
   // Tile t: its (up to 4) rows of their part, bias added, into part.out (+= with accumulate).
   void run(int64_t t, const Q16Act& a, bool accumulate) const;
 };
+
+// Where tile t of parts whose 4-row tiles end at tile_end[] lies: part *i, rows [*r0, *r0 + *nr).
+inline void locate_tile(const int64_t* tile_end, int64_t t, int* i, int64_t* r0, int64_t* nr,
+                        const DecodePart* parts) {
+  int j = 0;
+  while (t >= tile_end[j]) ++j;
+  *i = j;
+  *r0 = (t - (j > 0 ? tile_end[j - 1] : 0)) * 4;
+  *nr = std::min<int64_t>(4, parts[j].rows - *r0);
+}
+// A tile's results res[0, nr) with the part's bias into its out rows (+= with accumulate).
+void store_tile(const DecodePart& part, int64_t r0, int64_t nr, const float* res, bool accumulate);
 
 }  // namespace strata::cpu::quant_detail
