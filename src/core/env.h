@@ -28,11 +28,12 @@ struct EnvConfig {
   // int8 kernels (llama.cpp's scheme: vpdpbusd on AVX512-VNNI; 256x coarser).
   std::string cpu_decode;
   // STRATA_CPU_NO_FUSED_PARTS=1: one-token CPU linears over several block-quantized parts
-  // (q/k/v, gate/up) run part by part instead of in one OpenMP region, and a decode token's MLP
-  // block (ops::ffn) as its separate ops instead of one region (A/B of the fused paths).
+  // (q/k/v, gate/up) run part by part instead of in one OpenMP region, and a decode token's
+  // attention and MLP blocks (ops::attention_block, ops::ffn) as their separate ops instead of
+  // one region each (A/B of the fused paths).
   bool cpu_no_fused_parts = false;
-  // STRATA_CPU_SPIN_POOL=1: a decode token's CPU kernels (the GGUF linears, the fused MLP,
-  // attention) run their parallel loops on a spinning thread pool instead of OpenMP regions
+  // STRATA_CPU_SPIN_POOL=1: a decode token's CPU kernels (the GGUF linears, the fused
+  // attention and MLP blocks, attention) run their parallel loops on a spinning thread pool instead of OpenMP regions
   // (backends/cpu/spin_pool.h; an A/B switch, off by default).
   bool cpu_spin_pool = false;
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
