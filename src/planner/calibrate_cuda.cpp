@@ -296,7 +296,8 @@ Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_
   STRATA_ASSIGN_OR_RETURN(void* x_perm, mem.device(static_cast<size_t>(S * H) * 2, 0));
   STRATA_ASSIGN_OR_RETURN(void* perm, mem.device(static_cast<size_t>(S) * 4, 0));
   STRATA_ASSIGN_OR_RETURN(void* act, mem.device(static_cast<size_t>(S * F) * 2, 0));
-  STRATA_ASSIGN_OR_RETURN(void* y_perm, mem.device(static_cast<size_t>(S * H) * 4, 0));
+  // The expert outputs in bf16, as the device layout keeps them (model/blocks.cpp, moe_y).
+  STRATA_ASSIGN_OR_RETURN(void* y_perm, mem.device(static_cast<size_t>(S * H) * 2, 0));
   STRATA_ASSIGN_OR_RETURN(void* out, mem.device(static_cast<size_t>(T * H) * 4, 0));
   auto block = [&]() -> Status {
     GpuLinearParams r;
@@ -351,6 +352,7 @@ Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_
     ep.w_dtype = w_dtype;
     ep.act = static_cast<uint16_t*>(act);
     ep.y_perm = y_perm;
+    ep.y_dtype = DType::kBF16;
     ep.n_rows = S;
     ep.max_rows_per_expert = T;
     ep.n_experts = E;
@@ -359,6 +361,7 @@ Result<double> moe_block_seconds(const LaunchCtx& ctx, const MoeShape& m, int64_
     STRATA_RETURN_IF_ERROR(cuda::moe_experts(ctx, ep));
     MoeCombineParams cp;
     cp.y_perm = y_perm;
+    cp.y_dtype = DType::kBF16;
     cp.perm = static_cast<const int32_t*>(perm);
     cp.topk_w = static_cast<const float*>(w);
     cp.out = static_cast<float*>(out);
