@@ -334,12 +334,19 @@ Status moe_layer(const Model& m, ForwardArgs& a, int64_t layer) {
   const int64_t n = a.step.n_tokens;
   Tensor x = blocks::rows(a.ws.x, n), h = blocks::rows(a.ws.h, n);
   const bool sliding = c.sliding_window > 0;
-  ops::section(a.ctx, "attn_norm");
-  STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, blocks::norm_args(c), h));
-  STRATA_RETURN_IF_ERROR(blocks::self_attention(m, a, layer, sliding));
-  ops::section(a.ctx, "o_proj");
-  STRATA_RETURN_IF_ERROR(
-      blocks::residual_linear_norm(m, a, blocks::rows(a.ws.attn, n), L.o, L.ffn_norm, "ffn_norm"));
+  if (m.parallel().tp_size == 1) {
+    // One rank: the attention block as one op (fused on the CPU for a decode token).
+    STRATA_RETURN_IF_ERROR(blocks::attention_block(m, a, layer, sliding));
+    ops::section(a.ctx, "ffn_norm");
+    STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.ffn_norm, blocks::norm_args(c), h));
+  } else {
+    ops::section(a.ctx, "attn_norm");
+    STRATA_RETURN_IF_ERROR(ops::norm(a.ctx, x, L.attn_norm, blocks::norm_args(c), h));
+    STRATA_RETURN_IF_ERROR(blocks::self_attention(m, a, layer, sliding));
+    ops::section(a.ctx, "o_proj");
+    STRATA_RETURN_IF_ERROR(blocks::residual_linear_norm(m, a, blocks::rows(a.ws.attn, n), L.o,
+                                                        L.ffn_norm, "ffn_norm"));
+  }
   if (!c.layer_moe(layer)) {
     STRATA_RETURN_IF_ERROR(blocks::mlp_in(m, a, layer));
     ops::section(a.ctx, "down");
