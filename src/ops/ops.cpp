@@ -512,6 +512,17 @@ Status linear_act(Context& ctx, const Tensor& x, const LinearWeight& w, Activati
 
 namespace {
 
+// The input RMSNorm of a fused CPU decode block (its weight, eps and offset; the rows are the
+// kernel's).
+RmsNormParams decode_norm(const NormWeight& w, const NormArgs& args) {
+  RmsNormParams n;
+  n.weight = w.w.data;
+  n.weight_dtype = w.w.dtype;
+  n.eps = args.eps;
+  n.weight_offset = args.weight_offset;
+  return n;
+}
+
 // ops::ffn's fused CPU case: f32 activations, one token, a gated MLP whose three weights are
 // single GGUF block-quantized parts (gate and up as two parts, or one of 2F rows), RMSNorm.
 bool cpu_ffn_decode(const Tensor& x, const FfnArgs& a, Tensor& h, Tensor& act) {
@@ -532,10 +543,7 @@ bool cpu_ffn_decode(const Tensor& x, const FfnArgs& a, Tensor& h, Tensor& act) {
   }
   f.x = f32(x);
   f.hidden = E;
-  f.norm.weight = a.norm->w.data;
-  f.norm.weight_dtype = a.norm->w.dtype;
-  f.norm.eps = a.norm_args.eps;
-  f.norm.weight_offset = a.norm_args.weight_offset;
+  f.norm = decode_norm(*a.norm, a.norm_args);
   f.h = f32(h);
   f.act = a.act;
   f.act_out = f32(act);
@@ -753,10 +761,7 @@ Status cpu_attention_block_decode(Tensor& x, const StepArgs& step, const Attenti
   cpu::AttnDecodeArgs f;
   f.x = f32(x);
   f.hidden = E;
-  f.norm.weight = a.norm->w.data;
-  f.norm.weight_dtype = a.norm->w.dtype;
-  f.norm.eps = a.norm_args.eps;
-  f.norm.weight_offset = a.norm_args.weight_offset;
+  f.norm = decode_norm(*a.norm, a.norm_args);
   f.h = f32(h);
   f.n_qkv = a.qkv->n_parts;
   int64_t r0 = 0;

@@ -39,6 +39,21 @@ struct BlockCase {
 constexpr int64_t kHidden = 128, kHq = 4, kHkv = 2, kD = 32, kBlock = 4, kBlocks = 12;
 constexpr int64_t kMaxBlocksPerSeq = 5;
 
+// The test shape's paged cache over k / v with two sequences' block tables.
+PagedKvParams paged_cache(float* k, float* v, const std::vector<int32_t>& tables) {
+  PagedKvParams p;
+  p.k_cache = k;
+  p.v_cache = v;
+  p.block_tables = tables.data();
+  p.max_blocks_per_seq = kMaxBlocksPerSeq;
+  p.n_seqs = 2;
+  p.n_blocks = kBlocks;
+  p.block_size = kBlock;
+  p.n_heads_kv = kHkv;
+  p.head_dim = kD;
+  return p;
+}
+
 struct Fixture {
   std::vector<uint8_t> wq, wk, wv, wj, wo;  // wj: q, k and v rows joined (for `joined`)
   std::vector<float> bqkv, bo, norm_w, qn, kn, inv_freq, x0;
@@ -70,19 +85,7 @@ struct Fixture {
     pos = static_cast<int32_t>(c.pos);
   }
 
-  PagedKvParams cache(float* k, float* v) const {
-    PagedKvParams p;
-    p.k_cache = k;
-    p.v_cache = v;
-    p.block_tables = tables.data();
-    p.max_blocks_per_seq = kMaxBlocksPerSeq;
-    p.n_seqs = 2;
-    p.n_blocks = kBlocks;
-    p.block_size = kBlock;
-    p.n_heads_kv = kHkv;
-    p.head_dim = kD;
-    return p;
-  }
+  PagedKvParams cache(float* k, float* v) const { return paged_cache(k, v, tables); }
 };
 
 DecodePart part(const std::vector<uint8_t>& w, DType dt, int64_t rows, int64_t in,
@@ -345,17 +348,7 @@ TEST(RopeKvAppendF32, MatchesCompositionBitExactly) {
   for (const bool norms : {false, true}) {
     for (const int64_t rotary : {int64_t{0}, int64_t{16}, kD}) {
       const auto cache = [&](std::vector<float>& k, std::vector<float>& v) {
-        PagedKvParams c;
-        c.k_cache = k.data();
-        c.v_cache = v.data();
-        c.block_tables = tables.data();
-        c.max_blocks_per_seq = kMaxBlocksPerSeq;
-        c.n_seqs = 2;
-        c.n_blocks = kBlocks;
-        c.block_size = kBlock;
-        c.n_heads_kv = kHkv;
-        c.head_dim = kD;
-        return c;
+        return paged_cache(k.data(), v.data(), tables);
       };
       const size_t cache_n = static_cast<size_t>(kBlocks * kBlock * kHkv * kD);
       // The composition.
