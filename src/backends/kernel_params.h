@@ -423,6 +423,27 @@ struct RopeKvAppendParams {
   PagedKvBf16Params cache;
 };
 
+// RopeKvAppendParams' f32 twin, the CPU reference (f32 activations, cpu::rope_kv_append_f32): q
+// written f32, k rotated in place in the qkv row, k and v appended to an f32 cache.
+struct RopeKvAppendF32Params {
+  float* qkv = nullptr;  // [n_tokens, (n_heads + 2 n_heads_kv) head_dim], row stride qkv_stride
+  int64_t qkv_stride = 0;
+  float* q_out = nullptr;  // [n_tokens, n_heads, head_dim], token stride q_out_stride
+  int64_t q_out_stride = 0;
+  const int32_t* token_seq = nullptr;  // [n_tokens]
+  const int32_t* token_pos = nullptr;  // [n_tokens]
+  int64_t n_tokens = 0;
+  int64_t n_heads = 0;
+  const float* inv_freq = nullptr;  // [rotary_dim / 2]
+  int64_t rotary_dim = 0;
+  bool neox_style = true;
+  const float* q_norm = nullptr;  // f32 [head_dim], or null
+  const float* k_norm = nullptr;
+  float norm_eps = 1e-6f;
+  float norm_weight_offset = 0.0f;
+  PagedKvParams cache;
+};
+
 // Causal attention over a bf16 paged cache, variable-length layout (flash-attn "varlen" /
 // flashinfer style): the queries of sequence s are tokens [cu_q[s], cu_q[s+1]) of q, and they
 // are that sequence's LAST (cu_q[s+1] - cu_q[s]) positions of kv_len[s] cached positions (this

@@ -33,8 +33,8 @@ struct EnvConfig {
   // one region each (A/B of the fused paths).
   bool cpu_no_fused_parts = false;
   // STRATA_CPU_SPIN_POOL=1: a decode token's CPU kernels (the GGUF linears, the fused
-  // attention and MLP blocks, attention) run their parallel loops on a spinning thread pool instead of OpenMP regions
-  // (backends/cpu/spin_pool.h; an A/B switch, off by default).
+  // attention and MLP blocks, attention) run their parallel loops on a spinning thread pool instead
+  // of OpenMP regions (backends/cpu/spin_pool.h; an A/B switch, off by default).
   bool cpu_spin_pool = false;
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
   // STRATA_PROFILE=1 (or its old name STRATA_CUDA_PROFILE=1): a table of the forward pass's

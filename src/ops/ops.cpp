@@ -587,6 +587,35 @@ Status ffn(Context& ctx, Tensor& x, const FfnArgs& args, Tensor& h, Tensor& scra
 
 // ---- RoPE + KV append -----------------------------------------------------------------------
 
+namespace {
+
+// The fields of rope_kv_append's kernel parameters that do not depend on the dtype (the bf16
+// and f32 kernels; q_out and the cache are the caller's): qkv's rows qkv_stride apart, q_out's
+// token stride and heads, the step's tokens, the rope arguments.
+template <typename P>
+void set_rope_kv(P& p, const Tensor& qkv, int64_t qkv_stride, const Tensor& q_out,
+                 const StepArgs& step, const RopeArgs& args) {
+  const auto weight = [](const NormWeight* w) {
+    return w != nullptr && w->defined() ? f32(w->w) : nullptr;
+  };
+  p.qkv = f32(qkv);
+  p.qkv_stride = qkv_stride;
+  p.q_out_stride = q_out.stride[0];
+  p.token_seq = step.token_seq;
+  p.token_pos = step.token_pos;
+  p.n_tokens = step.n_tokens;
+  p.n_heads = q_out.dim(1);
+  p.inv_freq = args.rotary_dim > 0 ? f32(*args.inv_freq) : nullptr;
+  p.rotary_dim = args.rotary_dim;
+  p.neox_style = args.neox_style;
+  p.q_norm = weight(args.q_norm);
+  p.k_norm = weight(args.k_norm);
+  p.norm_eps = args.norm_eps;
+  p.norm_weight_offset = args.norm_weight_offset;
+}
+
+}  // namespace
+
 Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, const RopeArgs& args,
                       KvLayer& cache, Tensor& q_out) {
   constexpr const char* kOp = "rope_kv_append";
@@ -607,37 +636,15 @@ Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, con
   if (args.rotary_dim > 0 && (args.inv_freq == nullptr || !args.inv_freq->defined())) {
     return invalid(kOp, "rotary_dim > 0 needs inv_freq");
   }
-  const float* inv_freq = args.rotary_dim > 0 ? f32(*args.inv_freq) : nullptr;
-  const float* qn =
-      args.q_norm != nullptr && args.q_norm->defined() ? f32(args.q_norm->w) : nullptr;
-  const float* kn =
-      args.k_norm != nullptr && args.k_norm->defined() ? f32(args.k_norm->w) : nullptr;
   for (const NormWeight* nw : {args.q_norm, args.k_norm}) {
     if (nw != nullptr && nw->defined() && (nw->w.dtype != DType::kF32 || nw->w.numel() != D)) {
       return invalid(kOp, "q/k norm weights must be f32 [head_dim]");
     }
   }
-  // The fields the bf16 and the f32 kernels' parameters share.
-  const auto set_rope_kv = [&](auto& p) {
-    p.qkv = f32(qkv);
-    p.qkv_stride = qm.stride;
-    p.q_out_stride = q_out.stride[0];
-    p.token_seq = step.token_seq;
-    p.token_pos = step.token_pos;
-    p.n_tokens = n;
-    p.n_heads = hq;
-    p.inv_freq = inv_freq;
-    p.rotary_dim = args.rotary_dim;
-    p.neox_style = args.neox_style;
-    p.q_norm = qn;
-    p.k_norm = kn;
-    p.norm_eps = args.norm_eps;
-    p.norm_weight_offset = args.norm_weight_offset;
-  };
   if (q_out.dtype == DType::kBF16) {
     if (cache.k.dtype != DType::kBF16) return invalid(kOp, "bf16 q_out needs a bf16 cache");
     RopeKvAppendParams p;
-    set_rope_kv(p);
+    set_rope_kv(p, qkv, qm.stride, q_out, step, args);
     p.q_out = bf16(q_out);
     p.cache = kv_bf16(cache, step);
     if (ctx.device.is_cpu()) return cpu::rope_kv_append(p);
@@ -652,8 +659,8 @@ Status rope_kv_append(Context& ctx, const Tensor& qkv, const StepArgs& step, con
   if (!ctx.device.is_cpu()) return invalid(kOp, "f32 activations run on the CPU only");
   STRATA_RETURN_IF_ERROR(want_dtype(q_out, DType::kF32, kOp, "q_out"));
   STRATA_RETURN_IF_ERROR(want_dtype(cache.k, DType::kF32, kOp, "cache"));
-  cpu::RopeKvAppendF32Params p;
-  set_rope_kv(p);
+  RopeKvAppendF32Params p;
+  set_rope_kv(p, qkv, qm.stride, q_out, step, args);
   p.q_out = f32(q_out);
   p.cache = kv_f32(cache, step);
   return cpu::rope_kv_append_f32(p);
@@ -772,25 +779,16 @@ Status cpu_attention_block_decode(Tensor& x, const StepArgs& step, const Attenti
     r0 += p.w.dim(0);
   }
   if (!decode_part(a.o->parts[0], 0, E, true, &f.o)) return ok_status();
-  f.qkv_out = f32(qkv);
-  f.rope.n_tokens = 1;
-  f.rope.head_dim = D;
-  f.rope.positions = step.token_pos;
-  f.rope.inv_freq = r.rotary_dim > 0 ? f32(*r.inv_freq) : nullptr;
-  f.rope.rotary_dim = r.rotary_dim;
-  f.rope.neox_style = r.neox_style;
-  f.q_norm = r.q_norm != nullptr && r.q_norm->defined() ? f32(r.q_norm->w) : nullptr;
-  f.k_norm = r.k_norm != nullptr && r.k_norm->defined() ? f32(r.k_norm->w) : nullptr;
-  f.qk_norm_eps = r.norm_eps;
-  f.qk_norm_weight_offset = r.norm_weight_offset;
-  f.q = f32(q);
+  set_rope_kv(f.rope_kv, qkv, (hq + 2 * hkv) * D, q, step, r);
+  f.rope_kv.q_out = f32(q);
+  f.rope_kv.cache = kv_f32(cache, step);
   f.attn.out = f32(attn);
   f.attn.q_stride = f.attn.out_stride = hq * D;
   f.attn.token_seq = step.token_seq;
   f.attn.token_pos = step.token_pos;
   f.attn.n_tokens = 1;
   f.attn.n_heads = hq;
-  f.attn.cache = kv_f32(cache, step);
+  f.attn.cache = f.rope_kv.cache;
   f.attn.scale = a.attn.scale;
   f.attn.sliding_window = a.attn.sliding_window;
   f.attn.logit_softcap = a.attn.logit_softcap;

@@ -27,15 +27,16 @@ namespace strata::cpu {
 Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
   *done = false;
   const int64_t k = a.hidden;
+  const RopeKvAppendF32Params& rk = a.rope_kv;  // phase 2's work: its units of token 0
   AttentionKernelParams ap = a.attn;
-  ap.q = a.q;
+  ap.q = rk.q_out;
   ap.n_tokens = 1;
   const PagedKvParams& c = ap.cache;
   const int64_t hq = ap.n_heads, hkv = c.n_heads_kv, D = c.head_dim;
   const QuantIsa isa = quant_detail::resolve_quant_isa(QuantIsa::kBest);
   if (isa == QuantIsa::kScalar || quant_decode_int8() || k % 32 != 0 || (hq * D) % 32 != 0 ||
-      a.attn.n_tokens != 1 || a.norm.weight == nullptr || a.n_qkv < 1 || a.n_qkv > 3 || hkv < 1 ||
-      hq % hkv != 0) {
+      a.attn.n_tokens != 1 || rk.n_tokens != 1 || a.norm.weight == nullptr || a.n_qkv < 1 ||
+      a.n_qkv > 3 || hkv < 1 || hq % hkv != 0) {
     return ok_status();
   }
   quant_detail::DecodeTilesI16 qkv_tiles, o_tiles;
@@ -47,8 +48,7 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
       !o_tiles.init(&o, 1, hq * D, isa)) {
     return ok_status();
   }
-  const RopeKernelParams& rp = a.rope;
-  if (rp.rotary_dim < 0 || rp.rotary_dim % 2 != 0 || rp.rotary_dim > D) return ok_status();
+  if (rk.rotary_dim != 0 && !rotary_dim_ok(rk.rotary_dim, D)) return ok_status();
   // The checks the composition's kernels make before they write (the slots the token appends to
   // and reads), and the attention's items, sized for the threads attention() would use.
   const int nt_omp = omp_get_max_threads();
@@ -58,26 +58,8 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
   RmsNormParams norm = a.norm;
   norm.n_tokens = 1;
   norm.hidden = k;
-  RopeKvAppendF32Params rk;  // phase 2's work: rope_kv_append_f32's units of token 0
-  rk.qkv = a.qkv_out;
-  rk.qkv_stride = qkv_rows;
-  rk.q_out = a.q;
-  rk.q_out_stride = hq * D;
-  rk.token_seq = ap.token_seq;
-  rk.token_pos = ap.token_pos;
-  rk.n_tokens = 1;
-  rk.n_heads = hq;
-  rk.inv_freq = rp.inv_freq;
-  rk.rotary_dim = rp.rotary_dim;
-  rk.neox_style = rp.neox_style;
-  rk.q_norm = a.q_norm;
-  rk.k_norm = a.k_norm;
-  rk.norm_eps = a.qk_norm_eps;
-  rk.norm_weight_offset = a.qk_norm_weight_offset;
-  rk.cache = c;
-  // The caller's table, read only inside the region.
-  const float* cos_sin = rp.rotary_dim > 0 ? rope_cos_sin(rp) : nullptr;
-  const int64_t units = hq + hkv;  // rope units: q heads, then KV heads
+  const float* cos_sin = rope_kv_cos_sin(rk);  // the calling thread's, read inside the region
+  const int64_t units = hq + hkv;              // rope units: q heads, then KV heads
   const int64_t nk = std::max(k, hq * D);
 
   const auto body = [&](int tid, int nt, const auto& barrier) {

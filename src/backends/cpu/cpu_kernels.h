@@ -47,41 +47,24 @@ Status gated_act(const GatedActParams& p);
 // same variant and lanes; n a multiple of 8 keeps gated_act's lanes).
 void rms_norm_row(const RmsNormParams& p, const float* x, float* out);
 void gated_act_row(Activation act, const float* gate, const float* up, float* out, int64_t n);
-// rope's pieces, for kernels that rotate heads inside their own region (attn_block.cpp): the
-// cos / sin table of p's positions (per token: cos[rotary_dim / 2], then sin; kept for the
-// calling thread's next calls with the same positions), and one head rotated in place with
-// one token's table (bit-identical to rope).
-const float* rope_cos_sin(const RopeKernelParams& p);
+// rope's pieces: one head rotated in place with one token's cos / sin table (cos[rotary_dim / 2],
+// then sin; bit-identical to rope).
 void rope_head(float* x, const float* cos_sin, int64_t half, bool neox_style);
+// Whether a non-zero rotary_dim is one rope takes: even, in (0, head_dim] and within its table.
+bool rotary_dim_ok(int64_t rotary_dim, int64_t head_dim);
 
 // rope_kv_append's f32 path (ops::rope_kv_append with f32 activations) as one kernel: per
 // token, q copied out of its qkv row, per-head q / k RMSNorms, rope of q and of k (k in place in
 // the qkv row), then k and v appended to the token's cache slot. Bit-identical to copy_rows,
 // rms_norm, rope and kv_append in that order, in one parallel loop over tokens x heads. Every
 // slot is checked first (kv_append's errors, nothing written); rotary_dim 0: no rotation.
-struct RopeKvAppendF32Params {
-  float* qkv = nullptr;  // [n_tokens, (n_heads + 2 n_heads_kv) head_dim], row stride qkv_stride
-  int64_t qkv_stride = 0;
-  float* q_out = nullptr;  // [n_tokens, n_heads, head_dim], token stride q_out_stride
-  int64_t q_out_stride = 0;
-  const int32_t* token_seq = nullptr;  // [n_tokens]
-  const int32_t* token_pos = nullptr;  // [n_tokens]
-  int64_t n_tokens = 0;
-  int64_t n_heads = 0;
-  const float* inv_freq = nullptr;  // [rotary_dim / 2]
-  int64_t rotary_dim = 0;
-  bool neox_style = true;
-  const float* q_norm = nullptr;  // f32 [head_dim], or null
-  const float* k_norm = nullptr;
-  float norm_eps = 1e-6f;
-  float norm_weight_offset = 0.0f;
-  PagedKvParams cache;
-};
 Status rope_kv_append_f32(const RopeKvAppendF32Params& p);
-// Its work for token t: unit u < n_heads is query head u, n_heads + j is KV head j (norm, rope,
-// append). cos_sin: rope_cos_sin of the call's positions (null when rotary_dim is 0). For
-// kernels that run the units inside their own region (attn_block.cpp); the slot must have been
-// checked.
+// Its pieces, for kernels that run the units inside their own region (attn_block.cpp): the
+// cos / sin table of p's positions (null when rotary_dim is 0; kept for the calling thread's next
+// calls with the same positions, so read it, do not keep it), and the work for token t, unit u
+// (u < n_heads: query head u; n_heads + j: KV head j, norm, rope and append; the slot must have
+// been checked).
+const float* rope_kv_cos_sin(const RopeKvAppendF32Params& p);
 void rope_kv_unit(const RopeKvAppendF32Params& p, const float* cos_sin, int64_t t, int64_t u);
 Status act(const ActParams& p);
 Status add(const AddParams& p);

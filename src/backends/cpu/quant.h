@@ -131,17 +131,11 @@ struct AttnDecodeArgs {
   RmsNormParams norm;  // its weight, eps, offset (x / out / sizes are set here)
   float* h = nullptr;  // [hidden] norm(x)
   DecodePart qkv[3];   // 1-3 parts, (n_heads + 2 n_heads_kv) head_dim rows in all, whose out
-  int n_qkv = 0;       // pointers cover qkv_out in order
-  float* qkv_out = nullptr;
-  RopeKernelParams rope;  // positions (the token's), inv_freq, rotary_dim (0: none), neox_style
-  const float* q_norm = nullptr;  // per-head RMSNorm weights, f32 [head_dim], or null
-  const float* k_norm = nullptr;
-  float qk_norm_eps = 1e-6f;
-  float qk_norm_weight_offset = 0.0f;
-  float* q = nullptr;          // [n_heads x head_dim] the rotated queries
-  AttentionKernelParams attn;  // one token: out, token_seq / pos, n_heads, cache, scale, ...;
-                               // its q is `q`
-  DecodePart o;                // [hidden, n_heads x head_dim]; out ignored (x)
+  int n_qkv = 0;       // pointers cover rope_kv.qkv in order
+  RopeKvAppendF32Params rope_kv;  // one token: the qkv row, q_out, rope, q / k norms, cache
+  AttentionKernelParams attn;     // one token: out, token_seq / pos, n_heads, cache, scale, ...;
+                                  // its q is rope_kv.q_out
+  DecodePart o;                   // [hidden, n_heads x head_dim]; out ignored (x)
 };
 Status quant_attn_decode(const AttnDecodeArgs& a, bool* done);
 

@@ -281,19 +281,10 @@ bool quant_decode_parts(const float* x, int64_t in_features, const DecodePart* p
   if (n_parts < 1 || n_parts > kMaxParts || k % 32 != 0 || isa == QuantIsa::kScalar) {
     return false;
   }
-  // The same grow-only per-thread activation buffers as quant_linear_f32.
-  // NOTE: pointers, not the thread_local vectors, inside the parallel region.
-  const int64_t nb32 = k / 32;
-  thread_local std::vector<float> qd, qsum;
-  if (!quant_decode_int8()) {  // int16 activations
+  if (!quant_decode_int8()) {  // int16 activations, x quantized once by the calling thread
     quant_detail::DecodeTilesI16 tiles;
     if (!tiles.init(parts, n_parts, k, isa)) return false;
-    thread_local std::vector<int16_t> qs;
-    qs.resize(std::max(qs.size(), static_cast<size_t>(k)));
-    qd.resize(std::max(qd.size(), static_cast<size_t>(nb32)));
-    qsum.resize(std::max(qsum.size(), static_cast<size_t>(nb32)));
-    quant_detail::quantize_row_q16_avx2(x, k, qs.data(), qd.data(), qsum.data());
-    const quant_detail::Q16Act a{qs.data(), qd.data(), qsum.data()};
+    const quant_detail::Q16Act a = quant_detail::thread_scratch(0, k).quantize(x, k);
     parallel_for_static(tiles.tiles, [&](int64_t t) { tiles.run(t, a, accumulate); });
     return true;
   }
@@ -307,6 +298,10 @@ bool quant_decode_parts(const float* x, int64_t in_features, const DecodePart* p
     tiles += (parts[i].rows + 3) / 4;
     tile_end[i] = tiles;
   }
+  // The same grow-only per-thread activation buffers as quant_linear_f32.
+  // NOTE: pointers, not the thread_local vectors, inside the parallel region.
+  const int64_t nb32 = k / 32;
+  thread_local std::vector<float> qd, qsum;
   qd.resize(std::max(qd.size(), static_cast<size_t>(nb32)));
   qsum.resize(std::max(qsum.size(), static_cast<size_t>(nb32)));
   // x rounded to int8 per 32 values as quant_linear's int8 tiles round it (the same quantizer,

@@ -62,9 +62,20 @@ const float* rope_table(const RopeKernelParams& p, int64_t half) {
 
 }  // namespace
 
-const float* rope_cos_sin(const RopeKernelParams& p) {
-  return rope_table(p, p.rotary_dim / 2);
+bool rotary_dim_ok(int64_t rotary_dim, int64_t head_dim) {
+  return rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim &&
+         rotary_dim <= kMaxRotaryDim;
 }
+
+namespace {
+
+Status rotary_dim_error(int64_t rotary_dim, int64_t head_dim) {
+  return errorf(StatusCode::kInvalidArgument,
+                "rope: rotary_dim {} must be even, in (0, head_dim {}] and <= {}", rotary_dim,
+                head_dim, kMaxRotaryDim);
+}
+
+}  // namespace
 
 void rope_head(float* x, const float* cos_t, int64_t half, bool neox_style) {
   const float* sin_t = cos_t + half;
@@ -86,12 +97,7 @@ void rope_head(float* x, const float* cos_t, int64_t half, bool neox_style) {
 }
 
 Status rope(const RopeKernelParams& p) {
-  if (p.rotary_dim <= 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim ||
-      p.rotary_dim > kMaxRotaryDim) {
-    return errorf(StatusCode::kInvalidArgument,
-                  "rope: rotary_dim {} must be even, in (0, head_dim {}] and <= {}", p.rotary_dim,
-                  p.head_dim, kMaxRotaryDim);
-  }
+  if (!rotary_dim_ok(p.rotary_dim, p.head_dim)) return rotary_dim_error(p.rotary_dim, p.head_dim);
   const int64_t half = p.rotary_dim / 2;
   const float* table = rope_table(p, half);
 #pragma omp parallel for schedule(static) if (p.n_tokens * p.n_heads * p.rotary_dim >= \
@@ -139,27 +145,26 @@ void rope_kv_unit(const RopeKvAppendF32Params& p, const float* cos_sin, int64_t 
   std::memcpy(c.v_cache + (slot * hkv + j) * D, row + (hq + hkv + j) * D, head_bytes);
 }
 
+const float* rope_kv_cos_sin(const RopeKvAppendF32Params& p) {
+  if (p.rotary_dim == 0) return nullptr;
+  RopeKernelParams r;
+  r.n_tokens = p.n_tokens;
+  r.head_dim = p.cache.head_dim;
+  r.positions = p.token_pos;
+  r.inv_freq = p.inv_freq;
+  r.rotary_dim = p.rotary_dim;
+  return rope_table(r, p.rotary_dim / 2);
+}
+
 Status rope_kv_append_f32(const RopeKvAppendF32Params& p) {
   const PagedKvParams& c = p.cache;
-  if (p.rotary_dim != 0 && (p.rotary_dim < 0 || p.rotary_dim % 2 != 0 ||
-                            p.rotary_dim > c.head_dim || p.rotary_dim > kMaxRotaryDim)) {
-    return errorf(StatusCode::kInvalidArgument,
-                  "rope: rotary_dim {} must be even, in (0, head_dim {}] and <= {}", p.rotary_dim,
-                  c.head_dim, kMaxRotaryDim);
+  if (p.rotary_dim != 0 && !rotary_dim_ok(p.rotary_dim, c.head_dim)) {
+    return rotary_dim_error(p.rotary_dim, c.head_dim);
   }
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     STRATA_RETURN_IF_ERROR(check_kv_slot(c, "kv_append", t, p.token_seq[t], p.token_pos[t]));
   }
-  const float* cs = nullptr;
-  if (p.rotary_dim > 0) {
-    RopeKernelParams r;
-    r.n_tokens = p.n_tokens;
-    r.head_dim = c.head_dim;
-    r.positions = p.token_pos;
-    r.inv_freq = p.inv_freq;
-    r.rotary_dim = p.rotary_dim;
-    cs = rope_table(r, p.rotary_dim / 2);
-  }
+  const float* cs = rope_kv_cos_sin(p);
   const int64_t units = p.n_heads + c.n_heads_kv;
 #pragma omp parallel for schedule(static) if (p.n_tokens * units * c.head_dim >= kParallelMinElems)
   for (int64_t i = 0; i < p.n_tokens * units; ++i) rope_kv_unit(p, cs, i / units, i % units);
