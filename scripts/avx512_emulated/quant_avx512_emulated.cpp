@@ -178,7 +178,7 @@ int main() {
   for (const Kernels& kc : copies) {
     for (DType dt : types) {
       const DTypeInfo& info = dtype_info(dt);
-      for (int64_t nblk : {1, 3, 9, 19, 32}) {
+      for (int64_t nblk : {1, 3, 9, 18, 19, 32}) {
         const int64_t n = nblk * info.block_size;
         const int64_t row_blocks = nblk + 1;  // padded rows
         const int64_t row_bytes = row_blocks * info.block_bytes;
