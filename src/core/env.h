@@ -36,6 +36,9 @@ struct EnvConfig {
   // attention and MLP blocks, attention) run their parallel loops on a spinning thread pool instead
   // of OpenMP regions (backends/cpu/spin_pool.h; an A/B switch, off by default).
   bool cpu_spin_pool = false;
+  // STRATA_HUGEPAGES=1: a GGUF file is read into anonymous memory of transparent huge pages
+  // (2 MiB, madvise) instead of mapped in place (core/mapped_file.h, MapMode::kHugePageCopy).
+  bool hugepages = false;
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
   // STRATA_PROFILE=1 (or its old name STRATA_CUDA_PROFILE=1): a table of the forward pass's
   // sections at exit, timed by CUDA events (eager launches) or the host clock on the CPU.

@@ -29,14 +29,57 @@ Result<int> open_regular(const std::string& path, struct stat* st) {
   return fd;
 }
 
+// The file behind fd read into anonymous memory of 2 MiB-aligned huge pages (MapMode::
+// kHugePageCopy); f owns the region from the moment it is mapped.
+Status copy_into_huge_pages(int fd, MappedFile* f, const std::string& path, uint8_t** data,
+                            size_t* mapped) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t size = (f->size() + kHuge - 1) / kHuge * kHuge;
+  void* raw =
+      ::mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) {
+    return errorf(StatusCode::kOutOfMemory, "{}: allocation of {} bytes for a copy failed", path,
+                  size);
+  }
+  // Keep the 2 MiB-aligned part only.
+  const auto base = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (base + kHuge - 1) / kHuge * kHuge;
+  if (aligned > base) ::munmap(raw, aligned - base);
+  if (aligned + size < base + size + kHuge) {
+    ::munmap(reinterpret_cast<void*>(aligned + size), base + size + kHuge - (aligned + size));
+  }
+  *data = reinterpret_cast<uint8_t*>(aligned);
+  *mapped = size;
+  (void)::madvise(*data, size, MADV_HUGEPAGE);  // a hint: 4 KiB pages where the kernel refuses
+  for (size_t done = 0; done < f->size();) {
+    const ssize_t n = ::pread(fd, *data + done, f->size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return errorf(StatusCode::kIoError, "{}: read failed at byte {}: {}", path, done,
+                    n == 0 ? "unexpected end of file" : std::strerror(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return ok_status();
+}
+
 }  // namespace
 
-Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
+Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path, MapMode mode) {
   struct stat st {};
   STRATA_ASSIGN_OR_RETURN(const int fd, open_regular(path, &st));
   std::shared_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->size_ = static_cast<size_t>(st.st_size);
+  f->unmap_size_ = f->size_;
+  if (f->size_ > 0 && mode == MapMode::kHugePageCopy) {
+    uint8_t* data = nullptr;
+    const Status s = copy_into_huge_pages(fd, f.get(), path, &data, &f->unmap_size_);
+    f->data_ = data;  // the destructor unmaps it, also after a failed read
+    ::close(fd);
+    if (!s.ok()) return s;
+    return f;
+  }
   if (f->size_ > 0) {
     void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -51,7 +94,7 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
 }
 
 MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (data_) ::munmap(const_cast<uint8_t*>(data_), unmap_size_);
 }
 
 Buffer MappedFile::buffer(size_t offset, size_t bytes,

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/env.h"
 #include "core/status.h"
 
 namespace strata {
@@ -528,7 +529,9 @@ std::string GgufTensorInfo::shape_string() const {
 // ---- GgufFile ---------------------------------------------------------------------------------
 
 Result<GgufFile> GgufFile::open(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> map, MappedFile::open(path));
+  STRATA_ASSIGN_OR_RETURN(
+      std::shared_ptr<MappedFile> map,
+      MappedFile::open(path, env_config().hugepages ? MapMode::kHugePageCopy : MapMode::kMap));
   STRATA_ASSIGN_OR_RETURN(GgufFile f, parse(map->data(), map->size(), path));
   f.map_ = std::move(map);
   return f;
