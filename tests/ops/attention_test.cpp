@@ -4,9 +4,11 @@
 // cases cover MQA/GQA/MHA, head dims 8/12/24/64/80/128, sliding windows, soft-capping, decode steps
 // and whole prefills. Unwritten cache slots hold NaN, so reading one shows up as a failure.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -207,6 +209,19 @@ TEST_P(AttentionTest, MatchesDoubleReference) {
                                          .logit_softcap = c.softcap};
   ASSERT_TRUE(ops::ref::attention(q, cache, params, ot).ok());
   EXPECT_LE(rel_err(out, want), kF32Tol);
+
+  // The same bits with any thread count: the work items' head groups follow the thread count,
+  // and in-process pipeline stages (and the fused decode block) rely on this.
+  const int threads = omp_get_max_threads();
+  for (const int nt : {1, 2, 3, 5, 8}) {
+    omp_set_num_threads(nt);
+    std::vector<float> again(out.size(), -1.0f);
+    Tensor at = Tensor::make(again.data(), DType::kF32, {n, H, D});
+    ASSERT_TRUE(ops::ref::attention(q, cache, params, at).ok());
+    EXPECT_EQ(std::memcmp(again.data(), out.data(), out.size() * sizeof(float)), 0)
+        << nt << " threads";
+  }
+  omp_set_num_threads(threads);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest, ::testing::ValuesIn(kCases),

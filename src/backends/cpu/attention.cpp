@@ -197,11 +197,12 @@ STRATA_AVX2_FMA inline void softmax_run_avx2(float* s, int64_t len, float* m, do
   *l += static_cast<double>(simd::hsum_ps(sum)) + tail;
 }
 
-// Four dot products' vectors to their four sums.
-STRATA_AVX2_FMA inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
-  const __m256 abcd = _mm256_hadd_ps(ab, cd);  // per 128-bit lane: a b c d partial sums
-  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+// Eight dot products' vectors to their eight sums (lane i: the sum of a[i]).
+STRATA_AVX2_FMA inline __m256 hsum8(const __m256* a) {
+  const __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  // s0's low 128 bits hold a[0..3]'s low-half sums, its high 128 bits their high-half sums.
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
 }
 
 // out[0, kN) += w[j] * v[j * stride + 8 c] over j < len, the kN accumulators in registers.
@@ -218,16 +219,105 @@ STRATA_AVX2_FMA inline void accumulate_v(float* out, const float* scores, const 
   for (int c = 0; c < kN; ++c) _mm256_storeu_ps(out + 8 * c, o[c]);
 }
 
+// One run of keys for NH heads of one KV group at once (the heads' q at q, hd apart; scores,
+// m, l and acc indexed by head): every K and V vector is loaded once for all NH heads.
+//   Scores: KB keys per pass, NH x KB accumulators, summed across lanes eight at a time (hsum8,
+//   whose order of additions is the same in every slot: a score's bits do not depend on NH, so
+//   on how many heads an item holds, which attention_items picks from the thread count).
+//   Values: C of the hd / 8 accumulator vectors per head in registers per pass over the keys.
+// The online softmax of each head is softmax_run_avx2, as before.
+template <int NH>
+STRATA_AVX2_FMA void run_heads(const AttentionKernelParams& p, const ItemShape& sh, const float* q,
+                               const float* k, const float* v, int64_t len, float (*scores)[kRun],
+                               float* m, double* l, float (*acc)[kMaxHeadDim]) {
+  constexpr int KB = NH == 1 ? 8 : NH == 2 ? 4 : NH == 3 ? 3 : 2;
+  constexpr int C = NH == 1 ? 8 : NH == 4 ? 2 : 4;
+  const int64_t hd = sh.hd, ss = sh.slot_stride, nvec = hd / 8;
+  int64_t j = 0;
+  for (; j + KB <= len; j += KB) {
+    __m256 a[NH * KB];
+    for (int i = 0; i < NH * KB; ++i) a[i] = _mm256_setzero_ps();
+    for (int64_t v8 = 0; v8 < nvec; ++v8) {
+      __m256 qv[NH];
+      for (int h = 0; h < NH; ++h) qv[h] = _mm256_loadu_ps(q + h * hd + 8 * v8);
+      for (int kk = 0; kk < KB; ++kk) {
+        const __m256 kv = _mm256_loadu_ps(k + (j + kk) * ss + 8 * v8);
+        for (int h = 0; h < NH; ++h) a[h * KB + kk] = _mm256_fmadd_ps(qv[h], kv, a[h * KB + kk]);
+      }
+    }
+    alignas(32) float sums[(NH * KB + 7) / 8 * 8];
+    for (int g = 0; g < NH * KB; g += 8) {
+      __m256 blk[8];
+      for (int i = 0; i < 8; ++i) blk[i] = g + i < NH * KB ? a[g + i] : _mm256_setzero_ps();
+      _mm256_store_ps(sums + g, hsum8(blk));
+    }
+    for (int h = 0; h < NH; ++h) {
+      for (int kk = 0; kk < KB; ++kk) scores[h][j + kk] = sums[h * KB + kk];
+    }
+  }
+  for (; j < len; ++j) {  // the last len % KB keys, one at a time, summed as above
+    const float* kj = k + j * ss;
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+    for (int h = 0; h < NH; ++h) {
+      for (int64_t v8 = 0; v8 < nvec; ++v8) {
+        a[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + 8 * v8), _mm256_loadu_ps(kj + 8 * v8),
+                               a[h]);
+      }
+    }
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, hsum8(a));
+    for (int h = 0; h < NH; ++h) scores[h][j] = sums[h];
+  }
+  for (int h = 0; h < NH; ++h) {
+    j = 0;
+    if (!sh.capped) {
+      const __m256 sv = _mm256_set1_ps(p.scale);
+      for (; j + 8 <= len; j += 8) {
+        _mm256_storeu_ps(&scores[h][j], _mm256_mul_ps(sv, _mm256_loadu_ps(&scores[h][j])));
+      }
+    }
+    for (; j < len; ++j) {
+      float sc = scores[h][j] * p.scale;
+      if (sh.capped) sc = p.logit_softcap * std::tanh(sc * sh.inv_cap);
+      scores[h][j] = sc;
+    }
+    softmax_run_avx2(scores[h], len, &m[h], &l[h], acc[h], hd);
+  }
+  int64_t c0 = 0;
+  for (; c0 + C <= nvec; c0 += C) {
+    __m256 o[NH][C];
+    for (int h = 0; h < NH; ++h) {
+      for (int c = 0; c < C; ++c) o[h][c] = _mm256_loadu_ps(acc[h] + 8 * (c0 + c));
+    }
+    for (int64_t jj = 0; jj < len; ++jj) {
+      const float* vj = v + jj * ss + 8 * c0;
+      __m256 w[NH];
+      for (int h = 0; h < NH; ++h) w[h] = _mm256_broadcast_ss(&scores[h][jj]);
+      for (int c = 0; c < C; ++c) {
+        const __m256 vv = _mm256_loadu_ps(vj + 8 * c);
+        for (int h = 0; h < NH; ++h) o[h][c] = _mm256_fmadd_ps(w[h], vv, o[h][c]);
+      }
+    }
+    for (int h = 0; h < NH; ++h) {
+      for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc[h] + 8 * (c0 + c), o[h][c]);
+    }
+  }
+  for (; c0 < nvec; ++c0) {
+    for (int h = 0; h < NH; ++h) {
+      accumulate_v<1>(acc[h] + 8 * c0, scores[h], v + 8 * c0, ss, len);
+    }
+  }
+}
+
 // The work item with AVX2 intrinsics for head_dim a multiple of 8 (the compiled loops of
 // attention_item kept each score's 8-lane sum and each accumulator update in memory: a
-// store-to-load chain per key and head, ~70% of the item's time in a decode step). Scores: 4 keys
-// per pass, one vector accumulator per key, summed across lanes together. Values: the
-// accumulator of 64 dims stays in 8 registers while the run's keys stream past. Same online
-// softmax as attention_item; only the f32 summation order differs.
+// store-to-load chain per key and head, ~70% of the item's time in a decode step). The item's
+// heads go through run_heads up to four at a time, so each K and V vector loaded serves all of
+// them. Same online softmax as attention_item; only the f32 summation order differs.
 STRATA_AVX2_FMA void item_avx2_hd8(const AttentionKernelParams& p, const ItemShape& sh, int64_t t,
                                    int64_t kv_head, int64_t sub) {
-  const int64_t hd = sh.hd, slot_stride = sh.slot_stride;
-  const int64_t nvec = hd / 8;
+  const int64_t hd = sh.hd;
   const ItemSpan span = item_span(p, sh, t, kv_head, sub);
   const int64_t h0 = span.h0, nh = span.nh, pos = span.pos;
   const float* q = span.q;
@@ -243,47 +333,26 @@ STRATA_AVX2_FMA void item_avx2_hd8(const AttentionKernelParams& p, const ItemSha
   }
   for (int64_t start = span.lo; start <= pos;) {
     const Run run = run_at(p.cache, sh, span, kv_head, start);
-    const int64_t len = run.len;
-    const float* k = run.k;
-    const float* v = run.v;
-    for (int64_t h = 0; h < nh; ++h) {
+    for (int64_t h = 0; h < nh;) {
+      const int64_t n = std::min<int64_t>(4, nh - h);
       const float* qh = q + h * hd;
-      int64_t j = 0;
-      for (; j + 4 <= len; j += 4) {
-        const float* k0 = k + j * slot_stride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t v8 = 0; v8 < nvec; ++v8) {
-          const __m256 qv = _mm256_loadu_ps(qh + 8 * v8);
-          a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 8 * v8), a0);
-          a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + slot_stride + 8 * v8), a1);
-          a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * slot_stride + 8 * v8), a2);
-          a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * slot_stride + 8 * v8), a3);
-        }
-        _mm_storeu_ps(&scores[h][j], hsum4(a0, a1, a2, a3));
+      switch (n) {
+        case 1:
+          run_heads<1>(p, sh, qh, run.k, run.v, run.len, scores + h, m + h, l + h, acc + h);
+          break;
+        case 2:
+          run_heads<2>(p, sh, qh, run.k, run.v, run.len, scores + h, m + h, l + h, acc + h);
+          break;
+        case 3:
+          run_heads<3>(p, sh, qh, run.k, run.v, run.len, scores + h, m + h, l + h, acc + h);
+          break;
+        default:
+          run_heads<4>(p, sh, qh, run.k, run.v, run.len, scores + h, m + h, l + h, acc + h);
+          break;
       }
-      for (; j < len; ++j) {
-        const float* kj = k + j * slot_stride;
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t v8 = 0; v8 < nvec; ++v8) {
-          a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v8), _mm256_loadu_ps(kj + 8 * v8), a);
-        }
-        scores[h][j] = simd::hsum_ps(a);
-      }
-      for (j = 0; j < len; ++j) {
-        float s = scores[h][j] * p.scale;
-        if (sh.capped) s = p.logit_softcap * std::tanh(s * sh.inv_cap);
-        scores[h][j] = s;
-      }
-      softmax_run_avx2(scores[h], len, &m[h], &l[h], acc[h], hd);
-      int64_t v8 = 0;
-      for (; v8 + 8 <= nvec; v8 += 8) {
-        accumulate_v<8>(acc[h] + 8 * v8, scores[h], v + 8 * v8, slot_stride, len);
-      }
-      for (; v8 < nvec; ++v8) {
-        accumulate_v<1>(acc[h] + 8 * v8, scores[h], v + 8 * v8, slot_stride, len);
-      }
+      h += n;
     }
-    start += len;
+    start += run.len;
   }
   for (int64_t h = 0; h < nh; ++h) {
     float* out = p.out + t * p.out_stride + (h0 + h) * hd;
