@@ -77,6 +77,7 @@ EnvConfig read_env() {
   c.cpu_no_fused_parts = flag("STRATA_CPU_NO_FUSED_PARTS");
   c.cpu_spin_pool = flag("STRATA_CPU_SPIN_POOL");
   c.hugepages = flag("STRATA_HUGEPAGES");
+  c.cpu_amx = flag("STRATA_CPU_AMX");
   c.moe_ep_no_counted = flag("STRATA_MOE_EP_NO_COUNTED");
   c.moe_ep_no_fused = flag("STRATA_MOE_EP_NO_FUSED");
   // The Hugging Face Hub, as huggingface_hub reads its variables.

@@ -39,6 +39,10 @@ struct EnvConfig {
   // STRATA_HUGEPAGES=1: a GGUF file is read into anonymous memory of transparent huge pages
   // (2 MiB, madvise) instead of mapped in place (core/mapped_file.h, MapMode::kHugePageCopy).
   bool hugepages = false;
+  // STRATA_CPU_AMX=1: the int8 GEMM of CPU prefill runs its micro-kernel on AMX tiles on CPUs with
+  // AMX-INT8 (same output bits as the AVX512-VNNI one). Off by default: slower than the VNNI
+  // kernel where measured (docs/performance.md, seventeenth session).
+  bool cpu_amx = false;
   // CUDA backend switches (A/B measurements and profiling; see docs/performance.md).
   // STRATA_PROFILE=1 (or its old name STRATA_CUDA_PROFILE=1): a table of the forward pass's
   // sections at exit, timed by CUDA events (eager launches) or the host clock on the CPU.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -150,6 +151,33 @@ TEST_P(QuantGemmI8Simd, MicroKernelMatchesScalar) {
       }
     }
   }
+}
+
+// The AMX micro-kernel (CPUs with AMX-INT8, where Linux grants the tile state) against the
+// AVX512-VNNI one: the same integer sums scaled by the same operations, so the same bits, with
+// real scales too; odd group counts take its one-group tail.
+TEST(QuantGemmI8Amx, MatchesVnniBitExactly) {
+#if defined(STRATA_QUANT_HAVE_AMX)
+  if (quant_detail::resolve_quant_isa(QuantIsa::kBest) != QuantIsa::kAvx512Vnni ||
+      !quant_detail::amx::amx_int8_ready()) {
+    GTEST_SKIP() << "no AMX-INT8 here";
+  }
+  const GemmI8MicroFn amx = quant_detail::amx::gemm_i8_micro();
+  const GemmI8MicroFn vnni = quant_detail::avx512_vnni::gemm_i8_micro(255);
+  ASSERT_NE(vnni, nullptr);
+  for (const int max_u : {15, 31, 255}) {
+    for (const int64_t ng : {1, 2, 3, 8, 9}) {
+      for (const bool unit : {true, false}) {
+        const Panel p = random_panel(ng, max_u, unit, static_cast<uint32_t>(13 * ng + max_u));
+        const std::vector<float> want = run_micro(vnni, p), got = run_micro(amx, p);
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+            << "u <= " << max_u << " ng " << ng << (unit ? " unit scales" : " real scales");
+      }
+    }
+  }
+#else
+  GTEST_SKIP() << "built without the AMX kernel";
+#endif
 }
 
 // quant_linear's prefill through the GEMM (f32_activations = false, and prefill = kInt8 with

@@ -171,5 +171,8 @@ void set_quant_decode(QuantDecode mode);
 bool quant_decode_int8();
 // The path decode takes on this CPU, for the `cpu kernels` line: "int16 avx2", "int8 avx512-vnni".
 const char* quant_decode_path();
+// Whether the int8 GEMM (prefill) of the AVX512-VNNI variant runs its micro-kernel on AMX tiles:
+// STRATA_CPU_AMX=1, the CPU has AMX-INT8 and Linux granted the tile state.
+bool quant_gemm_amx();
 
 }  // namespace strata::cpu

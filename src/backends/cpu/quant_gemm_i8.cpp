@@ -201,6 +201,22 @@ GemmI8MicroFn gemm_i8_micro_scalar() {
   return micro_scalar;
 }
 
+}  // namespace quant_detail
+
+bool quant_gemm_amx() {
+#if defined(STRATA_QUANT_HAVE_AMX)
+  static const bool amx =
+      env_config().cpu_amx &&
+      quant_detail::resolve_quant_isa(QuantIsa::kBest) == QuantIsa::kAvx512Vnni &&
+      quant_detail::amx::amx_int8_ready();
+  return amx;
+#else
+  return false;
+#endif
+}
+
+namespace quant_detail {
+
 GemmI8MicroFn gemm_i8_micro(DType dt, QuantIsa isa) {
   const int max_u = quant_detail::gemm_i8_max_u(dt);
   if (max_u == 0) return nullptr;
@@ -210,6 +226,9 @@ GemmI8MicroFn gemm_i8_micro(DType dt, QuantIsa isa) {
       break;
 #if defined(STRATA_QUANT_HAVE_AVX512)
     case QuantIsa::kAvx512Vnni:
+#if defined(STRATA_QUANT_HAVE_AMX)
+      if (quant_gemm_amx()) return quant_detail::amx::gemm_i8_micro();
+#endif
       return quant_detail::avx512_vnni::gemm_i8_micro(max_u);
     case QuantIsa::kAvx512:
       return quant_detail::avx512::gemm_i8_micro(max_u);
@@ -262,7 +281,7 @@ namespace {
 const char* int8_path(QuantIsa isa) {
   switch (isa) {
     case QuantIsa::kAvx512Vnni:
-      return "int8 avx512-vnni";
+      return quant_gemm_amx() ? "int8 amx" : "int8 avx512-vnni";
     case QuantIsa::kAvx512:
       return "int8 avx512";
     case QuantIsa::kAvx2:
