@@ -4,7 +4,6 @@
 // cases cover MQA/GQA/MHA, head dims 8/12/24/64/80/128, sliding windows, soft-capping, decode steps
 // and whole prefills. Unwritten cache slots hold NaN, so reading one shows up as a failure.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +13,7 @@
 #include <random>
 #include <string>
 
+#include "backends/cpu/cpu_kernels.h"
 #include "op_test_util.h"
 #include "ops/reference.h"
 
@@ -210,18 +210,39 @@ TEST_P(AttentionTest, MatchesDoubleReference) {
   ASSERT_TRUE(ops::ref::attention(q, cache, params, ot).ok());
   EXPECT_LE(rel_err(out, want), kF32Tol);
 
-  // The same bits with any thread count: the work items' head groups follow the thread count,
-  // and in-process pipeline stages (and the fused decode block) rely on this.
-  const int threads = omp_get_max_threads();
-  for (const int nt : {1, 2, 3, 5, 8}) {
-    omp_set_num_threads(nt);
+  // The same bits for any thread count: attention_items sizes the items' head groups for the
+  // threads, and in-process pipeline stages (and the fused decode block) rely on the bits not
+  // following them. Each sizing's items run here one after another.
+  const AttentionKernelParams kp{.q = qkv.data(),
+                                 .q_stride = qkv_row,
+                                 .out = nullptr,
+                                 .out_stride = H * D,
+                                 .token_seq = seq.data(),
+                                 .token_pos = pos.data(),
+                                 .n_tokens = n,
+                                 .n_heads = H,
+                                 .cache = {.k_cache = k_cache.data(),
+                                           .v_cache = v_cache.data(),
+                                           .block_tables = tables.data(),
+                                           .max_blocks_per_seq = max_blocks,
+                                           .n_seqs = 2,
+                                           .n_blocks = n_blocks,
+                                           .block_size = kBlockSize,
+                                           .n_heads_kv = Hkv,
+                                           .head_dim = D},
+                                 .scale = scale,
+                                 .sliding_window = c.window,
+                                 .logit_softcap = c.softcap};
+  for (const int nt : {1, 2, 3, 5, 8, 64}) {
     std::vector<float> again(out.size(), -1.0f);
-    Tensor at = Tensor::make(again.data(), DType::kF32, {n, H, D});
-    ASSERT_TRUE(ops::ref::attention(q, cache, params, at).ok());
+    AttentionKernelParams p = kp;
+    p.out = again.data();
+    cpu::AttentionItems items;
+    ASSERT_TRUE(cpu::attention_items(p, nt, &items).ok());
+    for (int64_t i = 0; i < items.count; ++i) cpu::run_attention_item(items, i);
     EXPECT_EQ(std::memcmp(again.data(), out.data(), out.size() * sizeof(float)), 0)
-        << nt << " threads";
+        << "items sized for " << nt << " threads";
   }
-  omp_set_num_threads(threads);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest, ::testing::ValuesIn(kCases),
