@@ -35,6 +35,9 @@ struct AttnCase {
   int64_t window = 0;
   float softcap = 0.0f;
   float scale_mul = 1.0f;  // scale = scale_mul / sqrt(head_dim)
+  // Each sequence's blocks one after another in the pool (as a fresh cache hands them out), so
+  // a work item's runs of keys continue across blocks; else shuffled, with unused blocks between.
+  bool contiguous = false;
 };
 
 std::string case_name(const AttnCase& c) {
@@ -42,7 +45,7 @@ std::string case_name(const AttnCase& c) {
          std::to_string(c.head_dim) + "_len" + std::to_string(c.len[0]) + "_" +
          std::to_string(c.len[1]) + "_chunk" + std::to_string(c.chunk[0]) + "_" +
          std::to_string(c.chunk[1]) + (c.window ? "_win" + std::to_string(c.window) : "") +
-         (c.softcap > 0 ? "_softcap" : "");
+         (c.softcap > 0 ? "_softcap" : "") + (c.contiguous ? "_contiguous" : "");
 }
 
 const AttnCase kCases[] = {
@@ -53,12 +56,17 @@ const AttnCase kCases[] = {
     {6, 3, 24, {150, 5}, {1, 5}, 0, 0.0f, 2.0f},
     {3, 1, 24, {150, 41}, {9, 1}, 33, 5.0f, 3.0f},
     {17, 1, 12, {40, 3}, {1, 1}},  // a query group larger than one work item holds
-    // head_dim a multiple of 8: the AVX2 work item (4 keys per scoring pass, accumulators in
-    // registers, 8 vectors at a time then one at a time).
+    // head_dim a multiple of 8: the AVX2 work item (up to four heads and 8 keys per scoring
+    // pass, accumulators in registers, several vectors at a time then one at a time).
     {9, 3, 64, {150, 70}, {1, 1}},           // SmolLM2-135M's heads, a decode step
     {4, 2, 128, {70, 37}, {13, 7}, 20},      // 16 vectors, sliding window
     {8, 1, 64, {33, 3}, {33, 3}, 0, 30.0f},  // whole prefills, soft-capping, runs not of 4 keys
     {2, 1, 8, {21, 66}, {2, 66}},            // one vector
+    // Runs across blocks: up to 64 keys (4 blocks) a run, then the next run; a window that
+    // starts inside a block.
+    {9, 3, 64, {150, 70}, {150, 70}, 0, 0.0f, 1.0f, true},
+    {4, 2, 24, {100, 37}, {9, 5}, 40, 0.0f, 1.0f, true},
+    {3, 1, 8, {70, 3}, {1, 3}, 0, 30.0f, 1.0f, true},
 };
 
 // One token of the batch.
@@ -80,7 +88,7 @@ TEST_P(AttentionTest, MatchesDoubleReference) {
   const int64_t n_blocks = 2 * max_blocks + 3;
   std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
   std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), gen);
+  if (!c.contiguous) std::shuffle(ids.begin(), ids.end(), gen);
   std::vector<int32_t> tables(static_cast<size_t>(2 * max_blocks), -1);
   for (int64_t i = 0; i < 2 * max_blocks; ++i) tables[i] = ids[i];
 

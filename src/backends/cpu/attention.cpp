@@ -58,8 +58,10 @@ inline ItemSpan item_span(const AttentionKernelParams& p, const ItemShape& sh, i
   return s;
 }
 
-// The run of cached positions from `start` that one pass holds: at most kRun, never past its
-// cache block (so its K and V rows are slot_stride apart) nor past pos.
+// The run of cached positions from `start` that one pass holds: at most kRun, never past pos,
+// and past the end of its cache block only while the next block lies right after it in the pool
+// (as a fresh cache hands a sequence its blocks), so its K and V rows stay slot_stride apart. The
+// runs depend on positions and block tables only, not on the thread count.
 struct Run {
   int64_t len;
   const float* k;  // kv_head's K row of the run's first position
@@ -69,7 +71,14 @@ struct Run {
 inline Run run_at(const PagedKvParams& c, const ItemShape& sh, const ItemSpan& s, int64_t kv_head,
                   int64_t start) {
   const int64_t in_block = start % c.block_size;
-  const int64_t len = std::min({kRun, c.block_size - in_block, s.pos + 1 - start});
+  const int64_t end = std::min(start + kRun, s.pos + 1);
+  // Through the next blocks while each lies right after the last in the pool.
+  int64_t b = start / c.block_size, stop = (b + 1) * c.block_size;
+  while (stop < end && s.table[b + 1] == s.table[b] + 1) {
+    ++b;
+    stop += c.block_size;
+  }
+  const int64_t len = std::min(stop, end) - start;
   const int64_t slot0 =
       static_cast<int64_t>(s.table[start / c.block_size]) * c.block_size + in_block;
   return {len, c.k_cache + slot0 * sh.slot_stride + kv_head * sh.hd,
