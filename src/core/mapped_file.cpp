@@ -29,12 +29,13 @@ Result<int> open_regular(const std::string& path, struct stat* st) {
   return fd;
 }
 
-// The file behind fd read into anonymous memory of 2 MiB-aligned huge pages (MapMode::
-// kHugePageCopy); f owns the region from the moment it is mapped.
-Status copy_into_huge_pages(int fd, MappedFile* f, const std::string& path, uint8_t** data,
+// The file behind fd (file_size bytes) read into anonymous memory of 2 MiB-aligned huge pages
+// (MapMode::kHugePageCopy). *data and *mapped are set as soon as the region is mapped, so the
+// caller unmaps it after a failed read too.
+Status copy_into_huge_pages(int fd, size_t file_size, const std::string& path, uint8_t** data,
                             size_t* mapped) {
   constexpr size_t kHuge = size_t{2} << 20;
-  const size_t size = (f->size() + kHuge - 1) / kHuge * kHuge;
+  const size_t size = (file_size + kHuge - 1) / kHuge * kHuge;
   void* raw =
       ::mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) {
@@ -51,8 +52,8 @@ Status copy_into_huge_pages(int fd, MappedFile* f, const std::string& path, uint
   *data = reinterpret_cast<uint8_t*>(aligned);
   *mapped = size;
   (void)::madvise(*data, size, MADV_HUGEPAGE);  // a hint: 4 KiB pages where the kernel refuses
-  for (size_t done = 0; done < f->size();) {
-    const ssize_t n = ::pread(fd, *data + done, f->size() - done, static_cast<off_t>(done));
+  for (size_t done = 0; done < file_size;) {
+    const ssize_t n = ::pread(fd, *data + done, file_size - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       return errorf(StatusCode::kIoError, "{}: read failed at byte {}: {}", path, done,
@@ -74,7 +75,7 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path, Ma
   f->unmap_size_ = f->size_;
   if (f->size_ > 0 && mode == MapMode::kHugePageCopy) {
     uint8_t* data = nullptr;
-    const Status s = copy_into_huge_pages(fd, f.get(), path, &data, &f->unmap_size_);
+    const Status s = copy_into_huge_pages(fd, f->size_, path, &data, &f->unmap_size_);
     f->data_ = data;  // the destructor unmaps it, also after a failed read
     ::close(fd);
     if (!s.ok()) return s;

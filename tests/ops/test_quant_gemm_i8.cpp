@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/quant.h"
 #include "backends/cpu/quant_impl.h"
 #include "quant_test_util.h"
@@ -159,7 +160,7 @@ TEST_P(QuantGemmI8Simd, MicroKernelMatchesScalar) {
 TEST(QuantGemmI8Amx, MatchesVnniBitExactly) {
 #if defined(STRATA_QUANT_HAVE_AMX)
   if (quant_detail::resolve_quant_isa(QuantIsa::kBest) != QuantIsa::kAvx512Vnni ||
-      !quant_detail::amx::amx_int8_ready()) {
+      !cpu_has_amx_int8() || !quant_detail::amx::request_tile_data()) {
     GTEST_SKIP() << "no AMX-INT8 here";
   }
   const GemmI8MicroFn amx = quant_detail::amx::gemm_i8_micro();

@@ -19,6 +19,7 @@ struct CpuFeatures {
   bool avx2 = false;         // avx2 + fma + f16c
   bool avx512 = false;       // avx512f/bw/dq/vl on top of avx2
   bool avx512_vnni = false;  // avx512_vnni on top of avx512
+  bool amx_int8 = false;     // amx-tile + amx-int8 on top of avx512_vnni, tile state in XCR0
 };
 
 CpuFeatures detect() {
@@ -35,12 +36,21 @@ CpuFeatures detect() {
   unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
   f.avx512_vnni =
       f.avx512 && __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) != 0 && ((c7 >> 11) & 1u) != 0;
+  // Leaf 7 EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and the OS's XCR0 bits 17 (XTILECFG) and 18
+  // (XTILEDATA). Linux still hands the tile data to a process only on request (the AMX kernel's
+  // first use, quant_gemm_i8.cpp).
+  if (f.avx512_vnni && ((d7 >> 24) & 3u) == 3u) {
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    f.amx_int8 = ((lo >> 17) & 3u) == 3u;
+  }
 #endif
   // The cap: each level keeps only what it names and below.
   const std::string& cap = env_config().cpu_isa;
   if (cap == "scalar") f.avx2 = false;
   if (cap == "scalar" || cap == "avx2") f.avx512 = false;
   if (cap == "scalar" || cap == "avx2" || cap == "avx512") f.avx512_vnni = false;
+  f.amx_int8 = f.amx_int8 && f.avx512_vnni;
   return f;
 }
 
@@ -71,6 +81,10 @@ CpuIsa best_cpu_isa() {
 
 bool cpu_has_avx512_vnni() {
   return features().avx512_vnni;
+}
+
+bool cpu_has_amx_int8() {
+  return features().amx_int8;
 }
 
 const char* cpu_isa_name(CpuIsa isa) {

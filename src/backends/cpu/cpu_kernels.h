@@ -146,6 +146,8 @@ CpuIsa best_cpu_isa();
 const char* cpu_isa_name(CpuIsa isa);
 // Whether this CPU has AVX512-VNNI on top of kAvx512 (the block-quant kernels' vpdpbusd).
 bool cpu_has_avx512_vnni();
+// AMX-TILE and AMX-INT8 with the tile state enabled by the OS (implies avx512_vnni).
+bool cpu_has_amx_int8();
 
 // Which algorithm linear uses: kAuto picks GEMV for few tokens and GEMM for more.
 enum class LinearPath { kAuto, kGemv, kGemm };

@@ -208,7 +208,7 @@ bool quant_gemm_amx() {
   static const bool amx =
       env_config().cpu_amx &&
       quant_detail::resolve_quant_isa(QuantIsa::kBest) == QuantIsa::kAvx512Vnni &&
-      quant_detail::amx::amx_int8_ready();
+      cpu_has_amx_int8() && quant_detail::amx::request_tile_data();
   return amx;
 #else
   return false;

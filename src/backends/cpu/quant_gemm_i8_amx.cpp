@@ -14,7 +14,8 @@
 // several 16-row panels per pass) are the next step.
 //
 // Linux hands out the tile data state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, once per
-// process: amx_int8_ready); each thread loads the tile configuration once before its first use.
+// process: request_tile_data, on the kernel's first pick; cpu_features.cpp finds the hardware);
+// each thread loads the tile configuration once before its first use.
 #include "backends/cpu/quant_impl.h"
 
 #if defined(STRATA_QUANT_HAVE_AVX512) && defined(__linux__)
@@ -23,7 +24,6 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -112,20 +112,9 @@ STRATA_AMX void gemm_micro_amx(int64_t ng, const uint8_t* wq, const float* wd, c
 
 }  // namespace
 
-bool amx_int8_ready() {
-  static const bool ready = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8.
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0 || ((d >> 24) & 3u) != 3u) return false;
-    // The OS enables the tile state in XCR0 (bits 17 XTILECFG, 18 XTILEDATA)...
-    unsigned lo = 0, hi = 0;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if (((lo >> 17) & 3u) != 3u) return false;
-    // ...and Linux grants this process the tile data on request (ARCH_REQ_XCOMP_PERM, 0x1023,
-    // for XFEATURE_XTILEDATA, 18).
-    return ::syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }();
-  return ready;
+bool request_tile_data() {
+  // ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18).
+  return ::syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 
 GemmI8MicroFn gemm_i8_micro() {

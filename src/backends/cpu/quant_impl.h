@@ -163,10 +163,11 @@ GemmI8MicroFn gemm_i8_micro(int max_u);
 }  // namespace avx512_vnni
 #if defined(__linux__)
 // The int8 GEMM micro-kernel on AMX tiles (quant_gemm_i8_amx.cpp; every u up to 255), for CPUs
-// with AMX-INT8 where Linux grants the tile state: amx_int8_ready() asks once per process.
+// with AMX-INT8 (cpu_has_amx_int8) once request_tile_data() has had Linux grant this process
+// the tile state.
 #define STRATA_QUANT_HAVE_AMX 1
 namespace amx {
-bool amx_int8_ready();
+bool request_tile_data();
 GemmI8MicroFn gemm_i8_micro();
 }  // namespace amx
 #endif
