@@ -251,11 +251,11 @@ int main() {
           ++fails;
         }
         if (info.block_size != 32) continue;
-        std::vector<int16_t> q16(x.size());
+        std::vector<int16_t> q16(x.size()), qq(n);
         std::vector<float> d16(nb), s16(nb);
         for (int t = 0; t < kToks; ++t) {
           quantize_row_q16_avx2(x.data() + t * n, n, q16.data() + t * n, d16.data() + t * n / 32,
-                                s16.data() + t * n / 32);
+                                s16.data() + t * n / 32, t == 0 ? qq.data() : nullptr);
         }
         const Q16Act a16{q16.data(), d16.data(), s16.data()};
         for (int nt = 1; nt <= 4; ++nt) {
@@ -272,16 +272,21 @@ int main() {
             }
           }
         }
-        float o1[4], o2[4];
+        // Without and with the quad layout (the 4-bit types' quad kernel takes it).
+        const Q16Act a16q{q16.data(), d16.data(), s16.data(), qq.data()};
+        float o1[4];
         rows4_i16_avx2(dt)(w.data(), row_bytes, n, a16, o1);
-        kc.rows4_i16(dt)(w.data(), row_bytes, n, a16, o2);
-        for (int i = 0; i < 4; ++i) {
-          ++checks;
-          if (!near(o2[i], o1[i], 1e-5 * (std::fabs(o1[i]) + 1))) {
-            std::printf("%s int16 rows4 %.*s blocks %lld row %d: %g, avx2 %g\n", kc.name,
-                        static_cast<int>(info.name.size()), info.name.data(),
-                        static_cast<long long>(nblk), i, o2[i], o1[i]);
-            ++fails;
+        for (const Q16Act* a : {&a16, &a16q}) {
+          float o2[4];
+          kc.rows4_i16(dt)(w.data(), row_bytes, n, *a, o2);
+          for (int i = 0; i < 4; ++i) {
+            ++checks;
+            if (!near(o2[i], o1[i], 1e-5 * (std::fabs(o1[i]) + 1))) {
+              std::printf("%s int16 rows4%s %.*s blocks %lld row %d: %g, avx2 %g\n", kc.name,
+                          a->qq != nullptr ? " quad" : "", static_cast<int>(info.name.size()),
+                          info.name.data(), static_cast<long long>(nblk), i, o2[i], o1[i]);
+              ++fails;
+            }
           }
         }
       }

@@ -424,6 +424,41 @@ TEST(Quant, DequantAvx2MatchesScalarBitExactly) {
   }
 }
 
+// The int16 activation quantizer's quad layout (Q16Act::qq, the AVX-512 4-row decode kernel's
+// activations for Q4_0 / Q4_1) holds qs permuted as its comment says, whole groups of 4 blocks
+// only, and the quantizer's other outputs do not change with it.
+TEST(Quant, Q16QuadLayoutPermutesTheValues) {
+  if (!cpu_supports(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (const int64_t n : {128, 576, 640, 1536}) {
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    std::normal_distribution<float> dist(0.0f, 2.0f);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = dist(rng);
+    const int64_t nb = n / 32, whole = n / 128 * 128;
+    std::vector<int16_t> qs(n), qs2(n), qq(n + 8, int16_t{0x5a5a});
+    std::vector<float> d(nb), s(nb), d2(nb), s2(nb);
+    quant_detail::quantize_row_q16_avx2(x.data(), n, qs.data(), d.data(), s.data(), qq.data());
+    quant_detail::quantize_row_q16_avx2(x.data(), n, qs2.data(), d2.data(), s2.data());
+    ASSERT_EQ(qs, qs2) << n;
+    ASSERT_EQ(0, std::memcmp(d.data(), d2.data(), sizeof(float) * nb)) << n;
+    ASSERT_EQ(0, std::memcmp(s.data(), s2.data(), sizeof(float) * nb)) << n;
+    const int offset[4] = {0, 16, 1, 17};
+    for (int64_t g = 0; g < whole / 128; ++g) {
+      for (int k = 0; k < 4; ++k) {
+        for (int b = 0; b < 4; ++b) {
+          for (int i = 0; i < 8; ++i) {
+            ASSERT_EQ(qq[128 * g + 32 * k + 8 * b + i], qs[32 * (4 * g + b) + offset[k] + 2 * i])
+                << "n " << n << " group " << g << " k " << k << " block " << b << " i " << i;
+          }
+        }
+      }
+    }
+    for (int64_t i = whole; i < n + 8; ++i) {
+      ASSERT_EQ(qq[i], int16_t{0x5a5a}) << "n " << n << ": wrote past the whole groups at " << i;
+    }
+  }
+}
+
 // The int8-activation kernels of each SIMD variant against the scalar ones, through
 // quant_linear (f32_activations = false) on random blocks: one token (tiles of 1..4 rows), 2..5
 // and 9 tokens (one row, tiles of 1..4 tokens), row counts that leave partial tiles, block

@@ -1162,7 +1162,12 @@ RowsI16Fn rows4_i16_avx2(DType dt) {
 }
 
 // d = max|x_blk| / 32767, q = round-to-nearest-even(x / d) (as quantize_row_q8_avx2 with 32767).
-STRATA_AVX2 void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s) {
+STRATA_AVX2 void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s,
+                                       int16_t* qq) {
+  // Per 128-bit lane of 8 values: the even ones, then the odd ones (the quad layout's halves).
+  const __m256i evens_odds = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                              0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+  const int64_t n_quad = n / 128 * 4;  // the blocks of whole groups of 4
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256 lim = _mm256_set1_ps(32767.0f);
   for (int64_t j = 0; j < n / 32; ++j) {
@@ -1196,6 +1201,16 @@ STRATA_AVX2 void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, f
     const __m256i p1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * j), p0);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * j + 16), p1);
+    if (qq != nullptr && j < n_quad) {
+      // Values 0..15: evens to k = 0, odds to k = 2; 16..31: evens to k = 1, odds to k = 3.
+      int16_t* g = qq + 128 * (j / 4) + 8 * (j % 4);
+      const __m256i e0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(p0, evens_odds), 0xD8);
+      const __m256i e1 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(p1, evens_odds), 0xD8);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(g), _mm256_castsi256_si128(e0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(g + 32), _mm256_castsi256_si128(e1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(g + 64), _mm256_extracti128_si256(e0, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(g + 96), _mm256_extracti128_si256(e1, 1));
+    }
     d[j] = dj;
     s[j] = dj * static_cast<float>(_mm_cvtsi128_si32(s4));
   }

@@ -85,7 +85,8 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
     const int64_t n = p.n_tokens;
     const int64_t nb32 = k / 32;
     // The int16 kernels: AVX2, but for one token on an AVX512-VNNI CPU the 4-row kernel of
-    // Q4_0 / Q4_1 / Q8_0 with two blocks per register (rows4_i16_for), unless a caller asks
+    // Q4_0 / Q4_1 (four blocks per register, the quad layout) and Q8_0 (two) (rows4_i16_for),
+    // unless a caller asks
     // for the AVX-512 ones (p.isa; tests). Those (one 32-value block per 512-bit multiply) lost
     // on the one AVX-512 CPU measured (Xeon with VNNI/AMX, SmolLM2 Q4_1 tg128: 155 t/s vs
     // AVX2's 202 at 2 threads, 246 vs 300 at 16;
@@ -113,14 +114,17 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
       // int16 activations: x quantized once per call, then each thread streams its slab of
       // rows, each row unpacked once per group of <= 4 tokens.
       // Grow-only, per calling thread: a decode step allocates nothing.
-      thread_local std::vector<int16_t> qs;
+      thread_local std::vector<int16_t> qs, qq;
       thread_local std::vector<float> qd, qsum;
       qs.resize(std::max(qs.size(), static_cast<size_t>(n * k)));
+      qq.resize(std::max(qq.size(), static_cast<size_t>(k)));
       qd.resize(std::max(qd.size(), static_cast<size_t>(n * nb32)));
       qsum.resize(std::max(qsum.size(), static_cast<size_t>(n * nb32)));
       for (int64_t t = 0; t < n; ++t) {
+        // One token also takes the quad layout (the 4-row kernels).
         quant_detail::quantize_row_q16_avx2(p.x + t * x_stride, k, qs.data() + t * k,
-                                            qd.data() + t * nb32, qsum.data() + t * nb32);
+                                            qd.data() + t * nb32, qsum.data() + t * nb32,
+                                            n == 1 ? qq.data() : nullptr);
       }
       const int64_t n_groups = (n + 3) / 4;
       const int64_t group = (n + n_groups - 1) / n_groups;
@@ -129,10 +133,11 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
       const int16_t* const aq = qs.data();
       const float* const ad = qd.data();
       const float* const as = qsum.data();
+      const int16_t* const aqq = qq.data();
       if (n == 1) {
         // One token: 4 rows per kernel call (contiguous slabs of 4-row tiles per thread), the
         // last < 4 rows one at a time.
-        const quant_detail::Q16Act a{aq, ad, as};
+        const quant_detail::Q16Act a{aq, ad, as, aqq};
         const int64_t tiles = p.out_features / 4;
         parallel_for_static(tiles + 1, [&](int64_t rt) {
           const int64_t r0 = rt * 4;
@@ -363,12 +368,13 @@ void store_tile(const DecodePart& part, int64_t r0, int64_t nr, const float* res
 
 ThreadScratch thread_scratch(int64_t k, int64_t n) {
   thread_local std::vector<float> h, d, s;
-  thread_local std::vector<int16_t> qs;
+  thread_local std::vector<int16_t> qs, qq;
   h.resize(std::max(h.size(), static_cast<size_t>(k)));
   qs.resize(std::max(qs.size(), static_cast<size_t>(n)));
+  qq.resize(std::max(qq.size(), static_cast<size_t>(n)));
   d.resize(std::max(d.size(), static_cast<size_t>(n / 32)));
   s.resize(std::max(s.size(), static_cast<size_t>(n / 32)));
-  return {h.data(), qs.data(), d.data(), s.data()};
+  return {h.data(), qs.data(), d.data(), s.data(), qq.data()};
 }
 
 }  // namespace quant_detail

@@ -295,8 +295,9 @@ const char* int8_path(QuantIsa isa) {
 const char* quant_decode_path() {
   const QuantIsa isa = quant_best_isa();
   if (quant_decode_int8()) return int8_path(isa);
-  // The int16 kernels: on AVX512-VNNI CPUs the two-blocks-per-register 4-row kernel of Q4_0 /
-  // Q4_1 / Q8_0 (quant_detail::rows4_i16_for), AVX2's elsewhere and for the other types.
+  // The int16 kernels: on AVX512-VNNI CPUs the 4-row kernel of Q4_0 / Q4_1 (four blocks per
+  // register) and Q8_0 (two) (quant_detail::rows4_i16_for), AVX2's elsewhere and for the other
+  // types.
   if (isa == QuantIsa::kScalar) return "f32 scalar";
   return isa == QuantIsa::kAvx512Vnni ? "int16 avx512-vnni (q4_0/q4_1/q8_0), avx2" : "int16 avx2";
 }

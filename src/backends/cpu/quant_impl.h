@@ -74,6 +74,12 @@ struct Q16Act {
   const int16_t* qs = nullptr;  // [n]
   const float* d = nullptr;     // [n / 32] block scales: max|x_blk| / 32767
   const float* s = nullptr;     // [n / 32] d * sum(qs over the block)
+  // [n / 128 * 128] or null: qs in the quad layout of the AVX-512 4-bit decode kernels, per
+  // group g of 4 blocks (b = 0..3, i = 0..7, 128 values at qq + 128 g):
+  //   qq[128 g + 32 k + 8 b + i] = qs[32 (4 g + b) + o_k + 2 i], o = {0, 16, 1, 17}
+  // (quantize_row_q16_avx2 writes it). One token's Q16Act given to rows4_i16_for's kernels has
+  // it wherever they are to give the same bits.
+  const int16_t* qq = nullptr;
 };
 // nt tokens (1..4): out[t] = dot(weight row of n values at w, token t's activation at
 // a.qs + t * n, a.d / a.s + t * n / 32).
@@ -131,7 +137,9 @@ DequantFn dequant_avx2(DType dt);
 // The int16-activation kernels: the 32-value block types only (nullptr for the others).
 RowDotI16Fn row_dot_i16_avx2(DType dt);
 RowsI16Fn rows4_i16_avx2(DType dt);
-void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s);
+// qq: null, or [n / 128 * 128] for the quad layout (Q16Act::qq) of the whole groups.
+void quantize_row_q16_avx2(const float* x, int64_t n, int16_t* qs, float* d, float* s,
+                           int16_t* qq = nullptr);
 // The int8 GEMM micro-kernel with vpmaddubsw (u <= max_u: 15 or 31; nullptr above, where the
 // u8 x i8 pair sums would saturate).
 GemmI8MicroFn gemm_i8_micro_avx2(int max_u);
@@ -177,9 +185,9 @@ GemmI8MicroFn gemm_i8_micro();
 // lacks the best one below it (never kBest).
 QuantIsa resolve_quant_isa(QuantIsa isa);
 
-// The one-token 4-row int16 kernel decode runs on a resolved `isa`: AVX512-VNNI's two-blocks-
-// per-register kernel for Q4_0, Q4_1 and Q8_0 (vpdpwssd), else AVX2's (nullptr for the types
-// without int16 kernels).
+// The one-token 4-row int16 kernel decode runs on a resolved `isa`: AVX512-VNNI's for Q4_0,
+// Q4_1 (four blocks per register with Q16Act::qq, else two) and Q8_0 (two; vpdpwssd), else
+// AVX2's (nullptr for the types without int16 kernels).
 RowsI16Fn rows4_i16_for(DType dt, QuantIsa isa);
 
 // A fused decode region's per-thread scratch (quant_ffn_decode, quant_attn_decode): the thread's
@@ -190,9 +198,10 @@ struct ThreadScratch {
   int16_t* qs;
   float* d;
   float* s;
+  int16_t* qq;
   Q16Act quantize(const float* x, int64_t n) const {
-    quantize_row_q16_avx2(x, n, qs, d, s);
-    return {qs, d, s};
+    quantize_row_q16_avx2(x, n, qs, d, s, qq);
+    return {qs, d, s, qq};
   }
 };
 ThreadScratch thread_scratch(int64_t k, int64_t n);
