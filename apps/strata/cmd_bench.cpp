@@ -93,9 +93,9 @@ int run_llama_bench(const BenchOptions& opt, Benchmark& e) {
   const ModelInfo& info = e.info();
   const int threads = opt.engine.num_threads > 0 ? opt.engine.num_threads : omp_get_max_threads();
   const bool to_stdout = opt.json_path == "-";
-  const std::vector<int64_t> n_prompt =
-      opt.n_prompt.empty() ? std::vector<int64_t>{512} : opt.n_prompt;
-  const std::vector<int64_t> n_gen = opt.n_gen.empty() ? std::vector<int64_t>{128} : opt.n_gen;
+  // The command has set the defaults and dropped the 0 lengths (tests skipped, as llama-bench).
+  const std::vector<int64_t>& n_prompt = opt.n_prompt;
+  const std::vector<int64_t>& n_gen = opt.n_gen;
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   char model_name[96];
   std::snprintf(model_name, sizeof(model_name), "%s %.0fM %s", info.architecture.c_str(),
@@ -547,13 +547,29 @@ void add_bench_command(CLI::App& app, std::vector<Command>& commands) {
          // covers them (it used to see neither and refused pp512 with a context of 1).
          if (!engine_mode && o.n_prompt.empty()) o.n_prompt = {512};
          if (!engine_mode && o.n_gen.empty()) o.n_gen = {128};
+         // As in llama-bench, a length of 0 skips that test (-p 0: generation only).
+         const int64_t min_len = engine_mode ? 1 : 0;
          for (int64_t n : o.n_prompt) {
-           if (n < 1)
-             return report(Status(StatusCode::kInvalidArgument, "-p lengths must be >= 1"));
+           if (n < min_len) {
+             return report(Status(StatusCode::kInvalidArgument,
+                                  engine_mode
+                                      ? "-p lengths must be >= 1 with --batch/--prefill/--ctx"
+                                      : "-p lengths must be >= 0"));
+           }
          }
          for (int64_t n : o.n_gen) {
-           if (n < 1)
-             return report(Status(StatusCode::kInvalidArgument, "-n lengths must be >= 1"));
+           if (n < min_len) {
+             return report(Status(StatusCode::kInvalidArgument,
+                                  engine_mode
+                                      ? "-n lengths must be >= 1 with --batch/--prefill/--ctx"
+                                      : "-n lengths must be >= 0"));
+           }
+         }
+         std::erase(o.n_prompt, 0);
+         std::erase(o.n_gen, 0);
+         if (!engine_mode && o.n_prompt.empty() && o.n_gen.empty()) {
+           return report(
+               Status(StatusCode::kInvalidArgument, "nothing to run: every -p and -n length is 0"));
          }
          if (o.decode_steps < 1) {
            return report(Status(StatusCode::kInvalidArgument, "--decode-steps must be >= 1"));

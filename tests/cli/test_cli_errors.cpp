@@ -378,6 +378,17 @@ TEST(Cli, BenchDefaultsAndLists) {
   for (const char* test : {"\"pp16\"", "\"pp32\"", "\"tg4\"", "\"tg8\""}) {
     EXPECT_NE(r.out.find(test), std::string::npos) << test << " missing in " << r.out;
   }
+  // A length of 0 skips that test, as in llama-bench; all of them 0 is an error.
+  r = run_strata("bench -m " + fixture("llama") + " -p 0 -n 4 -r 1 -t 1 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"tg4\""), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\"pp"), std::string::npos) << r.out;
+  r = run_strata("bench -m " + fixture("llama") + " -p 16 -n 0 -r 1 -t 1 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"pp16\""), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\"tg"), std::string::npos) << r.out;
+  expect_clean_error(run_strata("bench -m " + fixture("llama") + " -p 0 -n 0"), "nothing to run");
+  expect_clean_error(run_strata("bench -m " + fixture("llama") + " -n -1"), "-n lengths");
 }
 
 // Item 17: -f FILE reads the prompt; without -s the seed is random and printed.
