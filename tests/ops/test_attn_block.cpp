@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/phase_clock.h"
 #include "backends/cpu/quant.h"
 #include "backends/cpu/quant_impl.h"
 #include "quant_test_util.h"
@@ -441,6 +442,36 @@ TEST(RopeKvAppendF32, MatchesCompositionBitExactly) {
       EXPECT_EQ(kc_g, before);
     }
   }
+}
+
+// The fused regions' phase clock (STRATA_PROFILE): a call counts once all its phases are
+// marked, by the thread that takes the stamps; a clock that is off, or a call that stops short,
+// adds nothing.
+TEST(PhaseClock, CountsWholeCallsOfTheStampingThread) {
+  PhaseClock clock("test", std::array{"a", "b"}, /*on=*/true);
+  {
+    PhaseClock::Call c(clock, true);
+    c.mark();
+    c.mark();
+  }
+  {
+    PhaseClock::Call c(clock, false);  // another thread: takes no stamps
+    c.mark();
+    c.mark();
+  }
+  {
+    PhaseClock::Call c(clock, true);  // one phase of two
+    c.mark();
+  }
+  EXPECT_EQ(clock.calls(), 1);
+  EXPECT_GE(clock.mean_us(0), 0.0);
+  EXPECT_GE(clock.mean_us(1), 0.0);
+  PhaseClock off("off", std::array{"a"}, /*on=*/false);
+  {
+    PhaseClock::Call c(off, true);
+    c.mark();
+  }
+  EXPECT_EQ(off.calls(), 0);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/phase_clock.h"
 #include "backends/cpu/quant.h"
 #include "backends/cpu/quant_impl.h"
 #include "backends/cpu/spin_pool.h"
@@ -62,33 +63,44 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
   const int64_t units = hq + hkv;              // rope units: q heads, then KV heads
   const int64_t nk = std::max(k, hq * D);
 
+  static PhaseClock clock("attention block", std::array{"norm", "qkv", "wait", "rope", "wait",
+                                                        "attention", "wait", "o_proj"});
   const auto body = [&](int tid, int nt, const auto& barrier) {
     const auto range = [&](int64_t n, int64_t* lo, int64_t* hi) {
       *lo = n * tid / nt;
       *hi = n * (tid + 1) / nt;
     };
+    PhaseClock::Call phases(clock, tid == 0);
     const quant_detail::ThreadScratch sc = quant_detail::thread_scratch(k, nk);
     float* h = sc.h;
     rms_norm_row(norm, a.x, h);
     const quant_detail::Q16Act ha = sc.quantize(h, k);
+    phases.mark();
     int64_t lo, hi;
     range(qkv_tiles.tiles, &lo, &hi);
     for (int64_t t = lo; t < hi; ++t) qkv_tiles.run(t, ha, false);
+    phases.mark();
     barrier();  // the qkv row is complete
+    phases.mark();
 
     if (tid == 0) std::memcpy(a.h, h, sizeof(float) * static_cast<size_t>(k));
     range(units, &lo, &hi);
     for (int64_t u = lo; u < hi; ++u) rope_kv_unit(rk, cos_sin, 0, u);
+    phases.mark();
     barrier();  // q and the cache slot are written
+    phases.mark();
 
     range(items.count, &lo, &hi);
     for (int64_t i = lo; i < hi; ++i) run_attention_item(items, i);
+    phases.mark();
     barrier();  // attn is complete, and every thread has read x
+    phases.mark();
 
     const int64_t n_attn = hq * D;
     const quant_detail::Q16Act oa = sc.quantize(ap.out, n_attn);
     range(o_tiles.tiles, &lo, &hi);
     for (int64_t t = lo; t < hi; ++t) o_tiles.run(t, oa, true);
+    phases.mark();
   };
   const bool pooled =
       spin_run(spin_threads(), [&](int tid, int nt) { body(tid, nt, [] { spin_barrier(); }); });

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/phase_clock.h"
 #include "backends/cpu/quant.h"
 #include "backends/cpu/quant_impl.h"
 #include "backends/cpu/spin_pool.h"
@@ -415,12 +416,15 @@ bool quant_ffn_decode(const FfnDecodeArgs& f) {
   const int64_t nk = std::max(k, F);
   // The body every thread runs: tid of nt, `barrier` waits for all nt. Items are split into
   // contiguous ranges per thread (OpenMP's static schedule).
+  static PhaseClock clock("MLP block", std::array{"norm", "gate_up", "wait", "down"});
   const auto body = [&](int tid, int nt, const auto& barrier) {
+    PhaseClock::Call phases(clock, tid == 0);
     // Per thread: h, then act, as int16 blocks.
     const quant_detail::ThreadScratch sc = quant_detail::thread_scratch(k, nk);
     float* h = sc.h;
     rms_norm_row(norm, f.x, h);
     const quant_detail::Q16Act a = sc.quantize(h, k);
+    phases.mark();
     const int64_t n8 = F / 8;
     for (int64_t t = n8 * tid / nt; t < n8 * (tid + 1) / nt; ++t) {
       const int64_t r0 = 8 * t;
@@ -435,7 +439,9 @@ bool quant_ffn_decode(const FfnDecodeArgs& f) {
       }
       gated_act_row(f.act, g, u, f.act_out + r0, 8);
     }
+    phases.mark();
     barrier();  // act is complete, and every thread has read x
+    phases.mark();
     if (tid == 0) std::memcpy(f.h, h, sizeof(float) * static_cast<size_t>(k));
     const quant_detail::Q16Act b = sc.quantize(f.act_out, F);
     const int64_t n4 = k / 4;
@@ -445,6 +451,7 @@ bool quant_ffn_decode(const FfnDecodeArgs& f) {
       rows4[2](wd + r0 * f.down.row_bytes, f.down.row_bytes, F, b, res);
       for (int j = 0; j < 4; ++j) f.x[r0 + j] += res[j] + bias_at(f.down, r0 + j);
     }
+    phases.mark();
   };
   const bool pooled =
       spin_run(spin_threads(), [&](int tid, int nt) { body(tid, nt, [] { spin_barrier(); }); });
