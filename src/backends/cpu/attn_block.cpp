@@ -63,6 +63,7 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
   const int64_t units = hq + hkv;              // rope units: q heads, then KV heads
   const int64_t nk = std::max(k, hq * D);
 
+  const bool quad = quant_detail::rows4_reads_quad(isa);
   static PhaseClock clock("attention block", std::array{"norm", "qkv", "wait", "rope", "wait",
                                                         "attention", "wait", "o_proj"});
   const auto body = [&](int tid, int nt, const auto& barrier) {
@@ -71,7 +72,7 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
       *hi = n * (tid + 1) / nt;
     };
     PhaseClock::Call phases(clock, tid == 0);
-    const quant_detail::ThreadScratch sc = quant_detail::thread_scratch(k, nk);
+    const quant_detail::ThreadScratch sc = quant_detail::thread_scratch(k, nk, quad);
     float* h = sc.h;
     rms_norm_row(norm, a.x, h);
     const quant_detail::Q16Act ha = sc.quantize(h, k);

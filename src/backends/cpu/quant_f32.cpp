@@ -115,17 +115,18 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
       // int16 activations: x quantized once per call, then each thread streams its slab of
       // rows, each row unpacked once per group of <= 4 tokens.
       // Grow-only, per calling thread: a decode step allocates nothing.
+      // One token on an AVX-512 4-row kernel also takes the quad layout.
+      const bool quad = n == 1 && (asked512 ? avx512 : quant_detail::rows4_reads_quad(isa));
       thread_local std::vector<int16_t> qs, qq;
       thread_local std::vector<float> qd, qsum;
       qs.resize(std::max(qs.size(), static_cast<size_t>(n * k)));
-      qq.resize(std::max(qq.size(), static_cast<size_t>(k)));
+      if (quad) qq.resize(std::max(qq.size(), static_cast<size_t>(k)));
       qd.resize(std::max(qd.size(), static_cast<size_t>(n * nb32)));
       qsum.resize(std::max(qsum.size(), static_cast<size_t>(n * nb32)));
       for (int64_t t = 0; t < n; ++t) {
-        // One token also takes the quad layout (the 4-row kernels).
         quant_detail::quantize_row_q16_avx2(p.x + t * x_stride, k, qs.data() + t * k,
                                             qd.data() + t * nb32, qsum.data() + t * nb32,
-                                            n == 1 ? qq.data() : nullptr);
+                                            quad ? qq.data() : nullptr);
       }
       const int64_t n_groups = (n + 3) / 4;
       const int64_t group = (n + n_groups - 1) / n_groups;
@@ -134,7 +135,7 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
       const int16_t* const aq = qs.data();
       const float* const ad = qd.data();
       const float* const as = qsum.data();
-      const int16_t* const aqq = qq.data();
+      const int16_t* const aqq = quad ? qq.data() : nullptr;
       if (n == 1) {
         // One token: 4 rows per kernel call (contiguous slabs of 4-row tiles per thread), the
         // last < 4 rows one at a time.
@@ -290,7 +291,8 @@ bool quant_decode_parts(const float* x, int64_t in_features, const DecodePart* p
   if (!quant_decode_int8()) {  // int16 activations, x quantized once by the calling thread
     quant_detail::DecodeTilesI16 tiles;
     if (!tiles.init(parts, n_parts, k, isa)) return false;
-    const quant_detail::Q16Act a = quant_detail::thread_scratch(0, k).quantize(x, k);
+    const quant_detail::Q16Act a =
+        quant_detail::thread_scratch(0, k, quant_detail::rows4_reads_quad(isa)).quantize(x, k);
     parallel_for_static(tiles.tiles, [&](int64_t t) { tiles.run(t, a, accumulate); });
     return true;
   }
@@ -367,15 +369,15 @@ void store_tile(const DecodePart& part, int64_t r0, int64_t nr, const float* res
   }
 }
 
-ThreadScratch thread_scratch(int64_t k, int64_t n) {
+ThreadScratch thread_scratch(int64_t k, int64_t n, bool quad) {
   thread_local std::vector<float> h, d, s;
   thread_local std::vector<int16_t> qs, qq;
   h.resize(std::max(h.size(), static_cast<size_t>(k)));
   qs.resize(std::max(qs.size(), static_cast<size_t>(n)));
-  qq.resize(std::max(qq.size(), static_cast<size_t>(n)));
+  if (quad) qq.resize(std::max(qq.size(), static_cast<size_t>(n)));
   d.resize(std::max(d.size(), static_cast<size_t>(n / 32)));
   s.resize(std::max(s.size(), static_cast<size_t>(n / 32)));
-  return {h.data(), qs.data(), d.data(), s.data(), qq.data()};
+  return {h.data(), qs.data(), d.data(), s.data(), quad ? qq.data() : nullptr};
 }
 
 }  // namespace quant_detail
@@ -416,11 +418,12 @@ bool quant_ffn_decode(const FfnDecodeArgs& f) {
   const int64_t nk = std::max(k, F);
   // The body every thread runs: tid of nt, `barrier` waits for all nt. Items are split into
   // contiguous ranges per thread (OpenMP's static schedule).
+  const bool quad = quant_detail::rows4_reads_quad(isa);
   static PhaseClock clock("MLP block", std::array{"norm", "gate_up", "wait", "down"});
   const auto body = [&](int tid, int nt, const auto& barrier) {
     PhaseClock::Call phases(clock, tid == 0);
     // Per thread: h, then act, as int16 blocks.
-    const quant_detail::ThreadScratch sc = quant_detail::thread_scratch(k, nk);
+    const quant_detail::ThreadScratch sc = quant_detail::thread_scratch(k, nk, quad);
     float* h = sc.h;
     rms_norm_row(norm, f.x, h);
     const quant_detail::Q16Act a = sc.quantize(h, k);

@@ -189,22 +189,28 @@ QuantIsa resolve_quant_isa(QuantIsa isa);
 // Q4_1 (four blocks per register with Q16Act::qq, else two) and Q8_0 (two; vpdpwssd), else
 // AVX2's (nullptr for the types without int16 kernels).
 RowsI16Fn rows4_i16_for(DType dt, QuantIsa isa);
+// Whether rows4_i16_for's kernels on `isa` read the quad layout (Q16Act::qq): the AVX-512 ones
+// (AVX512-VNNI) do, and the activation quantizer writes it only for them.
+inline bool rows4_reads_quad(QuantIsa isa) {
+  return isa == QuantIsa::kAvx512Vnni;
+}
 
 // A fused decode region's per-thread scratch (quant_ffn_decode, quant_attn_decode): the thread's
 // own normalized row h and one activation row as int16 blocks, in grow-only thread_local storage
-// (a warm decode step allocates nothing). thread_scratch(k, n): h of k floats, rows of up to n.
+// (a warm decode step allocates nothing). thread_scratch(k, n, quad): h of k floats, rows of up
+// to n, with the quad layout (Q16Act::qq) where `quad` (rows4_reads_quad of the kernels' isa).
 struct ThreadScratch {
   float* h;
   int16_t* qs;
   float* d;
   float* s;
-  int16_t* qq;
+  int16_t* qq;  // null without the quad layout
   Q16Act quantize(const float* x, int64_t n) const {
     quantize_row_q16_avx2(x, n, qs, d, s, qq);
     return {qs, d, s, qq};
   }
 };
-ThreadScratch thread_scratch(int64_t k, int64_t n);
+ThreadScratch thread_scratch(int64_t k, int64_t n, bool quad);
 
 // The int16 decode kernels of up to kMaxParts DecodeParts that share one activation row of k
 // values, their 4-row tiles numbered part after part: quant_decode_parts' work, for it and for
