@@ -182,7 +182,7 @@ int main() {
         const int64_t n = nblk * info.block_size;
         const int64_t row_blocks = nblk + 1;  // padded rows
         const int64_t row_bytes = row_blocks * info.block_bytes;
-        constexpr int kRows = 4 + 16;  // rows4 prefetches 16 rows on
+        constexpr int kRows = 4 + 16;  // rows4 is asked to prefetch 16 rows on
         constexpr int kToks = 4;
         std::vector<uint8_t> w(static_cast<size_t>(kRows * row_bytes));
         for (auto& b : w) b = static_cast<uint8_t>(rng());
@@ -275,10 +275,10 @@ int main() {
         // Without and with the quad layout (the 4-bit types' quad kernel takes it).
         const Q16Act a16q{q16.data(), d16.data(), s16.data(), qq.data()};
         float o1[4];
-        rows4_i16_avx2(dt)(w.data(), row_bytes, n, a16, o1);
+        rows4_i16_avx2(dt)(w.data(), row_bytes, n, a16, o1, 16 * row_bytes);
         for (const Q16Act* a : {&a16, &a16q}) {
           float o2[4];
-          kc.rows4_i16(dt)(w.data(), row_bytes, n, *a, o2);
+          kc.rows4_i16(dt)(w.data(), row_bytes, n, *a, o2, 16 * row_bytes);
           for (int i = 0; i < 4; ++i) {
             ++checks;
             if (!near(o2[i], o1[i], 1e-5 * (std::fabs(o1[i]) + 1))) {

@@ -459,6 +459,58 @@ TEST(Quant, Q16QuadLayoutPermutesTheValues) {
   }
 }
 
+// Striped one-token tiles (rows4_striped, what decode runs): tile j of rows [r0, r0 + 4q) takes
+// rows r0 + j + {0, q, 2q, 3q}; every row's result is the bits the same kernel gives it in
+// consecutive tiles (rows do not mix), lands at its own row, and no prefetch distance (none, a
+// few rows on, 16 rows on) changes a result.
+TEST(Quant, StripedTilesGiveEachRowItsConsecutiveTileBits) {
+  if (!cpu_supports(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  const QuantIsa isa = quant_detail::resolve_quant_isa(QuantIsa::kBest);
+  for (const DType dt : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_1}) {
+    const quant_detail::RowsI16Fn rows4 = quant_detail::rows4_i16_for(dt, isa);
+    ASSERT_NE(rows4, nullptr);
+    for (const int64_t k : {int64_t{576}, int64_t{1536}}) {
+      const int64_t q = 7, r0 = 4, rows = r0 + 4 * q + 3;  // rows before and after the range
+      const int64_t row_bytes = k / 32 * static_cast<int64_t>(dtype_info(dt).block_bytes);
+      const std::vector<uint8_t> w = random_quant_rows(dt, rows, k / 32, 11);
+      const std::vector<float> x = random_rows(1, k, 12);
+      std::vector<int16_t> qs(k), qq(k);
+      std::vector<float> d(k / 32), s(k / 32);
+      const bool quad = quant_detail::rows4_reads_quad(isa);
+      quant_detail::quantize_row_q16_avx2(x.data(), k, qs.data(), d.data(), s.data(),
+                                          quad ? qq.data() : nullptr);
+      const quant_detail::Q16Act a{qs.data(), d.data(), s.data(), quad ? qq.data() : nullptr};
+      std::vector<float> want(rows, NAN);
+      for (int64_t t = r0; t + 4 <= r0 + 4 * q; t += 4) {
+        rows4(w.data() + t * row_bytes, row_bytes, k, a, want.data() + t, 16 * row_bytes);
+      }
+      for (const int64_t pf : {int64_t{-1}, 2 * row_bytes, 16 * row_bytes}) {
+        std::vector<float> got(rows, NAN);
+        std::vector<int> hits(rows, 0);
+        for (int64_t j = 0; j < q; ++j) {
+          float res[4];
+          rows4(w.data() + (r0 + j) * row_bytes, q * row_bytes, k, a, res, pf);
+          for (int i = 0; i < 4; ++i) got[r0 + i * q + j] = res[i];
+        }
+        quant_detail::rows4_striped(rows4, w.data(), row_bytes, r0, q, k, a,
+                                    [&](int64_t r, float v) {
+                                      ASSERT_EQ(0, std::memcmp(&v, &got[r], sizeof v)) << r;
+                                      ++hits[r];
+                                    });
+        for (int64_t r = 0; r < rows; ++r) {
+          const bool in = r >= r0 && r < r0 + 4 * q;
+          EXPECT_EQ(hits[r], in ? 1 : 0) << dtype_info(dt).name << " row " << r;
+          if (in) {
+            EXPECT_EQ(0, std::memcmp(&got[r], &want[r], sizeof(float)))
+                << dtype_info(dt).name << " k " << k << " pf " << pf << " row " << r << ": "
+                << got[r] << " vs " << want[r];
+          }
+        }
+      }
+    }
+  }
+}
+
 // The int8-activation kernels of each SIMD variant against the scalar ones, through
 // quant_linear (f32_activations = false) on random blocks: one token (tiles of 1..4 rows), 2..5
 // and 9 tokens (one row, tiles of 1..4 tokens), row counts that leave partial tiles, block

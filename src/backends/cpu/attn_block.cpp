@@ -5,7 +5,7 @@
 // about 4 us (bench_sync on the Xeon) against ~0.3-2 us of work in each of them for a small
 // model. Here each thread normalizes x and quantizes h itself, and three barriers separate
 // the phases:
-//   1. h = norm(x), quantized to int16; the thread's 4-row tiles of the Q/K/V parts
+//   1. h = norm(x), quantized to int16; the thread's 4-row tiles of the Q/K/V parts (striped)
 //   2. per head: q copied out, q / k norms, rotation; each KV head's k and v appended
 //   3. the attention items (attention_items)
 //   4. attn quantized to int16; the thread's 4-row tiles of Wo, added to x
@@ -79,7 +79,7 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
     phases.mark();
     int64_t lo, hi;
     range(qkv_tiles.tiles, &lo, &hi);
-    for (int64_t t = lo; t < hi; ++t) qkv_tiles.run(t, ha, false);
+    qkv_tiles.run(lo, hi, ha, false);
     phases.mark();
     barrier();  // the qkv row is complete
     phases.mark();
@@ -100,7 +100,7 @@ Status quant_attn_decode(const AttnDecodeArgs& a, bool* done) {
     const int64_t n_attn = hq * D;
     const quant_detail::Q16Act oa = sc.quantize(ap.out, n_attn);
     range(o_tiles.tiles, &lo, &hi);
-    for (int64_t t = lo; t < hi; ++t) o_tiles.run(t, oa, true);
+    o_tiles.run(lo, hi, oa, true);
     phases.mark();
   };
   const bool pooled =

@@ -951,10 +951,10 @@ STRATA_AVX2 inline __m256i block_dot16_pre(const uint8_t* b, __m256i a0, __m256i
 
 // One token, 4 rows (row_bytes apart): out[r] = dot(row r, activation). Each activation block
 // is loaded once for the 4 rows and the per-row costs (set-up, tail, horizontal sums) are
-// shared, which matters for short rows (576 values: 18 blocks).
+// shared, which matters for short rows (576 values: 18 blocks). pf_bytes: RowsI16Fn.
 template <DType kT>
 STRATA_AVX2 void dot_blk32_i16_4rows(const uint8_t* w, int64_t row_bytes, int64_t n,
-                                     const Q16Act& a, float* out) {
+                                     const Q16Act& a, float* out, int64_t pf_bytes) {
   using B = Blk32<kT>;
   constexpr bool kHasC = B::kHasMin || B::kOffset != 0.0f;
   constexpr int kNr = 4;
@@ -970,10 +970,9 @@ STRATA_AVX2 void dot_blk32_i16_4rows(const uint8_t* w, int64_t row_bytes, int64_
     STRATA_UNROLL
     for (int r = 0; r < kNr; ++r) {
       const uint8_t* wb = w + r * row_bytes + j * B::kBytes;
-      // NOTE: the 4 rows are read block-interleaved, which the hardware prefetchers follow
-      // poorly from DRAM; prefetch the same blocks of the tile after next (8 rows on).
-      for (int64_t off = 0; off < 8 * B::kBytes; off += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + 16 * row_bytes + off), _MM_HINT_T0);
+      // The same blocks of a row a later tile reads (RowsI16Fn).
+      for (int64_t off = 0; pf_bytes >= 0 && off < 8 * B::kBytes; off += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + pf_bytes + off), _MM_HINT_T0);
       }
       const __m256 dw = load_f16x8(wb, B::kBytes);
       _mm256_store_ps(scale[r], _mm256_mul_ps(dw, ad));
@@ -1018,8 +1017,8 @@ STRATA_AVX2 void dot_blk32_i16_4rows(const uint8_t* w, int64_t row_bytes, int64_
 
 template <DType kT>
 STRATA_AVX2 void rows4_i16(const uint8_t* w, int64_t row_bytes, int64_t n, const Q16Act& a,
-                           float* out) {
-  dot_blk32_i16_4rows<kT>(w, row_bytes, n, a, out);
+                           float* out, int64_t pf_bytes) {
+  dot_blk32_i16_4rows<kT>(w, row_bytes, n, a, out, pf_bytes);
 }
 
 // One row, kNt (1..4) tokens: out[t] = dot(row, activation of token t); token t's blocks are

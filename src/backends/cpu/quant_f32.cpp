@@ -137,23 +137,21 @@ Status quant_linear_f32(const QuantLinearParams& p, int64_t x_stride, int64_t ou
       const float* const as = qsum.data();
       const int16_t* const aqq = quad ? qq.data() : nullptr;
       if (n == 1) {
-        // One token: 4 rows per kernel call (contiguous slabs of 4-row tiles per thread), the
-        // last < 4 rows one at a time.
+        // One token: each thread's contiguous slab of 4-row tiles, striped (rows4_striped),
+        // then the last < 4 rows one at a time.
         const quant_detail::Q16Act a{aq, ad, as, aqq};
         const int64_t tiles = p.out_features / 4;
-        parallel_for_static(tiles + 1, [&](int64_t rt) {
-          const int64_t r0 = rt * 4;
-          const int64_t nr = std::min<int64_t>(4, p.out_features - r0);
-          float res[4];
-          if (nr == 4) {
-            rows4(w + r0 * row_bytes, row_bytes, k, a, res);
-          } else {
-            for (int64_t i = 0; i < nr; ++i) i16(w + (r0 + i) * row_bytes, k, a, 1, res + i);
-          }
-          for (int64_t i = 0; i < nr; ++i) {
-            p.out[r0 + i] = res[i] + (p.bias != nullptr ? p.bias[r0 + i] : 0.0f);
-          }
+        const auto emit = [&](int64_t r, float v) {
+          p.out[r] = v + (p.bias != nullptr ? p.bias[r] : 0.0f);
+        };
+        parallel_ranges(tiles, [&](int64_t t0, int64_t t1) {
+          quant_detail::rows4_striped(rows4, w, row_bytes, 4 * t0, t1 - t0, k, a, emit);
         });
+        for (int64_t r = 4 * tiles; r < p.out_features; ++r) {
+          float v;
+          i16(w + r * row_bytes, k, a, 1, &v);
+          emit(r, v);
+        }
         return ok_status();
       }
 #pragma omp parallel for schedule(static)
@@ -293,7 +291,7 @@ bool quant_decode_parts(const float* x, int64_t in_features, const DecodePart* p
     if (!tiles.init(parts, n_parts, k, isa)) return false;
     const quant_detail::Q16Act a =
         quant_detail::thread_scratch(0, k, quant_detail::rows4_reads_quad(isa)).quantize(x, k);
-    parallel_for_static(tiles.tiles, [&](int64_t t) { tiles.run(t, a, accumulate); });
+    parallel_ranges(tiles.tiles, [&](int64_t t0, int64_t t1) { tiles.run(t0, t1, a, accumulate); });
     return true;
   }
   quant_detail::TileDotFn tile8[kMaxParts];
@@ -346,19 +344,23 @@ bool DecodeTilesI16::init(const DecodePart* ps, int n, int64_t in, QuantIsa isa)
   return true;
 }
 
-void DecodeTilesI16::run(int64_t t, const Q16Act& a, bool accumulate) const {
-  int i;
-  int64_t r0, nr;
-  locate_tile(tile_end, t, &i, &r0, &nr, parts);
-  const DecodePart& part = parts[i];
-  const auto* w = static_cast<const uint8_t*>(part.weight) + r0 * part.row_bytes;
-  float res[4];
-  if (nr == 4) {
-    rows4[i](w, part.row_bytes, k, a, res);
-  } else {
-    for (int64_t j = 0; j < nr; ++j) i16[i](w + j * part.row_bytes, k, a, 1, res + j);
+void DecodeTilesI16::run(int64_t t0, int64_t t1, const Q16Act& a, bool accumulate) const {
+  int64_t start = 0;  // part i's first tile
+  for (int i = 0; i < n_parts && start < t1; start = tile_end[i], ++i) {
+    const int64_t tb = std::max(t0, start), te = std::min(t1, tile_end[i]);
+    if (tb >= te) continue;
+    const DecodePart& part = parts[i];
+    const int64_t r0 = 4 * (tb - start), r1 = std::min(part.rows, 4 * (te - start));
+    const int64_t q = (r1 - r0) / 4;
+    const auto* w = static_cast<const uint8_t*>(part.weight);
+    const auto emit = [&](int64_t r, float res) { store_tile(part, r, 1, &res, accumulate); };
+    rows4_striped(rows4[i], w, part.row_bytes, r0, q, k, a, emit);
+    for (int64_t r = r0 + 4 * q; r < r1; ++r) {  // the part's last tile, < 4 rows
+      float res;
+      i16[i](w + r * part.row_bytes, k, a, 1, &res);
+      emit(r, res);
+    }
   }
-  store_tile(part, r0, nr, res, accumulate);
 }
 
 void store_tile(const DecodePart& part, int64_t r0, int64_t nr, const float* res, bool accumulate) {
@@ -422,38 +424,38 @@ bool quant_ffn_decode(const FfnDecodeArgs& f) {
   static PhaseClock clock("MLP block", std::array{"norm", "gate_up", "wait", "down"});
   const auto body = [&](int tid, int nt, const auto& barrier) {
     PhaseClock::Call phases(clock, tid == 0);
-    // Per thread: h, then act, as int16 blocks.
-    const quant_detail::ThreadScratch sc = quant_detail::thread_scratch(k, nk, quad);
+    // Per thread: h, then act, as int16 blocks; past h, the thread's g and u (<= 2 F floats).
+    const quant_detail::ThreadScratch sc = quant_detail::thread_scratch(k + 2 * F, nk, quad);
     float* h = sc.h;
     rms_norm_row(norm, f.x, h);
     const quant_detail::Q16Act a = sc.quantize(h, k);
     phases.mark();
+    // The thread's 8-row tiles of gate and up, striped (rows4_striped, a gate and an up tile
+    // per step: eight forward streams), then the activation over its rows.
     const int64_t n8 = F / 8;
-    for (int64_t t = n8 * tid / nt; t < n8 * (tid + 1) / nt; ++t) {
-      const int64_t r0 = 8 * t;
-      float g[8], u[8];
-      rows4[0](wg + r0 * f.gate.row_bytes, f.gate.row_bytes, k, a, g);
-      rows4[0](wg + (r0 + 4) * f.gate.row_bytes, f.gate.row_bytes, k, a, g + 4);
-      rows4[1](wu + r0 * f.up.row_bytes, f.up.row_bytes, k, a, u);
-      rows4[1](wu + (r0 + 4) * f.up.row_bytes, f.up.row_bytes, k, a, u + 4);
-      for (int j = 0; j < 8; ++j) {
-        g[j] += bias_at(f.gate, r0 + j);
-        u[j] += bias_at(f.up, r0 + j);
+    const int64_t lo = 8 * (n8 * tid / nt), q = 2 * (n8 * (tid + 1) / nt - n8 * tid / nt);
+    float* gu = sc.h + k;  // g of the thread's 4q rows, then u
+    const int64_t pf_g = quant_detail::kStripePrefetchRows * f.gate.row_bytes;
+    const int64_t pf_u = quant_detail::kStripePrefetchRows * f.up.row_bytes;
+    for (int64_t j = 0; j < q; ++j) {
+      float g[4], u[4];
+      rows4[0](wg + (lo + j) * f.gate.row_bytes, q * f.gate.row_bytes, k, a, g, pf_g);
+      rows4[1](wu + (lo + j) * f.up.row_bytes, q * f.up.row_bytes, k, a, u, pf_u);
+      for (int i = 0; i < 4; ++i) {
+        gu[i * q + j] = g[i] + bias_at(f.gate, lo + i * q + j);
+        gu[4 * q + i * q + j] = u[i] + bias_at(f.up, lo + i * q + j);
       }
-      gated_act_row(f.act, g, u, f.act_out + r0, 8);
     }
+    if (q > 0) gated_act_row(f.act, gu, gu + 4 * q, f.act_out + lo, 4 * q);
     phases.mark();
     barrier();  // act is complete, and every thread has read x
     phases.mark();
     if (tid == 0) std::memcpy(f.h, h, sizeof(float) * static_cast<size_t>(k));
     const quant_detail::Q16Act b = sc.quantize(f.act_out, F);
     const int64_t n4 = k / 4;
-    for (int64_t t = n4 * tid / nt; t < n4 * (tid + 1) / nt; ++t) {
-      const int64_t r0 = 4 * t;
-      float res[4];
-      rows4[2](wd + r0 * f.down.row_bytes, f.down.row_bytes, F, b, res);
-      for (int j = 0; j < 4; ++j) f.x[r0 + j] += res[j] + bias_at(f.down, r0 + j);
-    }
+    const int64_t t0 = n4 * tid / nt;
+    quant_detail::rows4_striped(rows4[2], wd, f.down.row_bytes, 4 * t0, n4 * (tid + 1) / nt - t0, F,
+                                b, [&](int64_t r, float v) { f.x[r] += v + bias_at(f.down, r); });
     phases.mark();
   };
   const bool pooled =

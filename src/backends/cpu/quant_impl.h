@@ -84,9 +84,11 @@ struct Q16Act {
 // nt tokens (1..4): out[t] = dot(weight row of n values at w, token t's activation at
 // a.qs + t * n, a.d / a.s + t * n / 32).
 using RowDotI16Fn = void (*)(const uint8_t* w, int64_t n, const Q16Act& a, int nt, float* out);
-// One token, 4 weight rows row_bytes apart: out[r] = dot(row r, activation) for r < 4.
-using RowsI16Fn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t n, const Q16Act& a,
-                           float* out);
+// One token, 4 weight rows `stride` bytes apart: out[r] = dot(row r, activation) for r < 4.
+// Each block read is software-prefetched `pf_bytes` further on (the same block of a row a
+// later tile reads); no prefetch where pf_bytes < 0.
+using RowsI16Fn = void (*)(const uint8_t* w, int64_t stride, int64_t n, const Q16Act& a, float* out,
+                           int64_t pf_bytes);
 
 // y[0, n) = the n values (whole blocks) of a row starting at w, bit-identical to dequantize_row.
 using DequantFn = void (*)(const uint8_t* w, float* y, int64_t n);
@@ -195,6 +197,26 @@ inline bool rows4_reads_quad(QuantIsa isa) {
   return isa == QuantIsa::kAvx512Vnni;
 }
 
+// One token's rows [r0, r0 + 4 q) of a matrix through a 4-row kernel, striped: tile j takes rows
+// r0 + j + {0, q, 2q, 3q}, so a thread reads four forward streams a quarter of its rows apart
+// (the hardware prefetchers follow each one, and the software prefetch runs kStripePrefetchRows
+// rows ahead in each), not four consecutive rows block-interleaved, whose reads jump back and
+// forth within a page. Every row goes through the same kernel as in consecutive tiles, whose
+// rows do not mix: the same bits. emit(row, value) takes each result.
+// Xeon (model 207) at 2 threads, SmolLM2 Q4_1 tg128, 15 rotated rounds: striped / consecutive
+// 1.08x with 4 rows of prefetch, 1.05x with none (docs/performance.md, nineteenth session).
+constexpr int64_t kStripePrefetchRows = 4;
+template <typename Emit>
+inline void rows4_striped(RowsI16Fn rows4, const uint8_t* w, int64_t row_bytes, int64_t r0,
+                          int64_t q, int64_t k, const Q16Act& a, const Emit& emit) {
+  const int64_t pf = kStripePrefetchRows * row_bytes;
+  for (int64_t j = 0; j < q; ++j) {
+    float res[4];
+    rows4(w + (r0 + j) * row_bytes, q * row_bytes, k, a, res, pf);
+    for (int i = 0; i < 4; ++i) emit(r0 + i * q + j, res[i]);
+  }
+}
+
 // A fused decode region's per-thread scratch (quant_ffn_decode, quant_attn_decode): the thread's
 // own normalized row h and one activation row as int16 blocks, in grow-only thread_local storage
 // (a warm decode step allocates nothing). thread_scratch(k, n, quad): h of k floats, rows of up
@@ -226,8 +248,9 @@ struct DecodeTilesI16 {
   int64_t tiles = 0;
   // False where a part has no int16 kernel on `isa` or k is not whole blocks of its type.
   bool init(const DecodePart* parts, int n_parts, int64_t k, QuantIsa isa);
-  // Tile t: its (up to 4) rows of their part, bias added, into part.out (+= with accumulate).
-  void run(int64_t t, const Q16Act& a, bool accumulate) const;
+  // Tiles [t0, t1): their rows of each part (striped, rows4_striped; a part's last rows past a
+  // multiple of 4 one at a time), bias added, into part.out (+= with accumulate).
+  void run(int64_t t0, int64_t t1, const Q16Act& a, bool accumulate) const;
 };
 
 // Where tile t of parts whose 4-row tiles end at tile_end[] lies: part *i, rows [*r0, *r0 + *nr).

@@ -154,6 +154,18 @@ void parallel_for_static(int64_t n, const std::function<void(int64_t)>& fn) {
   for (int64_t i = 0; i < n; ++i) fn(i);
 }
 
+void parallel_ranges(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  const auto range = [&](int tid, int t) {
+    const int64_t b = n * tid / t, e = n * (tid + 1) / t;
+    if (b < e) fn(b, e);
+  };
+  if (spin_run(static_cast<int>(std::min<int64_t>(spin_threads(), n)), range)) return;
+  const int nt = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), n));
+#pragma omp parallel num_threads(nt)
+  range(omp_get_thread_num(), omp_get_num_threads());
+}
+
 void parallel_for_dynamic(int64_t n, const std::function<void(int64_t)>& fn) {
   const int nt = static_cast<int>(std::min<int64_t>(spin_threads(), n));
   std::atomic<int64_t> next{0};
