@@ -6,7 +6,8 @@
 # median tokens/s and the median of the per-round ratios strata / llama.cpp, with the rounds
 # strata won.
 #   LLAMA_BENCH=/path/to/llama-bench scripts/bench_vs_llamacpp_paired.sh [model.gguf] [threads] [rounds]
-# STRATA_BIN picks the strata binary (default ./build/strata); PIN=4,5 runs both under
+# TG=128 generates 128 tokens instead of 64 (the issue's tg128). STRATA_BIN picks the strata
+# binary (default ./build/strata); PIN=4,5 runs both under
 # `taskset -c 4,5`. Writes the runs as CSV to $OUT (default bench/results/
 # cpu-paired-<threads>t-<date>.csv) and the summary beside it (.txt).
 # Seventeenth and eighteenth sessions: on the GPU machines' Xeon the same binary's tg128 moved by
@@ -18,6 +19,7 @@ cache=${STRATA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/strata}
 model=${1:-$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 threads=${2:-2}
 rounds=${3:-20}
+tg=${TG:-64}
 : "${LLAMA_BENCH:?set LLAMA_BENCH to a llama-bench binary}"
 strata=${STRATA_BIN:-./build/strata}
 out=${OUT:-bench/results/cpu-paired-${threads}t-$(date +%Y%m%d).csv}
@@ -28,7 +30,7 @@ echo "== load: $(uptime)"
 # t/s of the row named $1 in a llama-bench style table on stdin.
 value() { awk -F'|' -v want="$1" '{gsub(/ /, "", $7); if ($7 == want) {split($8, x, " "); print x[1]}}'; }
 one() {  # one ENGINE TEST
-  local args=(-p 0 -n 64) row=tg64
+  local args=(-p 0 -n "$tg") row=tg$tg
   [[ $2 == pp ]] && args=(-p 512 -n 0) && row=pp512
   if [[ $1 == strata ]]; then
     "${pin[@]}" "$strata" bench -m "$model" -t "$threads" "${args[@]}" -r 1 2>/dev/null | value $row
@@ -44,10 +46,10 @@ for ((r = 0; r < rounds; r++)); do
     for e in "${order[@]}"; do echo "$r,$test,$e,$(one "$e" "$test")" >> "$out"; done
   done
 done
-python3 - "$out" <<'PY' | tee "${out%.csv}.txt"
+python3 - "$out" "$tg" <<'PY' | tee "${out%.csv}.txt"
 import csv, statistics as st, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["tps"]]
-for test, name in (("tg", "tg64"), ("pp", "pp512")):
+for test, name in (("tg", "tg" + sys.argv[2]), ("pp", "pp512")):
     by = {}
     for r in rows:
         if r["test"] == test:
