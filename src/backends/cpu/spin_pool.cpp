@@ -144,14 +144,9 @@ int spin_threads() {
 }
 
 void parallel_for_static(int64_t n, const std::function<void(int64_t)>& fn) {
-  const int nt = static_cast<int>(std::min<int64_t>(spin_threads(), n));
-  const bool ran = spin_run(nt, [&](int tid, int t) {
-    const int64_t b = n * tid / t, e = n * (tid + 1) / t;
-    for (int64_t i = b; i < e; ++i) fn(i);
+  parallel_ranges(n, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) fn(i);
   });
-  if (ran) return;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) fn(i);
 }
 
 void parallel_ranges(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {

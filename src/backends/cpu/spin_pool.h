@@ -25,12 +25,12 @@ void spin_barrier();
 // Threads a spin_run job gets (the OpenMP thread count), 1 when the pool is off.
 int spin_threads();
 
-// fn(i) for i in [0, n): contiguous ranges per thread through spin_run, else an OpenMP static
-// loop. For loops whose items are independent (results do not depend on the thread).
-void parallel_for_static(int64_t n, const std::function<void(int64_t i)>& fn);
-// fn(lo, hi) once per thread with its contiguous range [lo, hi) of [0, n) (the ranges of
-// parallel_for_static; empty ranges skipped), through spin_run, else an OpenMP region.
+// fn(lo, hi) once per thread with its contiguous range [lo, hi) of [0, n) (empty ranges
+// skipped), through spin_run, else an OpenMP region.
 void parallel_ranges(int64_t n, const std::function<void(int64_t lo, int64_t hi)>& fn);
+// fn(i) for i in [0, n) over parallel_ranges' ranges. For loops whose items are independent
+// (results do not depend on the thread).
+void parallel_for_static(int64_t n, const std::function<void(int64_t i)>& fn);
 // The same with items handed out one at a time (an atomic counter; OpenMP's dynamic, 1).
 void parallel_for_dynamic(int64_t n, const std::function<void(int64_t i)>& fn);
 
